@@ -1,0 +1,83 @@
+"""The desired datapath state: what proxy/ computes and datapath/ applies.
+
+A Frontend is one address:port/protocol that the node must translate, with the backends (and the
+verdict) that kube-proxy's rules give traffic *originating on this node* (pods and host
+processes: the socket hooks). Rule 7 of kube-proxy's semantics short-circuits externally-typed
+frontends (NodePort, ExternalIP, LoadBalancer) to the Cluster endpoint set for such traffic, so one
+backend list per frontend is enough for the socket path. The per-packet TC path (external
+clients, externalTrafficPolicy: Local) will add a second list; the map key already has a scope.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from .model import Protocol
+
+
+class FrontendKind(str, enum.Enum):
+    CLUSTER_IP = "ClusterIP"
+    NODE_PORT = "NodePort"
+    EXTERNAL_IP = "ExternalIP"
+    LOAD_BALANCER = "LoadBalancer"
+
+
+class Action(str, enum.Enum):
+    FORWARD = "forward"   # pick one of the backends
+    REJECT = "reject"     # no usable endpoint anywhere: fail fast (ECONNREFUSED)
+    DROP = "drop"         # endpoints exist, but none in the applicable Local set
+
+
+@dataclass(frozen=True, order=True)
+class ServicePortName:
+    """kube-proxy's unit of load balancing: one port of one Service."""
+    namespace: str
+    name: str
+    port: str          # the port's name, "" when unnamed
+    protocol: Protocol
+
+    def __str__(self) -> str:
+        base = f"{self.namespace}/{self.name}"
+        return f"{base}:{self.port}" if self.port else base
+
+
+@dataclass(frozen=True, order=True)
+class Backend:
+    ip: str
+    port: int
+    protocol: Protocol
+    node_name: str | None = None
+    local: bool = False
+    ready: bool = True
+    serving: bool = True
+    terminating: bool = False
+
+    @property
+    def key(self) -> tuple[str, int, Protocol]:
+        return (self.ip, self.port, self.protocol)
+
+
+@dataclass(frozen=True)
+class Frontend:
+    ip: str
+    port: int
+    protocol: Protocol
+    kind: FrontendKind
+    service: ServicePortName
+    action: Action
+    backends: tuple[Backend, ...] = ()     # sorted; empty unless action is FORWARD
+    affinity_timeout: int = 0              # seconds of ClientIP affinity; 0: none
+
+    @property
+    def key(self) -> tuple[str, int, Protocol]:
+        return (self.ip, self.port, self.protocol)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Input the proxy could not use, reported as a log line, a metric and an Event."""
+    namespace: str
+    name: str
+    kind: str          # "Service" or "EndpointSlice"
+    reason: str        # CamelCase, used as the metric label and the Event reason
+    message: str

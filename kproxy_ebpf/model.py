@@ -1,0 +1,104 @@
+"""Lean, immutable model of the Kubernetes objects the proxy needs.
+
+kube/ builds these from API objects (or YAML files); proxy/ reads only these. Fields keep the
+API's "unset" (None) where kube-proxy gives unset a meaning of its own (endpoint conditions,
+port names), so the defaults live in one place: proxy/endpoints.py.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Protocol(str, enum.Enum):
+    TCP = "TCP"
+    UDP = "UDP"
+    SCTP = "SCTP"
+
+
+class ServiceType(str, enum.Enum):
+    CLUSTER_IP = "ClusterIP"
+    NODE_PORT = "NodePort"
+    LOAD_BALANCER = "LoadBalancer"
+    EXTERNAL_NAME = "ExternalName"
+
+
+@dataclass(frozen=True)
+class ServicePort:
+    name: str                 # "" for an unnamed port
+    protocol: Protocol
+    port: int
+    node_port: int = 0        # 0: none allocated
+
+
+@dataclass(frozen=True)
+class LoadBalancerIngress:
+    ip: str
+    ip_mode: str | None = None   # "VIP", "Proxy" or None (unset means VIP)
+
+
+@dataclass(frozen=True)
+class Service:
+    namespace: str
+    name: str
+    type: ServiceType = ServiceType.CLUSTER_IP
+    cluster_ips: tuple[str, ...] = ()      # IPv4 ClusterIPs only; () when headless or none
+    headless: bool = False                 # spec.clusterIP == "None"
+    ports: tuple[ServicePort, ...] = ()
+    external_ips: tuple[str, ...] = ()
+    load_balancer_ingress: tuple[LoadBalancerIngress, ...] = ()
+    session_affinity_timeout: int = 0      # seconds; 0: sessionAffinity None
+    external_traffic_local: bool = False   # externalTrafficPolicy: Local
+    internal_traffic_local: bool = False   # internalTrafficPolicy: Local
+    health_check_node_port: int = 0
+    load_balancer_source_ranges: tuple[str, ...] = ()
+    traffic_distribution: str | None = None
+    proxy_name: str | None = None          # label service.kubernetes.io/service-proxy-name
+    headless_label: bool = False           # label service.kubernetes.io/headless present
+    resource_version: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+
+@dataclass(frozen=True)
+class EndpointPort:
+    name: str | None          # None: unset (such a port is ignored, as kube-proxy does)
+    protocol: Protocol
+    port: int | None          # None or 0: unset (ignored)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    addresses: tuple[str, ...]
+    ready: bool | None = None          # None: unset
+    serving: bool | None = None
+    terminating: bool | None = None
+    node_name: str | None = None
+    zone: str | None = None
+    hint_zones: tuple[str, ...] = ()   # hints.forZones[].name
+    hint_nodes: tuple[str, ...] = ()   # hints.forNodes[].name
+
+
+@dataclass(frozen=True)
+class EndpointSlice:
+    namespace: str
+    name: str
+    service_name: str | None           # label kubernetes.io/service-name; None: unset
+    address_type: str = "IPv4"         # "IPv4", "IPv6" or "FQDN"
+    ports: tuple[EndpointPort, ...] = ()
+    endpoints: tuple[Endpoint, ...] = ()
+    resource_version: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    addresses: tuple[str, ...] = ()    # IPv4 InternalIPs (then ExternalIPs), in API order
+    zone: str | None = None            # label topology.kubernetes.io/zone
+    labels: tuple[tuple[str, str], ...] = field(default=())
