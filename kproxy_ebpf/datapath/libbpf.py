@@ -1,0 +1,157 @@
+"""Thin ctypes bindings to libbpf's low-level API (libbpf.so.1, which bcc itself links).
+
+Why not bcc's Table: reading pinned maps must not need a compile (the CLI runs in ~0.1 s and on
+a node without kernel headers), and the writer wants batch updates and typed errors. Why not
+raw syscalls: libbpf already builds every bpf_attr correctly for the running kernel.
+
+libbpf >= 1.0 returns -errno from these calls; every failure becomes a BpfError with that errno.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+from functools import lru_cache
+
+# enum bpf_attach_type values (include/uapi/linux/bpf.h); stable kernel ABI.
+ATTACH_CGROUP_INET4_CONNECT = 10
+ATTACH_CGROUP_UDP4_SENDMSG = 14
+ATTACH_CGROUP_UDP4_RECVMSG = 19
+ATTACH_CGROUP_INET4_GETPEERNAME = 29
+
+BPF_ANY = 0
+BPF_NOEXIST = 1
+
+
+class BpfError(OSError):
+    """A libbpf call failed; .errno tells why (E2BIG: map full, ENOENT: no such key)."""
+
+
+class _MapInfo(ctypes.Structure):
+    _fields_ = [
+        ("type", ctypes.c_uint32), ("id", ctypes.c_uint32), ("key_size", ctypes.c_uint32),
+        ("value_size", ctypes.c_uint32), ("max_entries", ctypes.c_uint32),
+        ("map_flags", ctypes.c_uint32), ("name", ctypes.c_char * 16),
+        ("_rest", ctypes.c_uint8 * 48),
+    ]
+
+
+class _LinkInfo(ctypes.Structure):
+    _fields_ = [
+        ("type", ctypes.c_uint32), ("id", ctypes.c_uint32), ("prog_id", ctypes.c_uint32),
+        ("_pad", ctypes.c_uint32), ("cgroup_id", ctypes.c_uint64),
+        ("attach_type", ctypes.c_uint32), ("_rest", ctypes.c_uint8 * 36),
+    ]
+
+
+class _ProgInfo(ctypes.Structure):
+    _fields_ = [
+        ("type", ctypes.c_uint32), ("id", ctypes.c_uint32), ("tag", ctypes.c_uint8 * 8),
+        ("_mid", ctypes.c_uint8 * 48), ("name", ctypes.c_char * 16), ("_rest", ctypes.c_uint8 * 160),
+    ]
+
+
+@lru_cache(maxsize=1)
+def _lib() -> ctypes.CDLL:
+    path = ctypes.util.find_library("bpf") or "libbpf.so.1"
+    lib = ctypes.CDLL(path, use_errno=True)
+    vp, c_int, c_uint = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint
+    sigs = {
+        "bpf_obj_get": ([ctypes.c_char_p], c_int),
+        "bpf_obj_pin": ([c_int, ctypes.c_char_p], c_int),
+        "bpf_map_lookup_elem": ([c_int, vp, vp], c_int),
+        "bpf_map_update_elem": ([c_int, vp, vp, ctypes.c_uint64], c_int),
+        "bpf_map_delete_elem": ([c_int, vp], c_int),
+        "bpf_map_get_next_key": ([c_int, vp, vp], c_int),
+        "bpf_obj_get_info_by_fd": ([c_int, vp, ctypes.POINTER(ctypes.c_uint32)], c_int),
+        "bpf_link_create": ([c_int, c_int, c_uint, vp], c_int),
+        "bpf_link_update": ([c_int, c_int, vp], c_int),
+        "bpf_prog_get_fd_by_id": ([c_uint], c_int),
+    }
+    for name, (args, res) in sigs.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, res
+    return lib
+
+
+def _check(ret: int, what: str) -> int:
+    if ret < 0:
+        err = -ret if ret != -1 else (ctypes.get_errno() or errno.EIO)
+        raise BpfError(err, f"{what}: {os.strerror(err)}")
+    return ret
+
+
+def obj_get(path: str) -> int:
+    """Opens a pinned map, program or link; returns its fd."""
+    return _check(_lib().bpf_obj_get(path.encode()), f"open pinned {path}")
+
+
+def obj_pin(fd: int, path: str) -> None:
+    _check(_lib().bpf_obj_pin(fd, path.encode()), f"pin {path}")
+
+
+def map_lookup(fd: int, key: ctypes.Structure | ctypes._SimpleCData, value) -> bool:
+    ret = _lib().bpf_map_lookup_elem(fd, ctypes.byref(key), ctypes.byref(value))
+    if ret == -errno.ENOENT:
+        return False
+    _check(ret, "map lookup")
+    return True
+
+
+def map_update(fd: int, key, value, flags: int = BPF_ANY) -> None:
+    _check(_lib().bpf_map_update_elem(fd, ctypes.byref(key), ctypes.byref(value), flags),
+           "map update")
+
+
+def map_delete(fd: int, key) -> bool:
+    ret = _lib().bpf_map_delete_elem(fd, ctypes.byref(key))
+    if ret == -errno.ENOENT:
+        return False
+    _check(ret, "map delete")
+    return True
+
+
+def map_next_key(fd: int, key, next_key) -> bool:
+    """Writes the key after `key` (the first one when key is None); False at the end."""
+    ret = _lib().bpf_map_get_next_key(fd, ctypes.byref(key) if key is not None else None,
+                                      ctypes.byref(next_key))
+    if ret == -errno.ENOENT:
+        return False
+    _check(ret, "map iterate")
+    return True
+
+
+def map_info(fd: int) -> _MapInfo:
+    info = _MapInfo()
+    size = ctypes.c_uint32(ctypes.sizeof(info))
+    _check(_lib().bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(size)), "map info")
+    return info
+
+
+def link_info(fd: int) -> _LinkInfo:
+    info = _LinkInfo()
+    size = ctypes.c_uint32(ctypes.sizeof(info))
+    _check(_lib().bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(size)), "link info")
+    return info
+
+
+def prog_info(fd: int) -> _ProgInfo:
+    info = _ProgInfo()
+    size = ctypes.c_uint32(ctypes.sizeof(info))
+    _check(_lib().bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(size)), "prog info")
+    return info
+
+
+def prog_fd_by_id(prog_id: int) -> int:
+    return _check(_lib().bpf_prog_get_fd_by_id(prog_id), f"open program {prog_id}")
+
+
+def link_create(prog_fd: int, target_fd: int, attach_type: int) -> int:
+    """Attaches a program through a BPF link (which a pin keeps alive after we exit)."""
+    return _check(_lib().bpf_link_create(prog_fd, target_fd, attach_type, None), "link create")
+
+
+def link_update(link_fd: int, new_prog_fd: int) -> None:
+    """Swaps the program behind a link atomically: no connect sees no program."""
+    _check(_lib().bpf_link_update(link_fd, new_prog_fd, None), "link update")

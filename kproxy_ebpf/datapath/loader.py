@@ -1,0 +1,182 @@
+"""Compiles the BPF programs with bcc, adopts or creates the pinned maps, and attaches the
+socket hooks to a cgroup through pinned BPF links.
+
+Why links: a pinned link keeps its program attached after the agent exits (the datapath must
+outlive a restart), and BPF_LINK_UPDATE swaps the program of a running link atomically, so a new
+agent replaces the old programs with no instant where a connect goes unseen.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import libbpf
+from .layout import MAPS, STRUCTS
+from .paths import bpf_dir, kernel_headers
+from .pinned import LayoutMismatch, PinnedMap
+
+log = logging.getLogger(__name__)
+
+BPFFS_MAGIC = 0xCAFE4A11
+
+# program name in sock_lb.c -> (attach type, pin name of its link)
+SOCK_HOOKS = {
+    "kp_connect4": (libbpf.ATTACH_CGROUP_INET4_CONNECT, "connect4"),
+    "kp_sendmsg4": (libbpf.ATTACH_CGROUP_UDP4_SENDMSG, "sendmsg4"),
+    "kp_recvmsg4": (libbpf.ATTACH_CGROUP_UDP4_RECVMSG, "recvmsg4"),
+    "kp_getpeername4": (libbpf.ATTACH_CGROUP_INET4_GETPEERNAME, "getpeername4"),
+}
+
+
+@dataclass
+class MapSizes:
+    """max_entries of each map (a pinned map keeps the size it was created with)."""
+    svc: int = 65536        # frontends plus one row per backend slot
+    backend: int = 65536
+    sknat: int = 65536      # reverse translation per socket (LRU)
+    affinity: int = 65536   # ClientIP affinity and UDP flows (LRU)
+    meta: int = 16384       # service-port names for the CLI
+
+    def cflags(self) -> list[str]:
+        return [f"-D{MAPS[name].size_macro}={getattr(self, name)}"
+                for name in ("svc", "backend", "sknat", "affinity", "meta")]
+
+
+def ensure_bpffs(directory: Path) -> None:
+    """Creates the pin directory, mounting bpffs at /sys/fs/bpf first if nothing is there."""
+    root = Path("/sys/fs/bpf")
+    if not _is_bpffs(root):
+        log.info("mounting bpffs at %s", root)
+        if subprocess.run(["mount", "-t", "bpf", "bpf", str(root)]).returncode != 0:
+            raise RuntimeError(f"{root} is not bpffs and could not be mounted")
+    directory.mkdir(parents=True, exist_ok=True)
+    if not _is_bpffs(directory):
+        raise RuntimeError(f"{directory} is not on a bpffs mount")
+
+
+def _is_bpffs(path: Path) -> bool:
+    if not path.exists():
+        return False
+    buf = (ctypes.c_long * 16)()     # struct statfs; f_type is the first field
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.statfs(str(path).encode(), buf) == 0 and (buf[0] & 0xFFFFFFFF) == BPFFS_MAGIC
+
+
+@dataclass
+class Datapath:
+    bpffs_dir: Path
+    cgroup: Path
+    sizes: MapSizes = field(default_factory=MapSizes)
+    maps: dict[str, PinnedMap] = field(default_factory=dict)
+    _bpf: object = None
+
+    @property
+    def links_dir(self) -> Path:
+        return self.bpffs_dir / "links"
+
+    def load(self) -> None:
+        """Compiles and loads sock_lb.c; bcc adopts maps already pinned in bpffs_dir."""
+        os.environ.setdefault("BCC_KERNEL_SOURCE", str(kernel_headers()))
+        from bcc import BPF  # imported late: only the agent needs bcc (and root)
+
+        ensure_bpffs(self.bpffs_dir)
+        src = bpf_dir()
+        cflags = [f"-I{src}", f'-DKP_PIN_DIR="{self.bpffs_dir}"', "-Wno-macro-redefined",
+                  *self.sizes.cflags()]
+        self._bpf = BPF(src_file=str(src / "sock_lb.c"), cflags=cflags)
+        self._check_bcc_layout()
+        for name, spec in MAPS.items():
+            self.maps[name] = PinnedMap(self.bpffs_dir / spec.name, spec)
+            want = getattr(self.sizes, name, None)
+            if want and self.maps[name].max_entries != want:
+                log.warning("map %s keeps its pinned size %d (configured %d); run "
+                            "`kproxy-ebpf cleanup` while no traffic depends on it to resize",
+                            spec.name, self.maps[name].max_entries, want)
+
+    def _check_bcc_layout(self) -> None:
+        """Refuses to run if bcc's view of a map (from the compiled C) differs from layout.py."""
+        for spec in MAPS.values():
+            table = self._bpf[spec.name]
+            leaf = table.Leaf
+            if spec.percpu and issubclass(leaf, ctypes.Array):   # bcc: one value per CPU
+                leaf = leaf._type_
+            for ours, theirs in ((spec.key, table.Key), (spec.value, leaf)):
+                if ctypes.sizeof(ours) != ctypes.sizeof(theirs):
+                    raise LayoutMismatch(f"{spec.name}: {ours.__name__} is {ctypes.sizeof(ours)} "
+                                         f"bytes, the compiled map says {ctypes.sizeof(theirs)}")
+                if ours in STRUCTS.values():
+                    for fname, *_ in ours._fields_:
+                        if getattr(ours, fname).offset != getattr(theirs, fname).offset:
+                            raise LayoutMismatch(f"{spec.name}: field {fname} offset differs")
+
+    def attach(self) -> None:
+        """Attaches every hook to the cgroup, replacing a previous agent's programs in place."""
+        from bcc import BPF
+
+        self.links_dir.mkdir(exist_ok=True)
+        cgroup_id = os.stat(self.cgroup).st_ino     # a cgroup2 directory's inode is its id
+        cg_fd = os.open(self.cgroup, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for prog, (attach_type, pin) in SOCK_HOOKS.items():
+                fn = self._bpf.load_func(prog, BPF.CGROUP_SOCK_ADDR, attach_type=attach_type)
+                self._attach_one(fn.fd, cg_fd, cgroup_id, attach_type, self.links_dir / pin)
+        finally:
+            os.close(cg_fd)
+
+    def _attach_one(self, prog_fd: int, cg_fd: int, cgroup_id: int, attach_type: int,
+                    pin: Path) -> None:
+        if pin.exists():
+            link_fd = libbpf.obj_get(str(pin))
+            try:
+                info = libbpf.link_info(link_fd)
+                if info.cgroup_id == cgroup_id and info.attach_type == attach_type:
+                    libbpf.link_update(link_fd, prog_fd)
+                    log.info("replaced program of link %s", pin)
+                    return
+                log.warning("link %s is on another cgroup (id %d): detaching it", pin,
+                            info.cgroup_id)
+                pin.unlink()
+            finally:
+                os.close(link_fd)
+        link_fd = libbpf.link_create(prog_fd, cg_fd, attach_type)
+        try:
+            libbpf.obj_pin(link_fd, str(pin))
+        finally:
+            os.close(link_fd)
+        log.info("attached %s to %s", pin.name, self.cgroup)
+
+    def close(self) -> None:
+        for m in self.maps.values():
+            m.close()
+        self.maps.clear()
+        if self._bpf is not None:
+            self._bpf.cleanup()
+            self._bpf = None
+
+
+def open_pinned_maps(bpffs_dir: Path) -> dict[str, PinnedMap]:
+    """Opens the maps an agent pinned, without compiling anything (for the CLI)."""
+    out = {}
+    for name, spec in MAPS.items():
+        path = bpffs_dir / spec.name
+        if path.exists():
+            out[name] = PinnedMap(path, spec)
+    return out
+
+
+def remove_pins(bpffs_dir: Path) -> list[str]:
+    """Detaches the hooks (unpinning a link releases it) and drops the maps: `cleanup`."""
+    removed = []
+    for sub in (bpffs_dir / "links", bpffs_dir):
+        if not sub.is_dir():
+            continue
+        for entry in sorted(sub.iterdir()):
+            if entry.is_file():
+                entry.unlink()
+                removed.append(str(entry))
+        sub.rmdir()
+    return removed

@@ -1,0 +1,34 @@
+"""Where the BPF sources and the kernel header tree for bcc live on this machine."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# A source checkout keeps bpf/ next to the package; an image installs it under /usr/share.
+_CANDIDATES = (Path(__file__).resolve().parents[2] / "bpf", Path("/usr/share/kproxy-ebpf/bpf"))
+
+# tools/setup-headers.sh merges Debian's linux-headers-*-common and -cloud-amd64 packages here.
+HEADERS_CACHE = Path(os.environ.get("KPROXY_CACHE", "/var/cache/kproxy-ebpf")) / "headers"
+
+
+def bpf_dir() -> Path:
+    override = os.environ.get("KPROXY_BPF_DIR")
+    for cand in ([Path(override)] if override else []) + list(_CANDIDATES):
+        if (cand / "kproxy.h").is_file():
+            return cand
+    raise FileNotFoundError("bpf/kproxy.h not found (set KPROXY_BPF_DIR)")
+
+
+def kernel_headers() -> Path:
+    """The header tree bcc compiles against: BCC_KERNEL_SOURCE, else the newest merged tree.
+
+    The programs use only UAPI types, so any recent tree works; we never write /lib/modules."""
+    env = os.environ.get("BCC_KERNEL_SOURCE")
+    if env:
+        return Path(env)
+    trees = sorted(p for p in HEADERS_CACHE.glob("*") if (p / "include").is_dir())
+    if not trees:
+        raise FileNotFoundError(
+            f"no kernel header tree under {HEADERS_CACHE}: run `make setup` "
+            "(or set BCC_KERNEL_SOURCE)")
+    return trees[-1]

@@ -1,0 +1,102 @@
+"""Typed access to one pinned BPF map, checked against its layout when opened."""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+
+from . import libbpf
+from .layout import MapSpec
+
+
+class LayoutMismatch(RuntimeError):
+    """A pinned map's key/value sizes differ from layout.py: never write into it."""
+
+
+class MapFull(RuntimeError):
+    """The map has no room for a new entry (E2BIG): raise its size in the configuration."""
+
+    def __init__(self, name: str, max_entries: int):
+        super().__init__(f"BPF map {name} is full ({max_entries} entries): raise its size "
+                         f"in the agent configuration (map sizes)")
+        self.map_name, self.max_entries = name, max_entries
+
+
+@lru_cache(maxsize=1)
+def possible_cpus() -> int:
+    """Per-CPU maps return one value per possible CPU (not online)."""
+    text = Path("/sys/devices/system/cpu/possible").read_text().strip()
+    count = 0
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        count += int(hi or lo) - int(lo) + 1
+    return count
+
+
+class PinnedMap:
+    def __init__(self, path: str | Path, spec: MapSpec):
+        self.path, self.spec = str(path), spec
+        self.fd = libbpf.obj_get(self.path)
+        try:
+            info = libbpf.map_info(self.fd)
+            want = (ctypes.sizeof(spec.key), ctypes.sizeof(spec.value))
+            if (info.key_size, info.value_size) != want:
+                raise LayoutMismatch(
+                    f"{self.path}: kernel map has key/value {info.key_size}/{info.value_size} "
+                    f"bytes, layout.py expects {want[0]}/{want[1]}")
+            self.max_entries = info.max_entries
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self._values = possible_cpus() if spec.percpu else 1
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> PinnedMap:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _new_value(self):
+        return (self.spec.value * self._values)() if self.spec.percpu else self.spec.value()
+
+    def get(self, key):
+        value = self._new_value()
+        return value if libbpf.map_lookup(self.fd, key, value) else None
+
+    def put(self, key, value) -> None:
+        try:
+            libbpf.map_update(self.fd, key, value)
+        except libbpf.BpfError as exc:
+            if exc.errno == errno.E2BIG:
+                raise MapFull(self.spec.name, self.max_entries) from exc
+            raise
+
+    def delete(self, key) -> bool:
+        return libbpf.map_delete(self.fd, key)
+
+    def keys(self) -> list:
+        """A snapshot of the keys (iterating while deleting restarts a hash walk)."""
+        out, prev = [], None
+        while True:
+            nxt = self.spec.key()
+            if not libbpf.map_next_key(self.fd, prev, nxt):
+                return out
+            out.append(nxt)
+            prev = nxt
+
+    def items(self) -> Iterator[tuple]:
+        for key in self.keys():
+            value = self.get(key)
+            if value is not None:       # deleted since the snapshot
+                yield key, value
+
+    def __len__(self) -> int:
+        return len(self.keys())

@@ -1,0 +1,115 @@
+"""Decodes the pinned maps into plain dicts for the CLI (and for tests that look inside).
+
+The same decoding serves `kproxy-ebpf services` and `kproxy-ebpf maps dump`, so what an
+operator reads is what the kernel holds, not what the agent believes it wrote.
+"""
+from __future__ import annotations
+
+import ctypes
+import time
+from collections.abc import Mapping
+
+from . import layout as L
+from .pinned import PinnedMap
+from .writer import ACTION_BY_NUM, F_LOCAL, F_NOT_READY, F_TERMINATING, KIND_BY_NUM
+
+STAT_NAMES = {v: k.removeprefix("KP_STAT_").lower() for k, v in L.constants().items()
+              if k.startswith("KP_STAT_") and k != "KP_STAT_MAX"}
+
+
+def backend_state(flags: int) -> str:
+    state = "terminating" if flags & F_TERMINATING else "ready"
+    if flags & F_NOT_READY:
+        state += ",serving" if flags & F_TERMINATING else ",not-ready"
+    return state + (",local" if flags & F_LOCAL else "")
+
+
+def _service_name(meta: L.SvcMeta | None) -> str:
+    if meta is None:
+        return "?"
+    name = f"{meta.namespace.decode()}/{meta.name.decode()}"
+    return f"{name}:{meta.port_name.decode()}" if meta.port_name else name
+
+
+def services(maps: Mapping[str, PinnedMap]) -> list[dict]:
+    """One entry per frontend: address, port, protocol, type, action, backends in slot order."""
+    rows = list(maps["svc"].items())
+    backends = {k.value: v for k, v in maps["backend"].items()}
+    metas = {k.value: v for k, v in maps["meta"].items()} if "meta" in maps else {}
+    slots: dict[tuple, dict[int, int]] = {}
+    for key, val in rows:
+        if key.slot:
+            slots.setdefault((key.addr, key.port, key.proto, key.scope), {})[key.slot] = val.backend_id
+    out = []
+    for key, val in rows:
+        if key.slot:
+            continue
+        ip, port, proto = L.key_tuple(key)
+        entry = {
+            "address": ip, "port": port, "protocol": proto.value,
+            "type": KIND_BY_NUM[val.kind].value if val.kind in KIND_BY_NUM else f"kind-{val.kind}",
+            "service": _service_name(metas.get(val.svc_id)), "service_id": val.svc_id,
+            "action": ACTION_BY_NUM[val.action].value if val.action in ACTION_BY_NUM else str(val.action),
+            "affinity_timeout": val.affinity_timeout, "scope": key.scope, "backends": [],
+        }
+        mine = slots.get((key.addr, key.port, key.proto, key.scope), {})
+        for slot in range(1, val.count + 1):
+            bid = mine.get(slot)
+            be = backends.get(bid) if bid is not None else None
+            if be is None:
+                entry["backends"].append({"slot": slot, "id": bid, "missing": True})
+                continue
+            entry["backends"].append({
+                "slot": slot, "id": bid, "address": L.ip_str(be.addr),
+                "port": L.port_host(be.port), "state": backend_state(be.flags)})
+        out.append(entry)
+    out.sort(key=lambda e: (e["service"], e["type"], e["address"], e["port"], e["protocol"]))
+    return out
+
+
+def _plain(obj) -> object:
+    """ctypes value -> JSON-able, decoding the fields whose meaning we know."""
+    if isinstance(obj, ctypes.Array):
+        if obj._type_ is ctypes.c_char:
+            return obj.value.decode(errors="replace")
+        return [_plain(x) for x in obj]
+    if isinstance(obj, ctypes._SimpleCData):
+        return obj.value
+    if not isinstance(obj, ctypes.Structure):
+        return obj
+    out = {}
+    for name, *_ in obj._fields_:
+        if name == "pad":
+            continue
+        value = getattr(obj, name)
+        if name == "addr":
+            value = L.ip_str(value)
+        elif name == "port":
+            value = L.port_host(value)
+        elif name == "proto":
+            value = L.PROTO_BY_NUM[value].value if value in L.PROTO_BY_NUM else value
+        out[name] = _plain(value)
+    return out
+
+
+def dump(m: PinnedMap) -> list[dict]:
+    """Every row of a map, decoded; per-CPU values are summed (and listed per CPU)."""
+    rows = []
+    for key, value in m.items():
+        if m.spec.percpu:
+            per_cpu = [v for v in value]
+            row = {"key": _plain(key), "value": sum(per_cpu), "per_cpu": per_cpu}
+            if m.spec.name == L.constants()["KP_MAP_STATS"]:
+                row["counter"] = STAT_NAMES.get(key.value, str(key.value))
+        else:
+            row = {"key": _plain(key), "value": _plain(value)}
+        rows.append(row)
+    if m.spec.lru and m.spec.name == L.constants()["KP_MAP_AFF"]:
+        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        for row in rows:
+            row["value"]["age_seconds"] = round((now - row["value"]["last_used"]) / 1e9, 1)
+    return rows
+
+
+def counters(m: PinnedMap) -> dict[str, int]:
+    return {r["counter"]: r["value"] for r in dump(m) if r.get("counter") in STAT_NAMES.values()}

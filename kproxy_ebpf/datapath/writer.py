@@ -1,0 +1,323 @@
+"""Applies a desired state to the pinned maps: diff, ordered writes, garbage collection.
+
+Order (make-before-break), per frontend:
+  1. backend rows it needs, 2. slot rows 1..n, 3. slot 0 with the new count, 4. surplus slots;
+then, after every frontend: deleted frontends (slot 0 first), then backends and service ids that
+no row references any more. A lookup therefore never sees a count that covers an unwritten slot
+nor a slot naming a freed backend, and ids are not reused at once (see proxy/ids.py).
+
+Slots are filled stably: a backend that stays keeps its slot, a new one takes a freed slot, and
+only the tail moves into the holes. That keeps writes proportional to what changed and lets
+session affinity (which remembers the slot) survive most scale events.
+
+The writer restores its bookkeeping from the maps, so a new agent process adopts what the last
+one programmed and rewrites only what differs. It never decides policy.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from ..desired import Action, Backend, Frontend, FrontendKind, ServicePortName
+from ..model import Protocol
+from ..proxy.ids import IdAllocator, IdsExhausted
+from . import layout as L
+from .pinned import MapFull, PinnedMap
+
+log = logging.getLogger(__name__)
+
+BackendKey = tuple[str, int, Protocol]
+FrontendKey = tuple[str, int, Protocol]
+
+ACTION_NUM = {Action.FORWARD: L.const("KP_ACTION_FORWARD"), Action.REJECT: L.const("KP_ACTION_REJECT"),
+              Action.DROP: L.const("KP_ACTION_DROP")}
+ACTION_BY_NUM = {v: k for k, v in ACTION_NUM.items()}
+KIND_NUM = {FrontendKind.CLUSTER_IP: L.const("KP_KIND_CLUSTER_IP"),
+            FrontendKind.NODE_PORT: L.const("KP_KIND_NODE_PORT"),
+            FrontendKind.EXTERNAL_IP: L.const("KP_KIND_EXTERNAL_IP"),
+            FrontendKind.LOAD_BALANCER: L.const("KP_KIND_LOAD_BALANCER")}
+KIND_BY_NUM = {v: k for k, v in KIND_NUM.items()}
+F_LOCAL, F_TERMINATING, F_NOT_READY = (L.const("KP_BE_F_LOCAL"), L.const("KP_BE_F_TERMINATING"),
+                                       L.const("KP_BE_F_NOT_READY"))
+MAX_ID = 2**31
+
+
+def backend_flags(b: Backend) -> int:
+    return ((F_LOCAL if b.local else 0) | (F_TERMINATING if b.terminating else 0)
+            | (0 if b.ready else F_NOT_READY))
+
+
+@dataclass
+class Programmed:
+    """What the kernel holds for one frontend."""
+    kind: FrontendKind
+    service: ServicePortName | None
+    action: Action
+    affinity: int
+    count: int | None                               # None: slot 0 not written yet
+    rows: dict[int, BackendKey] = field(default_factory=dict)   # slot -> backend
+
+    def live(self) -> set[BackendKey]:
+        return {self.rows[s] for s in range(1, (self.count or 0) + 1) if s in self.rows}
+
+
+@dataclass
+class ApplyResult:
+    updated: int = 0          # frontends written
+    deleted: int = 0          # frontends removed
+    writes: int = 0           # map rows written or deleted
+    errors: list[str] = field(default_factory=list)
+    full_maps: set[str] = field(default_factory=set)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def stable_slots(old: list[BackendKey], wanted: Iterable[BackendKey]) -> list[BackendKey]:
+    """The new slot order: survivors stay put, newcomers fill holes, the tail fills the rest."""
+    want = sorted(set(wanted))
+    keep = set(want)
+    slots: list[BackendKey | None] = [b if b in keep else None for b in old]
+    placed = {b for b in slots if b is not None}
+    fresh = [b for b in want if b not in placed]
+    for i, b in enumerate(slots):
+        if b is None and fresh:
+            slots[i] = fresh.pop(0)
+    slots.extend(fresh)
+    # Close the remaining holes with elements from the tail.
+    while None in slots:
+        if slots[-1] is None:
+            slots.pop()
+            continue
+        slots[slots.index(None)] = slots.pop()
+    return slots  # type: ignore[return-value]
+
+
+class MapWriter:
+    def __init__(self, maps: Mapping[str, PinnedMap]):
+        self.svc, self.be, self.meta = maps["svc"], maps["backend"], maps["meta"]
+        self.programmed: dict[FrontendKey, Programmed] = {}
+        self.backend_flags: dict[BackendKey, int] = {}
+        self.backend_ids = IdAllocator(MAX_ID, "backend ids")
+        self.svc_ids = IdAllocator(MAX_ID, "service ids")
+        self._refs: Counter[BackendKey] = Counter()        # rows naming each backend
+        self._svc_refs: Counter[ServicePortName] = Counter()  # frontends of each service port
+        self._named: set[ServicePortName] = set()          # service ports with a meta row
+        self._unref: set[BackendKey] = set()                # may have dropped to 0 refs
+        self._svc_unref: set[ServicePortName] = set()
+        self._pending_flags: dict[BackendKey, int] = {}
+
+    # -- restore ---------------------------------------------------------------------------
+    def restore(self) -> int:
+        """Rebuilds the bookkeeping from the maps; returns the number of frontends found."""
+        self.programmed.clear()
+        self._refs.clear()
+        self._svc_refs.clear()
+        names: dict[int, ServicePortName] = {}
+        for key, meta in self.meta.items():
+            spn = ServicePortName(meta.namespace.decode(), meta.name.decode(),
+                                  meta.port_name.decode(), L.PROTO_BY_NUM.get(meta.proto, Protocol.TCP))
+            names[key.value] = spn
+            self.svc_ids.restore(spn, key.value)
+            self._named.add(spn)
+        backends: dict[int, BackendKey] = {}
+        for key, be in self.be.items():
+            bkey = (L.ip_str(be.addr), L.port_host(be.port), L.PROTO_BY_NUM[be.proto])
+            backends[key.value] = bkey
+            self.backend_flags[bkey] = be.flags
+            self.backend_ids.restore(bkey, key.value)
+        # Only the socket scope is written today; other scopes belong to other writers.
+        rows = [(k, v) for k, v in self.svc.items() if k.scope == L.const("KP_SCOPE_SOCK")]
+        for key, val in rows:
+            if key.slot == 0:
+                self.programmed[L.key_tuple(key)] = Programmed(
+                    kind=KIND_BY_NUM.get(val.kind, FrontendKind.CLUSTER_IP),
+                    service=None, action=ACTION_BY_NUM.get(val.action, Action.REJECT),
+                    affinity=val.affinity_timeout, count=val.count)
+                self._set_service(self.programmed[L.key_tuple(key)], names.get(val.svc_id))
+        for key, val in rows:
+            if key.slot == 0:
+                continue
+            fkey = L.key_tuple(key)
+            prog = self.programmed.setdefault(fkey, Programmed(
+                FrontendKind.CLUSTER_IP, None, Action.REJECT, 0, None))
+            bkey = backends.get(val.backend_id)
+            if bkey is None:        # a slot naming no backend can only be a leftover: drop it
+                self.svc.delete(key)
+                continue
+            prog.rows[key.slot] = bkey
+            self._refs[bkey] += 1
+        # Anything unreferenced (a crash between writes) is garbage now.
+        self._unref = {b for b, _ in self.backend_ids}
+        self._svc_unref = {spn for spn, _ in self.svc_ids}
+        self._gc()
+        return len(self.programmed)
+
+    # -- apply -----------------------------------------------------------------------------
+    def apply(self, desired: Mapping[FrontendKey, Frontend],
+              candidates: Iterable[FrontendKey] | None = None) -> ApplyResult:
+        """Makes the maps hold `desired`. With `candidates`, only those keys are examined
+        (the frontends of services that changed); without, everything is diffed."""
+        res = ApplyResult()
+        keys = set(self.programmed) | set(desired) if candidates is None else set(candidates)
+        self._merge_backend_flags(desired.values() if candidates is None
+                                  else (desired[k] for k in keys if k in desired))
+        for key in sorted(keys):
+            fe = desired.get(key)
+            if fe is not None and not self._same(key, fe):
+                self._guard(res, fe.key, lambda fe=fe: self._write_frontend(fe, res))
+        for key in sorted(keys):
+            if key not in desired and key in self.programmed:
+                self._guard(res, key, lambda key=key: self._delete_frontend(key, res))
+        self._gc(res)
+        return res
+
+    def _guard(self, res: ApplyResult, key: FrontendKey, fn) -> None:
+        try:
+            fn()
+        except MapFull as exc:
+            res.errors.append(f"{key[0]}:{key[1]}/{key[2].value}: {exc}")
+            res.full_maps.add(exc.map_name)
+        except (OSError, IdsExhausted) as exc:
+            res.errors.append(f"{key[0]}:{key[1]}/{key[2].value}: {exc}")
+
+    def _same(self, key: FrontendKey, fe: Frontend) -> bool:
+        p = self.programmed.get(key)
+        if p is None or p.count is None:
+            return False
+        wanted = {b.key for b in fe.backends} if fe.action is Action.FORWARD else set()
+        return (p.kind, p.service, p.action, p.affinity) == (
+            fe.kind, fe.service, fe.action, fe.affinity_timeout) and p.live() == wanted \
+            and p.count == len(wanted) and all(
+                self.backend_flags.get(b.key) == backend_flags(b) for b in fe.backends)
+
+    def _merge_backend_flags(self, frontends: Iterable[Frontend]) -> None:
+        """A backend row is shared by every frontend that uses it; its flags follow the first
+        frontend (in key order) that names it, so two services cannot make them flap."""
+        seen: dict[BackendKey, int] = {}
+        for fe in sorted(frontends, key=lambda f: f.key):
+            for b in fe.backends:
+                seen.setdefault(b.key, backend_flags(b))
+        self._pending_flags = seen
+
+    def _ensure_backend(self, b: BackendKey, res: ApplyResult) -> int:
+        flags = self._pending_flags.get(b, self.backend_flags.get(b, 0))
+        known = b in self.backend_ids
+        bid = self.backend_ids.acquire(b)
+        if not known or self.backend_flags.get(b) != flags:
+            try:
+                self.be.put(L.U32(bid), L.backend_val(*b, flags))
+            except BaseException:
+                if not known:
+                    self.backend_ids.release(b)
+                raise
+            self.backend_flags[b] = flags
+            self._unref.add(b)      # freed again at the end of apply if no slot names it
+            res.writes += 1
+        return bid
+
+    def _write_frontend(self, fe: Frontend, res: ApplyResult) -> None:
+        key = fe.key
+        prog = self.programmed.get(key)
+        if prog is None:
+            prog = self.programmed[key] = Programmed(fe.kind, None, fe.action, 0, None)
+        old_order = [prog.rows.get(s) for s in range(1, (prog.count or 0) + 1)]
+        wanted = [b.key for b in fe.backends] if fe.action is Action.FORWARD else []
+        order = stable_slots([b for b in old_order if b is not None], wanted) \
+            if None not in old_order else sorted(set(wanted))
+
+        svc_id = self.svc_ids.acquire(fe.service)
+        self._svc_unref.add(fe.service)     # in case this write fails before slot 0
+        if fe.service not in self._named:
+            self._write_meta(fe.service, svc_id)
+            res.writes += 1
+
+        for slot, bkey in enumerate(order, start=1):
+            bid = self._ensure_backend(bkey, res)
+            if prog.rows.get(slot) != bkey:
+                self.svc.put(L.svc_key(*key, slot=slot), L.SvcVal(backend_id=bid))
+                self._ref(prog, slot, bkey)
+                res.writes += 1
+        # Only now may slot 0 announce the new count.
+        self.svc.put(L.svc_key(*key), L.SvcVal(
+            svc_id=svc_id, affinity_timeout=fe.affinity_timeout, count=len(order),
+            action=ACTION_NUM[fe.action], kind=KIND_NUM[fe.kind]))
+        res.writes += 1
+        self._set_service(prog, fe.service)
+        prog.kind, prog.action = fe.kind, fe.action
+        prog.affinity, prog.count = fe.affinity_timeout, len(order)
+        for slot in sorted(s for s in prog.rows if s > len(order)):
+            self.svc.delete(L.svc_key(*key, slot=slot))
+            self._ref(prog, slot, None)
+            res.writes += 1
+        res.updated += 1
+
+    def _delete_frontend(self, key: FrontendKey, res: ApplyResult) -> None:
+        prog = self.programmed[key]
+        self.svc.delete(L.svc_key(*key))        # first: the frontend disappears at once
+        prog.count = None
+        self._set_service(prog, None)
+        res.writes += 1
+        for slot in sorted(prog.rows):
+            self.svc.delete(L.svc_key(*key, slot=slot))
+            self._ref(prog, slot, None)
+            res.writes += 1
+        del self.programmed[key]
+        res.deleted += 1
+
+    def _ref(self, prog: Programmed, slot: int, bkey: BackendKey | None) -> None:
+        old = prog.rows.pop(slot, None)
+        if old is not None:
+            self._refs[old] -= 1
+            self._unref.add(old)
+        if bkey is not None:
+            prog.rows[slot] = bkey
+            self._refs[bkey] += 1
+
+    def _set_service(self, prog: Programmed, spn: ServicePortName | None) -> None:
+        if prog.service is not None:
+            self._svc_refs[prog.service] -= 1
+            self._svc_unref.add(prog.service)
+        prog.service = spn
+        if spn is not None:
+            self._svc_refs[spn] += 1
+
+    # -- names and garbage -------------------------------------------------------------------
+    def _write_meta(self, spn: ServicePortName, svc_id: int) -> None:
+        self.meta.put(L.U32(svc_id), L.SvcMeta(
+            namespace=spn.namespace.encode()[:63], name=spn.name.encode()[:63],
+            port_name=spn.port.encode()[:15], proto=L.PROTO_NUM[spn.protocol]))
+        self._named.add(spn)
+
+    def _gc(self, res: ApplyResult | None = None) -> None:
+        """Frees backends no row names and service ids no frontend uses, after all writes.
+        Only candidates whose references dropped are looked at: O(changed)."""
+        for bkey in self._unref:
+            bid = self.backend_ids.get(bkey)
+            if bid is None or self._refs.get(bkey, 0) > 0:
+                continue
+            self.be.delete(L.U32(bid))
+            self.backend_ids.release(bkey)
+            self.backend_flags.pop(bkey, None)
+            self._refs.pop(bkey, None)
+            if res:
+                res.writes += 1
+        self._unref = set()
+        for spn in self._svc_unref:
+            sid = self.svc_ids.get(spn)
+            if sid is None or self._svc_refs.get(spn, 0) > 0:
+                continue
+            self.meta.delete(L.U32(sid))
+            self.svc_ids.release(spn)
+            self._named.discard(spn)
+            self._svc_refs.pop(spn, None)
+            if res:
+                res.writes += 1
+        self._svc_unref = set()
+
+    def stats(self) -> dict[str, int]:
+        return {"frontends": len(self.programmed), "backends": len(self.backend_ids),
+                "service_ports": len(self.svc_ids)}
