@@ -70,6 +70,7 @@ class ApplyResult:
     writes: int = 0           # map rows written or deleted
     errors: list[str] = field(default_factory=list)
     full_maps: set[str] = field(default_factory=set)
+    failed: dict[FrontendKey, ServicePortName | None] = field(default_factory=dict)  # retry these
 
     @property
     def ok(self) -> bool:
@@ -168,21 +169,25 @@ class MapWriter:
         for key in sorted(keys):
             fe = desired.get(key)
             if fe is not None and not self._same(key, fe):
-                self._guard(res, fe.key, lambda fe=fe: self._write_frontend(fe, res))
+                self._guard(res, key, fe.service, lambda fe=fe: self._write_frontend(fe, res))
         for key in sorted(keys):
             if key not in desired and key in self.programmed:
-                self._guard(res, key, lambda key=key: self._delete_frontend(key, res))
+                spn = self.programmed[key].service
+                self._guard(res, key, spn, lambda key=key: self._delete_frontend(key, res))
         self._gc(res)
         return res
 
-    def _guard(self, res: ApplyResult, key: FrontendKey, fn) -> None:
+    def _guard(self, res: ApplyResult, key: FrontendKey, spn: ServicePortName | None, fn) -> None:
+        """Runs one frontend's writes; a failure is recorded, the other frontends go on."""
         try:
             fn()
         except MapFull as exc:
-            res.errors.append(f"{key[0]}:{key[1]}/{key[2].value}: {exc}")
             res.full_maps.add(exc.map_name)
+            res.errors.append(f"{spn or '?'} {key[0]}:{key[1]}/{key[2].value}: {exc}")
+            res.failed[key] = spn
         except (OSError, IdsExhausted) as exc:
-            res.errors.append(f"{key[0]}:{key[1]}/{key[2].value}: {exc}")
+            res.errors.append(f"{spn or '?'} {key[0]}:{key[1]}/{key[2].value}: {exc}")
+            res.failed[key] = spn
 
     def _same(self, key: FrontendKey, fe: Frontend) -> bool:
         p = self.programmed.get(key)
@@ -317,6 +322,11 @@ class MapWriter:
             if res:
                 res.writes += 1
         self._svc_unref = set()
+
+    def row_counts(self) -> dict[str, int]:
+        """Rows the writer keeps in each map it owns (without iterating the kernel maps)."""
+        return {"svc": sum(1 + len(p.rows) for p in self.programmed.values()),
+                "backend": len(self.backend_ids), "meta": len(self._named)}
 
     def stats(self) -> dict[str, int]:
         return {"frontends": len(self.programmed), "backends": len(self.backend_ids),

@@ -1,0 +1,226 @@
+"""The agent: sources -> ProxyState -> (runner) -> MapWriter, with health and metrics.
+
+Start-up order matters for "a restart loses no connection": the maps pinned by the previous
+agent are adopted first (nothing is rewritten), the new programs replace the old ones through
+the pinned links, and only after every source has delivered its first complete list does a sync
+run, so a half-listed cluster never garbage-collects a live service.
+
+Partial syncs look only at the frontends of services that changed (plus those that failed
+last time); the periodic full sync re-reads the kernel maps and repairs any drift.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import start_http_server
+
+from . import health
+from .config import AgentConfig
+from .datapath import reader
+from .datapath.loader import Datapath
+from .datapath.writer import MapWriter
+from .desired import Problem
+from .kube.convert import Rejection
+from .kube.sources import ApiSource, ManifestSource
+from .metrics import Metrics
+from .model import Node
+from .proxy.state import ProxyState
+
+log = logging.getLogger(__name__)
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig):
+        self.cfg = cfg
+        self.metrics = Metrics()
+        self.health = health.ProxyHealth(cfg.health_timeout)
+        self.state = ProxyState(Node(cfg.node_name), prefer_same_node=cfg.prefer_same_node)
+        self.datapath = Datapath(Path(cfg.bpffs_dir), Path(cfg.cgroup), cfg.map_sizes)
+        self.writer: MapWriter | None = None
+        self.source: ApiSource | ManifestSource | None = None
+        self.events = None
+        self._lock = threading.Lock()        # guards state and _known
+        self._known: dict[str, set[tuple[str, str]]] = {"Service": set(), "EndpointSlice": set()}
+        self._retry: set = set()              # frontend keys a failed write left behind
+        self._reported: set[tuple] = set()    # problems already logged
+        self._stop = threading.Event()
+        from .runner import Runner, Schedule
+        self.runner = Runner(self._sync, Schedule(cfg.min_sync_period, cfg.sync_period))
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self.datapath.load()
+        self.writer = MapWriter(self.datapath.maps)
+        adopted = self.writer.restore()
+        log.info("adopted %d frontends from %s", adopted, self.cfg.bpffs_dir)
+        self.datapath.attach()
+        self.metrics.watch_datapath(lambda: reader.counters(self.datapath.maps["stats"]))
+        self._serve()
+        self.source = self._make_source()
+        self.metrics.watch_api(self.source.counters)
+        self.source.start()
+        threading.Thread(target=self._start_runner, name="wait-synced", daemon=True).start()
+
+    def _make_source(self) -> ApiSource | ManifestSource:
+        if self.cfg.manifests:
+            return ManifestSource(self.cfg.manifests, Node(self.cfg.node_name), self)
+        from .kube.client import make_api_client
+        from .kube.events import EventRecorder
+
+        api = make_api_client(kubeconfig=self.cfg.kubeconfig, master=self.cfg.master)
+        self.events = EventRecorder(api, host=self.cfg.node_name)
+        return ApiSource(api, self.cfg.node_name, self)
+
+    def _start_runner(self) -> None:
+        assert self.source is not None
+        while not self._stop.is_set():
+            if self.source.wait_synced(timeout=5):
+                log.info("all sources listed; starting the sync loop")
+                self.runner.start()
+                return
+            log.info("waiting for the first list of every resource")
+
+    def _serve(self) -> None:
+        if self.cfg.healthz_bind_address:
+            health.serve(self.health, self.cfg.healthz_bind_address)
+        if self.cfg.metrics_bind_address:
+            host, _, port = self.cfg.metrics_bind_address.rpartition(":")
+            start_http_server(int(port), addr=host or "0.0.0.0", registry=self.metrics.registry)
+
+    def stop(self) -> None:
+        """Stops watching and syncing; the programs and maps stay (the datapath outlives us)."""
+        self._stop.set()
+        if self.source:
+            self.source.stop()
+        self.runner.stop()
+        if self.events:
+            self.events.stop()
+        self.datapath.close()
+
+    def run_until_signalled(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self._stop.set())
+        self.start()
+        self._stop.wait()
+        log.info("stopping; the datapath stays programmed")
+        self.stop()
+
+    # -- Sink: what the sources deliver ----------------------------------------------------------
+    def replace(self, kind: str, objs: list[Any]) -> None:
+        with self._lock:
+            if kind == "Node":
+                changed = bool(objs) and self.state.set_node(objs[0])
+            else:
+                new = {o.key for o in objs}
+                changed = False
+                for ns, name in self._known[kind] - new:
+                    changed |= self._delete(kind, ns, name)
+                for o in objs:
+                    changed |= self._upsert(kind, o)
+                self._known[kind] = new
+        self._changed(changed)
+
+    def upsert(self, kind: str, obj: Any) -> None:
+        with self._lock:
+            if kind == "Node":
+                changed = self.state.set_node(obj)
+            else:
+                self._known[kind].add(obj.key)
+                changed = self._upsert(kind, obj)
+        self._changed(changed)
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        if kind == "Node":
+            log.warning("node %s was deleted; keeping the datapath as it is", name)
+            return
+        with self._lock:
+            self._known[kind].discard((namespace, name))
+            changed = self._delete(kind, namespace, name)
+        self._changed(changed)
+
+    def rejected(self, rejections: list[Rejection]) -> None:
+        for r in rejections:
+            log.warning("rejected %s %s/%s: %s (%s)", r.kind, r.namespace, r.name, r.message, r.reason)
+            self.metrics.rejected.labels(r.kind, r.reason).inc()
+        if self.events:
+            self.events.rejected(rejections)
+
+    def _upsert(self, kind: str, obj: Any) -> bool:
+        return self.state.upsert_service(obj) if kind == "Service" else self.state.upsert_slice(obj)
+
+    def _delete(self, kind: str, ns: str, name: str) -> bool:
+        if kind == "Service":
+            return self.state.delete_service(ns, name)
+        return self.state.delete_slice(ns, name)
+
+    def _changed(self, changed: bool) -> None:
+        if changed:
+            self.health.queued_update()
+            self.metrics.pending.set(len(self.state.dirty))
+            self.runner.run()
+
+    # -- sync --------------------------------------------------------------------------------
+    def _sync(self, full: bool) -> bool:
+        assert self.writer is not None
+        started = time.time()
+        t0 = time.monotonic()
+        with self._lock:
+            changes = self.state.compute(full=full)
+        if full:
+            self.writer.restore()      # re-read the kernel: repairs drift, adopts nothing stale
+            result = self.writer.apply(changes.frontends)
+        else:
+            result = self.writer.apply(changes.frontends, changes.changed_keys | self._retry)
+        self._retry = set(result.failed)
+        elapsed = time.monotonic() - t0
+        self.metrics.sync_duration.labels("full" if full else "partial").observe(elapsed)
+        self._report(changes.problems, result)
+        if result.ok:
+            self.health.updated(started)
+            self.metrics.sync_last.set(time.time())
+        else:
+            self.metrics.sync_failures.inc()
+        self.metrics.pending.set(len(self.state.dirty))
+        stats = self.writer.stats()
+        self.metrics.frontends.set(stats["frontends"])
+        self.metrics.backends.set(stats["backends"])
+        for name, count in self.writer.row_counts().items():
+            self.metrics.map_entries.labels(name).set(count)
+            self.metrics.map_capacity.labels(name).set(self.datapath.maps[name].max_entries)
+        if result.updated or result.deleted or not result.ok:
+            log.info("%s sync: %d frontends written, %d removed, %d map writes in %.1f ms%s",
+                     "full" if full else "partial", result.updated, result.deleted,
+                     result.writes, elapsed * 1000, "" if result.ok else " (with errors)")
+        return result.ok
+
+    def _report(self, problems: list[Problem], result) -> None:
+        reasons: dict[str, int] = {}
+        for p in self.state.problems():
+            reasons[p.reason] = reasons.get(p.reason, 0) + 1
+        self.metrics.problems.clear()
+        for reason, n in reasons.items():
+            self.metrics.problems.labels(reason).set(n)
+        for p in problems:
+            key = (p.namespace, p.name, p.reason, p.message)
+            if key not in self._reported:
+                self._reported.add(key)
+                log.warning("service %s/%s: %s (%s)", p.namespace, p.name, p.message, p.reason)
+                if self.events:
+                    self.events.warn(p.kind, p.namespace, p.name, p.reason, p.message)
+        for name in result.full_maps:
+            self.metrics.map_full.labels(name).inc()
+        for err in result.errors:
+            log.error("datapath write failed: %s", err)
+            if not result.full_maps:
+                self.metrics.map_errors.inc()
+        if self.events:
+            for fkey, spn in result.failed.items():
+                if spn is not None and result.full_maps:
+                    self.events.warn("Service", spn.namespace, spn.name, "BPFMapFull",
+                                     f"frontend {fkey[0]}:{fkey[1]}/{fkey[2].value} not programmed: "
+                                     f"map(s) {', '.join(sorted(result.full_maps))} full")

@@ -1,0 +1,210 @@
+"""The `kproxy-ebpf` command: the agent (`run`), what the kernel holds (`services`, `maps`,
+`stats`), `cleanup`, and the local lab (`lab ...`).
+
+The inspection commands read the pinned maps directly (no compile, no agent needed), so they
+answer the operator's first question even when the agent is down: "what does this node's
+datapath do with traffic to this service right now?"
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from . import __version__
+
+DEFAULT_BPFFS = "/sys/fs/bpf/kproxy"
+
+
+def _bpffs_option(f):
+    return click.option("--bpffs-dir", envvar="KPROXY_BPFFS_DIR", default=DEFAULT_BPFFS,
+                        show_default=True, help="The agent's bpffs directory (pinned maps).")(f)
+
+
+def _output_option(f):
+    return click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table",
+                        show_default=True)(f)
+
+
+def _open_maps(bpffs_dir: str):
+    from .datapath.loader import open_pinned_maps
+
+    maps = open_pinned_maps(Path(bpffs_dir))
+    if "svc" not in maps:
+        raise click.ClickException(
+            f"no kproxy maps pinned under {bpffs_dir}: is the agent running on this node "
+            "(or is --bpffs-dir / KPROXY_BPFFS_DIR pointing elsewhere)?")
+    return maps
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="kproxy-ebpf")
+def main() -> None:
+    """An eBPF replacement for kube-proxy."""
+
+
+@main.command()
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              help="YAML configuration file (camelCase keys, as kube-proxy's).")
+@click.option("--kubeconfig", help="Kubeconfig; default: in-cluster, then ~/.kube/config.")
+@click.option("--master", help="API server address, overriding the kubeconfig's.")
+@click.option("--hostname-override", help="This node's name (default: the host name).")
+@click.option("--bpffs-dir", help=f"Pin directory for maps and links [{DEFAULT_BPFFS}].")
+@click.option("--cgroup", help="cgroup v2 directory the socket hooks attach to (required).")
+@click.option("--min-sync-period", help="Shortest time between two syncs, e.g. 200ms.")
+@click.option("--sync-period", help="Full resync period, e.g. 30s.")
+@click.option("--healthz-bind-address", help="host:port of /healthz and /livez ('' disables).")
+@click.option("--metrics-bind-address", help="host:port of /metrics ('' disables).")
+@click.option("--manifests", multiple=True,
+              help="Read Services/EndpointSlices from these YAML files or directories instead "
+                   "of the API server (re-read when they change).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
+def run(config_file, **flags) -> None:
+    """Run the agent: watch the cluster and program this node's datapath."""
+    from .config import ConfigError, load
+
+    try:
+        cfg = load(config_file, overrides=flags)
+        cfg.validate()
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    logging.basicConfig(level=cfg.log_level.upper(),
+                        format="%(asctime)s %(levelname).1s %(name)s: %(message)s")
+    from .agent import Agent
+    from .datapath.pinned import LayoutMismatch
+
+    try:
+        Agent(cfg).run_until_signalled()
+    except LayoutMismatch as exc:
+        raise click.ClickException(f"refusing to run: {exc}") from exc
+
+
+def _backend_text(b: dict) -> str:
+    if b.get("missing"):
+        return f"{b['slot']}) <missing backend {b['id']}>"
+    return f"{b['slot']}) {b['address']}:{b['port']} ({b['state']})"
+
+
+@main.command()
+@_bpffs_option
+@_output_option
+@click.option("--service", "service_filter", metavar="NS/NAME",
+              help="Only this service (any of its ports).")
+def services(bpffs_dir: str, output: str, service_filter: str | None) -> None:
+    """Every frontend in the maps: address, port, protocol, type, backends and their state."""
+    from .datapath import reader
+
+    maps = _open_maps(bpffs_dir)
+    rows = reader.services(maps)
+    if service_filter:
+        rows = [r for r in rows if r["service"].split(":")[0] == service_filter]
+    if output == "json":
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("no services programmed")
+        return
+    header = ("SERVICE", "TYPE", "FRONTEND", "ACTION", "AFFINITY", "BACKENDS")
+    lines = []
+    for r in rows:
+        backends = [_backend_text(b) for b in r["backends"]] or ["-"]
+        aff = f"{r['affinity_timeout']}s" if r["affinity_timeout"] else "-"
+        first = (r["service"], r["type"], f"{r['address']}:{r['port']}/{r['protocol']}",
+                 r["action"], aff, backends[0])
+        lines.append(first)
+        lines.extend(("", "", "", "", "", b) for b in backends[1:])
+    widths = [max(len(str(x[i])) for x in [header, *lines]) for i in range(len(header) - 1)]
+    for line in [header, *lines]:
+        click.echo("  ".join(str(c).ljust(w) for c, w in zip(line, widths)) + "  " + line[-1])
+
+
+@main.group()
+def maps() -> None:
+    """Inspect the pinned BPF maps."""
+
+
+@maps.command("list")
+@_bpffs_option
+@_output_option
+def maps_list(bpffs_dir: str, output: str) -> None:
+    """Each map: name, entries, capacity."""
+    rows = []
+    for name, m in _open_maps(bpffs_dir).items():
+        count = len(m) if not m.spec.percpu else m.max_entries
+        rows.append({"map": name, "pin": m.spec.name, "entries": count,
+                     "max_entries": m.max_entries})
+    if output == "json":
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        click.echo(f"{r['map']:<10} {r['pin']:<14} {r['entries']:>8} / {r['max_entries']}")
+
+
+@maps.command("dump")
+@click.argument("name")
+@_bpffs_option
+@_output_option
+def maps_dump(name: str, bpffs_dir: str, output: str) -> None:
+    """Every row of map NAME (svc, backend, sknat, affinity, meta, stats), decoded."""
+    from .datapath import reader
+
+    maps_ = _open_maps(bpffs_dir)
+    by_pin = {m.spec.name: k for k, m in maps_.items()}
+    key = name if name in maps_ else by_pin.get(name)
+    if key is None:
+        raise click.ClickException(f"unknown map {name!r}; known: {', '.join(maps_)}")
+    rows = reader.dump(maps_[key])
+    if output == "json":
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        click.echo(f"{json.dumps(r['key'])} => {json.dumps(r['value'])}"
+                   + (f"  [{r['counter']}]" if "counter" in r else ""))
+
+
+@main.command()
+@_bpffs_option
+@_output_option
+def stats(bpffs_dir: str, output: str) -> None:
+    """The socket hooks' counters (forward, reject, drop, affinity hits, ...)."""
+    from .datapath import reader
+
+    counters = reader.counters(_open_maps(bpffs_dir)["stats"])
+    if output == "json":
+        click.echo(json.dumps(counters, indent=2))
+    else:
+        for k, v in counters.items():
+            click.echo(f"{k:<14} {v}")
+
+
+@main.command()
+@_bpffs_option
+@click.option("--yes", is_flag=True, help="Do not ask.")
+def cleanup(bpffs_dir: str, yes: bool) -> None:
+    """Detach the socket hooks and remove the pinned maps (services stop being translated)."""
+    from .datapath.loader import remove_pins
+
+    if not Path(bpffs_dir).exists():
+        click.echo(f"nothing pinned under {bpffs_dir}")
+        return
+    if not yes:
+        click.confirm(f"Detach kproxy from this node and remove {bpffs_dir}?", abort=True)
+    for path in remove_pins(Path(bpffs_dir)):
+        click.echo(f"removed {path}")
+
+
+def _register_lab() -> None:
+    try:
+        from .lab.cli import lab
+    except ImportError:     # the lab is optional in an agent-only image
+        return
+    main.add_command(lab)
+
+
+_register_lab()
+
+if __name__ == "__main__":
+    sys.exit(main())

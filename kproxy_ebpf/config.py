@@ -1,0 +1,124 @@
+"""Agent configuration: a YAML file, then KPROXY_* environment variables, then flags.
+
+Names follow kube-proxy's KubeProxyConfiguration where one exists (camelCase in the file,
+hostnameOverride, minSyncPeriod, syncPeriod, healthzBindAddress, metricsBindAddress); the
+environment uses the same names in upper snake case (KPROXY_MIN_SYNC_PERIOD).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .datapath.loader import MapSizes
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class AgentConfig:
+    kubeconfig: str | None = None         # None: in-cluster config, else ~/.kube/config
+    master: str | None = None             # API server host:port, overrides the kubeconfig's
+    hostname_override: str | None = None  # the Node name; default: the host name
+    bpffs_dir: str = "/sys/fs/bpf/kproxy"
+    # No default on purpose: the hooks go where the operator says (in a cluster, the cgroup2
+    # root of the node; in the lab, the simulated node's cgroup), never by accident.
+    cgroup: str | None = None
+    min_sync_period: float = 0.2          # seconds between two syncs at the most often
+    sync_period: float = 30.0             # full resync (and drift repair) at least this often
+    healthz_bind_address: str = "0.0.0.0:10256"
+    metrics_bind_address: str = "127.0.0.1:10249"
+    map_sizes: MapSizes = field(default_factory=MapSizes)
+    manifests: list[str] = field(default_factory=list)   # static Service/EndpointSlice YAML
+    prefer_same_node: bool = True         # the PreferSameTrafficDistribution feature gate
+    log_level: str = "info"
+
+    @property
+    def node_name(self) -> str:
+        return (self.hostname_override or socket.gethostname()).lower()
+
+    @property
+    def health_timeout(self) -> float:
+        return 2 * self.sync_period          # as kube-proxy: 2 x syncPeriod
+
+    def validate(self) -> None:
+        if not self.cgroup:
+            raise ConfigError("cgroup is required (flag --cgroup, KPROXY_CGROUP or `cgroup:`)")
+        if not Path(self.cgroup).is_dir():
+            raise ConfigError(f"cgroup {self.cgroup} does not exist")
+        if self.min_sync_period < 0 or self.sync_period <= 0:
+            raise ConfigError("sync periods must be positive")
+        for name in ("healthz_bind_address", "metrics_bind_address"):
+            value = getattr(self, name)
+            if value and not re.fullmatch(r"[^:]*:\d+", value):
+                raise ConfigError(f"{name} must be host:port (or empty to disable), not {value!r}")
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(value: object) -> float:
+    """'200ms', '1s', '5m', or a number of seconds."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    m = _DURATION.match(str(value))
+    if not m:
+        raise ConfigError(f"not a duration: {value!r} (use 200ms, 1s, 5m)")
+    return float(m.group(1)) * _UNIT[m.group(2)]
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p.title() for p in rest)
+
+
+def _coerce(name: str, value: object) -> object:
+    if name in ("min_sync_period", "sync_period"):
+        return parse_duration(value)
+    if name == "prefer_same_node":
+        return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+    if name == "manifests":
+        return [str(v) for v in value] if isinstance(value, list) else [
+            p for p in str(value).split(",") if p]
+    if name == "map_sizes":
+        if not isinstance(value, dict):
+            raise ConfigError("mapSizes must be a mapping of map name to entries")
+        known = {f.name for f in dataclasses.fields(MapSizes)}
+        bad = set(value) - known
+        if bad:
+            raise ConfigError(f"unknown map in mapSizes: {sorted(bad)} (known: {sorted(known)})")
+        return MapSizes(**{k: int(v) for k, v in value.items()})
+    return None if value is None else str(value)
+
+
+def load(path: str | None = None, env: dict[str, str] | None = None,
+         overrides: dict[str, object] | None = None) -> AgentConfig:
+    cfg = AgentConfig()
+    names = [f.name for f in dataclasses.fields(AgentConfig)]
+    if path:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping")
+        by_camel = {_camel(n): n for n in names}
+        for key, value in data.items():
+            name = by_camel.get(key, key if key in names else None)
+            if name is None:
+                raise ConfigError(f"{path}: unknown setting {key!r}")
+            setattr(cfg, name, _coerce(name, value))
+    env = os.environ if env is None else env
+    for name in names:
+        value = env.get("KPROXY_" + name.upper())
+        if value is not None and name != "map_sizes":
+            setattr(cfg, name, _coerce(name, value))
+    for name, value in (overrides or {}).items():
+        if value is not None and value != ():
+            setattr(cfg, name, _coerce(name, list(value) if isinstance(value, tuple) else value))
+    return cfg

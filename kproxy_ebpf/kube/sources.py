@@ -1,0 +1,165 @@
+"""Where the agent's Services, EndpointSlices and Node come from: the API server (list+watch)
+or static YAML manifests. Both deliver converted model objects to a Sink, so the agent's sync
+loop cannot tell them apart.
+
+A malformed object is reported (Sink.rejected) and otherwise ignored: the last good version
+stays programmed, because dropping a working Service over a bad update would turn an operator's
+typo into an outage.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..model import Node
+from .convert import Rejection, node_from_api, service_from_api, slice_from_api
+from .manifests import load_manifests
+
+log = logging.getLogger(__name__)
+
+# kube-proxy's own informer selector: such objects are not ours to program.
+PROXY_LABEL_SELECTOR = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"
+
+
+class Sink(Protocol):
+    def replace(self, kind: str, objs: list[Any]) -> None: ...
+    def upsert(self, kind: str, obj: Any) -> None: ...
+    def delete(self, kind: str, namespace: str, name: str) -> None: ...
+    def rejected(self, rejections: list[Rejection]) -> None: ...
+
+
+_CONVERT: dict[str, Callable[[dict], tuple[Any, list[Rejection]]]] = {
+    "Service": service_from_api,
+    "EndpointSlice": slice_from_api,
+    "Node": lambda obj: (node_from_api(obj), []),
+}
+
+
+class ApiSource:
+    """One reflector per resource; `synced` once each has delivered its first list."""
+
+    RESOURCES = {"services": "Service", "endpointslices": "EndpointSlice", "node": "Node"}
+
+    def __init__(self, api_client: Any, node_name: str, sink: Sink):
+        from .reflector import reflector_for
+
+        self.sink = sink
+        self.reflectors = {}
+        for resource, kind in self.RESOURCES.items():
+            opts: dict[str, Any] = {"node_name": node_name} if resource == "node" else {
+                "label_selector": PROXY_LABEL_SELECTOR}
+            self.reflectors[resource] = reflector_for(
+                api_client, resource, self._handler(kind), **opts)
+
+    def _handler(self, kind: str) -> Callable[[str, Any], None]:
+        convert = _CONVERT[kind]
+
+        def on_event(etype: str, payload: Any) -> None:
+            if etype == "SYNC":
+                objs, bad = [], []
+                for raw in payload:
+                    obj, rej = convert(raw)
+                    bad.extend(rej)
+                    if obj is not None:
+                        objs.append(obj)
+                if bad:
+                    self.sink.rejected(bad)
+                self.sink.replace(kind, objs)
+            elif etype == "DELETED":
+                meta = payload.get("metadata") or {}
+                self.sink.delete(kind, meta.get("namespace") or "", meta.get("name") or "")
+            elif etype in ("ADDED", "MODIFIED"):
+                obj, rej = convert(payload)
+                if rej:
+                    self.sink.rejected(rej)
+                if obj is not None:
+                    self.sink.upsert(kind, obj)
+        return on_event
+
+    @property
+    def synced(self) -> bool:
+        return all(r.synced.is_set() for r in self.reflectors.values())
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        for r in self.reflectors.values():
+            if not r.synced.wait(timeout):
+                return False
+        return True
+
+    def start(self) -> None:
+        for r in self.reflectors.values():
+            r.start()
+
+    def stop(self) -> None:
+        for r in self.reflectors.values():
+            r.stop()
+
+    def counters(self) -> dict[str, tuple[int, int, bool]]:
+        return {name: (r.relists, r.restarts, r.synced.is_set())
+                for name, r in self.reflectors.items()}
+
+
+class ManifestSource:
+    """Services and EndpointSlices from YAML files, re-read when a file changes; the Node is
+    made from the configured name (no zone, no addresses: nothing NodePort-specific)."""
+
+    def __init__(self, paths: list[str], node: Node, sink: Sink, poll: float = 0.5):
+        self.paths, self.node, self.sink, self.poll = [Path(p) for p in paths], node, sink, poll
+        self._stop = threading.Event()
+        self._stamp: tuple = ()
+        self._thread: threading.Thread | None = None
+
+    def _files(self) -> list[Path]:
+        out = []
+        for p in self.paths:
+            out.extend(sorted(p.glob("*.y*ml")) if p.is_dir() else [p])
+        return out
+
+    def _stamps(self) -> tuple:
+        stamps = []
+        for f in self._files():
+            try:
+                st = f.stat()
+                stamps.append((str(f), st.st_mtime_ns, st.st_size))
+            except FileNotFoundError:
+                stamps.append((str(f), None, None))
+        return tuple(stamps)
+
+    def load(self) -> None:
+        self._stamp = self._stamps()
+        try:
+            services, slices, bad = load_manifests([str(p) for p in self.paths])
+        except (OSError, ValueError) as exc:    # keep what is programmed; say why
+            log.error("cannot read manifests %s: %s", [str(p) for p in self.paths], exc)
+            return
+        if bad:
+            self.sink.rejected(bad)
+        self.sink.replace("Node", [self.node])
+        self.sink.replace("Service", list(services))
+        self.sink.replace("EndpointSlice", list(slices))
+        log.info("manifests: %d services, %d endpoint slices", len(services), len(slices))
+
+    synced = True
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        return True
+
+    def start(self) -> None:
+        self.load()
+        self._thread = threading.Thread(target=self._watch, name="manifests", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll):
+            if self._stamps() != self._stamp:
+                self.load()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def counters(self) -> dict[str, tuple[int, int, bool]]:
+        return {}
+

@@ -1,0 +1,93 @@
+"""Prometheus metrics of the agent, named after kube-proxy's where one exists
+(pkg/proxy/metrics: sync_proxy_rules_duration_seconds, sync_proxy_rules_last_timestamp_seconds,
+..._changes_pending) with our own prefix, plus what only a BPF datapath has: map fill, map-full
+errors and the programs' own counters (read from the per-CPU stats map at scrape time).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+P = "kproxy_"
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.sync_duration = Histogram(
+            P + "sync_proxy_rules_duration_seconds", "Time a sync took, by kind (full or partial).",
+            ["kind"], registry=r,
+            buckets=[0.001 * 2 ** i for i in range(15)])   # 1 ms .. 16 s, as kube-proxy's
+        self.sync_last = Gauge(P + "sync_proxy_rules_last_timestamp_seconds",
+                               "When the last successful sync finished.", registry=r)
+        self.sync_failures = Counter(P + "sync_proxy_rules_failures_total",
+                                     "Syncs that left something unprogrammed.", registry=r)
+        self.pending = Gauge(P + "service_changes_pending",
+                             "Services changed since the last sync.", registry=r)
+        self.frontends = Gauge(P + "frontends", "Frontends programmed.", registry=r)
+        self.backends = Gauge(P + "backends", "Backends programmed.", registry=r)
+        self.map_entries = Gauge(P + "bpf_map_entries", "Rows the agent keeps in a map.", ["map"],
+                                 registry=r)
+        self.map_capacity = Gauge(P + "bpf_map_capacity", "max_entries of a map.", ["map"],
+                                  registry=r)
+        self.map_full = Counter(P + "bpf_map_full_total",
+                                "Writes refused because a map was full.", ["map"], registry=r)
+        self.map_errors = Counter(P + "bpf_map_errors_total", "Other failed map writes.",
+                                  registry=r)
+        self.rejected = Counter(P + "rejected_objects_total",
+                                "API objects (or parts) rejected as invalid.", ["kind", "reason"],
+                                registry=r)
+        self.problems = Gauge(P + "service_problems", "Current problems with Services.",
+                              ["reason"], registry=r)
+
+    def watch_datapath(self, read_counters: Callable[[], dict[str, int]]) -> None:
+        """Exports the BPF programs' per-CPU counters (summed) at every scrape."""
+        self.registry.register(_DatapathCollector(read_counters))
+
+
+    def watch_api(self, read: Callable[[], dict[str, tuple[int, int, bool]]]) -> None:
+        """Exports each watched resource's (relists, restarts, synced) at every scrape."""
+        self.registry.register(_ApiCollector(read))
+
+
+class _ApiCollector(Collector):
+    def __init__(self, read: Callable[[], dict[str, tuple[int, int, bool]]]):
+        self._read = read
+
+    def collect(self):
+        relists = CounterMetricFamily(P + "api_relists", "Relists after 410 Gone.",
+                                      labels=["resource"])
+        restarts = CounterMetricFamily(P + "api_watch_restarts",
+                                       "Lists or watches retried after an error.",
+                                       labels=["resource"])
+        synced = GaugeMetricFamily(P + "api_synced", "1 once the resource was listed.",
+                                   labels=["resource"])
+        for resource, (n_relists, n_restarts, ok) in sorted(self._read().items()):
+            relists.add_metric([resource], n_relists)
+            restarts.add_metric([resource], n_restarts)
+            synced.add_metric([resource], 1 if ok else 0)
+        yield from (relists, restarts, synced)
+
+
+class _DatapathCollector(Collector):
+    def __init__(self, read: Callable[[], dict[str, int]]):
+        self._read = read
+
+    def collect(self):
+        fam = CounterMetricFamily(P + "datapath_events", "Socket-hook decisions, by event.",
+                                  labels=["event"])
+        up = GaugeMetricFamily(P + "datapath_readable", "1 if the stats map could be read.")
+        try:
+            values = self._read()
+            up.add_metric([], 1)
+        except OSError:
+            values = {}
+            up.add_metric([], 0)
+        for event, value in sorted(values.items()):
+            fam.add_metric([event], value)
+        yield fam
+        yield up

@@ -1,0 +1,84 @@
+"""EndpointSlice ingestion: a Service's slices -> usable endpoints per (port name, protocol).
+
+This is the one place where the API's "unset" values get kube-proxy's meaning (semantics 1.1,
+reference: kube-proxy pkg/proxy/endpointslicecache.go addEndpoints). Everything downstream works
+on EndpointInfo, whose conditions are plain booleans.
+
+Ports are matched by (name, protocol), never by number: the same Service port may map to a
+different target port number in each slice (pods of one Deployment rolled to a new port), and
+the slice port's number is the backend port.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..model import EndpointSlice, Protocol
+
+#: (service port name, protocol); an unnamed port is "".
+PortKey = tuple[str, Protocol]
+
+
+@dataclass(frozen=True)
+class EndpointInfo:
+    """One endpoint of one service port, with conditions already defaulted."""
+    ip: str
+    port: int
+    ready: bool
+    serving: bool
+    terminating: bool
+    node_name: str | None
+    zone: str | None
+    hint_zones: frozenset[str]
+    hint_nodes: frozenset[str]
+    local: bool
+
+    @property
+    def serving_terminating(self) -> bool:
+        """Usable only as a fallback: still serving while the pod shuts down."""
+        return self.serving and self.terminating
+
+
+def _valid_port(port: int | None) -> bool:
+    # kube-proxy ignores nil and 0; anything outside 1..65535 cannot be encoded either.
+    return port is not None and 0 < port <= 65535
+
+
+def endpoints_by_port(slices: Iterable[EndpointSlice],
+                      node_name: str) -> dict[PortKey, tuple[EndpointInfo, ...]]:
+    """Merge one Service's slices into its usable endpoints, per (port name, protocol).
+
+    Slices are read in name order so that the result does not depend on event order. The same
+    ip:port in two slices (an endpoint moving between slices) is kept once; a local copy wins
+    over a remote one, otherwise the first one seen stays. Each list is sorted by (ip, port).
+    """
+    merged: dict[PortKey, dict[tuple[str, int], EndpointInfo]] = {}
+    for sl in sorted(slices, key=lambda s: (s.namespace, s.name)):
+        if sl.service_name is None or sl.address_type != "IPv4":
+            continue
+        for sport in sl.ports:
+            if sport.name is None or not _valid_port(sport.port):
+                continue
+            assert sport.port is not None
+            bucket = merged.setdefault((sport.name, sport.protocol), {})
+            for ep in sl.endpoints:
+                if not ep.addresses:
+                    continue
+                local = bool(node_name) and ep.node_name == node_name
+                info = EndpointInfo(
+                    ip=ep.addresses[0],        # kube-proxy uses only the first address
+                    port=sport.port,
+                    ready=ep.ready is None or ep.ready,
+                    serving=ep.serving is None or ep.serving,
+                    terminating=ep.terminating is not None and ep.terminating,
+                    node_name=ep.node_name,
+                    zone=ep.zone,
+                    hint_zones=frozenset(ep.hint_zones),
+                    hint_nodes=frozenset(ep.hint_nodes),
+                    local=local,
+                )
+                key = (info.ip, info.port)
+                if key not in bucket or (local and not bucket[key].local):
+                    bucket[key] = info
+    return {pk: tuple(sorted(b.values(), key=lambda e: (e.ip, e.port)))
+            for pk, b in merged.items()}

@@ -1,0 +1,198 @@
+"""One Service (+ its EndpointSlices + this Node) -> the frontends this node must translate.
+
+The frontends describe traffic ORIGINATING ON THIS NODE (pods and host processes: the socket
+path). For that traffic kube-proxy (semantics 1.7, nftables TestInternalExternalMasquerade)
+uses internalTrafficPolicy for ClusterIPs and short-circuits externalTrafficPolicy: Local to the
+Cluster set for NodePort, ExternalIP and LoadBalancer addresses. So ClusterIP frontends use iTP
+and the other kinds always use the Cluster set. The Local set for eTP=Local traffic from outside
+the node is exposed through service_port_endpoints() for the TC path and health checks.
+
+Verdicts (semantics 1.5): no usable endpoint anywhere -> REJECT on every frontend of the port;
+usable endpoints elsewhere but none in the applicable set -> DROP; otherwise FORWARD.
+"""
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..desired import Action, Backend, Frontend, FrontendKind, Problem, ServicePortName
+from ..model import EndpointSlice, Node, Service, ServicePort, ServiceType
+from .endpoints import EndpointInfo, endpoints_by_port
+from .topology import PortEndpoints, categorize
+
+
+def is_proxied(svc: Service) -> bool:
+    """Whether this proxy handles the Service at all (semantics 1.2).
+
+    Headless (clusterIP None or the service.kubernetes.io/headless label), ExternalName, a
+    Service claimed by another proxy (service.kubernetes.io/service-proxy-name; we have no
+    name), and a Service without an IPv4 ClusterIP (kube-proxy's ShouldSkipService plus its
+    per-family ClusterIP check: no ClusterIP means no NodePort/ExternalIP rules either).
+    """
+    return not (svc.headless or svc.headless_label or svc.type is ServiceType.EXTERNAL_NAME
+                or svc.proxy_name is not None or not svc.cluster_ips)
+
+
+@dataclass(frozen=True)
+class ServicePortPlan:
+    """One valid port of a proxied Service, with its endpoint sets."""
+    port: ServicePort
+    name: ServicePortName
+    endpoints: PortEndpoints
+    node_port_ok: bool = True
+
+
+def _problem(svc: Service, reason: str, message: str) -> Problem:
+    return Problem(svc.namespace, svc.name, "Service", reason, message)
+
+
+def _port_ok(port: int) -> bool:
+    return 0 < port <= 65535
+
+
+def _valid_ports(svc: Service, problems: list[Problem]) -> list[tuple[ServicePort, bool]]:
+    """Service ports worth programming, with whether their node port is usable.
+
+    The API server rejects all of this, but objects can also come from files or an apiserver
+    with validation bugs, and a bad port must not take the rest of the Service down with it:
+    the first of two clashing ports wins, the second is skipped and reported.
+    """
+    out: list[tuple[ServicePort, bool]] = []
+    seen_port: dict[tuple[int, str], ServicePort] = {}
+    seen_name: set[tuple[str, str]] = set()
+    seen_node_port: set[tuple[int, str]] = set()
+    for sp in svc.ports:
+        proto = sp.protocol.value
+        if not _port_ok(sp.port):
+            problems.append(_problem(svc, "InvalidPort",
+                                     f"port {sp.name or '(unnamed)'} {sp.port}/{proto} is not in "
+                                     "1..65535; port skipped"))
+            continue
+        if (sp.port, proto) in seen_port:
+            problems.append(_problem(svc, "DuplicatePort",
+                                     f"port {sp.port}/{proto} is listed twice; the second "
+                                     f"({sp.name or '(unnamed)'}) is skipped"))
+            continue
+        if (sp.name, proto) in seen_name:
+            problems.append(_problem(svc, "DuplicatePort",
+                                     f"port name {sp.name or '(unnamed)'!r}/{proto} is listed "
+                                     f"twice; port {sp.port} is skipped"))
+            continue
+        node_port_ok = True
+        if sp.node_port != 0:
+            if not _port_ok(sp.node_port):
+                problems.append(_problem(svc, "InvalidPort",
+                                         f"nodePort {sp.node_port}/{proto} is not in 1..65535; "
+                                         "NodePort skipped"))
+                node_port_ok = False
+            elif (sp.node_port, proto) in seen_node_port:
+                problems.append(_problem(svc, "DuplicatePort",
+                                         f"nodePort {sp.node_port}/{proto} is listed twice; "
+                                         "the second is skipped"))
+                node_port_ok = False
+            else:
+                seen_node_port.add((sp.node_port, proto))
+        seen_port[(sp.port, proto)] = sp
+        seen_name.add((sp.name, proto))
+        out.append((sp, node_port_ok))
+    return out
+
+
+def _own_slices(svc: Service, slices: Iterable[EndpointSlice]) -> list[EndpointSlice]:
+    return [s for s in slices if s.namespace == svc.namespace and s.service_name == svc.name]
+
+
+def _plan(svc: Service, slices: Iterable[EndpointSlice], node: Node,
+          prefer_same_node: bool) -> tuple[list[ServicePortPlan], list[Problem]]:
+    problems: list[Problem] = []
+    if not is_proxied(svc):
+        return [], problems
+    ports = _valid_ports(svc, problems)
+    by_port = endpoints_by_port(_own_slices(svc, slices), node.name)
+    plans = []
+    for sp, node_port_ok in ports:
+        eps = by_port.get((sp.name, sp.protocol), ())
+        plans.append(ServicePortPlan(
+            port=sp,
+            name=ServicePortName(svc.namespace, svc.name, sp.name, sp.protocol),
+            endpoints=categorize(eps, node.name, node.zone, prefer_same_node=prefer_same_node),
+            node_port_ok=node_port_ok,
+        ))
+    return plans, problems
+
+
+def service_port_endpoints(svc: Service, slices: Iterable[EndpointSlice], node: Node, *,
+                           prefer_same_node: bool = True) -> dict[ServicePortName, PortEndpoints]:
+    """The Cluster/Local sets of every valid port; {} for a Service we do not proxy."""
+    plans, _ = _plan(svc, slices, node, prefer_same_node)
+    return {p.name: p.endpoints for p in plans}
+
+
+def _ipv4(svc: Service, ip: str, what: str, problems: list[Problem]) -> bool:
+    """Whether ip is usable by an IPv4 proxy; IPv6 is skipped quietly (the other family)."""
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        problems.append(_problem(svc, "InvalidIP", f"{what} {ip!r} is not an IP address; skipped"))
+        return False
+    return addr.version == 4
+
+
+def _backends(eps: Iterable[EndpointInfo], sp: ServicePort) -> tuple[Backend, ...]:
+    return tuple(sorted(
+        Backend(ip=e.ip, port=e.port, protocol=sp.protocol, node_name=e.node_name,
+                local=e.local, ready=e.ready, serving=e.serving, terminating=e.terminating)
+        for e in eps))
+
+
+def _verdict(pe: PortEndpoints, chosen: tuple[EndpointInfo, ...], sp: ServicePort
+             ) -> tuple[Action, tuple[Backend, ...]]:
+    if not pe.has_any:
+        return Action.REJECT, ()
+    if not chosen:
+        return Action.DROP, ()
+    return Action.FORWARD, _backends(chosen, sp)
+
+
+def service_frontends(svc: Service, slices: Iterable[EndpointSlice], node: Node, *,
+                      prefer_same_node: bool = True) -> tuple[list[Frontend], list[Problem]]:
+    """Frontends of one Service for node-originated traffic, plus problems with its input.
+
+    Order: ports in spec order; per port ClusterIPs, external IPs, LoadBalancer ingress IPs
+    (except ipMode Proxy: such traffic must really go to the load balancer), node addresses
+    at the nodePort. A key (ip, port, protocol) produced twice keeps its first frontend: silently
+    within one service port (e.g. an IP listed as both externalIP and LB ingress), with a
+    FrontendConflict problem across ports.
+    """
+    plans, problems = _plan(svc, slices, node, prefer_same_node)
+    out: dict[tuple, Frontend] = {}
+    ext_ips = [ip for ip in svc.external_ips if _ipv4(svc, ip, "externalIP", problems)]
+    lb_ips = [ing.ip for ing in svc.load_balancer_ingress
+              if ing.ip and ing.ip_mode != "Proxy"
+              and _ipv4(svc, ing.ip, "loadBalancer ingress IP", problems)]
+    for plan in plans:
+        sp, pe = plan.port, plan.endpoints
+        # Externally-typed addresses reached from this node: the Cluster set (short-circuit).
+        external = _verdict(pe, pe.cluster, sp)
+        # ClusterIP: internalTrafficPolicy only, never eTP.
+        internal = _verdict(pe, pe.local, sp) if svc.internal_traffic_local else external
+        candidates = [(ip, sp.port, FrontendKind.CLUSTER_IP, internal) for ip in svc.cluster_ips]
+        candidates += [(ip, sp.port, FrontendKind.EXTERNAL_IP, external) for ip in ext_ips]
+        candidates += [(ip, sp.port, FrontendKind.LOAD_BALANCER, external) for ip in lb_ips]
+        if sp.node_port and plan.node_port_ok:
+            candidates += [(ip, sp.node_port, FrontendKind.NODE_PORT, external)
+                           for ip in node.addresses]
+        for ip, port, kind, (action, backends) in candidates:
+            fe = Frontend(ip=ip, port=port, protocol=sp.protocol, kind=kind, service=plan.name,
+                          action=action, backends=backends,
+                          affinity_timeout=svc.session_affinity_timeout)
+            prev = out.get(fe.key)
+            if prev is None:
+                out[fe.key] = fe
+            elif prev.service != fe.service:
+                problems.append(_problem(
+                    svc, "FrontendConflict",
+                    f"{kind.value} {ip}:{port}/{sp.protocol.value} of port {plan.name} is "
+                    f"already used by port {prev.service} ({prev.kind.value}); skipped"))
+    return list(out.values()), problems

@@ -1,0 +1,106 @@
+"""Numeric ids for BPF map rows (services, backends), stable across agent restarts.
+
+0 is never handed out: the datapath reads 0 as "no id". A freed id is reused as late as
+possible, because a BPF program may have read it a moment ago and be between two lookups
+(service slot -> backend id -> backend); reusing it at once could send that packet to an
+unrelated backend. So fresh ids come first, in increasing order, and freed ids queue up
+oldest-first behind them (a FIFO: effectively monotonic allocation with wrap-around).
+
+restore() seeds the allocator from the pinned maps left by the previous agent, so live flows
+keep their ids. Free ids below the highest restored one may have been freed just before the
+restart, so they go to the back of the queue.
+"""
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator
+
+
+class IdsExhausted(RuntimeError):
+    """Every id is in use: the map behind this allocator is full."""
+
+
+class IdAllocator:
+    """Maps keys to ids in 1..max_id; see the module docstring for the reuse order."""
+
+    def __init__(self, max_id: int, name: str = "ids") -> None:
+        if max_id < 1:
+            raise ValueError(f"{name}: max_id must be >= 1, got {max_id}")
+        self.max_id = max_id
+        self.name = name
+        self._by_key: dict[Hashable, int] = {}
+        self._by_id: dict[int, Hashable] = {}
+        self._next = 1                         # every id >= _next is free and never handed out
+        self._freed: dict[int, None] = {}      # free ids below _next, oldest first (ordered set)
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._by_key
+
+    def __iter__(self) -> Iterator[tuple[Hashable, int]]:
+        return iter(list(self._by_key.items()))
+
+    def get(self, key: Hashable) -> int | None:
+        return self._by_key.get(key)
+
+    def key_of(self, id_: int) -> Hashable | None:
+        return self._by_id.get(id_)
+
+    @property
+    def free(self) -> int:
+        return self.max_id - len(self._by_key)
+
+    def _advance_to(self, new_next: int) -> None:
+        # Ids skipped by the cursor become "freed" (each id crosses the cursor at most once).
+        for i in range(self._next, new_next):
+            if i not in self._by_id:
+                self._freed[i] = None
+        self._next = new_next
+
+    def _bind(self, key: Hashable, id_: int) -> int:
+        self._by_key[key] = id_
+        self._by_id[id_] = key
+        return id_
+
+    def restore(self, key: Hashable, id_: int) -> None:
+        """Record that key already holds id_ (read back from kernel state)."""
+        if not 1 <= id_ <= self.max_id:
+            raise ValueError(f"{self.name}: id {id_} for {key!r} is outside 1..{self.max_id}")
+        owner = self._by_id.get(id_)
+        if owner is not None and owner != key:
+            raise ValueError(f"{self.name}: id {id_} restored for {key!r} "
+                             f"is already held by {owner!r}")
+        held = self._by_key.get(key)
+        if held is not None and held != id_:
+            raise ValueError(f"{self.name}: {key!r} restored with id {id_} "
+                             f"but already holds {held}")
+        if id_ >= self._next:
+            self._advance_to(id_ + 1)
+        self._freed.pop(id_, None)
+        self._bind(key, id_)
+
+    def acquire(self, key: Hashable) -> int:
+        """The id of key, allocating one if it has none yet."""
+        held = self._by_key.get(key)
+        if held is not None:
+            return held
+        if self._next <= self.max_id:
+            id_ = self._next
+            self._next += 1
+        elif self._freed:
+            id_ = next(iter(self._freed))
+            del self._freed[id_]
+        else:
+            raise IdsExhausted(f"{self.name}: all {self.max_id} ids are in use; "
+                               "raise the map size")
+        return self._bind(key, id_)
+
+    def release(self, key: Hashable) -> int | None:
+        """Free the id of key (None if it held none); it is reused last."""
+        id_ = self._by_key.pop(key, None)
+        if id_ is None:
+            return None
+        del self._by_id[id_]
+        self._freed[id_] = None
+        return id_

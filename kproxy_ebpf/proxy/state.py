@@ -1,0 +1,250 @@
+"""The proxy's view of the cluster and the incremental computation of the desired frontends.
+
+Change tracking follows kube-proxy's ServiceChangeTracker / EndpointSliceCache idea: objects are
+stored as they arrive, an update that changes nothing the proxy reads (same value apart from
+resourceVersion) is dropped, and only Services touched since the last compute() are recomputed.
+The result of each Service is cached, so compute() costs O(changed services) plus a copy of the
+frontend table.
+
+Two Services may claim the same ip:port/protocol (the same externalIP, an LB IP equal to a node
+address, ...). The table must still be deterministic and the same on every node and after every
+restart, so the claim of the first Service in (namespace, name) order wins and the others get a
+FrontendConflict problem. When the winner goes away the next claimant takes over.
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..desired import Frontend, Problem, ServicePortName
+from ..model import EndpointSlice, Node, Protocol, Service
+from .frontends import service_frontends, service_port_endpoints
+from .topology import PortEndpoints
+
+ServiceKey = tuple[str, str]                 # (namespace, name)
+SliceKey = tuple[str, str]                   # (namespace, slice name)
+FrontendKey = tuple[str, int, Protocol]      # (ip, port, protocol)
+
+
+@dataclass(frozen=True)
+class ChangeSet:
+    """What compute() produced."""
+    frontends: dict[FrontendKey, Frontend]   # the ENTIRE desired table (a copy)
+    changed_keys: frozenset[FrontendKey]     # keys added, changed or removed by this compute
+    changed_services: frozenset[ServiceKey]  # own frontends changed, or won/lost a key
+    problems: list[Problem]                  # current problems of recomputed/affected services
+
+
+def _same(old: object, new: object) -> bool:
+    """Equal apart from resourceVersion: a relist or a metadata-only update is a no-op."""
+    return old == dataclasses.replace(new, resource_version=old.resource_version)  # type: ignore
+
+
+def _node_view(node: Node | None) -> tuple:
+    # Only what proxy/ reads: locality, zone hints and NodePort addresses.
+    return (None,) if node is None else (node.name, node.zone, node.addresses)
+
+
+class ProxyState:
+    """Services, EndpointSlices and the Node, with dirty tracking and the cached result.
+
+    Mutators return True when they made something dirty. Until set_node() is called the node
+    is nameless and has no addresses: nothing is local and there are no NodePort frontends.
+    """
+
+    def __init__(self, node: Node | None = None, *, prefer_same_node: bool = True) -> None:
+        self.prefer_same_node = prefer_same_node
+        self._node = node
+        self._services: dict[ServiceKey, Service] = {}
+        self._slices: dict[SliceKey, EndpointSlice] = {}
+        self._slices_by_svc: dict[ServiceKey, set[str]] = {}
+        self._dirty: set[ServiceKey] = set()
+        self._all_dirty = False
+        # Per-service cache: its own frontends (before conflict resolution) and problems.
+        self._raw: dict[ServiceKey, dict[FrontendKey, Frontend]] = {}
+        self._own_problems: dict[ServiceKey, list[Problem]] = {}
+        # Claimants of each frontend key, sorted: owners[k][0] wins.
+        self._owners: dict[FrontendKey, list[ServiceKey]] = {}
+        self._merged: dict[FrontendKey, Frontend] = {}
+
+    # -- inputs ---------------------------------------------------------------------------------
+
+    @property
+    def node(self) -> Node | None:
+        return self._node
+
+    @property
+    def dirty(self) -> frozenset[ServiceKey]:
+        """Services waiting for the next compute() (all known ones after a node change)."""
+        if self._all_dirty:
+            return frozenset(self._dirty | set(self._services) | set(self._raw))
+        return frozenset(self._dirty)
+
+    def set_node(self, node: Node) -> bool:
+        changed = _node_view(self._node) != _node_view(node)
+        self._node = node
+        if changed:
+            self._all_dirty = True
+        return changed
+
+    def upsert_service(self, svc: Service) -> bool:
+        old = self._services.get(svc.key)
+        self._services[svc.key] = svc
+        if old is not None and _same(old, svc):
+            return False
+        self._dirty.add(svc.key)
+        return True
+
+    def delete_service(self, namespace: str, name: str) -> bool:
+        if self._services.pop((namespace, name), None) is None:
+            return False
+        self._dirty.add((namespace, name))
+        return True
+
+    def upsert_slice(self, sl: EndpointSlice) -> bool:
+        old = self._slices.get(sl.key)
+        self._slices[sl.key] = sl
+        if old is not None and _same(old, sl):
+            return False
+        dirtied = False
+        if old is not None:
+            dirtied |= self._unindex(old)
+        if sl.service_name is not None:
+            self._slices_by_svc.setdefault((sl.namespace, sl.service_name), set()).add(sl.name)
+            self._dirty.add((sl.namespace, sl.service_name))
+            dirtied = True
+        return dirtied
+
+    def delete_slice(self, namespace: str, name: str) -> bool:
+        old = self._slices.pop((namespace, name), None)
+        return old is not None and self._unindex(old)
+
+    def _unindex(self, sl: EndpointSlice) -> bool:
+        if sl.service_name is None:
+            return False
+        key = (sl.namespace, sl.service_name)
+        names = self._slices_by_svc.get(key)
+        if names is not None:
+            names.discard(sl.name)
+            if not names:
+                del self._slices_by_svc[key]
+        self._dirty.add(key)
+        return True
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def service(self, namespace: str, name: str) -> Service | None:
+        return self._services.get((namespace, name))
+
+    def slices_of(self, namespace: str, name: str) -> list[EndpointSlice]:
+        """The slices labelled for a Service, in slice-name order."""
+        names = self._slices_by_svc.get((namespace, name), ())
+        return [self._slices[(namespace, n)] for n in sorted(names)]
+
+    def port_endpoints(self, namespace: str, name: str) -> dict[ServicePortName, PortEndpoints]:
+        """Cluster/Local endpoint sets per port (for the TC path and health checks)."""
+        svc = self._services.get((namespace, name))
+        if svc is None:
+            return {}
+        return service_port_endpoints(svc, self.slices_of(namespace, name), self._node_or_blank(),
+                                      prefer_same_node=self.prefer_same_node)
+
+    def frontends_by_service(self) -> dict[ServiceKey, list[Frontend]]:
+        """The effective (post-conflict) frontends of the last compute(), per Service."""
+        out: dict[ServiceKey, list[Frontend]] = {}
+        for key in sorted(self._merged):
+            fe = self._merged[key]
+            out.setdefault((fe.service.namespace, fe.service.name), []).append(fe)
+        return out
+
+    def problems(self) -> list[Problem]:
+        """Every current problem as of the last compute()."""
+        keys = set(self._own_problems) | set(self._raw)
+        return [p for k in sorted(keys) for p in self._problems_of(k)]
+
+    def _node_or_blank(self) -> Node:
+        return self._node if self._node is not None else Node(name="")
+
+    def _problems_of(self, key: ServiceKey) -> list[Problem]:
+        out = list(self._own_problems.get(key, ()))
+        for fkey, fe in sorted(self._raw.get(key, {}).items()):
+            winner = self._owners[fkey][0]
+            if winner != key:
+                ip, port, proto = fkey
+                out.append(Problem(key[0], key[1], "Service", "FrontendConflict",
+                                   f"{fe.kind.value} {ip}:{port}/{proto.value} is also claimed "
+                                   f"by {winner[0]}/{winner[1]}, which keeps it (first in "
+                                   "namespace/name order)"))
+        return out
+
+    # -- compute --------------------------------------------------------------------------------
+
+    def compute(self, full: bool = False) -> ChangeSet:
+        """Recompute the dirty Services (all with full=True) and return the whole table."""
+        targets = set(self._dirty)
+        if full or self._all_dirty:
+            targets |= set(self._services) | set(self._raw) | set(self._own_problems)
+        self._dirty.clear()
+        self._all_dirty = False
+        node = self._node_or_blank()
+
+        changed_services: set[ServiceKey] = set()
+        affected: set[FrontendKey] = set()
+        for key in sorted(targets):
+            svc = self._services.get(key)
+            if svc is None:
+                fronts, probs = [], []
+            else:
+                fronts, probs = service_frontends(svc, self.slices_of(*key), node,
+                                                  prefer_same_node=self.prefer_same_node)
+            if probs:
+                self._own_problems[key] = probs
+            else:
+                self._own_problems.pop(key, None)
+            new = {fe.key: fe for fe in fronts}
+            old = self._raw.get(key, {})
+            if new == old:
+                continue
+            changed_services.add(key)
+            for fkey in old.keys() - new.keys():
+                owners = self._owners[fkey]
+                owners.remove(key)
+                if not owners:
+                    del self._owners[fkey]
+            for fkey in new.keys() - old.keys():
+                bisect.insort(self._owners.setdefault(fkey, []), key)
+            if new:
+                self._raw[key] = new
+            else:
+                self._raw.pop(key, None)
+            affected.update(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+
+        report = set(targets)
+        changed_keys: set[FrontendKey] = set()
+        for fkey in affected:
+            owners = self._owners.get(fkey)
+            prev = self._merged.get(fkey)
+            cur = self._raw[owners[0]][fkey] if owners else None
+            if cur is None:
+                self._merged.pop(fkey, None)
+            else:
+                self._merged[fkey] = cur
+                report.update(owners)      # a winner change alters the others' conflicts
+            if prev != cur:
+                changed_keys.add(fkey)
+                for fe in (prev, cur):
+                    if fe is not None:
+                        changed_services.add((fe.service.namespace, fe.service.name))
+
+        problems = [p for k in sorted(report) for p in self._problems_of(k)]
+        return ChangeSet(frontends=dict(self._merged), changed_keys=frozenset(changed_keys),
+                         changed_services=frozenset(changed_services), problems=problems)
+
+    def load(self, services: Iterable[Service] = (), slices: Iterable[EndpointSlice] = ()) -> None:
+        """Convenience for tests and the CLI: upsert many objects."""
+        for svc in services:
+            self.upsert_service(svc)
+        for sl in slices:
+            self.upsert_slice(sl)

@@ -1,0 +1,141 @@
+"""Endpoint categorization (semantics 1.3-1.6), table-driven in the spirit of kube-proxy's
+pkg/proxy/topology_test.go TestCategorizeEndpoints (our own cases).
+
+Conventions: this node is "node-a" in zone "zone-a". Endpoint 10.0.<n>.x lives on node <n>;
+"L" in a case marks it local (node-a).
+"""
+from __future__ import annotations
+
+import pytest
+
+from kproxy_ebpf.proxy.endpoints import EndpointInfo
+from kproxy_ebpf.proxy.topology import TopologyMode, categorize, topology_mode
+
+NODE, ZONE = "node-a", "zone-a"
+
+READY = dict(ready=True, serving=True, terminating=False)
+UNREADY = dict(ready=False, serving=False, terminating=False)
+SERVING_ONLY = dict(ready=False, serving=True, terminating=False)     # never used
+TERMINATING = dict(ready=False, serving=True, terminating=True)       # fallback
+GONE = dict(ready=False, serving=False, terminating=True)             # never used
+
+
+def ep(ip, cond=READY, *, local=False, zones=(), nodes=()):
+    return EndpointInfo(ip=ip, port=80, node_name=NODE if local else "node-x", zone=None,
+                        hint_zones=frozenset(zones), hint_nodes=frozenset(nodes), local=local,
+                        **cond)
+
+
+CASES = [
+    # id, endpoints, kwargs, cluster, local, has_any
+    ("no-endpoints", [], {}, set(), set(), False),
+    ("ready-remote-only", [ep("10.0.2.1"), ep("10.0.3.1")], {},
+     {"10.0.2.1", "10.0.3.1"}, set(), True),
+    ("ready-local-and-remote", [ep("10.0.1.1", local=True), ep("10.0.2.1")], {},
+     {"10.0.1.1", "10.0.2.1"}, {"10.0.1.1"}, True),
+    ("unready-ignored", [ep("10.0.1.1", UNREADY, local=True), ep("10.0.2.1")], {},
+     {"10.0.2.1"}, set(), True),
+    ("all-unready-means-none", [ep("10.0.1.1", UNREADY, local=True), ep("10.0.2.1", UNREADY)],
+     {}, set(), set(), False),
+    ("serving-not-terminating-never-used",
+     [ep("10.0.1.1", SERVING_ONLY, local=True), ep("10.0.2.1", SERVING_ONLY)], {},
+     set(), set(), False),
+    ("terminating-not-serving-never-used",
+     [ep("10.0.1.1", GONE, local=True), ep("10.0.2.1", GONE)], {}, set(), set(), False),
+    ("cluster-falls-back-to-serving-terminating-local-and-remote",
+     [ep("10.0.1.1", TERMINATING, local=True), ep("10.0.2.1", TERMINATING),
+      ep("10.0.3.1", GONE), ep("10.0.4.1", SERVING_ONLY)], {},
+     {"10.0.1.1", "10.0.2.1"}, {"10.0.1.1"}, True),
+    ("ready-preferred-over-terminating",
+     [ep("10.0.1.1", TERMINATING, local=True), ep("10.0.2.1")], {},
+     {"10.0.2.1"}, {"10.0.1.1"}, True),
+    ("local-falls-back-to-local-terminating",
+     [ep("10.0.1.1", TERMINATING, local=True), ep("10.0.1.2", UNREADY, local=True),
+      ep("10.0.2.1")], {},
+     {"10.0.2.1"}, {"10.0.1.1"}, True),
+    ("local-ready-preferred-over-local-terminating",
+     [ep("10.0.1.1", TERMINATING, local=True), ep("10.0.1.2", local=True)], {},
+     {"10.0.1.2"}, {"10.0.1.2"}, True),
+    ("local-empty-when-local-only-unready",
+     [ep("10.0.1.1", SERVING_ONLY, local=True), ep("10.0.2.1")], {},
+     {"10.0.2.1"}, set(), True),
+    ("only-remote-terminating-has-any",
+     [ep("10.0.2.1", TERMINATING)], {}, {"10.0.2.1"}, set(), True),
+    # topology: zone hints
+    ("zone-hints-filter-cluster-set",
+     [ep("10.0.1.1", local=True, zones=[ZONE]), ep("10.0.2.1", zones=[ZONE]),
+      ep("10.0.3.1", zones=["zone-b"])], {},
+     {"10.0.1.1", "10.0.2.1"}, {"10.0.1.1"}, True),
+    ("zone-hints-incomplete-no-filtering",
+     [ep("10.0.2.1", zones=[ZONE]), ep("10.0.3.1")], {},
+     {"10.0.2.1", "10.0.3.1"}, set(), True),
+    ("zone-hints-none-for-our-zone-no-filtering",
+     [ep("10.0.2.1", zones=["zone-b"]), ep("10.0.3.1", zones=["zone-c"])], {},
+     {"10.0.2.1", "10.0.3.1"}, set(), True),
+    ("unready-without-hints-ignored-for-completeness",
+     [ep("10.0.2.1", zones=[ZONE]), ep("10.0.3.1", zones=["zone-b"]),
+      ep("10.0.4.1", UNREADY)], {},
+     {"10.0.2.1"}, set(), True),
+    ("node-without-zone-no-zone-filtering",
+     [ep("10.0.2.1", zones=[ZONE]), ep("10.0.3.1", zones=["zone-b"])], {"zone": None},
+     {"10.0.2.1", "10.0.3.1"}, set(), True),
+    ("multi-zone-hint",
+     [ep("10.0.2.1", zones=["zone-b", ZONE]), ep("10.0.3.1", zones=["zone-b"])], {},
+     {"10.0.2.1"}, set(), True),
+    ("topology-ignored-for-terminating-fallback",
+     [ep("10.0.2.1", TERMINATING, zones=["zone-b"]), ep("10.0.3.1", TERMINATING, zones=[ZONE])],
+     {}, {"10.0.2.1", "10.0.3.1"}, set(), True),
+    ("topology-ignored-for-local-set",
+     [ep("10.0.1.1", local=True, zones=["zone-b"]), ep("10.0.2.1", zones=[ZONE])], {},
+     {"10.0.2.1"}, {"10.0.1.1"}, True),
+    # topology: node hints (PreferSameNode)
+    ("node-hints-filter-cluster-set",
+     [ep("10.0.1.1", local=True, zones=[ZONE], nodes=[NODE]),
+      ep("10.0.2.1", zones=[ZONE], nodes=["node-b"])], {},
+     {"10.0.1.1"}, {"10.0.1.1"}, True),
+    ("node-hints-gate-off-uses-zone",
+     [ep("10.0.1.1", local=True, zones=[ZONE], nodes=[NODE]),
+      ep("10.0.2.1", zones=[ZONE], nodes=["node-b"])], {"prefer_same_node": False},
+     {"10.0.1.1", "10.0.2.1"}, {"10.0.1.1"}, True),
+    ("node-hints-incomplete-falls-to-zone",
+     [ep("10.0.1.1", local=True, zones=[ZONE], nodes=[NODE]),
+      ep("10.0.2.1", zones=[ZONE]), ep("10.0.3.1", zones=["zone-b"])], {},
+     {"10.0.1.1", "10.0.2.1"}, {"10.0.1.1"}, True),
+    ("node-hints-none-for-us-falls-to-zone",
+     [ep("10.0.2.1", zones=[ZONE], nodes=["node-b"]),
+      ep("10.0.3.1", zones=["zone-b"], nodes=["node-c"])], {},
+     {"10.0.2.1"}, set(), True),
+    ("node-hints-none-for-us-no-zone-hints-no-filtering",
+     [ep("10.0.2.1", nodes=["node-b"]), ep("10.0.3.1", nodes=["node-c"])], {},
+     {"10.0.2.1", "10.0.3.1"}, set(), True),
+    ("node-hints-unready-local-ignored",
+     [ep("10.0.1.1", UNREADY, local=True, nodes=[NODE]),
+      ep("10.0.2.1", nodes=["node-b"])], {},
+     {"10.0.2.1"}, set(), True),
+]
+
+
+@pytest.mark.parametrize("eps, kwargs, cluster, local, has_any",
+                         [pytest.param(*c[1:], id=c[0]) for c in CASES])
+def test_categorize(eps, kwargs, cluster, local, has_any):
+    kwargs = dict(kwargs)
+    zone = kwargs.pop("zone", ZONE)
+    got = categorize(eps, NODE, zone, **kwargs)
+    assert {e.ip for e in got.cluster} == cluster
+    assert {e.ip for e in got.local} == local
+    assert got.has_any is has_any
+
+
+@pytest.mark.parametrize("eps, kwargs, mode", [
+    pytest.param([], {}, TopologyMode.NONE, id="empty"),
+    pytest.param([ep("10.0.2.1")], {}, TopologyMode.NONE, id="no-hints"),
+    pytest.param([ep("10.0.2.1", zones=[ZONE])], {}, TopologyMode.SAME_ZONE, id="zone"),
+    pytest.param([ep("10.0.2.1", zones=[ZONE], nodes=[NODE])], {}, TopologyMode.SAME_NODE,
+                 id="node"),
+    pytest.param([ep("10.0.2.1", zones=[ZONE], nodes=[NODE])], {"prefer_same_node": False},
+                 TopologyMode.SAME_ZONE, id="node-gate-off"),
+    pytest.param([ep("10.0.2.1", UNREADY, zones=[ZONE], nodes=[NODE])], {}, TopologyMode.NONE,
+                 id="only-unready-hinted"),
+])
+def test_topology_mode(eps, kwargs, mode):
+    assert topology_mode(eps, NODE, ZONE, **kwargs) is mode
