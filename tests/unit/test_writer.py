@@ -1,0 +1,227 @@
+"""MapWriter against in-memory maps keyed by the encoded bytes, as the kernel keys them.
+
+The central check runs after EVERY single map operation: what a BPF program could read at that
+instant must be consistent (make-before-break): a frontend's count never covers a missing slot,
+and no slot names a missing backend.
+"""
+import errno
+import random
+
+import pytest
+
+from kproxy_ebpf.datapath import layout as L
+from kproxy_ebpf.datapath.libbpf import BpfError
+from kproxy_ebpf.datapath.pinned import MapFull
+from kproxy_ebpf.datapath.writer import MapWriter, stable_slots
+from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, ServicePortName
+from kproxy_ebpf.model import Protocol
+
+TCP = Protocol.TCP
+
+
+class FakeMap:
+    def __init__(self, spec, max_entries=1000, on_op=None):
+        self.spec, self.max_entries, self.on_op = spec, max_entries, on_op
+        self.rows: dict[bytes, bytes] = {}
+        self.ops: list[tuple[str, bytes]] = []
+
+    def _k(self, key):
+        return L.raw(key)
+
+    def get(self, key):
+        data = self.rows.get(self._k(key))
+        return None if data is None else self.spec.value.from_buffer_copy(data)
+
+    def put(self, key, value):
+        k = self._k(key)
+        if k not in self.rows and len(self.rows) >= self.max_entries:
+            raise MapFull(self.spec.name, self.max_entries) from BpfError(errno.E2BIG, "full")
+        self.rows[k] = L.raw(value)
+        self.ops.append(("put", k))
+        if self.on_op:
+            self.on_op()
+
+    def delete(self, key):
+        found = self.rows.pop(self._k(key), None) is not None
+        self.ops.append(("delete", self._k(key)))
+        if self.on_op:
+            self.on_op()
+        return found
+
+    def keys(self):
+        return [self.spec.key.from_buffer_copy(k) for k in self.rows]
+
+    def items(self):
+        return [(self.spec.key.from_buffer_copy(k), self.spec.value.from_buffer_copy(v))
+                for k, v in self.rows.items()]
+
+
+def consistent(maps) -> None:
+    """What a lookup can see right now is whole."""
+    rows = {L.raw(k): v for k, v in maps["svc"].items()}
+    backends = {k.value for k, _ in maps["backend"].items()}
+    for key, val in maps["svc"].items():
+        if key.slot != 0 or val.action != L.const("KP_ACTION_FORWARD"):
+            continue
+        for slot in range(1, val.count + 1):
+            skey = L.SvcKey(addr=key.addr, port=key.port, proto=key.proto, scope=key.scope, slot=slot)
+            row = rows.get(L.raw(skey))
+            assert row is not None, f"slot {slot} of {L.key_tuple(key)} missing (count {val.count})"
+            assert row.backend_id in backends, f"slot {slot} names a freed backend"
+
+
+@pytest.fixture
+def maps():
+    m = {}
+    check = lambda: consistent(m)  # noqa: E731
+    for name, spec in L.MAPS.items():
+        if name in ("svc", "backend", "meta"):
+            m[name] = FakeMap(spec, on_op=check)
+    return m
+
+
+def spn(name="web", port="http"):
+    return ServicePortName("default", name, port, TCP)
+
+
+def fe(ip="10.96.0.10", port=80, backends=(), action=Action.FORWARD, name="web", affinity=0,
+       kind=FrontendKind.CLUSTER_IP):
+    bs = tuple(sorted(Backend(b, 8080, TCP) if isinstance(b, str) else b for b in backends))
+    return Frontend(ip, port, TCP, kind, spn(name), action, bs, affinity)
+
+
+def table(*fes):
+    return {f.key: f for f in fes}
+
+
+def slots_of(maps, ip="10.96.0.10", port=80):
+    out = {}
+    bes = {k.value: L.ip_str(v.addr) for k, v in maps["backend"].items()}
+    for k, v in maps["svc"].items():
+        if L.key_tuple(k) == (ip, port, TCP):
+            out[k.slot] = v.count if k.slot == 0 else bes[v.backend_id]
+    return out
+
+
+def test_new_frontend_is_written_slots_first(maps):
+    w = MapWriter(maps)
+    res = w.apply(table(fe(backends=["10.244.1.10", "10.244.2.10"])))
+    assert res.ok and res.updated == 1
+    s = slots_of(maps)
+    assert s[0] == 2 and sorted([s[1], s[2]]) == ["10.244.1.10", "10.244.2.10"]
+    puts = [k for op, k in maps["svc"].ops if op == "put"]
+    assert L.raw(L.svc_key("10.96.0.10", 80, TCP)) == puts[-1], "slot 0 must be written last"
+
+
+def test_restart_adopts_and_rewrites_nothing(maps):
+    desired = table(fe(backends=["10.244.1.10", "10.244.2.10"]),
+                    fe(ip="10.96.0.11", action=Action.REJECT, name="empty"),
+                    fe(ip="10.96.0.12", backends=["10.244.1.10"], name="other", affinity=60))
+    MapWriter(maps).apply(desired)
+    for m in maps.values():
+        m.ops.clear()
+    fresh = MapWriter(maps)
+    assert fresh.restore() == 3
+    res = fresh.apply(desired)
+    assert res.ok and res.writes == 0 and not any(m.ops for m in maps.values())
+
+
+def test_scale_keeps_survivors_in_their_slots(maps):
+    w = MapWriter(maps)
+    ips = [f"10.244.1.{i}" for i in range(10, 15)]
+    w.apply(table(fe(backends=ips)))
+    before = slots_of(maps)
+    w.apply(table(fe(backends=ips[:1] + ips[2:])))          # remove the second backend
+    after = slots_of(maps)
+    assert after[0] == 4
+    moved = {s for s in range(1, 5) if before[s] != after[s]}
+    assert moved == {2}, "only the hole is refilled (from the tail)"
+    assert after[2] == before[5]
+    w.apply(table(fe(backends=ips + ["10.244.1.99"])))       # scale up: append
+    again = slots_of(maps)
+    assert again[0] == 6 and {again[5], again[6]} == {ips[1], "10.244.1.99"}
+
+
+def test_writes_are_proportional_to_the_change(maps):
+    w = MapWriter(maps)
+    desired = {}
+    for i in range(200):
+        f = fe(ip=f"10.96.1.{i}", name=f"s{i}", backends=[f"10.244.{i % 3}.{10 + i % 50}"])
+        desired[f.key] = f
+    w.apply(desired)
+    changed = fe(ip="10.96.1.7", name="s7", backends=["10.244.9.9"])
+    desired[changed.key] = changed
+    res = w.apply(desired, candidates=[changed.key])
+    # one backend row, one slot, slot 0, and the old backend freed (still used? no: unique)
+    assert res.updated == 1 and res.writes <= 4
+
+
+def test_delete_removes_frontend_first_and_frees_backends(maps):
+    w = MapWriter(maps)
+    w.apply(table(fe(backends=["10.244.1.10"]), fe(ip="10.96.0.20", name="b", backends=["10.244.1.10"])))
+    maps["svc"].ops.clear()
+    w.apply(table(fe(ip="10.96.0.20", name="b", backends=["10.244.1.10"])))
+    first = maps["svc"].ops[0]
+    assert first == ("delete", L.raw(L.svc_key("10.96.0.10", 80, TCP)))
+    assert len(list(maps["backend"].items())) == 1, "shared backend stays"
+    w.apply({})
+    assert not maps["svc"].rows and not maps["backend"].rows and not maps["meta"].rows
+
+
+def test_map_full_keeps_old_state_and_other_frontends(maps):
+    maps["backend"].max_entries = 3
+    w = MapWriter(maps)
+    w.apply(table(fe(backends=["10.244.1.10"])))
+    big = fe(backends=[f"10.244.1.{i}" for i in range(10, 16)])
+    other = fe(ip="10.96.0.30", name="c", action=Action.REJECT)
+    res = w.apply(table(big, other))
+    assert not res.ok and res.full_maps == {L.MAPS["backend"].name}
+    assert big.key in res.failed
+    assert slots_of(maps)[0] == 1, "the old count stays: nothing half-programmed is visible"
+    assert slots_of(maps, "10.96.0.30")[0] == 0, "the other frontend is still programmed"
+    maps["backend"].max_entries = 100
+    res = w.apply(table(big, other), candidates=res.failed)
+    assert res.ok and slots_of(maps)[0] == 6
+
+
+def test_freed_ids_are_not_reused_at_once(maps):
+    w = MapWriter(maps)
+    w.apply(table(fe(backends=["10.244.1.10"])))
+    first_id = w.backend_ids.get(("10.244.1.10", 8080, TCP))
+    w.apply(table(fe(backends=["10.244.1.11"])))
+    assert w.backend_ids.get(("10.244.1.11", 8080, TCP)) != first_id
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_churn_stays_consistent(maps, seed):
+    """Random scale/flip/delete sequences; `consistent` runs after every map operation."""
+    rnd = random.Random(seed)
+    w = MapWriter(maps)
+    pool = [f"10.244.{n}.{i}" for n in (1, 2) for i in range(10, 20)]
+    for _ in range(60):
+        desired = {}
+        for s in range(rnd.randint(0, 6)):
+            action = rnd.choice([Action.FORWARD] * 4 + [Action.REJECT, Action.DROP])
+            bs = rnd.sample(pool, rnd.randint(1, 8)) if action is Action.FORWARD else []
+            f = fe(ip=f"10.96.0.{s}", name=f"s{s}", backends=bs, action=action)
+            desired[f.key] = f
+        assert w.apply(desired).ok
+        for key, f in desired.items():
+            s = slots_of(maps, key[0], key[1])
+            assert s[0] == len(f.backends)
+            assert sorted(s[i] for i in range(1, s[0] + 1)) == sorted(b.ip for b in f.backends)
+    fresh = MapWriter(maps)
+    fresh.restore()
+    assert fresh.apply(desired).writes == 0
+
+
+@pytest.mark.parametrize("old,wanted,expect", [
+    ([], ["a", "b"], ["a", "b"]),
+    (["a", "b", "c"], ["a", "c"], ["a", "c"]),
+    (["a", "b", "c"], ["b", "c"], ["c", "b"]),
+    (["a", "b", "c"], ["a", "b", "c", "d"], ["a", "b", "c", "d"]),
+    (["a", "b", "c"], ["a", "d", "c"], ["a", "d", "c"]),
+    (["a", "b", "c"], [], []),
+])
+def test_stable_slots(old, wanted, expect):
+    assert stable_slots(old, wanted) == expect
