@@ -37,7 +37,7 @@ k8s:
 
 # The whole suite: unit, then the root tests (real namespaces, BPF, kube-apiserver).
 test: setup
-	$(PY) -m pytest -q tests
+	KPROXY_REQUIRE_ROOT=1 KPROXY_REQUIRE_CONTROLPLANE=1 $(PY) -m pytest -q tests
 
 unit: venv
 	$(PY) -m pytest -q tests/unit

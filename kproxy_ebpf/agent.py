@@ -49,6 +49,7 @@ class Agent:
         self._retry: set = set()              # frontend keys a failed write left behind
         self._reported: set[tuple] = set()    # problems already logged
         self._stop = threading.Event()
+        self._synced_once = False
         from .runner import Runner, Schedule
         self.runner = Runner(self._sync, Schedule(cfg.min_sync_period, cfg.sync_period))
 
@@ -192,10 +193,13 @@ class Agent:
         for name, count in self.writer.row_counts().items():
             self.metrics.map_entries.labels(name).set(count)
             self.metrics.map_capacity.labels(name).set(self.datapath.maps[name].max_entries)
-        if result.updated or result.deleted or not result.ok:
-            log.info("%s sync: %d frontends written, %d removed, %d map writes in %.1f ms%s",
-                     "full" if full else "partial", result.updated, result.deleted,
-                     result.writes, elapsed * 1000, "" if result.ok else " (with errors)")
+        if result.updated or result.deleted or not result.ok or not self._synced_once:
+            log.info("%s sync: %d frontends desired, %d written, %d removed, %d map writes "
+                     "in %.1f ms%s", "first" if not self._synced_once else
+                     "full" if full else "partial", len(changes.frontends), result.updated,
+                     result.deleted, result.writes, elapsed * 1000,
+                     "" if result.ok else " (with errors)")
+        self._synced_once = True
         return result.ok
 
     def _report(self, problems: list[Problem], result) -> None:

@@ -87,7 +87,7 @@ class Datapath:
         src = bpf_dir()
         cflags = [f"-I{src}", f'-DKP_PIN_DIR="{self.bpffs_dir}"', "-Wno-macro-redefined",
                   *self.sizes.cflags()]
-        self._bpf = BPF(src_file=str(src / "sock_lb.c"), cflags=cflags)
+        self._bpf = BPF(src_file=str(src / "sock_lb.c").encode(), cflags=cflags)
         self._check_bcc_layout()
         for name, spec in MAPS.items():
             self.maps[name] = PinnedMap(self.bpffs_dir / spec.name, spec)
@@ -100,7 +100,7 @@ class Datapath:
     def _check_bcc_layout(self) -> None:
         """Refuses to run if bcc's view of a map (from the compiled C) differs from layout.py."""
         for spec in MAPS.values():
-            table = self._bpf[spec.name]
+            table = self._bpf[spec.name.encode()]
             leaf = table.Leaf
             if spec.percpu and issubclass(leaf, ctypes.Array):   # bcc: one value per CPU
                 leaf = leaf._type_
@@ -122,7 +122,7 @@ class Datapath:
         cg_fd = os.open(self.cgroup, os.O_RDONLY | os.O_DIRECTORY)
         try:
             for prog, (attach_type, pin) in SOCK_HOOKS.items():
-                fn = self._bpf.load_func(prog, BPF.CGROUP_SOCK_ADDR, attach_type=attach_type)
+                fn = self._bpf.load_func(prog.encode(), BPF.CGROUP_SOCK_ADDR, attach_type=attach_type)
                 self._attach_one(fn.fd, cg_fd, cgroup_id, attach_type, self.links_dir / pin)
         finally:
             os.close(cg_fd)

@@ -1,0 +1,494 @@
+"""Conversion of API objects (plain JSON dicts) into the lean types of kproxy_ebpf.model.
+
+The reflector hands us objects exactly as the API server sent them, parsed by `json` and nothing
+else: the official client's model deserialization costs far more than the proxy's whole
+computation, and it would hide the fields we need behind snake_case attributes. Manifests loaded
+from YAML files go through the same functions, so a file and a cluster can never disagree.
+
+Input is untrusted. The API server validates what it stores, but manifests do not go through it,
+a newer server can send values we do not know, and a proxy that crashes on one odd object takes
+every Service on the node down with it. So the functions here never raise on bad input: they
+return what can be used (None when nothing can) together with a list of `Rejection`s that the
+agent logs and posts as Events. Dropping one bad port keeps the other ports of that Service
+working, which is what an operator expects.
+
+What this module does not do: apply kube-proxy's defaults for unset endpoint conditions, or decide
+which Services to skip (headless, ExternalName, service-proxy-name). Those are policy and live in
+proxy/, which sees the raw "unset" as None. Conversion only keeps IPv4 addresses of Services,
+because the datapath is IPv4-only today; an IPv6 slice still converts (proxy/ ignores it by its
+addressType, as kube-proxy does).
+"""
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Any
+
+from ..model import (
+    Endpoint,
+    EndpointPort,
+    EndpointSlice,
+    LoadBalancerIngress,
+    Node,
+    Protocol,
+    Service,
+    ServicePort,
+    ServiceType,
+)
+
+# kube's default for sessionAffinityConfig.clientIP.timeoutSeconds (3 hours), and its maximum.
+DEFAULT_AFFINITY_TIMEOUT = 10800
+MAX_AFFINITY_TIMEOUT = 86400
+
+LABEL_SERVICE_NAME = "kubernetes.io/service-name"
+LABEL_PROXY_NAME = "service.kubernetes.io/service-proxy-name"
+LABEL_HEADLESS = "service.kubernetes.io/headless"
+LABEL_ZONE = "topology.kubernetes.io/zone"
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Something in an API object that the proxy cannot use, and why.
+
+    `reason` is a CamelCase word (as in a Kubernetes Event), `message` a sentence for humans that
+    names the offending field and value. `uid` is the object's metadata.uid when known: an Event
+    carrying it shows up in `kubectl describe` of the object.
+    """
+    kind: str
+    namespace: str
+    name: str
+    reason: str
+    message: str
+    uid: str = ""
+
+    def __str__(self) -> str:
+        where = f"{self.namespace}/{self.name}" if self.namespace else self.name
+        return f"{self.kind} {where or '<unnamed>'}: {self.reason}: {self.message}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Small tolerant accessors: a wrong type reads as "absent", and the caller decides whether that
+# deserves a rejection. Booleans are excluded from ints on purpose (True is an int in Python).
+
+def _dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _ipv4(value: Any) -> str | None:
+    """The canonical IPv4 text of `value`, or None when it is not an IPv4 address string."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return str(ipaddress.IPv4Address(value.strip()))
+    except ValueError:
+        return None
+
+
+def _is_ipv6(value: Any) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        ipaddress.IPv6Address(value.strip())
+        return True
+    except ValueError:
+        return False
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """repr() of a bad value, cut short so one garbage field cannot flood a log or an Event."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class _Collector:
+    """Accumulates rejections for one object, filling in its identity."""
+
+    def __init__(self, kind: str, namespace: str, name: str, uid: str) -> None:
+        self.kind, self.namespace, self.name, self.uid = kind, namespace, name, uid
+        self.items: list[Rejection] = []
+
+    def add(self, reason: str, message: str) -> None:
+        self.items.append(Rejection(self.kind, self.namespace, self.name, reason, message, self.uid))
+
+
+def _identity(obj: Any, kind: str) -> tuple[dict, _Collector, bool]:
+    """Read metadata; returns (metadata, collector, ok). Not ok: no usable name."""
+    if not isinstance(obj, dict):
+        col = _Collector(kind, "", "", "")
+        col.add("InvalidObject", f"expected a JSON object, got {type(obj).__name__}")
+        return {}, col, False
+    meta = obj.get("metadata")
+    ns = _str(_dict(meta).get("namespace")) or "default"   # kubectl's default for manifests
+    name = _str(_dict(meta).get("name")) or ""
+    uid = _str(_dict(meta).get("uid")) or ""
+    col = _Collector(kind, ns, name, uid)
+    if not isinstance(meta, dict):
+        col.add("InvalidMetadata", "metadata is missing or not an object")
+        return {}, col, False
+    if not name:
+        col.add("InvalidMetadata", f"metadata.name is missing or not a string: {_short(meta.get('name'))}")
+        return meta, col, False
+    return meta, col, True
+
+
+def _labels(meta: dict) -> dict[str, str]:
+    return {k: v for k, v in _dict(meta.get("labels")).items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def _protocol(value: Any, where: str, col: _Collector) -> Protocol | None:
+    if value is None:
+        return Protocol.TCP
+    try:
+        return Protocol(value)
+    except ValueError:
+        col.add("InvalidProtocol", f"{where}: unknown protocol {_short(value)}, entry ignored")
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Service
+
+def service_from_api(obj: Any) -> tuple[Service | None, list[Rejection]]:
+    """Convert a core/v1 Service. None (plus rejections) when it has no usable identity or spec.
+
+    A partial Service is returned when only some fields are bad (bad ports are dropped, bad
+    addresses are skipped): the rest of it still works.
+    """
+    meta, col, ok = _identity(obj, "Service")
+    if not ok:
+        return None, col.items
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        col.add("InvalidSpec", "spec is missing or not an object")
+        return None, col.items
+    status = _dict(obj.get("status"))
+
+    raw_type = spec.get("type", "ClusterIP")
+    try:
+        svc_type = ServiceType(raw_type if raw_type is not None else "ClusterIP")
+    except ValueError:
+        col.add("InvalidServiceType", f"spec.type: unknown type {_short(raw_type)}")
+        return None, col.items
+
+    headless, cluster_ips = _cluster_ips(spec, col)
+    if not cluster_ips and not headless and svc_type is not ServiceType.EXTERNAL_NAME:
+        col.add("NoIPv4ClusterIP", "the Service has no IPv4 clusterIP; this proxy handles IPv4 only, "
+                "so its ClusterIP is not programmed")
+
+    labels = _labels(meta)
+    svc = Service(
+        namespace=col.namespace,
+        name=col.name,
+        type=svc_type,
+        cluster_ips=cluster_ips,
+        headless=headless,
+        ports=_service_ports(spec.get("ports"), col),
+        external_ips=_ipv4_list(spec.get("externalIPs"), "spec.externalIPs", col),
+        load_balancer_ingress=_lb_ingress(status, col),
+        session_affinity_timeout=_affinity_timeout(spec, col),
+        external_traffic_local=_policy_local(spec, "externalTrafficPolicy", col),
+        internal_traffic_local=_policy_local(spec, "internalTrafficPolicy", col),
+        health_check_node_port=_port_field(spec.get("healthCheckNodePort"), "spec.healthCheckNodePort", col),
+        load_balancer_source_ranges=_source_ranges(spec.get("loadBalancerSourceRanges"), col),
+        traffic_distribution=_str(spec.get("trafficDistribution")),
+        proxy_name=labels.get(LABEL_PROXY_NAME),
+        headless_label=LABEL_HEADLESS in labels,
+        resource_version=_str(meta.get("resourceVersion")) or "",
+    )
+    return svc, col.items
+
+
+def _cluster_ips(spec: dict, col: _Collector) -> tuple[bool, tuple[str, ...]]:
+    """(headless, IPv4 cluster IPs). clusterIPs wins over clusterIP, as the API defines it."""
+    raw = spec.get("clusterIPs")
+    if not isinstance(raw, list) or not raw:
+        single = spec.get("clusterIP")
+        raw = [single] if single not in (None, "") else []
+    if raw and raw[0] == "None":
+        return True, ()
+    ips: list[str] = []
+    for i, value in enumerate(raw):
+        v4 = _ipv4(value)
+        if v4 is not None:
+            if v4 not in ips:
+                ips.append(v4)
+        elif not _is_ipv6(value):
+            col.add("InvalidClusterIP", f"spec.clusterIPs[{i}]: {_short(value)} is not an IP address")
+    return False, tuple(ips)
+
+
+def _service_ports(raw: Any, col: _Collector) -> tuple[ServicePort, ...]:
+    if raw is not None and not isinstance(raw, list):
+        col.add("InvalidPort", f"spec.ports is not a list: {_short(raw)}")
+        return ()
+    ports: list[ServicePort] = []
+    for i, entry in enumerate(_list(raw)):
+        where = f"spec.ports[{i}]"
+        if not isinstance(entry, dict):
+            col.add("InvalidPort", f"{where} is not an object: {_short(entry)}, port ignored")
+            continue
+        name = entry.get("name", "")
+        if name is None:
+            name = ""
+        if not isinstance(name, str):
+            col.add("InvalidPort", f"{where}.name is not a string: {_short(name)}, port ignored")
+            continue
+        port = entry.get("port")
+        if not _is_int(port) or not 1 <= port <= 65535:
+            col.add("InvalidPort", f"{where}.port must be an integer in 1..65535, got {_short(port)}; "
+                    "port ignored")
+            continue
+        protocol = _protocol(entry.get("protocol"), f"{where}.protocol", col)
+        if protocol is None:
+            continue
+        node_port = _port_field(entry.get("nodePort"), f"{where}.nodePort", col)
+        ports.append(ServicePort(name=name, protocol=protocol, port=port, node_port=node_port))
+    return tuple(ports)
+
+
+def _port_field(value: Any, where: str, col: _Collector) -> int:
+    """An optional port number (nodePort, healthCheckNodePort): 0 when unset or invalid."""
+    if value is None or value == 0:
+        return 0
+    if _is_int(value) and 1 <= value <= 65535:
+        return value
+    col.add("InvalidPort", f"{where} must be an integer in 1..65535, got {_short(value)}; ignored")
+    return 0
+
+
+def _ipv4_list(raw: Any, where: str, col: _Collector) -> tuple[str, ...]:
+    """IPv4 entries of a list of addresses; IPv6 ones are skipped quietly (dual-stack is valid)."""
+    if raw is not None and not isinstance(raw, list):
+        col.add("InvalidIP", f"{where} is not a list: {_short(raw)}")
+        return ()
+    out: list[str] = []
+    for i, value in enumerate(_list(raw)):
+        v4 = _ipv4(value)
+        if v4 is not None:
+            if v4 not in out:
+                out.append(v4)
+        elif not _is_ipv6(value):
+            col.add("InvalidIP", f"{where}[{i}]: {_short(value)} is not an IP address, ignored")
+    return tuple(out)
+
+
+def _lb_ingress(status: dict, col: _Collector) -> tuple[LoadBalancerIngress, ...]:
+    raw = _dict(status.get("loadBalancer")).get("ingress")
+    out: list[LoadBalancerIngress] = []
+    for i, entry in enumerate(_list(raw)):
+        if not isinstance(entry, dict):
+            col.add("InvalidIP", f"status.loadBalancer.ingress[{i}] is not an object, ignored")
+            continue
+        ip = entry.get("ip")
+        if ip in (None, ""):
+            continue    # hostname-only ingress: nothing for a proxy to program
+        v4 = _ipv4(ip)
+        if v4 is None:
+            if not _is_ipv6(ip):
+                col.add("InvalidIP", f"status.loadBalancer.ingress[{i}].ip: {_short(ip)} is not an IP "
+                        "address, ignored")
+            continue
+        out.append(LoadBalancerIngress(ip=v4, ip_mode=_str(entry.get("ipMode"))))
+    return tuple(out)
+
+
+def _affinity_timeout(spec: dict, col: _Collector) -> int:
+    affinity = spec.get("sessionAffinity")
+    if affinity in (None, "None"):
+        return 0
+    if affinity != "ClientIP":
+        col.add("InvalidSessionAffinity", f"spec.sessionAffinity: unknown value {_short(affinity)}, "
+                "treated as None")
+        return 0
+    timeout = _dict(_dict(spec.get("sessionAffinityConfig")).get("clientIP")).get("timeoutSeconds")
+    if timeout is None:
+        return DEFAULT_AFFINITY_TIMEOUT
+    if _is_int(timeout) and 1 <= timeout <= MAX_AFFINITY_TIMEOUT:
+        return timeout
+    col.add("InvalidSessionAffinity", "spec.sessionAffinityConfig.clientIP.timeoutSeconds must be in "
+            f"1..{MAX_AFFINITY_TIMEOUT}, got {_short(timeout)}; using {DEFAULT_AFFINITY_TIMEOUT}")
+    return DEFAULT_AFFINITY_TIMEOUT
+
+
+def _policy_local(spec: dict, field_name: str, col: _Collector) -> bool:
+    value = spec.get(field_name)
+    if value in (None, "Cluster"):
+        return False
+    if value == "Local":
+        return True
+    col.add("InvalidTrafficPolicy", f"spec.{field_name}: unknown value {_short(value)}, treated as Cluster")
+    return False
+
+
+def _source_ranges(raw: Any, col: _Collector) -> tuple[str, ...]:
+    """IPv4 CIDRs of loadBalancerSourceRanges, normalised to their network address.
+
+    Like kube-proxy, ranges of the other family are left out, and host bits are tolerated
+    ("10.0.0.1/8" means 10.0.0.0/8). A range that does not parse is rejected.
+    """
+    if raw is not None and not isinstance(raw, list):
+        col.add("InvalidSourceRange", f"spec.loadBalancerSourceRanges is not a list: {_short(raw)}")
+        return ()
+    out: list[str] = []
+    for i, value in enumerate(_list(raw)):
+        text = value.strip() if isinstance(value, str) else None
+        try:
+            net = ipaddress.ip_network(text, strict=False) if text else None
+        except ValueError:
+            net = None
+        if net is None:
+            col.add("InvalidSourceRange", f"spec.loadBalancerSourceRanges[{i}]: {_short(value)} is not "
+                    "a CIDR, ignored")
+        elif net.version == 4 and str(net) not in out:
+            out.append(str(net))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# EndpointSlice
+
+def slice_from_api(obj: Any) -> tuple[EndpointSlice | None, list[Rejection]]:
+    """Convert a discovery.k8s.io/v1 EndpointSlice, keeping unset fields as None.
+
+    None (plus rejections) when it has no usable identity or addressType. Bad ports and bad
+    endpoints are dropped one by one.
+    """
+    meta, col, ok = _identity(obj, "EndpointSlice")
+    if not ok:
+        return None, col.items
+    address_type = obj.get("addressType")
+    if not isinstance(address_type, str) or not address_type:
+        col.add("InvalidAddressType", f"addressType is missing or not a string: {_short(address_type)}")
+        return None, col.items
+
+    service_name = _labels(meta).get(LABEL_SERVICE_NAME)
+    eps = EndpointSlice(
+        namespace=col.namespace,
+        name=col.name,
+        service_name=service_name,
+        address_type=address_type,
+        ports=_slice_ports(obj.get("ports"), col),
+        endpoints=_endpoints(obj.get("endpoints"), address_type, col),
+        resource_version=_str(meta.get("resourceVersion")) or "",
+    )
+    return eps, col.items
+
+
+def _slice_ports(raw: Any, col: _Collector) -> tuple[EndpointPort, ...]:
+    if raw is not None and not isinstance(raw, list):
+        col.add("InvalidPort", f"ports is not a list: {_short(raw)}")
+        return ()
+    out: list[EndpointPort] = []
+    for i, entry in enumerate(_list(raw)):
+        where = f"ports[{i}]"
+        if not isinstance(entry, dict):
+            col.add("InvalidPort", f"{where} is not an object: {_short(entry)}, port ignored")
+            continue
+        name = entry.get("name")
+        if name is not None and not isinstance(name, str):
+            col.add("InvalidPort", f"{where}.name is not a string: {_short(name)}, port ignored")
+            continue
+        port = entry.get("port")
+        if port is not None and (not _is_int(port) or not 0 <= port <= 65535):
+            col.add("InvalidPort", f"{where}.port must be an integer in 1..65535, got {_short(port)}; "
+                    "port ignored")
+            continue
+        protocol = _protocol(entry.get("protocol"), f"{where}.protocol", col)
+        if protocol is None:
+            continue
+        out.append(EndpointPort(name=name, protocol=protocol, port=port))
+    return tuple(out)
+
+
+def _condition(conditions: dict, key: str, where: str, col: _Collector) -> bool | None:
+    value = conditions.get(key)
+    if value is None or isinstance(value, bool):
+        return value
+    col.add("InvalidEndpoint", f"{where}.conditions.{key} is not a boolean: {_short(value)}; treated as unset")
+    return None
+
+
+def _hint_names(hints: dict, key: str) -> tuple[str, ...]:
+    names = (_str(_dict(h).get("name")) for h in _list(hints.get(key)))
+    return tuple(n for n in names if n)
+
+
+def _endpoints(raw: Any, address_type: str, col: _Collector) -> tuple[Endpoint, ...]:
+    if raw is not None and not isinstance(raw, list):
+        col.add("InvalidEndpoint", f"endpoints is not a list: {_short(raw)}")
+        return ()
+    out: list[Endpoint] = []
+    for i, entry in enumerate(_list(raw)):
+        where = f"endpoints[{i}]"
+        if not isinstance(entry, dict):
+            col.add("InvalidEndpoint", f"{where} is not an object: {_short(entry)}, endpoint ignored")
+            continue
+        addresses = entry.get("addresses")
+        if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
+            col.add("InvalidEndpoint", f"{where}.addresses is not a list of strings: {_short(addresses)}, "
+                    "endpoint ignored")
+            continue
+        if address_type == "IPv4":
+            # Only an IPv4 slice is ever programmed, so only its addresses must parse. A bad
+            # address drops the whole endpoint: kube-proxy uses addresses[0], and shifting the
+            # list would silently pick a different address.
+            canonical = [_ipv4(a) for a in addresses]
+            if any(a is None for a in canonical):
+                col.add("InvalidEndpoint", f"{where}.addresses: {_short(addresses)} holds a non-IPv4 "
+                        "address in an IPv4 slice, endpoint ignored")
+                continue
+            addresses = canonical
+        conditions = _dict(entry.get("conditions"))
+        hints = _dict(entry.get("hints"))
+        out.append(Endpoint(
+            addresses=tuple(addresses),
+            ready=_condition(conditions, "ready", where, col),
+            serving=_condition(conditions, "serving", where, col),
+            terminating=_condition(conditions, "terminating", where, col),
+            node_name=_str(entry.get("nodeName")) or None,
+            zone=_str(entry.get("zone")) or None,
+            hint_zones=_hint_names(hints, "forZones"),
+            hint_nodes=_hint_names(hints, "forNodes"),
+        ))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Node
+
+def node_from_api(obj: Any) -> Node:
+    """Convert a core/v1 Node. Never fails: a garbage object gives a Node with an empty name.
+
+    Addresses are the IPv4 InternalIPs, then the IPv4 ExternalIPs, each group in API order.
+    """
+    meta = _dict(_dict(obj).get("metadata"))
+    labels = _labels(meta)
+    raw_addresses = _list(_dict(_dict(obj).get("status")).get("addresses"))
+    addresses: list[str] = []
+    for wanted in ("InternalIP", "ExternalIP"):
+        for entry in raw_addresses:
+            entry = _dict(entry)
+            if entry.get("type") != wanted:
+                continue
+            v4 = _ipv4(entry.get("address"))
+            if v4 is not None and v4 not in addresses:
+                addresses.append(v4)
+    return Node(
+        name=_str(meta.get("name")) or "",
+        addresses=tuple(addresses),
+        zone=labels.get(LABEL_ZONE) or None,
+        labels=tuple(sorted(labels.items())),
+    )
+

@@ -1,0 +1,447 @@
+"""List+watch of one resource, fed to a callback: the agent's view of the API server.
+
+Why our own reflector instead of `kubernetes.watch.Watch`: the proxy must see the raw stream.
+`Watch` deserializes every object into the client's models (slow, and lossy for fields the
+client does not know), swallows BOOKMARK events, and turns a 410 into an exception that looks
+like any other. Here every request runs with `_preload_content=False` and we parse the JSON
+lines ourselves, so the consumer gets plain dicts (see convert.py) and we can act on each
+event type exactly.
+
+The protocol, as client-go's reflector does it:
+
+1. LIST, paginated (limit/continue), then `on_event("SYNC", objects)`: the complete set as of
+   the list's resourceVersion. The consumer *replaces* what it knew, so objects deleted while
+   we were not watching disappear, and a relist never duplicates anything.
+2. WATCH from that resourceVersion with bookmarks and a server-side timeout (5 min plus
+   jitter, so that many agents do not reconnect in step). ADDED/MODIFIED/DELETED go to
+   `on_event(type, obj)`; BOOKMARK only advances the stored resourceVersion, which keeps the
+   next resume cheap for the server.
+3. When the watch ends (timeout, dropped connection, error), watch again from the last
+   resourceVersion; errors wait for an exponential backoff with jitter first.
+4. When the server says that resourceVersion is gone (410 Gone / Expired, as an HTTP error or
+   as an ERROR event in the stream), history is lost: go back to 1.
+
+While the API server is away nothing is reported as deleted: the consumer keeps programming
+what it last knew, and only a successful relist replaces the set. That is the behaviour a
+proxy needs: an API server restart must not drop traffic.
+
+The callback runs on the reflector's thread; it must be quick (queue work for the sync loop)
+and thread-safe with respect to its readers. An exception in it is logged and counted, never
+allowed to kill the watch.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+SYNC = "SYNC"
+WATCH_TYPES = ("ADDED", "MODIFIED", "DELETED")
+
+EventHandler = Callable[[str, Any], None]
+# The client's generated list method (or a partial of it), called with keyword arguments only.
+ListFunc = Callable[..., Any]
+
+RESOURCES = ("services", "endpointslices", "node")
+
+log = logging.getLogger("kproxy_ebpf.kube.reflector")
+
+
+class ResourceExpired(Exception):
+    """The server no longer has history from our resourceVersion (410): relist."""
+
+
+class WatchError(Exception):
+    """The watch stream failed in a way that a resumed watch may fix."""
+
+
+class Reflector:
+    """Keeps `on_event` in step with one resource on the API server, from a daemon thread.
+
+    list_fn / watch_fn: the client's list method for the resource (the same method serves both
+    with watch=True), already bound to any selectors. They are called with keyword arguments
+    (limit, _continue, watch, resource_version, allow_watch_bookmarks, timeout_seconds,
+    _preload_content=False, _request_timeout) and must return a urllib3 response.
+
+    Public state, read from other threads (plain attributes, updated by the reflector thread):
+      synced           threading.Event, set once the first complete LIST was delivered
+      resource_version the last resourceVersion seen (list, event or bookmark)
+      last_error       the last exception that cost a reconnect or relist, None before any
+      lists            successful complete LISTs (the first one included)
+      relists          LISTs forced by an expired resourceVersion (410)
+      restarts         watch/list attempts that failed and were retried after a backoff
+      bookmarks, events, handler_errors   counters of what the stream delivered
+    """
+
+    def __init__(
+        self,
+        resource: str,
+        list_fn: ListFunc,
+        watch_fn: ListFunc | None,
+        on_event: EventHandler,
+        *,
+        page_size: int = 500,
+        watch_timeout: float = 300.0,
+        watch_jitter: float = 0.25,
+        backoff_initial: float = 0.5,
+        backoff_max: float = 30.0,
+        connect_timeout: float = 10.0,
+        list_read_timeout: float = 60.0,
+    ) -> None:
+        self.resource = resource
+        self._list_fn = list_fn
+        self._watch_fn = watch_fn or list_fn
+        self._on_event = on_event
+        self.page_size = page_size
+        self.watch_timeout = watch_timeout
+        self.watch_jitter = watch_jitter
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.connect_timeout = connect_timeout
+        self.list_read_timeout = list_read_timeout
+
+        self.synced = threading.Event()
+        self.resource_version = ""
+        self.last_error: BaseException | None = None
+        self.lists = 0
+        self.relists = 0
+        self.restarts = 0
+        self.bookmarks = 0
+        self.events = 0
+        self.handler_errors = 0
+
+        self._log = logging.getLogger(f"kproxy_ebpf.kube.reflector.{resource}")
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._response: Any = None      # the in-flight urllib3 response, to cut it on stop()
+        self._thread: threading.Thread | None = None
+        self._listed = False        # this round of the loop completed a LIST
+        self._streamed = False      # this round's watch delivered at least one event
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> "Reflector":
+        if self._thread is not None:
+            raise RuntimeError(f"reflector for {self.resource} already started")
+        self._thread = threading.Thread(target=self.run, name=f"kproxy-reflector-{self.resource}",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = 5.0) -> None:
+        """Stop the loop, cutting the in-flight request, and wait up to `timeout` for the thread."""
+        self._stop.set()
+        self._cut()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _cut(self) -> None:
+        """Shut down the in-flight connection so that a blocked read returns now.
+
+        shutdown() rather than close(): closing a socket does not wake a thread blocked in
+        recv() on it, shutting it down does.
+        """
+        with self._lock:
+            resp = self._response
+        if resp is None:
+            return
+        try:
+            shutdown = getattr(resp, "shutdown", None)
+            if shutdown is not None:
+                shutdown()
+            else:
+                resp.close()
+        except Exception:   # the connection may already be gone; nothing to do then
+            pass
+
+    # -- main loop ------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """The loop: list, watch, resume, relist, until stop(). Runs on the caller's thread."""
+        backoff = self.backoff_initial
+        need_list = True
+        expired_in_a_row = 0
+        while not self._stop.is_set():
+            self._listed = self._streamed = False
+            try:
+                if need_list:
+                    self._list()
+                    need_list = False
+                    if self._stop.is_set():
+                        break
+                started = time.monotonic()
+                self._watch()
+                if self._streamed or time.monotonic() - started >= 1.0:
+                    backoff = self.backoff_initial
+                    expired_in_a_row = 0
+                    continue
+                # A stream that ends at once with nothing in it would make us spin.
+                raise WatchError("the watch ended immediately without any event")
+            except ResourceExpired as exc:
+                if self._stop.is_set():
+                    break
+                self.last_error = exc
+                self.relists += 1
+                need_list = True
+                if self._streamed:
+                    backoff, expired_in_a_row = self.backoff_initial, 0
+                expired_in_a_row += 1
+                # The first expiry relists at once. Repeated ones without a working watch in
+                # between (a server that expires what it just listed) back off like errors.
+                delay = 0.0
+                if expired_in_a_row > 1:
+                    delay = self._jitter(backoff)
+                    backoff = min(backoff * 2, self.backoff_max)
+                self._log.info("%s: resourceVersion %s expired (%s); relisting%s", self.resource,
+                               self.resource_version or "-", exc,
+                               f" in {delay:.1f}s" if delay else "")
+                if delay:
+                    self._stop.wait(delay)
+            except Exception as exc:  # noqa: BLE001 - every other failure means "retry later"
+                if self._stop.is_set():
+                    break
+                self.last_error = exc
+                self.restarts += 1
+                if self._listed or self._streamed:
+                    backoff = self.backoff_initial    # it worked for a while: start over
+                delay = self._jitter(backoff)
+                backoff = min(backoff * 2, self.backoff_max)
+                what = "list" if need_list else f"watch from resourceVersion {self.resource_version}"
+                self._log.warning("%s: %s failed: %s; retrying in %.1fs (failure %d)", self.resource,
+                                  what, _describe(exc), delay, self.restarts)
+                self._stop.wait(delay)
+        self._log.debug("%s: reflector stopped", self.resource)
+
+    def _jitter(self, delay: float) -> float:
+        return min(self.backoff_max, delay * random.uniform(0.8, 1.2))
+
+    # -- LIST -----------------------------------------------------------------------------------
+
+    def _list(self) -> None:
+        items: list[Any] = []
+        cont: str | None = None
+        pages = 0
+        rv = ""
+        while True:
+            kwargs: dict[str, Any] = {"limit": self.page_size}
+            if cont:
+                kwargs["_continue"] = cont
+            body = self._request_json(self._list_fn, **kwargs)
+            pages += 1
+            meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+            page = body.get("items")
+            if page is not None and not isinstance(page, list):
+                raise WatchError(f"list response items is a {type(page).__name__}, not a list")
+            items.extend(page or ())
+            rv = str(meta.get("resourceVersion") or rv)
+            cont = meta.get("continue") or None
+            if not cont:
+                break
+            if self._stop.is_set():
+                return
+        if not rv:
+            raise WatchError("list response carries no resourceVersion")
+        self.resource_version = rv
+        self.lists += 1
+        self._log.info("%s: listed %d objects at resourceVersion %s (%d page%s)", self.resource,
+                       len(items), rv, pages, "" if pages == 1 else "s")
+        self._listed = True
+        self._deliver(SYNC, items)
+        self.synced.set()
+
+    def _request_json(self, fn: ListFunc, **kwargs: Any) -> dict:
+        resp = self._call(fn, _request_timeout=(self.connect_timeout, self.list_read_timeout), **kwargs)
+        try:
+            data = resp.data
+        finally:
+            self._release(resp)
+        try:
+            body = json.loads(data)
+        except ValueError as exc:
+            raise WatchError(f"list response is not JSON: {exc}") from exc
+        if not isinstance(body, dict):
+            raise WatchError("list response is not a JSON object")
+        return body
+
+    def _call(self, fn: ListFunc, **kwargs: Any) -> Any:
+        """Call the client, mapping HTTP 410 to ResourceExpired, and track the response."""
+        try:
+            resp = fn(_preload_content=False, **kwargs)
+        except Exception as exc:
+            if _is_expired(getattr(exc, "status", None), getattr(exc, "body", None)):
+                raise ResourceExpired(f"HTTP {exc.status}") from exc   # type: ignore[attr-defined]
+            raise
+        with self._lock:
+            self._response = resp
+        if self._stop.is_set():     # stop() ran between the call and the line above
+            self._cut()
+        return resp
+
+    def _release(self, resp: Any, reuse: bool = True) -> None:
+        with self._lock:
+            if self._response is resp:
+                self._response = None
+        try:
+            if reuse:
+                resp.release_conn()
+            else:
+                resp.close()
+        except Exception:
+            pass
+
+    # -- WATCH ----------------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        """One watch request, until the server ends it or it fails."""
+        timeout = int(self.watch_timeout * random.uniform(1.0, 1.0 + self.watch_jitter))
+        timeout = max(timeout, 1)
+        resp = self._call(
+            self._watch_fn,
+            watch=True,
+            resource_version=self.resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=timeout,
+            # The server ends the stream after `timeout`; the read timeout only catches a
+            # connection that died without a FIN (keepalives usually catch it sooner).
+            _request_timeout=(self.connect_timeout, timeout + 30),
+        )
+        self._log.debug("%s: watching from resourceVersion %s (timeout %ds)", self.resource,
+                        self.resource_version, timeout)
+        clean = False
+        try:
+            for line in _lines(resp):
+                if self._stop.is_set():
+                    return
+                self._handle_line(line)
+                self._streamed = True
+            clean = True
+            self._log.debug("%s: watch ended by the server at resourceVersion %s", self.resource,
+                            self.resource_version)
+        finally:
+            self._release(resp, reuse=clean)
+
+    def _handle_line(self, line: bytes) -> None:
+        try:
+            event = json.loads(line)
+        except ValueError as exc:
+            raise WatchError(f"watch line is not JSON: {exc}") from exc
+        if not isinstance(event, dict):
+            raise WatchError("watch line is not a JSON object")
+        etype = event.get("type")
+        obj = event.get("object")
+        if etype in WATCH_TYPES:
+            self.events += 1
+            self._deliver(etype, obj)
+            self._advance(obj)
+        elif etype == "BOOKMARK":
+            self.bookmarks += 1
+            self._advance(obj)
+        elif etype == "ERROR":
+            status = obj if isinstance(obj, dict) else {}
+            code = status.get("code")
+            text = f"{code} {status.get('reason', '')}: {status.get('message', '')}"
+            if _is_expired(code, status):
+                raise ResourceExpired(text)
+            raise WatchError(f"error event in the watch stream: {text}")
+        else:
+            self._log.warning("%s: ignoring a watch event of unknown type %r", self.resource, etype)
+
+    def _advance(self, obj: Any) -> None:
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        if isinstance(rv, str) and rv:
+            self.resource_version = rv
+
+    def _deliver(self, etype: str, payload: Any) -> None:
+        try:
+            self._on_event(etype, payload)
+        except Exception:
+            self.handler_errors += 1
+            self._log.exception("%s: the event handler failed on a %s event", self.resource, etype)
+
+
+def _lines(resp: Any) -> Iterator[bytes]:
+    """Split a chunked watch response into its newline-terminated JSON events."""
+    buf = bytearray()
+    for chunk in resp.stream(amt=65536, decode_content=True):
+        buf += chunk
+        start = 0
+        while True:
+            end = buf.find(b"\n", start)
+            if end < 0:
+                break
+            if end > start:
+                yield bytes(buf[start:end])
+            start = end + 1
+        del buf[:start]
+    if buf.strip():
+        yield bytes(buf)
+
+
+def _is_expired(code: Any, body: Any) -> bool:
+    """410 Gone/Expired; or 504 ResourceVersionTooLarge, a resourceVersion this API server has
+    not reached yet (a lagging server behind a load balancer): client-go relists on both."""
+    if code == 410:
+        return True
+    if code != 504:
+        return False
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    elif isinstance(body, dict):
+        body = json.dumps(body)
+    return isinstance(body, str) and "ResourceVersionTooLarge" in body
+
+
+def _describe(exc: BaseException) -> str:
+    status = getattr(exc, "status", None)
+    if status is not None and hasattr(exc, "reason"):
+        return f"HTTP {status} {getattr(exc, 'reason', '')}".strip()
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def reflector_for(
+    api_client: Any,
+    resource: str,
+    on_event: EventHandler,
+    *,
+    node_name: str | None = None,
+    label_selector: str | None = None,
+    **options: Any,
+) -> Reflector:
+    """A Reflector for one of RESOURCES, bound to the official client's list methods.
+
+    services: core/v1 Services in all namespaces; endpointslices: discovery.k8s.io/v1
+    EndpointSlices in all namespaces; node: the single Node `node_name` (field selector
+    metadata.name). label_selector narrows services/endpointslices server-side (kube-proxy
+    uses "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"; an
+    object that stops matching arrives as DELETED). Other options go to Reflector.
+    """
+    import functools
+
+    from kubernetes import client
+
+    selectors: dict[str, str] = {}
+    if label_selector:
+        selectors["label_selector"] = label_selector
+    if resource == "services":
+        fn = client.CoreV1Api(api_client).list_service_for_all_namespaces
+    elif resource == "endpointslices":
+        fn = client.DiscoveryV1Api(api_client).list_endpoint_slice_for_all_namespaces
+    elif resource == "node":
+        if not node_name:
+            raise ValueError("the node reflector needs node_name")
+        fn = client.CoreV1Api(api_client).list_node
+        selectors["field_selector"] = f"metadata.name={node_name}"
+    else:
+        raise ValueError(f"unknown resource {resource!r}; expected one of {', '.join(RESOURCES)}")
+    bound = functools.partial(fn, **selectors) if selectors else fn
+    return Reflector(resource, bound, bound, on_event, **options)

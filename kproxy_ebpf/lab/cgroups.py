@@ -1,0 +1,83 @@
+"""cgroup v2 directories of the lab: create, remove, move a pid, list pids.
+
+Each simulated node has a cgroup (/sys/fs/cgroup/unified/kproxy-<lab>/node<i>) where its agent
+attaches the socket hooks; the node's pods and host processes live in children of it, so the
+hooks see exactly that node's sockets, as on a real node. No controllers are enabled, so
+cgroup v2's "no internal processes" rule does not apply and a cgroup is just a process set.
+
+Every path is checked to lie under <root>/kproxy-*: this module can never create, write or
+remove anything else, in particular not the machine's root cgroup.
+"""
+from __future__ import annotations
+
+import os
+
+ROOT = "/sys/fs/cgroup/unified"
+PREFIX = "kproxy-"
+
+
+def check(path: str, root: str = ROOT) -> str:
+    """Return the normalised path, or raise if it is not strictly inside <root>/kproxy-*."""
+    real = os.path.realpath(path)
+    base = os.path.realpath(root)
+    rel = os.path.relpath(real, base)
+    if rel.startswith("..") or rel == "." or not rel.split(os.sep)[0].startswith(PREFIX):
+        raise ValueError(f"refusing to touch cgroup {path!r}: not under {base}/{PREFIX}*")
+    return real
+
+
+def ensure(path: str, root: str = ROOT) -> str:
+    """Create the cgroup (and its parents below root); idempotent."""
+    path = check(path, root)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def move(pid: int, path: str, root: str = ROOT) -> None:
+    path = check(path, root)
+    with open(os.path.join(path, "cgroup.procs"), "w") as f:
+        f.write(str(pid))
+
+
+def pids(path: str, root: str = ROOT) -> list[int]:
+    path = check(path, root)
+    try:
+        with open(os.path.join(path, "cgroup.procs")) as f:
+            return [int(x) for x in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def walk(path: str, root: str = ROOT) -> list[str]:
+    """The cgroup and all its descendants, deepest first (the order rmdir needs)."""
+    path = check(path, root)
+    if not os.path.isdir(path):
+        return []
+    found = []
+    for dirpath, _dirs, _files in os.walk(path):
+        found.append(dirpath)
+    return sorted(found, key=lambda p: p.count(os.sep), reverse=True)
+
+
+def pids_recursive(path: str, root: str = ROOT) -> list[int]:
+    out: list[int] = []
+    for d in walk(path, root):
+        out.extend(pids(d, root))
+    return out
+
+
+def remove_tree(path: str, root: str = ROOT) -> list[str]:
+    """rmdir the cgroup and its descendants, deepest first; returns problems (empty = done).
+
+    A cgroup directory can only be removed when it has no processes and no children, so the
+    caller must have stopped the processes first.
+    """
+    problems = []
+    for d in walk(path, root):
+        try:
+            os.rmdir(d)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            problems.append(f"rmdir {d}: {e.strerror} (pids {pids(d, root)})")
+    return problems

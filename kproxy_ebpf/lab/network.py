@@ -1,0 +1,681 @@
+"""The lab's simulated cluster network: nodes and pods as network namespaces on one machine.
+
+Topology (every name carries the prefix kproxy-<lab>; no namespace has a default route, so no
+packet can leave the lab, and nothing is ever added to the host's own namespace):
+
+    netns kproxy-<lab>-net      bridge br0 10.250.0.1/24: the underlay and the control-plane
+                                endpoint; routes 10.244.<i>.0/24 via node i so the control
+                                plane can answer pods
+    netns kproxy-<lab>-node<i>  eth0 10.250.0.(10+i)/24 (veth kpn-node<i> on br0); forwarding
+                                on; routes 10.244.<j>.0/24 via 10.250.0.(10+j) for every other
+                                node j; <podip>/32 dev kpv<id> for each local pod. No route
+                                for 10.96.0.0/16: resolving Service IPs is the proxy's job.
+    netns kproxy-<lab>-p-<pod>  eth0 10.244.<i>.X/32 (X from 10), the peer of kpv<id> in the
+                                node; 10.244.0.0/16, 10.250.0.0/24 and 10.96.0.0/16 via
+                                169.254.1.1 onlink
+    netns kproxy-<lab>-ext      the external client, eth0 10.250.0.250/24 (veth kpn-ext on br0);
+                                only 10.96.0.0/16 via node1, no route to pod CIDRs
+
+Pod gateway: the host end of every pod veth carries 169.254.1.1/32 (scope link), so the pod's
+ARP for its gateway is answered as for any local address. proxy_arp on the host end would
+not work here: it answers only for targets the node can route via another interface, and a
+node has no route (no default route) to 169.254.1.1. Many veths holding the same /32 is fine
+for the kernel. Node routes to pods carry `src <node ip>` so that node processes talk to local
+pods from the node address, not from 169.254.1.1.
+
+cgroups (v2, under /sys/fs/cgroup/unified/kproxy-<lab>): node<i> is where node i's agent
+attaches its socket hooks; node<i>/host holds the node's own processes and node<i>/pod-<pod>
+each pod's, so the hooks of node i see exactly what runs on node i. ext and net hold the
+external client's and the control plane's processes outside any node.
+
+Everything is recorded in the state file (state.py), but down() removes by name, so it also
+cleans up after a crash that lost the state.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import cgroups, nsutil, procs, state
+from .nsutil import LabError
+from .state import LabState, NodeRec, PodRec, ProcRec, check_name
+
+CONTROL_PLANE_IP = "10.250.0.1"
+UNDERLAY_PREFIXLEN = 24
+UNDERLAY_CIDR = "10.250.0.0/24"
+EXTERNAL_IP = "10.250.0.250"
+POD_SUPERNET = "10.244.0.0/16"
+SERVICE_CIDR = "10.96.0.0/16"
+POD_GATEWAY = "169.254.1.1"
+MAX_NODES = 239  # node IPs 10.250.0.11 .. 10.250.0.249; .250 is the external client
+POD_HOSTS = range(10, 255)
+DEFAULT_PORTS: tuple[tuple[str, int], ...] = (("tcp", 8080), ("udp", 5353))
+BPFFS_ROOT = "/sys/fs/bpf"
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+ECHO_SCRIPT = os.path.join(_HERE, "echo.py")
+PROBE_SCRIPT = os.path.join(_HERE, "probe.py")
+
+
+def node_ip(index: int) -> str:
+    return f"10.250.0.{10 + index}"
+
+
+def pod_cidr(index: int) -> str:
+    return f"10.244.{index}.0/24"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    ip: str
+    netns: str
+    cgroup: str  # the agent attaches socket hooks here
+    host_cgroup: str  # the node's own processes (agent, probes run "on the node")
+    pod_cidr: str
+    bpffs: str  # this node's agent pins its maps here
+    index: int
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    name: str
+    node: str
+    ip: str
+    netns: str
+    cgroup: str
+    ports: tuple[tuple[str, int], ...]
+    labels: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
+    veth: str = ""  # host end, in the node's netns (where TC programs attach)
+    echo_pid: int | None = None
+
+
+@dataclass(frozen=True)
+class ExternalInfo:
+    name: str
+    ip: str
+    netns: str
+    cgroup: str
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a command runs: a netns plus the cgroup its processes join."""
+
+    label: str  # "pod/<name>", "node/<name>", "ext" or "net"
+    netns: str
+    cgroup: str
+
+
+@dataclass
+class DownReport:
+    removed: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class Lab:
+    """One simulated cluster. Methods are idempotent where that is meaningful; each public
+    mutation holds the lab's state lock for its whole duration."""
+
+    def __init__(self, name: str = "lab", *, run_root: str = state.RUN_ROOT,
+                 cgroup_root: str = cgroups.ROOT, bpffs_root: str = BPFFS_ROOT,
+                 python: str | None = None) -> None:
+        self.name = check_name("lab", name)
+        self.prefix = f"kproxy-{name}"
+        self.run_root = run_root
+        self.cgroup_root = cgroup_root
+        self.bpffs_root = bpffs_root
+        self.python = python or sys.executable
+        self._st: LabState | None = None
+
+    # ---- names ---------------------------------------------------------------------------
+
+    @property
+    def net_netns(self) -> str:
+        return f"{self.prefix}-net"
+
+    @property
+    def ext_netns(self) -> str:
+        return f"{self.prefix}-ext"
+
+    def node_netns(self, node: str) -> str:
+        return f"{self.prefix}-{node}"
+
+    def pod_netns(self, pod: str) -> str:
+        return f"{self.prefix}-p-{pod}"
+
+    @property
+    def cgroup(self) -> str:
+        return os.path.join(self.cgroup_root, self.prefix)
+
+    def node_cgroup(self, node: str) -> str:
+        return os.path.join(self.cgroup, node)
+
+    def pod_cgroup(self, node: str, pod: str) -> str:
+        return os.path.join(self.cgroup, node, f"pod-{pod}")
+
+    def bpffs(self, node: str) -> str:
+        return os.path.join(self.bpffs_root, f"{self.prefix}-{node}")
+
+    @property
+    def state_dir(self) -> str:
+        return state.state_dir(self.name, self.run_root)
+
+    def log_path(self, name: str) -> str:
+        return os.path.join(self.state_dir, "logs", f"{name}.log")
+
+    # ---- state -----------------------------------------------------------------------------
+
+    @contextmanager
+    def _txn(self) -> Iterator[LabState]:
+        """Hold the lock; nested calls (up -> add_node) share the outer transaction."""
+        if self._st is not None:
+            yield self._st
+            return
+        with state.locked(self.name, self.run_root) as st:
+            assert st is not None
+            self._st = st
+            try:
+                yield st
+            finally:
+                self._st = None
+
+    def _snapshot(self) -> LabState:
+        st = self._st or state.load(self.name, self.run_root)
+        if st is None:
+            raise LabError(f"lab {self.name!r} does not exist (no {self.state_dir})")
+        return st
+
+    def exists(self) -> bool:
+        return os.path.isdir(self.state_dir) or any(self._owns(n) for n in nsutil.list_netns())
+
+    # ---- lookups ---------------------------------------------------------------------------
+
+    def _node_info(self, name: str, rec: NodeRec) -> NodeInfo:
+        return NodeInfo(name=name, ip=rec.ip, netns=self.node_netns(name),
+                        cgroup=self.node_cgroup(name),
+                        host_cgroup=os.path.join(self.node_cgroup(name), "host"),
+                        pod_cidr=pod_cidr(rec.index), bpffs=self.bpffs(name), index=rec.index)
+
+    def _pod_info(self, name: str, rec: PodRec) -> PodInfo:
+        return PodInfo(name=name, node=rec.node, ip=rec.ip, netns=self.pod_netns(name),
+                       cgroup=self.pod_cgroup(rec.node, name),
+                       ports=tuple((p, n) for p, n in rec.ports), labels=dict(rec.labels),
+                       veth=rec.veth, echo_pid=rec.echo_pid)
+
+    def node(self, name: str) -> NodeInfo:
+        st = self._snapshot()
+        if name not in st.nodes:
+            raise LabError(f"no node {name!r} in lab {self.name!r}")
+        return self._node_info(name, st.nodes[name])
+
+    def nodes(self) -> list[NodeInfo]:
+        st = self._snapshot()
+        return [self._node_info(n, r) for n, r in sorted(st.nodes.items(),
+                                                         key=lambda kv: kv[1].index)]
+
+    def pod(self, name: str) -> PodInfo:
+        st = self._snapshot()
+        if name not in st.pods:
+            raise LabError(f"no pod {name!r} in lab {self.name!r}")
+        return self._pod_info(name, st.pods[name])
+
+    def pods(self) -> list[PodInfo]:
+        st = self._snapshot()
+        return [self._pod_info(n, r) for n, r in sorted(st.pods.items())]
+
+    def external(self) -> ExternalInfo:
+        st = self._snapshot()
+        if st.external is None:
+            raise LabError(f"lab {self.name!r} has no external client")
+        return ExternalInfo(name="ext", ip=st.external, netns=self.ext_netns,
+                            cgroup=os.path.join(self.cgroup, "ext"))
+
+    def target(self, target: str) -> Target:
+        """Resolve "net", "ext", "node/<n>", "pod/<p>", or a bare node or pod name."""
+        st = self._snapshot()
+        kind, _, name = target.partition("/")
+        if not name:
+            kind, name = "", target
+        if target == "net":
+            return Target("net", self.net_netns, os.path.join(self.cgroup, "net"))
+        if target in ("ext", "external"):
+            ext = self.external()
+            return Target("ext", ext.netns, ext.cgroup)
+        if kind in ("", "node") and name in st.nodes:
+            n = self._node_info(name, st.nodes[name])
+            return Target(f"node/{name}", n.netns, n.host_cgroup)
+        if kind in ("", "pod") and name in st.pods:
+            p = self._pod_info(name, st.pods[name])
+            return Target(f"pod/{name}", p.netns, p.cgroup)
+        raise LabError(f"unknown target {target!r} in lab {self.name!r}")
+
+    def status(self) -> dict[str, Any]:
+        """The recorded state plus whether each recorded process still runs (for the CLI)."""
+        st = self._snapshot()
+        d = st.to_json()
+        for pid, rec in st.procs.items():
+            d["procs"][str(pid)]["status"] = procs.identify(rec)
+        return d
+
+    # ---- building --------------------------------------------------------------------------
+
+    def up(self, nodes: int = 2, external: bool = True) -> None:
+        """Create the underlay, `nodes` nodes (adding to an existing lab as needed) and the
+        external client. If this call created the lab and fails or is interrupted, the
+        whole lab is removed before the error propagates."""
+        if not 1 <= nodes <= MAX_NODES:
+            raise ValueError(f"nodes must be in 1..{MAX_NODES}")
+        try:
+            prior = state.load(self.name, self.run_root)
+        except (ValueError, KeyError, TypeError):
+            prior = None
+        fresh = prior is None or not prior.up
+        try:
+            with self._txn() as st:
+                self._underlay(st)
+                while len(st.nodes) < nodes:
+                    self.add_node()
+                if external:
+                    self._external(st)
+                st.up = True
+        except BaseException as e:
+            if fresh:
+                report = self.down()
+                for problem in report.problems:
+                    e.add_note(f"lab cleanup: {problem}")
+            raise
+
+    def _cg(self, st: LabState, path: str) -> str:
+        cgroups.ensure(self.cgroup, self.cgroup_root)
+        st.note(f"cgroup:{path}")
+        return cgroups.ensure(path, self.cgroup_root)
+
+    def _netns(self, st: LabState, name: str, sysctls: dict[str, str] | None = None) -> None:
+        st.note(f"netns:{name}")  # noted first: a half-made netns is still cleaned up
+        nsutil.add(name, sysctls)
+
+    def _link_exists(self, netns: str, dev: str) -> bool:
+        return nsutil.ip("link", "show", "dev", dev, netns=netns, check=False).returncode == 0
+
+    def _underlay(self, st: LabState) -> None:
+        net = self.net_netns
+        # The underlay is a switch plus the control-plane endpoint, never a router.
+        self._netns(st, net, {"net.ipv4.ip_forward": "0"})
+        if not self._link_exists(net, "br0"):
+            nsutil.ip("link", "add", "br0", "type", "bridge", netns=net)
+        nsutil.ip("addr", "replace", f"{CONTROL_PLANE_IP}/{UNDERLAY_PREFIXLEN}", "dev", "br0",
+                  netns=net)
+        nsutil.ip("link", "set", "br0", "up", netns=net)
+        self._cg(st, os.path.join(self.cgroup, "net"))
+
+    def _attach_to_bridge(self, port: str, netns: str, ip: str) -> None:
+        """veth `port` on br0 in the underlay, peer `eth0` with `ip` in `netns`."""
+        net = self.net_netns
+        if not self._link_exists(net, port):
+            nsutil.ip("link", "add", port, "type", "veth", "peer", "name", "eth0",
+                      "netns", netns, netns=net)
+        nsutil.ip("link", "set", port, "master", "br0", "up", netns=net)
+        nsutil.ip("addr", "replace", f"{ip}/{UNDERLAY_PREFIXLEN}", "dev", "eth0", netns=netns)
+        nsutil.ip("link", "set", "eth0", "up", netns=netns)
+
+    def add_node(self) -> NodeInfo:
+        """Add node<i> (i = highest index + 1) and the pod-CIDR routes between it and the
+        existing nodes."""
+        with self._txn() as st:
+            self._underlay(st)
+            index = max((r.index for r in st.nodes.values()), default=0) + 1
+            if index > MAX_NODES:
+                raise LabError(f"lab {self.name!r} is full ({MAX_NODES} nodes)")
+            name = f"node{index}"
+            ns = self.node_netns(name)
+            # A node routes for its pods. rp_filter is pinned to 0 because a new netns
+            # inherits the host's conf/all and conf/default, and the lab must not depend on
+            # the host; set before eth0 exists so the interface inherits it.
+            self._netns(st, ns, {"net.ipv4.ip_forward": "1",
+                                 "net.ipv4.conf.all.rp_filter": "0",
+                                 "net.ipv4.conf.default.rp_filter": "0"})
+            self._attach_to_bridge(f"kpn-{name}", ns, node_ip(index))
+            st.nodes[name] = NodeRec(index=index, ip=node_ip(index))
+            for other, rec in st.nodes.items():
+                if other == name:
+                    continue
+                nsutil.ip("route", "replace", pod_cidr(rec.index), "via", rec.ip, "dev", "eth0",
+                          netns=ns)
+                nsutil.ip("route", "replace", pod_cidr(index), "via", node_ip(index), "dev",
+                          "eth0", netns=self.node_netns(other))
+            nsutil.ip("route", "replace", pod_cidr(index), "via", node_ip(index), "dev", "br0",
+                      netns=self.net_netns)
+            self._cg(st, self.node_cgroup(name))
+            self._cg(st, os.path.join(self.node_cgroup(name), "host"))
+            return self._node_info(name, st.nodes[name])
+
+    def _external(self, st: LabState) -> None:
+        if "node1" not in st.nodes:
+            raise LabError("the external client routes Service IPs via node1, which is missing")
+        ns = self.ext_netns
+        self._netns(st, ns)
+        self._attach_to_bridge("kpn-ext", ns, EXTERNAL_IP)
+        nsutil.ip("route", "replace", SERVICE_CIDR, "via", st.nodes["node1"].ip, "dev", "eth0",
+                  netns=ns)
+        self._cg(st, os.path.join(self.cgroup, "ext"))
+        st.external = EXTERNAL_IP
+
+    def add_external_route(self, cidr: str, node: str = "node1") -> None:
+        """Route `cidr` (e.g. a LoadBalancer or ExternalIP range) from the external client via
+        `node`; routes only inside the lab."""
+        with self._txn() as st:
+            if node not in st.nodes:
+                raise LabError(f"no node {node!r}")
+            nsutil.ip("route", "replace", cidr, "via", st.nodes[node].ip, "dev", "eth0",
+                      netns=self.ext_netns)
+
+    # ---- pods ------------------------------------------------------------------------------
+
+    def _alloc_ip(self, st: LabState, node: str) -> str:
+        rec = st.nodes[node]
+        used = {p.ip for p in st.pods.values()}
+        start = rec.next_host if rec.next_host in POD_HOSTS else POD_HOSTS.start
+        order = list(range(start, POD_HOSTS.stop)) + list(range(POD_HOSTS.start, start))
+        for host in order:
+            ip = f"10.244.{rec.index}.{host}"
+            if ip not in used:
+                # Round-robin: a deleted pod's address comes back only after a full cycle,
+                # so a stale client of the old pod does not reach a new one at once.
+                rec.next_host = host + 1 if host + 1 in POD_HOSTS else POD_HOSTS.start
+                return ip
+        raise LabError(f"node {node} has no free pod address")
+
+    def _veth_name(self, st: LabState, node: str, pod: str) -> str:
+        taken = {p.veth for p in st.pods.values() if p.node == node}
+        for salt in range(100):
+            digest = hashlib.sha1(f"{pod}/{salt}".encode()).hexdigest()[:8]
+            name = f"kpv{digest}"  # 11 chars, under IFNAMSIZ (15)
+            if name not in taken and not self._link_exists(self.node_netns(node), name):
+                return name
+        raise LabError(f"no free veth name for pod {pod}")
+
+    def create_pod(self, name: str, node: str,
+                   ports: Sequence[tuple[str, int]] = DEFAULT_PORTS,
+                   labels: Mapping[str, str] | None = None, echo: bool = True) -> PodInfo:
+        """Create pod `name` on `node` and start its echo server on `ports` (unless
+        echo=False). Returns the existing pod if it is already on that node."""
+        check_name("pod", name)
+        ports = [(str(p).lower(), int(n)) for p, n in ports]
+        for proto, port in ports:
+            if proto not in ("tcp", "udp") or not 0 < port < 65536:
+                raise ValueError(f"bad port {proto}/{port}")
+        with self._txn() as st:
+            if name in st.pods:
+                if st.pods[name].node != node:
+                    raise LabError(f"pod {name!r} already exists on {st.pods[name].node}")
+                return self._pod_info(name, st.pods[name])
+            if node not in st.nodes:
+                raise LabError(f"no node {node!r} in lab {self.name!r}")
+            rec = PodRec(node=node, ip=self._alloc_ip(st, node),
+                         veth=self._veth_name(st, node, name), ports=ports,
+                         labels=dict(labels or {}))
+            st.pods[name] = rec  # recorded first so a failure below is cleaned up by name
+            try:
+                self._pod_network(st, name, rec)
+                self._cg(st, self.pod_cgroup(node, name))
+                if echo and ports:
+                    self._start_echo(st, name, rec)
+            except BaseException:
+                self._remove_pod(st, name)
+                raise
+            return self._pod_info(name, rec)
+
+    def _pod_network(self, st: LabState, name: str, rec: PodRec) -> None:
+        ns, node_ns = self.pod_netns(name), self.node_netns(rec.node)
+        self._netns(st, ns)
+        if not self._link_exists(node_ns, rec.veth):
+            nsutil.ip("link", "add", rec.veth, "type", "veth", "peer", "name", "eth0",
+                      "netns", ns, netns=node_ns)
+        nsutil.ip("addr", "replace", f"{rec.ip}/32", "dev", "eth0", netns=ns)
+        nsutil.ip("link", "set", "eth0", "up", netns=ns)
+        nsutil.ip("addr", "replace", f"{POD_GATEWAY}/32", "scope", "link", "dev", rec.veth,
+                  netns=node_ns)
+        nsutil.ip("link", "set", rec.veth, "up", netns=node_ns)
+        for cidr in (POD_SUPERNET, UNDERLAY_CIDR, SERVICE_CIDR):
+            nsutil.ip("route", "replace", cidr, "via", POD_GATEWAY, "dev", "eth0", "onlink",
+                      netns=ns)
+        nsutil.ip("route", "replace", f"{rec.ip}/32", "dev", rec.veth, "src",
+                  st.nodes[rec.node].ip, netns=node_ns)
+
+    def _start_echo(self, st: LabState, name: str, rec: PodRec) -> None:
+        argv = [self.python, "-I", "-S", ECHO_SCRIPT, "--name", name]
+        for proto, port in rec.ports:
+            argv += [f"--{proto}", str(port)]
+        p = self._spawn(st, f"pod/{name}", argv, f"echo-{name}")
+        rec.echo_pid = p.pid
+        _wait_listening(p, rec.ports, timeout=5.0)
+
+    def delete_pod(self, name: str) -> None:
+        """Stop the pod's processes and remove its veth, netns and cgroup; a pod that does
+        not exist is not an error."""
+        with self._txn() as st:
+            problems = self._remove_pod(st, name)
+        if problems:
+            raise LabError(f"delete_pod {name}: " + "; ".join(problems))
+
+    def _remove_pod(self, st: LabState, name: str) -> list[str]:
+        problems: list[str] = []
+        rec = st.pods.get(name)
+        nodes = [rec.node] if rec else list(st.nodes)
+        problems += self._stop_target(st, f"pod/{name}",
+                                      [self.pod_cgroup(n, name) for n in nodes])
+        if rec and nsutil.exists(self.node_netns(rec.node)):
+            # Deleting one end removes the pair, the 169.254.1.1 address and the /32 route.
+            r = nsutil.ip("link", "del", rec.veth, netns=self.node_netns(rec.node), check=False)
+            if r.returncode != 0 and self._link_exists(self.node_netns(rec.node), rec.veth):
+                problems.append(f"veth {rec.veth}: {r.stderr.strip()}")
+        ns = self.pod_netns(name)
+        problems += _netns_holders(ns)
+        err = nsutil.delete(ns)
+        if err:
+            problems.append(err)
+        st.forget(f"netns:{ns}")
+        for n in nodes:
+            cg = self.pod_cgroup(n, name)
+            problems += cgroups.remove_tree(cg, self.cgroup_root)
+            st.forget(f"cgroup:{cg}")
+        st.pods.pop(name, None)
+        return problems
+
+    # ---- processes -------------------------------------------------------------------------
+
+    def _spawn(self, st: LabState, target: str, argv: Sequence[str], log_name: str,
+               env: Mapping[str, str] | None = None, cwd: str | None = None) -> ProcRec:
+        t = self.target(target)
+        rec = procs.spawn(argv, netns=t.netns, cgroup=t.cgroup, log_path=self.log_path(log_name),
+                          target=t.label, name=log_name, env=dict(env) if env else None,
+                          cwd=cwd)
+        st.procs[rec.pid] = rec
+        return rec
+
+    def spawn(self, target: str, argv: Sequence[str], name: str,
+              env: Mapping[str, str] | None = None, cwd: str | None = None) -> ProcRec:
+        """Start a long-running process (agent, control plane, load generator) in a target's
+        netns and cgroup; it is recorded and stopped by kill() or down(). Output goes to
+        <state dir>/logs/<name>.log."""
+        with self._txn() as st:
+            return self._spawn(st, target, argv, name, env, cwd)
+
+    def kill(self, pid: int, grace: float = 3.0) -> str:
+        """Stop a process this lab recorded (never an unrecorded pid); see
+        procs.kill_recorded for the result values."""
+        with self._txn() as st:
+            rec = st.procs.get(pid)
+            if rec is None:
+                raise LabError(f"pid {pid} was not started by lab {self.name!r}")
+            result = procs.kill_recorded(rec, grace)
+            if result != "stuck":
+                del st.procs[pid]
+            return result
+
+    def exec(self, target: str, argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess:
+        """Run a one-off command in the target's netns and cgroup (kwargs: subprocess.run);
+        stdio and the exit code pass through unless captured."""
+        t = self.target(target)
+        return procs.run_in(t.netns, t.cgroup, argv, **kwargs)
+
+    def probe(self, target: str, addr: str, port: int, udp: bool = False, count: int = 1,
+              timeout: float = 1.0, interval: float = 0.0, keep: bool = False) -> list[str]:
+        """Run probe.py inside the target; one result line per attempt (see probe.py)."""
+        host = f"[{addr}]" if ":" in addr else addr
+        argv = [self.python, "-I", "-S", PROBE_SCRIPT, f"{host}:{port}", "--count", str(count),
+                "--timeout", str(timeout), "--interval", str(interval)]
+        if udp:
+            argv.append("--udp")
+        if keep:
+            argv.append("--keep")
+        r = self.exec(target, argv, capture_output=True, text=True,
+                      timeout=count * (timeout + interval) * 2 + 10)
+        lines = r.stdout.splitlines()
+        if r.returncode not in (0, 1) or len(lines) != count:
+            raise LabError(f"probe in {target} failed (rc {r.returncode}): {r.stderr.strip()}")
+        return lines
+
+    def _stop_target(self, st: LabState, label: str, cgroup_paths: Sequence[str]) -> list[str]:
+        """Stop recorded processes of `label`, then anything left in its cgroups (children
+        of what we started, or leftovers of `exec`)."""
+        problems = []
+        for pid, rec in list(st.procs.items()):
+            if rec.target == label:
+                if procs.kill_recorded(rec) == "stuck":
+                    problems.append(f"pid {pid} ({rec.name}) survived SIGKILL")
+                else:
+                    del st.procs[pid]
+        for cg in cgroup_paths:
+            if os.path.isdir(cg):
+                for pid in cgroups.pids_recursive(cg, self.cgroup_root):
+                    if not procs.kill_pid(pid):
+                        problems.append(f"pid {pid} in {cg} survived SIGKILL")
+        return problems
+
+    # ---- teardown --------------------------------------------------------------------------
+
+    def _longer_labs(self) -> list[str]:
+        """Other labs whose names extend ours with '-' (lab "t" vs lab "t-p"): their objects
+        also start with kproxy-t-, so down() of "t" must skip them."""
+        names: set[str] = set()
+        try:
+            names.update(os.listdir(self.run_root))
+        except FileNotFoundError:
+            pass
+        try:
+            names.update(e[len("kproxy-"):] for e in os.listdir(self.cgroup_root)
+                         if e.startswith("kproxy-"))
+        except FileNotFoundError:
+            pass
+        return [n for n in names if n.startswith(f"{self.name}-")]
+
+    def _owns(self, obj: str, longer: Sequence[str] | None = None) -> bool:
+        if not obj.startswith(f"{self.prefix}-"):
+            return False
+        longer = self._longer_labs() if longer is None else longer
+        return not any(obj.startswith(f"kproxy-{other}-") for other in longer)
+
+    def down(self) -> DownReport:
+        """Remove everything of this lab, recorded or not: processes (recorded ones, then any
+        left in the lab's cgroups), netns kproxy-<lab>-*, the cgroup tree, bpffs directories
+        /sys/fs/bpf/kproxy-<lab>-*, and the state directory. Never raises for leftovers: they
+        are listed in the report's problems."""
+        if self._st is not None:
+            raise RuntimeError("down() inside a lab transaction would deadlock on the lock")
+        report = DownReport()
+        longer = self._longer_labs()
+        with state.locked(self.name, self.run_root, create=False) as st:
+            if st is not None:
+                for pid, rec in list(st.procs.items()):
+                    result = procs.kill_recorded(rec)
+                    report.removed.append(f"pid {pid} ({rec.name}): {result}")
+                    if result == "stuck":
+                        report.problems.append(f"pid {pid} ({rec.name}) survived SIGKILL")
+            if os.path.isdir(self.cgroup):
+                for pid in cgroups.pids_recursive(self.cgroup, self.cgroup_root):
+                    ok = procs.kill_pid(pid)
+                    report.removed.append(f"pid {pid} (found in lab cgroup)")
+                    if not ok:
+                        report.problems.append(f"pid {pid} in lab cgroup survived SIGKILL")
+            owned = [n for n in nsutil.list_netns() if self._owns(n, longer)]
+            # Pods first, then nodes, the external client and the underlay.
+            owned.sort(key=lambda n: (not n.startswith(f"{self.prefix}-p-"),
+                                      n == self.net_netns, n))
+            for ns in owned:
+                report.problems += _netns_holders(ns)
+                err = nsutil.delete(ns)
+                (report.problems if err else report.removed).append(err or f"netns {ns}")
+            if os.path.isdir(self.cgroup):
+                problems = cgroups.remove_tree(self.cgroup, self.cgroup_root)
+                report.problems += problems
+                if not problems:
+                    report.removed.append(f"cgroup {self.cgroup}")
+            try:
+                entries = os.listdir(self.bpffs_root)
+            except FileNotFoundError:
+                entries = []
+            for e in sorted(entries):
+                if self._owns(e, longer):
+                    path = os.path.join(self.bpffs_root, e)
+                    try:
+                        shutil.rmtree(path)
+                        report.removed.append(f"bpffs {path}")
+                    except OSError as err:
+                        report.problems.append(f"bpffs {path}: {err}")
+            if os.path.isdir(self.state_dir):
+                shutil.rmtree(self.state_dir, ignore_errors=True)
+                report.removed.append(f"state {self.state_dir}")
+        try:
+            os.rmdir(self.run_root)  # only if no other lab is left
+        except OSError:
+            pass
+        return report
+
+
+def _netns_holders(ns: str) -> list[str]:
+    """Processes still inside a lab netns that is about to be deleted: they keep it (and its
+    interfaces) alive without a name, so they are reported; they are not ours to kill
+    (ours were stopped through their cgroups before)."""
+    pids = nsutil.pids_in(ns)
+    return [f"netns {ns} is still used by pids {pids}: it lives on until they exit"] if pids else []
+
+
+def _listening(pid: int, ports: Sequence[tuple[str, int]]) -> bool:
+    """Whether the process's netns has all the ports bound (/proc/<pid>/net is per netns)."""
+    for proto, port in ports:
+        want = f":{port:04X}"
+        try:
+            with open(f"/proc/{pid}/net/{proto}") as f:
+                rows = [line.split() for line in f.readlines()[1:]]
+        except OSError:
+            return False
+        if not any(r[1].endswith(want) and (proto == "udp" or r[3] == "0A") for r in rows):
+            return False
+    return True
+
+
+def _wait_listening(rec: ProcRec, ports: Sequence[tuple[str, int]], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not _listening(rec.pid, ports):
+        if procs.identify(rec) != "running" or time.monotonic() > deadline:
+            try:
+                with open(rec.log, errors="replace") as f:
+                    tail = f.read()[-2000:]
+            except OSError:
+                tail = ""
+            raise LabError(f"{rec.name} (pid {rec.pid}) did not start listening: {tail}")
+        time.sleep(0.01)

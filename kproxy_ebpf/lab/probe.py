@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""The lab's client: one result line per attempt, in a form tests can compare as text.
+
+Results: the server's line (see echo.py) stripped; `REFUSED` for ECONNREFUSED (a TCP RST, an
+ICMP port unreachable on UDP, or a socket hook rejecting a Service without endpoints);
+`TIMEOUT`; `ERROR <errno name>` for anything else (ENETUNREACH, EPERM, ...; `ERROR EOF` when a
+TCP peer closed without a line); for UDP `WRONG-SOURCE <ip>:<port> <line>` when the reply came
+from another address than the one asked (the reverse translation of a Service VIP failed).
+
+TCP opens a new connection per attempt, unless keep=True, which holds one connection and asks
+again on it (a new connection is opened only after a failure). UDP sends from an unconnected
+socket with sendto/recvfrom, as DNS resolvers do; that is the case where the reply's source
+address must be rewritten back to the Service address, so it is checked. IP_RECVERR makes an
+ICMP error visible on that unconnected socket.
+
+It must run inside a lab namespace, so it is also a stdlib-only script:
+`python3 probe.py ADDR:PORT [--udp] [--count K] [--timeout S] [--interval S] [--keep]`
+prints one line per attempt and exits 0 only if every attempt got a server line.
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import socket
+import sys
+import time
+
+IP_RECVERR = getattr(socket, "IP_RECVERR", 11)
+IPV6_RECVERR = getattr(socket, "IPV6_RECVERR", 25)
+
+
+def _err(e: OSError) -> str:
+    if isinstance(e, socket.timeout):
+        return "TIMEOUT"
+    if e.errno == errno.ECONNREFUSED:
+        return "REFUSED"
+    if e.errno is None:
+        return f"ERROR {type(e).__name__}"
+    return f"ERROR {errno.errorcode.get(e.errno, str(e.errno))}"
+
+
+def _family(addr: str) -> int:
+    return socket.AF_INET6 if ":" in addr else socket.AF_INET
+
+
+def _fmt(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class _TcpLines:
+    """One TCP connection read line by line (keeps what arrived after a line)."""
+
+    def __init__(self, addr: str, port: int, timeout: float) -> None:
+        self.sock = socket.socket(_family(addr), socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        self.buf = b""
+        try:
+            self.sock.connect((addr, port))
+        except BaseException:
+            self.sock.close()
+            raise
+
+    def readline(self) -> str:
+        while b"\n" not in self.buf:
+            data = self.sock.recv(4096)
+            if not data:
+                if self.buf:
+                    line, self.buf = self.buf, b""
+                    return line.decode(errors="replace").strip()
+                raise EOFError
+            self.buf += data
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line.decode(errors="replace").strip()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _tcp_attempt(addr: str, port: int, timeout: float,
+                 held: list[_TcpLines] | None) -> str:
+    conn = held[0] if held else None
+    try:
+        if conn is None:
+            conn = _TcpLines(addr, port, timeout)
+        else:
+            conn.sock.sendall(b"\n")
+        line = conn.readline()
+    except EOFError:
+        result = "ERROR EOF"
+    except OSError as e:
+        result = _err(e)
+    else:
+        if held is not None:
+            held[:] = [conn]
+        else:
+            conn.close()
+        return line
+    if conn is not None:
+        conn.close()
+    if held is not None:
+        held.clear()  # reconnect on the next attempt
+    return result
+
+
+def _udp_attempt(addr: str, port: int, timeout: float) -> str:
+    fam = _family(addr)
+    with socket.socket(fam, socket.SOCK_DGRAM) as s:
+        if fam == socket.AF_INET:
+            s.setsockopt(socket.SOL_IP, IP_RECVERR, 1)
+        else:
+            s.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVERR, 1)
+        s.settimeout(timeout)
+        try:
+            s.sendto(b"probe\n", (addr, port))
+            data, src = s.recvfrom(65535)
+        except OSError as e:
+            return _err(e)
+    line = data.decode(errors="replace").strip()
+    same = (socket.inet_pton(fam, src[0]) == socket.inet_pton(fam, addr)) and src[1] == port
+    return line if same else f"WRONG-SOURCE {_fmt(src[0], src[1])} {line}"
+
+
+def probe(addr: str, port: int, udp: bool = False, count: int = 1, timeout: float = 1.0,
+          interval: float = 0.0, keep: bool = False, out=None) -> list[str]:
+    """Make `count` attempts against addr:port; returns one result line per attempt.
+
+    `out`, if given, is a text stream that gets each line as soon as it is known.
+    """
+    results: list[str] = []
+    held: list[_TcpLines] | None = [] if keep and not udp else None
+    try:
+        for i in range(count):
+            if i and interval > 0:
+                time.sleep(interval)
+            if udp:
+                r = _udp_attempt(addr, port, timeout)
+            else:
+                r = _tcp_attempt(addr, port, timeout, held)
+            results.append(r)
+            if out is not None:
+                print(r, file=out, flush=True)
+    finally:
+        for c in held or []:
+            c.close()
+    return results
+
+
+def is_reply(result: str) -> bool:
+    """True when the attempt got a server line (not REFUSED/TIMEOUT/ERROR/WRONG-SOURCE)."""
+    return result.split(" ", 1)[0] not in ("REFUSED", "TIMEOUT", "ERROR", "WRONG-SOURCE")
+
+
+def parse_target(text: str) -> tuple[str, int]:
+    if text.startswith("["):
+        host, _, port = text[1:].partition("]:")
+    else:
+        host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"expected ADDR:PORT, got {text!r}")
+    return host, int(port)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="lab probe: one result line per attempt")
+    ap.add_argument("target", help="ADDR:PORT ([v6]:PORT)")
+    ap.add_argument("--udp", action="store_true")
+    ap.add_argument("--count", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=1.0)
+    ap.add_argument("--interval", type=float, default=0.0)
+    ap.add_argument("--keep", action="store_true", help="TCP: ask repeatedly on one connection")
+    args = ap.parse_args(argv)
+    try:
+        addr, port = parse_target(args.target)
+    except ValueError as e:
+        ap.error(str(e))
+    results = probe(addr, port, udp=args.udp, count=args.count, timeout=args.timeout,
+                    interval=args.interval, keep=args.keep, out=sys.stdout)
+    return 0 if all(is_reply(r) for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""Start lab processes inside a (cgroup, netns) pair, and stop exactly those again.
+
+A child joins its cgroup first and its network namespace second, both between fork and exec:
+joining the cgroup needs the host's /sys/fs/cgroup/unified, which `ip netns exec` would hide
+by remounting /sys, and doing it before exec means the process never runs a single
+instruction outside its cgroup (so a socket hook attached there sees its first connect()).
+Only the network namespace is entered; mount, pid and uts stay the host's.
+
+Pids are reused by the kernel, so a started process is recorded as (pid, start time, argv).
+kill_recorded() signals a pid only while all three still match, which makes a stale state file
+harmless: it can never kill an unrelated process that inherited the number.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import cgroups, nsutil
+from .state import ProcRec
+
+# Popen objects of children this process started, so it can reap them (no zombies, no
+# ResourceWarning); processes started by an earlier CLI invocation are reaped by init.
+_children: dict[int, subprocess.Popen] = {}
+
+
+def _entry(netns: str | None, cgroup: str | None) -> tuple[Callable[[], None], list[int]]:
+    """Open what the child needs in the parent (clear errors here, not in preexec_fn)."""
+    fds: list[int] = []
+    procs_fd = ns_fd = -1
+    try:
+        if cgroup:
+            procs_fd = os.open(os.path.join(cgroups.check(cgroup), "cgroup.procs"),
+                               os.O_WRONLY | os.O_CLOEXEC)
+            fds.append(procs_fd)
+        if netns:
+            ns_fd = os.open(nsutil.netns_path(netns), os.O_RDONLY | os.O_CLOEXEC)
+            fds.append(ns_fd)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+    def preexec() -> None:  # runs in the child after fork; the fds close at exec (CLOEXEC)
+        if procs_fd >= 0:
+            os.write(procs_fd, str(os.getpid()).encode())
+        if ns_fd >= 0 and nsutil._libc.setns(ns_fd, nsutil.CLONE_NEWNET) != 0:
+            raise OSError("setns failed")
+
+    return preexec, fds
+
+
+def run_in(netns: str | None, cgroup: str | None, argv: Sequence[str],
+           **kwargs: Any) -> subprocess.CompletedProcess:
+    """Run a one-off command in the netns+cgroup; kwargs go to subprocess.run.
+
+    Without stdin/stdout/capture_output arguments the child inherits this process's stdio, so
+    `lab exec` forwards the terminal, pipes and the exit code unchanged.
+    """
+    preexec, fds = _entry(netns, cgroup)
+    try:
+        return subprocess.run(list(argv), preexec_fn=preexec, **kwargs)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def read_starttime(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # comm (field 2) may contain spaces and parentheses: split after the last ')'.
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _state_letter(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def _cmdline(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return [a.decode(errors="surrogateescape") for a in raw.split(b"\0")[:-1]]
+
+
+def spawn(argv: Sequence[str], *, netns: str | None, cgroup: str | None, log_path: str,
+          target: str, name: str = "", env: dict[str, str] | None = None,
+          cwd: str | None = None) -> ProcRec:
+    """Start a long-running process in its own session; stdout+stderr append to log_path.
+
+    Popen returns only after exec succeeded (it waits on its CLOEXEC error pipe), so the
+    recorded argv is already what /proc/<pid>/cmdline shows.
+    """
+    preexec, fds = _entry(netns, cgroup)
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    try:
+        with open(log_path, "ab") as log:
+            p = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                 preexec_fn=preexec, start_new_session=True, env=env, cwd=cwd)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    _children[p.pid] = p
+    start = read_starttime(p.pid)
+    if start is None:  # died at once; still record it so the caller sees a dead pid
+        start = -1
+    return ProcRec(pid=p.pid, argv=list(argv), starttime=start, target=target, log=log_path,
+                   name=name)
+
+
+def identify(rec: ProcRec) -> str:
+    """'running' if pid is still the recorded process, 'gone' if it exited, 'reused' if the
+    pid now belongs to someone else."""
+    start = read_starttime(rec.pid)
+    if start is None:
+        return "gone"
+    if rec.starttime >= 0 and start != rec.starttime:
+        return "reused"
+    if _state_letter(rec.pid) in ("Z", "X"):
+        return "gone"  # exited, only its zombie is left (cmdline is empty then)
+    if _cmdline(rec.pid) != rec.argv:
+        return "reused"
+    return "running"
+
+
+def _reap(pid: int) -> None:
+    p = _children.get(pid)
+    if p is not None:
+        if p.poll() is not None:
+            del _children[pid]
+        return
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass  # not our child: its parent (or init) reaps it
+
+
+def _wait_gone(rec: ProcRec, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        _reap(rec.pid)
+        if identify(rec) != "running":
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
+def kill_recorded(rec: ProcRec, grace: float = 3.0) -> str:
+    """Stop the recorded process: SIGTERM, then SIGKILL after `grace` seconds, then reap.
+
+    Returns 'killed', 'gone' (had already exited), 'reused' (pid now belongs to another
+    process, which is left alone) or 'stuck' (survived SIGKILL, e.g. in uninterruptible sleep).
+    """
+    status = identify(rec)
+    if status != "running":
+        _reap(rec.pid)
+        return status
+    try:
+        os.kill(rec.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return "gone"
+    if _wait_gone(rec, grace):
+        return "killed"
+    if identify(rec) == "running":  # re-check right before the hard kill
+        try:
+            os.kill(rec.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return "killed" if _wait_gone(rec, 5.0) else "stuck"
+
+
+def kill_pid(pid: int, grace: float = 2.0) -> bool:
+    """Stop an unrecorded process found in a lab cgroup (a child of something we started).
+
+    It is identified by its start time at discovery, so the same pid is not signalled again
+    if it was reused meanwhile. Returns True when it is gone.
+    """
+    start = read_starttime(pid)
+    if start is None:
+        return True
+    rec = ProcRec(pid=pid, argv=_cmdline(pid) or [], starttime=start, target="", log="")
+    if not rec.argv:  # a zombie or kernel thread: nothing to signal
+        return True
+    return kill_recorded(rec, grace) != "stuck"

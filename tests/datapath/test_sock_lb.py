@@ -1,0 +1,141 @@
+"""Socket-level load balancing with real packets: BPF loaded, hooks on node1's cgroup, clients
+in pod namespaces. See conftest.py for the lab's conventions."""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from kproxy_ebpf.datapath import reader
+
+from .conftest import endpoints, pod_of, service
+
+pytestmark = pytest.mark.root
+
+HTTP = ("http", "TCP", 80)
+HTTP_EP = ("http", "TCP", 8080)
+DNS = ("dns", "UDP", 53)
+DNS_EP = ("dns", "UDP", 5353)
+BACKENDS = ["a1", "a2", "b1", "b2"]
+
+
+def assert_uniform(counts: Counter, names: list[str], n: int) -> None:
+    """Each backend within 5 standard deviations of n/k (a false alarm is ~1e-6 likely)."""
+    k = len(names)
+    mean, sd = n / k, math.sqrt(n * (1 / k) * (1 - 1 / k))
+    assert set(counts) == set(names), counts
+    for name in names:
+        assert abs(counts[name] - mean) < 5 * sd, (name, counts)
+
+
+def test_tcp_clusterip_reaches_every_backend_uniformly(lab, node1):
+    node1.program(service("web", "10.96.0.10", HTTP),
+                  endpoints(lab, "web", BACKENDS, HTTP_EP))
+    lines = lab.probe("client", "10.96.0.10", 80, count=400)
+    counts = Counter(pod_of(line) for line in lines)
+    assert_uniform(counts, BACKENDS, 400)
+    client_ip = lab.pod("client").ip
+    assert all(line.split()[1].startswith(client_ip + ":") for line in lines), \
+        "the backend sees the client pod's own address (no SNAT on the socket path)"
+
+
+def test_udp_unconnected_replies_come_from_the_vip(lab, node1):
+    node1.program(service("dns", "10.96.0.53", DNS),
+                  endpoints(lab, "dns", BACKENDS, DNS_EP))
+    # probe.py sends each attempt from a new unconnected socket (sendto/recvfrom) and reports
+    # WRONG-SOURCE unless the reply's source is exactly 10.96.0.53:53.
+    lines = lab.probe("client", "10.96.0.53", 53, udp=True, count=400)
+    assert not [line for line in lines if not line.startswith(tuple(BACKENDS))], lines[:5]
+    assert_uniform(Counter(pod_of(line) for line in lines), BACKENDS, 400)
+
+
+def test_getpeername_and_connected_udp(lab, node1):
+    node1.program(service("web", "10.96.0.10", HTTP, DNS),
+                  endpoints(lab, "web", ["b1"], HTTP_EP, DNS_EP))
+    script = (
+        "import socket\n"
+        "t = socket.create_connection(('10.96.0.10', 80), timeout=2)\n"
+        "print('tcp', t.getpeername()[0], t.getpeername()[1], t.recv(100).decode().split()[0])\n"
+        "u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(2)\n"
+        "u.connect(('10.96.0.10', 53)); u.send(b'x')\n"
+        "data, src = u.recvfrom(100)\n"
+        "print('udp', u.getpeername()[0], u.getpeername()[1], data.decode().split()[0], src[0])\n")
+    out = lab.exec("client", ["python3", "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == ["tcp 10.96.0.10 80 b1", "udp 10.96.0.10 53 b1 10.96.0.10"]
+
+
+def test_same_port_tcp_and_udp_are_two_services(lab, node1):
+    node1.program(service("tcp-only", "10.96.0.20", ("p", "TCP", 53)),
+                  endpoints(lab, "tcp-only", ["a1"], ("p", "TCP", 8080)),
+                  service("udp-only", "10.96.0.20", ("p", "UDP", 53)),
+                  endpoints(lab, "udp-only", ["b2"], ("p", "UDP", 5353)))
+    assert {pod_of(x) for x in lab.probe("client", "10.96.0.20", 53, count=20)} == {"a1"}
+    assert {pod_of(x) for x in lab.probe("client", "10.96.0.20", 53, udp=True, count=20)} == {"b2"}
+
+
+def test_session_affinity_holds_until_the_timeout(lab, node1):
+    node1.program(service("sticky", "10.96.0.30", HTTP, affinity=1),
+                  endpoints(lab, "sticky", BACKENDS, HTTP_EP))
+    chosen = []
+    for _ in range(8):
+        # Within the timeout every connection of this client lands on one backend...
+        burst = {pod_of(x) for x in lab.probe("client", "10.96.0.30", 80, count=15)}
+        assert len(burst) == 1, burst
+        chosen.append(burst.pop())
+        time.sleep(1.3)     # ...and after it (counted from the last use) the choice is new.
+    assert len(set(chosen)) > 1, f"8 expiries all chose the same backend: {chosen}"
+    rows = reader.dump(node1.datapath.maps["affinity"])
+    assert any(r["key"]["type"] == 0 for r in rows), "ClientIP affinity rows live in kp_aff"
+
+
+def test_no_endpoints_is_refused_at_once(lab, node1):
+    node1.program(service("empty", "10.96.0.40", HTTP, DNS))
+    for udp, port in ((False, 80), (True, 53)):
+        t0 = time.monotonic()
+        lines = lab.probe("client", "10.96.0.40", port, udp=udp, count=5, timeout=3)
+        elapsed = time.monotonic() - t0
+        assert lines == ["REFUSED"] * 5
+        assert elapsed < 1 + 0.5, f"refusal took {elapsed:.2f}s (must not wait for a timeout)"
+    counters = reader.counters(node1.datapath.maps["stats"])
+    assert counters["reject"] >= 10
+
+
+def test_serving_terminating_endpoints_still_serve(lab, node1):
+    """kube-proxy's fallback: no ready endpoint, but serving+terminating ones -> use them."""
+    node1.program(service("draining", "10.96.0.50", HTTP),
+                  endpoints(lab, "draining", ["a2", "b1"], HTTP_EP,
+                            ready=False, serving=True, terminating=True))
+    lines = lab.probe("client", "10.96.0.50", 80, count=40)
+    assert {pod_of(x) for x in lines} == {"a2", "b1"}
+    svc = [s for s in reader.services(node1.datapath.maps) if s["address"] == "10.96.0.50"][0]
+    assert {b["state"].split(",")[0] for b in svc["backends"]} == {"terminating"}
+
+
+def test_internal_traffic_policy_local_without_local_endpoint_drops(lab, node1):
+    node1.program(service("local", "10.96.0.60", HTTP, itp_local=True),
+                  endpoints(lab, "local", ["b1", "b2"], HTTP_EP))      # all on node2
+    assert lab.probe("client", "10.96.0.60", 80, count=3) == ["ERROR EHOSTUNREACH"] * 3
+    node1.program(service("local", "10.96.0.60", HTTP, itp_local=True),
+                  endpoints(lab, "local", ["a1", "b1", "b2"], HTTP_EP))
+    assert {pod_of(x) for x in lab.probe("client", "10.96.0.60", 80, count=20)} == {"a1"}
+
+
+def test_scaling_changes_the_spread_with_no_failed_connection(lab, node1):
+    svc = service("scale", "10.96.0.70", HTTP)
+    node1.program(svc, endpoints(lab, "scale", ["a1"], HTTP_EP))
+    lines: list[str] = []
+    loop = threading.Thread(target=lambda: lines.extend(
+        lab.probe("client", "10.96.0.70", 80, count=600, interval=0.01)))
+    loop.start()
+    for pods in (["a1", "a2", "b1"], BACKENDS, ["b2"], ["a1", "b2"], ["a2"], BACKENDS):
+        time.sleep(0.4)
+        node1.program(svc, endpoints(lab, "scale", pods, HTTP_EP))
+    loop.join()
+    failed = [x for x in lines if pod_of(x) not in BACKENDS]
+    assert not failed, f"{len(failed)} failed connections, e.g. {failed[:3]}"
+    assert {pod_of(x) for x in lines} == set(BACKENDS)
+    after = Counter(pod_of(x) for x in lab.probe("client", "10.96.0.70", 80, count=400))
+    assert_uniform(after, BACKENDS, 400)

@@ -1,0 +1,193 @@
+"""The lab control plane behaves like a real cluster's for everything kproxy depends on.
+
+Real etcd, kube-apiserver and the real EndpointSlice controller; Nodes and Pods are written by
+kproxy_ebpf.lab.kubeobjects in place of a kubelet. No traffic is sent anywhere: all addresses
+below are only data in API objects.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+
+from kproxy_ebpf.lab import kubeobjects as ko
+from kproxy_ebpf.lab.binaries import read_versions
+from kproxy_ebpf.lab.controlplane import RELAY_ADDRESS
+
+pytestmark = pytest.mark.controlplane
+
+NODE = "kproxy-cp-test-node"
+NODE_IP = "10.250.0.11"
+ZONE = "kproxy-zone-a"
+
+
+@pytest.fixture(scope="module")
+def node(apiserver) -> Iterator[str]:
+    api, _ = apiserver
+    ko.create_node(api, NODE, NODE_IP, zone=ZONE, pod_cidr="10.244.11.0/24")
+    yield NODE
+    client.CoreV1Api(api).delete_node(NODE)
+
+
+@pytest.fixture
+def namespace(apiserver, request) -> Iterator[str]:
+    api, _ = apiserver
+    name = "kproxy-" + request.node.name.replace("_", "-")[:50].strip("-")
+    ko.ensure_namespace(api, name)
+    yield name
+    core = client.CoreV1Api(api)
+    # No namespace controller runs, so remove the contents ourselves (force: pods may be terminating).
+    for pod in core.list_namespaced_pod(name).items:
+        ko.delete_pod(api, name, pod.metadata.name, force=True)
+    for svc in core.list_namespaced_service(name).items:
+        core.delete_namespaced_service(svc.metadata.name, name)
+
+
+def make_service(api: client.ApiClient, namespace: str, name: str, selector: dict[str, str]) -> client.V1Service:
+    return client.CoreV1Api(api).create_namespaced_service(namespace, client.V1Service(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1ServiceSpec(
+            selector=selector,
+            ports=[client.V1ServicePort(name="http", port=80, target_port="http", protocol="TCP")],
+        ),
+    ))
+
+
+def endpoints_by_ip(slices: list[client.V1EndpointSlice]) -> dict[str, client.V1Endpoint]:
+    return {ep.addresses[0]: ep for ep in ko.slice_endpoints(slices)}
+
+
+def test_version_is_pinned_release(apiserver):
+    api, _ = apiserver
+    assert client.VersionApi(api).get_code().git_version == read_versions()["K8S_VERSION"]
+
+
+def test_kubernetes_service_advertises_relay_address(apiserver, controlplane):
+    api, _ = apiserver
+    svc = client.CoreV1Api(api).read_namespaced_service("kubernetes", "default")
+    assert svc.spec.cluster_ip == "10.96.0.1"
+    # The apiserver's own reconciler (not KCM) writes this slice, with the advertise address.
+    slices = ko.wait_for_slice_endpoints(api, "default", "kubernetes", 1, timeout=10)
+    (ep,) = ko.slice_endpoints(slices)
+    assert ep.addresses == [RELAY_ADDRESS]
+    assert [p.port for p in slices[0].ports] == [controlplane.api_port]
+
+
+def test_endpointslice_controller_lists_ready_pods(apiserver, node, namespace):
+    api, _ = apiserver
+    make_service(api, namespace, "echo", {"app": "echo"})
+    t0 = time.monotonic()
+    ko.create_pod(api, namespace, "echo-1", node, "10.244.11.2", {"app": "echo"}, [("http", 8080)])
+    ko.create_pod(api, namespace, "echo-2", node, "10.244.11.3", {"app": "echo"}, [("http", 8080)])
+    slices = ko.wait_for_slice_endpoints(api, namespace, "echo", 2, timeout=5, ready=True)
+    print(f"slice with 2 ready endpoints after {time.monotonic() - t0:.2f}s")
+    eps = endpoints_by_ip(slices)
+    assert set(eps) == {"10.244.11.2", "10.244.11.3"}
+    for ep in eps.values():
+        assert ep.node_name == node
+        assert ep.zone == ZONE
+        assert ep.conditions.ready and ep.conditions.serving and not ep.conditions.terminating
+    assert [(p.name, p.port, p.protocol) for p in slices[0].ports] == [("http", 8080, "TCP")]
+
+
+def test_unready_pod_is_not_ready_in_slice(apiserver, node, namespace):
+    api, _ = apiserver
+    make_service(api, namespace, "echo", {"app": "echo"})
+    ko.create_pod(api, namespace, "echo-1", node, "10.244.11.4", {"app": "echo"}, [("http", 8080)])
+    ko.create_pod(api, namespace, "echo-2", node, "10.244.11.5", {"app": "echo"}, [("http", 8080)])
+    ko.wait_for_slice_endpoints(api, namespace, "echo", 2, timeout=5, ready=True)
+
+    ko.set_pod_ready(api, namespace, "echo-1", False)
+    slices = ko.wait_for_slice_endpoints(api, namespace, "echo", 1, timeout=5, ready=True)
+    eps = endpoints_by_ip(slices)
+    assert set(eps) == {"10.244.11.4", "10.244.11.5"}
+    unready = eps["10.244.11.4"].conditions
+    assert unready.ready is False and unready.serving is False and not unready.terminating
+
+    ko.set_pod_ready(api, namespace, "echo-1", True)
+    ko.wait_for_slice_endpoints(api, namespace, "echo", 2, timeout=5, ready=True)
+
+
+def test_terminating_pod_is_terminating_and_serving_per_ready_condition(apiserver, node, namespace):
+    api, _ = apiserver
+    make_service(api, namespace, "echo", {"app": "echo"})
+    ko.create_pod(api, namespace, "ready-term", node, "10.244.11.6", {"app": "echo"}, [("http", 8080)])
+    ko.create_pod(api, namespace, "unready-term", node, "10.244.11.7", {"app": "echo"}, [("http", 8080)], ready=False)
+    ko.wait_for_slice_endpoints(api, namespace, "echo", 2, timeout=5)
+
+    ko.mark_pod_terminating(api, namespace, "ready-term")
+    ko.mark_pod_terminating(api, namespace, "unready-term")
+    pod = client.CoreV1Api(api).read_namespaced_pod("ready-term", namespace)
+    assert pod.metadata.deletion_timestamp is not None  # stays: no kubelet finishes it
+
+    deadline = time.monotonic() + 5
+    while True:
+        slices = ko.wait_for_slice_endpoints(api, namespace, "echo", 2, timeout=5)
+        eps = endpoints_by_ip(slices)
+        if all(ep.conditions.terminating for ep in eps.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    ready_term = eps["10.244.11.6"].conditions
+    unready_term = eps["10.244.11.7"].conditions
+    assert (ready_term.ready, ready_term.serving, ready_term.terminating) == (False, True, True)
+    assert (unready_term.ready, unready_term.serving, unready_term.terminating) == (False, False, True)
+
+    ko.delete_pod(api, namespace, "ready-term", force=True)
+    ko.wait_for_slice_endpoints(api, namespace, "echo", 1, timeout=5)
+
+
+def watch_services_from(api: client.ApiClient, namespace: str, resource_version: str) -> list[str]:
+    events = watch.Watch().stream(
+        client.CoreV1Api(api).list_namespaced_service, namespace,
+        resource_version=resource_version, timeout_seconds=1,  # a timeout also disables the client's 410 retry
+    )
+    return [f"{e['type']} {e['object'].metadata.name}" for e in events]
+
+
+def test_compaction_makes_old_watch_fail_with_410(apiserver, controlplane, namespace):
+    api, _ = apiserver
+    old_rv = client.CoreV1Api(api).list_namespaced_service(namespace).metadata.resource_version
+    make_service(api, namespace, "after-rv", {"app": "x"})
+    assert watch_services_from(api, namespace, old_rv) == ["ADDED after-rv"]
+
+    revision = controlplane.compact_etcd()
+    assert revision > int(old_rv)
+    with pytest.raises(ApiException) as err:
+        watch_services_from(api, namespace, old_rv)
+    assert err.value.status == 410
+
+
+def test_restart_apiserver_keeps_data_and_controllers(apiserver, controlplane, node, namespace):
+    api, _ = apiserver
+    core = client.CoreV1Api(api)
+    make_service(api, namespace, "echo", {"app": "echo"})
+    ko.create_pod(api, namespace, "echo-1", node, "10.244.11.8", {"app": "echo"}, [("http", 8080)])
+    ko.wait_for_slice_endpoints(api, namespace, "echo", 1, timeout=5, ready=True)
+    core.create_namespaced_config_map(namespace, client.V1ConfigMap(
+        metadata=client.V1ObjectMeta(name="kept"), data={"k": "v"}))
+    cm_rv = core.list_namespaced_config_map(namespace).metadata.resource_version
+    core.create_namespaced_config_map(namespace, client.V1ConfigMap(metadata=client.V1ObjectMeta(name="later")))
+    before = controlplane.pids()
+
+    seconds = controlplane.restart_apiserver()
+    print(f"apiserver ready again after {seconds:.2f}s")
+    after = controlplane.pids()
+    assert after["kube-apiserver"] != before["kube-apiserver"]
+    assert after["etcd"] == before["etcd"]
+    assert after["kube-controller-manager"] == before["kube-controller-manager"]
+
+    assert core.read_namespaced_config_map("kept", namespace).data == {"k": "v"}
+    assert core.read_namespaced_service("echo", namespace).spec.cluster_ip
+    # ConfigMaps keep the watch cache: a new cache starts at the current revision, so a watch
+    # from before the restart is too old (the production-like way to provoke 410).
+    with pytest.raises(ApiException) as err:
+        list(watch.Watch().stream(core.list_namespaced_config_map, namespace,
+                                  resource_version=cm_rv, timeout_seconds=1))
+    assert err.value.status == 410
+    # KCM reconnected and keeps reconciling.
+    ko.create_pod(api, namespace, "echo-2", node, "10.244.11.9", {"app": "echo"}, [("http", 8080)])
+    ko.wait_for_slice_endpoints(api, namespace, "echo", 2, timeout=10, ready=True)

@@ -1,0 +1,340 @@
+"""Conversion of API objects (JSON dicts) into model objects, and rejection of bad input.
+
+Conventions (as in kube-proxy's tests): Service ClusterIPs 172.30.0.0/16, pod IPs 10.0.0.0/8,
+node IPs 192.168.0.0/24, IPv6 fd00::/8. These are only data here; nothing is sent anywhere.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from kproxy_ebpf.kube.convert import (
+    DEFAULT_AFFINITY_TIMEOUT,
+    Rejection,
+    node_from_api,
+    service_from_api,
+    slice_from_api,
+)
+from kproxy_ebpf.model import (
+    Endpoint,
+    EndpointPort,
+    LoadBalancerIngress,
+    Node,
+    Protocol,
+    ServicePort,
+    ServiceType,
+)
+
+
+def svc(spec: dict[str, Any] | None = None, *, status: dict | None = None, labels: dict | None = None,
+        name: str = "web", namespace: str = "ns1") -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace, "uid": "u-1", "resourceVersion": "42"},
+        "spec": {"type": "ClusterIP", "clusterIP": "172.30.0.10", "clusterIPs": ["172.30.0.10"],
+                 "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}],
+                 **(spec or {})},
+    }
+    if labels is not None:
+        obj["metadata"]["labels"] = labels
+    if status is not None:
+        obj["status"] = status
+    return obj
+
+
+def reasons(rejections: list[Rejection]) -> list[str]:
+    return [r.reason for r in rejections]
+
+
+# ----------------------------------------------------------------------------------------------
+# Services: table of (id, API object, expected fields of the Service, expected rejection reasons)
+
+SERVICE_CASES = [
+    ("clusterip", svc(), dict(
+        namespace="ns1", name="web", type=ServiceType.CLUSTER_IP, cluster_ips=("172.30.0.10",),
+        headless=False, ports=(ServicePort("http", Protocol.TCP, 80),), session_affinity_timeout=0,
+        external_traffic_local=False, internal_traffic_local=False, resource_version="42"), []),
+    ("dual-stack keeps IPv4 only", svc({"clusterIP": "fd00::10", "clusterIPs": ["fd00::10", "172.30.0.10"],
+                                        "ipFamilies": ["IPv6", "IPv4"]}),
+     dict(cluster_ips=("172.30.0.10",), headless=False), []),
+    ("IPv6-only", svc({"clusterIP": "fd00::10", "clusterIPs": ["fd00::10"]}),
+     dict(cluster_ips=(), headless=False), ["NoIPv4ClusterIP"]),
+    ("clusterIP without clusterIPs", svc({"clusterIPs": None, "clusterIP": "172.30.0.11"}),
+     dict(cluster_ips=("172.30.0.11",)), []),
+    ("headless", svc({"clusterIP": "None", "clusterIPs": ["None"]}), dict(cluster_ips=(), headless=True), []),
+    ("headless IPv6 family", svc({"clusterIP": "None", "clusterIPs": ["None"], "ipFamilies": ["IPv6"]}),
+     dict(headless=True), []),
+    ("ExternalName", svc({"type": "ExternalName", "externalName": "example.com", "clusterIP": None,
+                          "clusterIPs": None}),
+     dict(type=ServiceType.EXTERNAL_NAME, cluster_ips=(), headless=False), []),
+    ("NodePort", svc({"type": "NodePort", "ports": [
+        {"name": "http", "port": 80, "nodePort": 30080, "protocol": "TCP"},
+        {"name": "dns", "port": 53, "nodePort": 30053, "protocol": "UDP"},
+        {"name": "sctp", "port": 9999, "nodePort": 30099, "protocol": "SCTP"}]}),
+     dict(type=ServiceType.NODE_PORT, ports=(ServicePort("http", Protocol.TCP, 80, 30080),
+                                             ServicePort("dns", Protocol.UDP, 53, 30053),
+                                             ServicePort("sctp", Protocol.SCTP, 9999, 30099))), []),
+    ("protocol defaults to TCP, unnamed port", svc({"ports": [{"port": 8080}]}),
+     dict(ports=(ServicePort("", Protocol.TCP, 8080),)), []),
+    ("LoadBalancer", svc(
+        {"type": "LoadBalancer", "externalTrafficPolicy": "Local", "healthCheckNodePort": 32000,
+         "loadBalancerSourceRanges": ["203.0.113.0/24", " 198.51.100.7/16", "2001:db8::/32"],
+         "ports": [{"port": 80, "nodePort": 30080}]},
+        status={"loadBalancer": {"ingress": [
+            {"ip": "192.0.2.1"},
+            {"hostname": "lb.example.com"},
+            {"ip": "192.0.2.2", "ipMode": "Proxy"},
+            {"ip": "2001:db8::1"},
+            {"ip": "192.0.2.3", "ipMode": "VIP", "hostname": "x"}]}}),
+     dict(type=ServiceType.LOAD_BALANCER, external_traffic_local=True, health_check_node_port=32000,
+          load_balancer_source_ranges=("203.0.113.0/24", "198.51.0.0/16"),
+          load_balancer_ingress=(LoadBalancerIngress("192.0.2.1"), LoadBalancerIngress("192.0.2.2", "Proxy"),
+                                 LoadBalancerIngress("192.0.2.3", "VIP")),
+          ports=(ServicePort("", Protocol.TCP, 80, 30080),)), []),
+    ("externalIPs IPv4 only", svc({"externalIPs": ["198.51.100.1", "2001:db8::5", "198.51.100.2"]}),
+     dict(external_ips=("198.51.100.1", "198.51.100.2")), []),
+    ("affinity ClientIP default timeout", svc({"sessionAffinity": "ClientIP"}),
+     dict(session_affinity_timeout=DEFAULT_AFFINITY_TIMEOUT), []),
+    ("affinity ClientIP explicit timeout", svc({"sessionAffinity": "ClientIP",
+                                                "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}}),
+     dict(session_affinity_timeout=60), []),
+    ("affinity None", svc({"sessionAffinity": "None"}), dict(session_affinity_timeout=0), []),
+    ("affinity bad timeout falls back to default", svc({"sessionAffinity": "ClientIP",
+                                                       "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 0}}}),
+     dict(session_affinity_timeout=DEFAULT_AFFINITY_TIMEOUT), ["InvalidSessionAffinity"]),
+    ("eTP Cluster explicit, iTP Local", svc({"externalTrafficPolicy": "Cluster", "internalTrafficPolicy": "Local"}),
+     dict(external_traffic_local=False, internal_traffic_local=True), []),
+    ("unknown traffic policy", svc({"externalTrafficPolicy": "Nearby"}),
+     dict(external_traffic_local=False), ["InvalidTrafficPolicy"]),
+    ("trafficDistribution", svc({"trafficDistribution": "PreferClose"}),
+     dict(traffic_distribution="PreferClose"), []),
+    ("labels", svc(labels={"service.kubernetes.io/service-proxy-name": "other",
+                           "service.kubernetes.io/headless": ""}),
+     dict(proxy_name="other", headless_label=True), []),
+    ("port 0 dropped, others kept", svc({"ports": [{"name": "a", "port": 0}, {"name": "b", "port": 81}]}),
+     dict(ports=(ServicePort("b", Protocol.TCP, 81),)), ["InvalidPort"]),
+    ("port 70000 dropped", svc({"ports": [{"name": "a", "port": 70000}, {"name": "b", "port": 81}]}),
+     dict(ports=(ServicePort("b", Protocol.TCP, 81),)), ["InvalidPort"]),
+    ('port "abc" dropped', svc({"ports": [{"name": "a", "port": "abc"}, {"name": "b", "port": 81}]}),
+     dict(ports=(ServicePort("b", Protocol.TCP, 81),)), ["InvalidPort"]),
+    ("port true is not a number", svc({"ports": [{"port": True}]}), dict(ports=()), ["InvalidPort"]),
+    ("unknown protocol dropped", svc({"ports": [{"port": 80, "protocol": "QUIC"}, {"port": 81}]}),
+     dict(ports=(ServicePort("", Protocol.TCP, 81),)), ["InvalidProtocol"]),
+    ("port entry not an object", svc({"ports": ["80", None, {"port": 81}]}),
+     dict(ports=(ServicePort("", Protocol.TCP, 81),)), ["InvalidPort", "InvalidPort"]),
+    ("ports not a list", svc({"ports": {"port": 80}}), dict(ports=()), ["InvalidPort"]),
+    ("bad nodePort ignored, port kept", svc({"type": "NodePort", "ports": [{"port": 80, "nodePort": -1}]}),
+     dict(ports=(ServicePort("", Protocol.TCP, 80, 0),)), ["InvalidPort"]),
+    ("garbage clusterIP", svc({"clusterIP": "not-an-ip", "clusterIPs": ["not-an-ip"]}),
+     dict(cluster_ips=()), ["InvalidClusterIP", "NoIPv4ClusterIP"]),
+    ("garbage externalIP", svc({"externalIPs": ["1.2.3", 7]}), dict(external_ips=()), ["InvalidIP", "InvalidIP"]),
+    ("garbage source range", svc({"loadBalancerSourceRanges": ["10.0.0.0/33"]}),
+     dict(load_balancer_source_ranges=()), ["InvalidSourceRange"]),
+    ("garbage LB ingress", svc(status={"loadBalancer": {"ingress": ["x", {"ip": "nope"}]}}),
+     dict(load_balancer_ingress=()), ["InvalidIP", "InvalidIP"]),
+    ("garbage types in status and labels", svc(status="weird", labels={"a": 1, 2: "b"}),
+     dict(load_balancer_ingress=(), proxy_name=None), []),
+    ("namespace defaults like kubectl", svc(namespace=None), dict(namespace="default"), []),
+]
+
+
+@pytest.mark.parametrize("obj,expected,want_reasons",
+                         [c[1:] for c in SERVICE_CASES], ids=[c[0] for c in SERVICE_CASES])
+def test_service_from_api(obj, expected, want_reasons):
+    before = copy.deepcopy(obj)
+    service, rejections = service_from_api(obj)
+    assert obj == before, "conversion must not modify its input"
+    assert service is not None
+    for field_name, value in expected.items():
+        assert getattr(service, field_name) == value, field_name
+    assert reasons(rejections) == want_reasons
+    for r in rejections:
+        assert (r.kind, r.namespace, r.name, r.uid) == ("Service", service.namespace, "web", "u-1")
+        assert r.message
+
+
+def test_rejection_messages_name_the_field_and_value():
+    _, rejections = service_from_api(svc({"ports": [{"name": "a", "port": "abc"}]}))
+    assert len(rejections) == 1
+    assert "spec.ports[0].port" in rejections[0].message and "'abc'" in rejections[0].message
+    assert str(rejections[0]).startswith("Service ns1/web: InvalidPort: ")
+
+
+REJECTED_SERVICES = [
+    ("not an object", ["svc"], "InvalidObject"),
+    ("missing metadata", {"spec": {"clusterIP": "172.30.0.1"}}, "InvalidMetadata"),
+    ("metadata not an object", {"metadata": "web", "spec": {}}, "InvalidMetadata"),
+    ("missing name", {"metadata": {"namespace": "ns1"}, "spec": {}}, "InvalidMetadata"),
+    ("name not a string", {"metadata": {"name": 5}, "spec": {}}, "InvalidMetadata"),
+    ("missing spec", {"metadata": {"name": "web"}}, "InvalidSpec"),
+    ("spec not an object", {"metadata": {"name": "web"}, "spec": [1, 2]}, "InvalidSpec"),
+    ("unknown type", svc({"type": "Magic"}), "InvalidServiceType"),
+    ("unhashable type", svc({"type": {"a": 1}}), "InvalidServiceType"),
+]
+
+
+@pytest.mark.parametrize("obj,reason", [c[1:] for c in REJECTED_SERVICES], ids=[c[0] for c in REJECTED_SERVICES])
+def test_service_rejected_whole(obj, reason):
+    service, rejections = service_from_api(obj)
+    assert service is None
+    assert reasons(rejections) == [reason]
+
+
+# ----------------------------------------------------------------------------------------------
+# EndpointSlices
+
+def eps(endpoints: list | None = None, ports: list | None = None, *, address_type: str = "IPv4",
+        labels: dict | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": "web-abc12", "namespace": "ns1", "resourceVersion": "7", "uid": "s-1",
+                     "labels": {"kubernetes.io/service-name": "web"} if labels is None else labels},
+        "addressType": address_type,
+        "ports": [{"name": "http", "protocol": "TCP", "port": 8080}] if ports is None else ports,
+        "endpoints": [{"addresses": ["10.0.1.5"], "conditions": {"ready": True, "serving": True,
+                                                                  "terminating": False},
+                       "nodeName": "node-a", "zone": "zone-1"}] if endpoints is None else endpoints,
+    }
+
+
+SLICE_CASES = [
+    ("normal", eps(), dict(
+        namespace="ns1", name="web-abc12", service_name="web", address_type="IPv4", resource_version="7",
+        ports=(EndpointPort("http", Protocol.TCP, 8080),),
+        endpoints=(Endpoint(("10.0.1.5",), ready=True, serving=True, terminating=False, node_name="node-a",
+                            zone="zone-1"),)), []),
+    ("no service-name label", eps(labels={}), dict(service_name=None), []),
+    ("unnamed port keeps name None, protocol defaults", eps(ports=[{"port": 8080}]),
+     dict(ports=(EndpointPort(None, Protocol.TCP, 8080),)), []),
+    ("named and unnamed ports", eps(ports=[{"name": "", "port": 80, "protocol": "UDP"},
+                                           {"name": "metrics", "port": 9090}]),
+     dict(ports=(EndpointPort("", Protocol.UDP, 80), EndpointPort("metrics", Protocol.TCP, 9090))), []),
+    ("port absent stays None", eps(ports=[{"name": "http"}]), dict(ports=(EndpointPort("http", Protocol.TCP, None),)), []),
+    ("ports null", eps(ports=None) | {"ports": None}, dict(ports=()), []),
+    ("bad port dropped", eps(ports=[{"name": "a", "port": "x"}, {"name": "b", "port": 99999},
+                                    {"name": "c", "port": 81, "protocol": "ICMP"}, {"name": "d", "port": 82}]),
+     dict(ports=(EndpointPort("d", Protocol.TCP, 82),)), ["InvalidPort", "InvalidPort", "InvalidProtocol"]),
+    ("unset conditions stay None", eps([{"addresses": ["10.0.1.6"]}, {"addresses": ["10.0.1.7"], "conditions": {}},
+                                        {"addresses": ["10.0.1.8"], "conditions": {"ready": False}}]),
+     dict(endpoints=(Endpoint(("10.0.1.6",)), Endpoint(("10.0.1.7",)), Endpoint(("10.0.1.8",), ready=False))), []),
+    ("serving-terminating", eps([{"addresses": ["10.0.1.6"],
+                                  "conditions": {"ready": False, "serving": True, "terminating": True}}]),
+     dict(endpoints=(Endpoint(("10.0.1.6",), ready=False, serving=True, terminating=True),)), []),
+    ("hints", eps([{"addresses": ["10.0.1.6"], "hints": {"forZones": [{"name": "zone-1"}, {"name": "zone-2"}],
+                                                         "forNodes": [{"name": "node-a"}]}}]),
+     dict(endpoints=(Endpoint(("10.0.1.6",), hint_zones=("zone-1", "zone-2"), hint_nodes=("node-a",)),)), []),
+    ("IPv6 slice converts without rejection", eps([{"addresses": ["fd00::5"], "conditions": {"ready": True}}],
+                                                 address_type="IPv6"),
+     dict(address_type="IPv6", endpoints=(Endpoint(("fd00::5",), ready=True),)), []),
+    ("FQDN slice", eps([{"addresses": ["db.example.com"]}], address_type="FQDN"),
+     dict(address_type="FQDN", endpoints=(Endpoint(("db.example.com",)),)), []),
+    ("bad address in IPv4 slice drops the endpoint", eps([{"addresses": ["fd00::5"]}, {"addresses": ["10.0.1.9"]}]),
+     dict(endpoints=(Endpoint(("10.0.1.9",)),)), ["InvalidEndpoint"]),
+    ("garbage endpoints", eps(["x", {"addresses": "10.0.0.1"}, {"addresses": [1]},
+                               {"addresses": ["10.0.1.9"], "conditions": {"ready": "yes"}, "hints": "no",
+                                "nodeName": 3}]),
+     dict(endpoints=(Endpoint(("10.0.1.9",)),)), ["InvalidEndpoint"] * 4),
+    ("no endpoints", eps([]) | {"endpoints": None}, dict(endpoints=()), []),
+]
+
+
+@pytest.mark.parametrize("obj,expected,want_reasons", [c[1:] for c in SLICE_CASES], ids=[c[0] for c in SLICE_CASES])
+def test_slice_from_api(obj, expected, want_reasons):
+    before = copy.deepcopy(obj)
+    eps_obj, rejections = slice_from_api(obj)
+    assert obj == before
+    assert eps_obj is not None
+    for field_name, value in expected.items():
+        assert getattr(eps_obj, field_name) == value, field_name
+    assert reasons(rejections) == want_reasons
+    assert all(r.kind == "EndpointSlice" and r.name == "web-abc12" for r in rejections)
+
+
+@pytest.mark.parametrize("obj,reason", [
+    ({"addressType": "IPv4"}, "InvalidMetadata"),
+    ({"metadata": {"name": "s"}}, "InvalidAddressType"),
+    ({"metadata": {"name": "s"}, "addressType": 4}, "InvalidAddressType"),
+    (None, "InvalidObject"),
+], ids=["missing metadata", "missing addressType", "addressType not a string", "null"])
+def test_slice_rejected_whole(obj, reason):
+    eps_obj, rejections = slice_from_api(obj)
+    assert eps_obj is None
+    assert reasons(rejections) == [reason]
+
+
+# ----------------------------------------------------------------------------------------------
+# Nodes
+
+NODE_CASES = [
+    ("addresses: InternalIP first, IPv4 only",
+     {"metadata": {"name": "node-a", "labels": {"topology.kubernetes.io/zone": "zone-1", "kubernetes.io/os": "linux"}},
+      "status": {"addresses": [{"type": "Hostname", "address": "node-a"},
+                               {"type": "ExternalIP", "address": "203.0.113.9"},
+                               {"type": "InternalIP", "address": "fd00::a"},
+                               {"type": "InternalIP", "address": "192.168.0.2"},
+                               {"type": "InternalIP", "address": "192.168.0.3"}]}},
+     Node("node-a", ("192.168.0.2", "192.168.0.3", "203.0.113.9"), "zone-1",
+          (("kubernetes.io/os", "linux"), ("topology.kubernetes.io/zone", "zone-1")))),
+    ("no zone, no addresses", {"metadata": {"name": "node-b"}}, Node("node-b")),
+    ("garbage", {"metadata": {"name": 1, "labels": "x"}, "status": {"addresses": [None, {"type": "InternalIP"}]}},
+     Node("")),
+    ("not an object", "node", Node("")),
+]
+
+
+@pytest.mark.parametrize("obj,expected", [c[1:] for c in NODE_CASES], ids=[c[0] for c in NODE_CASES])
+def test_node_from_api(obj, expected):
+    assert node_from_api(obj) == expected
+
+
+# ----------------------------------------------------------------------------------------------
+# Robustness: no input may make conversion raise.
+
+GARBAGE = [None, 0, -1, 1.5, True, "", "x", [], [None], {}, {"a": None}, [[[]]], {"name": {}}]
+
+
+def _mutations(obj: Any, path: tuple = ()):
+    """Yield (path, copy of obj with the value at path replaced by each garbage value)."""
+    if isinstance(obj, dict):
+        items = list(obj.items())
+    elif isinstance(obj, list):
+        items = list(enumerate(obj))
+    else:
+        return
+    for key, value in items:
+        for junk in GARBAGE:
+            mutated = copy.deepcopy(obj)
+            mutated[key] = junk
+            yield path + (key,), mutated
+        for sub_path, sub in _mutations(value, path + (key,)):
+            mutated = copy.deepcopy(obj)
+            mutated[key] = sub
+            yield sub_path, mutated
+
+
+@pytest.mark.parametrize("convert,template", [
+    (service_from_api, svc({"type": "LoadBalancer", "sessionAffinity": "ClientIP",
+                            "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 30}},
+                            "externalIPs": ["198.51.100.1"], "loadBalancerSourceRanges": ["10.0.0.0/8"],
+                            "ports": [{"name": "a", "port": 80, "nodePort": 30000, "protocol": "UDP"}]},
+                           status={"loadBalancer": {"ingress": [{"ip": "192.0.2.1", "ipMode": "VIP"}]}},
+                           labels={"service.kubernetes.io/headless": ""})),
+    (slice_from_api, eps([{"addresses": ["10.0.1.5"], "conditions": {"ready": True}, "nodeName": "n",
+                           "zone": "z", "hints": {"forZones": [{"name": "z"}], "forNodes": [{"name": "n"}]}}])),
+    (node_from_api, {"metadata": {"name": "n", "labels": {"a": "b"}},
+                     "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.2"}]}}),
+], ids=["service", "slice", "node"])
+def test_garbage_anywhere_never_raises(convert, template):
+    count = 0
+    for path, mutated in _mutations(template):
+        result = convert(mutated)   # must not raise
+        if convert is not node_from_api:
+            obj, rejections = result
+            assert obj is not None or rejections, f"{path}: None without a reason"
+            assert all(isinstance(r, Rejection) and r.reason and r.message for r in rejections)
+        count += 1
+    assert count > 100
