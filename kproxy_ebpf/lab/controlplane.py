@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -68,6 +69,16 @@ class _Proc:
     popen: subprocess.Popen[bytes]
     log: IO[bytes]
     log_path: Path
+    log_offset: int  # where this run's output starts in the (appended) log
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.log_offset)
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
 
 
 class ControlPlane:
@@ -161,6 +172,8 @@ class ControlPlane:
                 self.stop()
                 if attempt == START_ATTEMPTS or fixed_api_port is not None:
                     raise
+                # A fresh member on new ports: do not reuse the half-started etcd's data.
+                shutil.rmtree(self.workdir / "etcd", ignore_errors=True)
             except BaseException:
                 self.stop()
                 raise
@@ -291,6 +304,7 @@ class ControlPlane:
     def _spawn(self, name: str, args: list[str]) -> None:
         log_path = self.workdir / "logs" / f"{name}.log"
         log = open(log_path, "ab")
+        offset = log.tell()
         log.write(f"==== {time.strftime('%H:%M:%S')} starting {name}\n".encode())
         log.flush()
         try:
@@ -303,7 +317,7 @@ class ControlPlane:
         except BaseException:
             log.close()
             raise
-        self._procs[name] = _Proc(name, popen, log, log_path)
+        self._procs[name] = _Proc(name, popen, log, log_path, offset)
 
     def _stop_proc(self, name: str) -> None:
         proc = self._procs.pop(name, None)
@@ -328,7 +342,7 @@ class ControlPlane:
         while True:
             proc = self._procs[name]
             if proc.popen.poll() is not None:
-                tail = _tail(proc.log_path)
+                tail = proc.tail()
                 if "address already in use" in tail:
                     raise _PortInUse(f"{name}: port collision, log {proc.log_path}:\n{tail}")
                 raise ControlPlaneError(
@@ -343,7 +357,7 @@ class ControlPlane:
             if time.monotonic() > deadline:
                 raise ControlPlaneError(
                     f"{name} not ready after {READY_TIMEOUT:.0f}s ({last_error}); "
-                    f"log {proc.log_path}:\n{_tail(proc.log_path)}"
+                    f"log {proc.log_path}:\n{proc.tail()}"
                 )
             time.sleep(0.1)
         self.startup_seconds[name] = time.monotonic() - t0
@@ -384,9 +398,3 @@ class ControlPlane:
         with urllib.request.urlopen(req, timeout=10) as r:
             return json.load(r)
 
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""

@@ -110,8 +110,8 @@ class ExternalInfo:
 class Target:
     """Where a command runs: a netns plus the cgroup its processes join."""
 
-    label: str  # "pod/<name>", "node/<name>", "ext" or "net"
-    netns: str
+    label: str  # "pod/<name>", "node/<name>", "ext", "net" or "host"
+    netns: str | None  # None: the host namespace
     cgroup: str
 
 
@@ -244,13 +244,18 @@ class Lab:
                             cgroup=os.path.join(self.cgroup, "ext"))
 
     def target(self, target: str) -> Target:
-        """Resolve "net", "ext", "node/<n>", "pod/<p>", or a bare node or pod name."""
+        """Resolve "net", "ext", "host", "node/<n>", "pod/<p>", or a bare node or pod name.
+
+        "host" is the machine's own network namespace (loopback only: the control plane and
+        the relay run there) in the lab cgroup kproxy-<lab>/host, so down() still finds them."""
         st = self._snapshot()
         kind, _, name = target.partition("/")
         if not name:
             kind, name = "", target
         if target == "net":
             return Target("net", self.net_netns, os.path.join(self.cgroup, "net"))
+        if target == "host":
+            return Target("host", None, os.path.join(self.cgroup, "host"))
         if target in ("ext", "external"):
             ext = self.external()
             return Target("ext", ext.netns, ext.cgroup)
@@ -320,6 +325,7 @@ class Lab:
                   netns=net)
         nsutil.ip("link", "set", "br0", "up", netns=net)
         self._cg(st, os.path.join(self.cgroup, "net"))
+        self._cg(st, os.path.join(self.cgroup, "host"))
 
     def _attach_to_bridge(self, port: str, netns: str, ip: str) -> None:
         """veth `port` on br0 in the underlay, peer `eth0` with `ip` in `netns`."""
@@ -513,6 +519,19 @@ class Lab:
         <state dir>/logs/<name>.log."""
         with self._txn() as st:
             return self._spawn(st, target, argv, name, env, cwd)
+
+    def adopt(self, pid: int, name: str, log: str, target: str = "host") -> ProcRec:
+        """Record a process started elsewhere (the control plane starts its own) so kill()
+        and down() stop it; it moves into the target's cgroup so a leftover is found too."""
+        t = self.target(target)
+        cgroups.move(pid, t.cgroup, self.cgroup_root)
+        argv, start = procs._cmdline(pid), procs.read_starttime(pid)
+        if argv is None or start is None:
+            raise LabError(f"pid {pid} ({name}) is not running")
+        rec = ProcRec(pid=pid, argv=argv, starttime=start, target=t.label, log=log, name=name)
+        with self._txn() as st:
+            st.procs[pid] = rec
+        return rec
 
     def kill(self, pid: int, grace: float = 3.0) -> str:
         """Stop a process this lab recorded (never an unrecorded pid); see

@@ -1,0 +1,185 @@
+"""`kproxy-ebpf lab ...`: the local simulated cluster, as used by tests, the demo and benchmarks.
+The command names and output formats are an interface (tests parse them): keep them stable."""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from .nsutil import LabError
+
+LAB_OPTION = click.option("--lab", "lab_name", default="lab", envvar="KPROXY_LAB",
+                          show_default=True, help="Lab name (prefix of everything it makes).")
+
+
+def _cluster(lab_name: str):
+    from .cluster import Cluster
+
+    return Cluster(lab_name)
+
+
+def _target(pod: str | None, node: str | None, external: bool) -> str:
+    chosen = [t for t in (pod and f"pod/{pod}", node and f"node/{node}", external and "ext") if t]
+    if len(chosen) != 1:
+        raise click.UsageError("give exactly one of --pod, --node, --external")
+    return chosen[0]
+
+
+def _where(f):
+    f = click.option("--external", is_flag=True, help="The external client namespace.")(f)
+    f = click.option("--node", help="A node's host network (and its host cgroup).")(f)
+    return click.option("--pod", help="A pod (its namespace and cgroup).")(f)
+
+
+@click.group()
+def lab() -> None:
+    """The local lab: nodes and pods as network namespaces, a real control plane."""
+
+
+@lab.command()
+@LAB_OPTION
+@click.option("--nodes", default=2, show_default=True, type=click.IntRange(1, 20))
+@click.option("--proxy", type=click.Choice(["kproxy", "iptables", "nftables", "none"]),
+              default="kproxy", show_default=True,
+              help="Proxy per node: our agent, or upstream kube-proxy as the baseline.")
+@click.option("--build", is_flag=True, help="Build missing control-plane binaries (tools/k8s).")
+def up(lab_name: str, nodes: int, proxy: str, build: bool) -> None:
+    """Bring up the control plane, the nodes and one proxy per node."""
+    c = _cluster(lab_name)
+    try:
+        c.up(nodes=nodes, proxy=proxy, build=build, log=lambda m: click.echo(f"lab up: {m}"))
+    except LabError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"lab {lab_name} is up; kubeconfig: {c.info.admin_kubeconfig}")
+
+
+@lab.command()
+@LAB_OPTION
+def down(lab_name: str) -> None:
+    """Remove everything the lab made (processes, namespaces, cgroups, pins, state)."""
+    problems = _cluster(lab_name).down()
+    for p in problems:
+        click.echo(f"lab down: {p}", err=True)
+    if problems:
+        sys.exit(1)
+    click.echo(f"lab {lab_name} is down")
+
+
+@lab.command()
+@LAB_OPTION
+def status(lab_name: str) -> None:
+    """Nodes, pods and processes of the lab, as JSON."""
+    c = _cluster(lab_name)
+    if not c.lab.exists():
+        raise click.ClickException(f"lab {lab_name} is not up")
+    st = c.lab.status()
+    try:
+        st["cluster"] = c.info.__dict__
+    except LabError:
+        pass
+    click.echo(json.dumps(st, indent=2))
+
+
+@lab.command()
+@LAB_OPTION
+def kubeconfig(lab_name: str) -> None:
+    """Print the path of the admin kubeconfig (for kubectl, helm, tests)."""
+    try:
+        click.echo(_cluster(lab_name).info.admin_kubeconfig)
+    except LabError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@lab.group()
+def pod() -> None:
+    """Pods: a Pod object plus a namespace, a cgroup and an echo server."""
+
+
+def _ports(text: str) -> tuple[tuple[str, int], ...]:
+    out = []
+    for item in filter(None, text.split(",")):
+        proto, _, port = item.partition(":")
+        if proto not in ("tcp", "udp") or not port.isdigit():
+            raise click.BadParameter(f"{item!r}: use tcp:PORT or udp:PORT")
+        out.append((proto, int(port)))
+    return tuple(out)
+
+
+def _labels(text: str) -> dict[str, str]:
+    pairs = [p.split("=", 1) for p in filter(None, text.split(","))]
+    if any(len(p) != 2 for p in pairs):
+        raise click.BadParameter("use k=v,k2=v2")
+    return dict(pairs)  # type: ignore[arg-type]
+
+
+@pod.command("create")
+@LAB_OPTION
+@click.argument("name")
+@click.option("--node", required=True)
+@click.option("--labels", default="", help="k=v,k2=v2")
+@click.option("--ports", default="tcp:8080,udp:5353", show_default=True)
+@click.option("--not-ready", is_flag=True, help="Create the Pod with Ready=False.")
+def pod_create(lab_name, name, node, labels, ports, not_ready) -> None:
+    try:
+        p = _cluster(lab_name).create_pod(name, node, _labels(labels), _ports(ports),
+                                          ready=not not_ready)
+    except LabError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"pod {p.name} on {p.node}: {p.ip}")
+
+
+@pod.command("delete")
+@LAB_OPTION
+@click.argument("name")
+def pod_delete(lab_name, name) -> None:
+    _cluster(lab_name).delete_pod(name)
+    click.echo(f"pod {name} deleted")
+
+
+@lab.command(context_settings={"ignore_unknown_options": True})
+@LAB_OPTION
+@_where
+@click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
+def exec(lab_name, pod, node, external, cmd) -> None:  # noqa: A001 - the command's name
+    """Run CMD in a pod, on a node's host network, or in the external client."""
+    c = _cluster(lab_name)
+    try:
+        rc = c.lab.exec(_target(pod, node, external), list(cmd)).returncode
+    except LabError as exc:
+        raise click.ClickException(str(exc)) from exc
+    sys.exit(rc)
+
+
+@lab.command()
+@LAB_OPTION
+@_where
+@click.argument("address", metavar="ADDR:PORT")
+@click.option("--udp", is_flag=True)
+@click.option("--count", default=1, show_default=True, type=click.IntRange(1))
+@click.option("--timeout", default=1.0, show_default=True, type=float)
+@click.option("--interval", default=0.0, show_default=True, type=float)
+def probe(lab_name, pod, node, external, address, udp, count, timeout, interval) -> None:
+    """One line per attempt: the server's line, REFUSED, TIMEOUT or ERROR <errno>."""
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        raise click.BadParameter("ADDR:PORT")
+    c = _cluster(lab_name)
+    lines = c.lab.probe(_target(pod, node, external), host.strip("[]"), int(port), udp=udp,
+                        count=count, timeout=timeout, interval=interval)
+    for line in lines:
+        click.echo(line)
+    sys.exit(0 if all(not line.startswith(("REFUSED", "TIMEOUT", "ERROR", "WRONG"))
+                      for line in lines) else 1)
+
+
+@lab.command()
+@LAB_OPTION
+@click.option("--keep", is_flag=True, help="Leave the lab up (remove it with `lab down`).")
+def demo(lab_name: str, keep: bool) -> None:
+    """Two nodes with kproxy, two pods behind a Service, reached through its ClusterIP."""
+    from .demo import run_demo
+
+    ok = run_demo(_cluster(lab_name), keep=keep, echo=click.echo)
+    sys.exit(0 if ok else 1)
+

@@ -1,0 +1,201 @@
+"""The lab as a Kubernetes cluster: the namespace network (network.py), a real control plane
+(controlplane.py) on the host's loopback, the relay that gives it a lab address, a Node object
+per simulated node, Pod objects for lab pods, and one proxy per node: our agent, or upstream
+kube-proxy in iptables or nftables mode as the baseline.
+
+Every process is recorded in the lab's state, so a later `lab down` (another process) stops
+exactly what this one started, and `down()` after any failure leaves nothing behind.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from . import kubeobjects
+from .binaries import ensure_binaries
+from .controlplane import ControlPlane, free_ports
+from .network import CONTROL_PLANE_IP, Lab, PodInfo, pod_cidr
+from .nsutil import LabError
+
+PROXIES = ("kproxy", "iptables", "nftables", "none")
+NAMESPACE = "default"
+
+
+def _zone(index: int) -> str:
+    """Nodes alternate between two zones, so topology hints have something to choose."""
+    return f"zone-{'ab'[(index - 1) % 2]}"
+
+
+@dataclass
+class ClusterInfo:
+    proxy: str
+    api_port: int
+    admin_kubeconfig: str
+    lab_kubeconfig: str
+
+    @classmethod
+    def load(cls, path: Path) -> ClusterInfo:
+        return cls(**json.loads(path.read_text()))
+
+
+class Cluster:
+    def __init__(self, name: str = "lab"):
+        self.lab = Lab(name)
+        self.dir = Path(self.lab.state_dir)
+        self.cp_dir = self.dir / "controlplane"
+        self._api = None
+
+    # -- what a later invocation needs ---------------------------------------------------------
+    @property
+    def info(self) -> ClusterInfo:
+        path = self.dir / "cluster.json"
+        if not path.exists():
+            raise LabError(f"lab {self.lab.name!r} has no control plane (run `lab up`)")
+        return ClusterInfo.load(path)
+
+    def api(self):
+        """A kubernetes ApiClient on the admin kubeconfig (host loopback)."""
+        if self._api is None:
+            from kubernetes import config
+
+            self._api = config.new_client_from_config(self.info.admin_kubeconfig)
+        return self._api
+
+    # -- up / down -----------------------------------------------------------------------------
+    def up(self, nodes: int = 2, proxy: str = "kproxy", build: bool = False,
+           log=lambda msg: None) -> None:
+        if proxy not in PROXIES:
+            raise LabError(f"--proxy must be one of {', '.join(PROXIES)}")
+        if self.lab.exists():
+            raise LabError(f"lab {self.lab.name!r} exists: `lab down` first")
+        try:
+            bin_dir = ensure_binaries(build=build)
+            log(f"network: {nodes} nodes, external client")
+            self.lab.up(nodes=nodes, external=True)
+            log("control plane: etcd, kube-apiserver, kube-controller-manager")
+            self._control_plane(bin_dir, proxy)
+            api = self.api()
+            kubeobjects.ensure_namespace(api, NAMESPACE)
+            for node in self.lab.nodes():
+                kubeobjects.create_node(api, node.name, node.ip, zone=_zone(node.index),
+                                        pod_cidr=pod_cidr(node.index))
+            for node in self.lab.nodes():
+                self.start_proxy(node.name)
+            log(f"proxies: {proxy} on {', '.join(n.name for n in self.lab.nodes())}")
+            for node in self.lab.nodes():
+                self.wait_proxy_healthy(node.name)
+        except BaseException:
+            self.down()
+            raise
+
+    def _control_plane(self, bin_dir: Path, proxy: str) -> None:
+        # The relay listens on the API server's own port, so the `kubernetes` Service's
+        # endpoint (advertise address : secure port) is reachable from lab nodes too.
+        port = free_ports(1)[0]
+        cp = ControlPlane(self.cp_dir, bin_dir, api_port=port,
+                          lab_server=f"https://{CONTROL_PLANE_IP}:{port}")
+        try:
+            cp.start()
+        finally:
+            # Recorded even if start() failed half-way, so down() stops what did start.
+            for name, pid in cp.pids().items():
+                self.lab.adopt(pid, name, str(self.cp_dir / "logs" / f"{name}.log"))
+        self.lab.spawn("host", [sys.executable, "-m", "kproxy_ebpf.lab.relay",
+                                "--netns", self.lab.net_netns,
+                                "--listen", f"{CONTROL_PLANE_IP}:{port}",
+                                "--to", f"127.0.0.1:{cp.api_port}"], "relay")
+        (self.dir / "cluster.json").write_text(json.dumps({
+            "proxy": proxy, "api_port": cp.api_port,
+            "admin_kubeconfig": str(cp.admin_kubeconfig),
+            "lab_kubeconfig": str(cp.lab_kubeconfig)}))
+
+    def down(self) -> list[str]:
+        """Removes everything; returns what could not be removed (empty when clean)."""
+        self._api = None
+        report = self.lab.down()
+        return list(report.problems)
+
+    # -- proxies -------------------------------------------------------------------------------
+    def proxy_name(self, node: str) -> str:
+        return f"proxy-{node}"
+
+    def start_proxy(self, node: str, mode: str | None = None) -> int:
+        mode = mode or self.info.proxy
+        if mode == "none":
+            return 0
+        info = self.lab.node(node)
+        if mode == "kproxy":
+            argv = [sys.executable, "-m", "kproxy_ebpf.cli", "run",
+                    "--kubeconfig", self.info.lab_kubeconfig, "--hostname-override", node,
+                    "--cgroup", info.cgroup, "--bpffs-dir", info.bpffs,
+                    "--healthz-bind-address", "0.0.0.0:10256",
+                    "--metrics-bind-address", "127.0.0.1:10249"]
+        else:
+            argv = [str(ensure_binaries(build=False) / "kube-proxy"),
+                    f"--config={self._kube_proxy_config(node, mode)}"]
+        return self.lab.spawn(f"node/{node}", argv, self.proxy_name(node)).pid
+
+    def stop_proxy(self, node: str, hard: bool = False) -> None:
+        for pid, rec in self.lab.status()["procs"].items():
+            if rec["name"] == self.proxy_name(node) and rec["status"] == "running":
+                if hard:
+                    os.kill(int(pid), 9)
+                self.lab.kill(int(pid))
+
+    def _kube_proxy_config(self, node: str, mode: str) -> Path:
+        """kube-proxy's KubeProxyConfiguration for a lab node (flags are ignored with --config).
+        conntrack sizes 0: a child namespace cannot write nf_conntrack_max."""
+        cfg = {
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
+            "clientConnection": {"kubeconfig": self.info.lab_kubeconfig, "qps": 100, "burst": 200},
+            "hostnameOverride": node, "mode": mode, "clusterCIDR": "10.244.0.0/16",
+            "healthzBindAddress": "0.0.0.0:10256", "metricsBindAddress": "127.0.0.1:10249",
+            "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s",
+                          "tcpCloseWaitTimeout": "0s"},
+            "iptables": {"localhostNodePorts": False, "minSyncPeriod": "1s", "syncPeriod": "30s"},
+            "nftables": {"minSyncPeriod": "1s", "syncPeriod": "30s"},
+        }
+        path = self.dir / f"kube-proxy-{node}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
+    def wait_proxy_healthy(self, node: str, timeout: float = 60) -> None:
+        """Polls the proxy's /healthz from inside the node's namespace."""
+        if self.info.proxy == "none":
+            return
+        script = ("import urllib.request,sys\n"
+                  "try:\n urllib.request.urlopen('http://127.0.0.1:10256/healthz', timeout=1)\n"
+                  "except Exception as e: sys.exit(1)\n")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.lab.exec(f"node/{node}", [sys.executable, "-c", script],
+                             capture_output=True).returncode == 0:
+                return
+            time.sleep(0.3)
+        raise LabError(f"the proxy on {node} is not healthy after {timeout:.0f}s; see "
+                       f"{self.lab.log_path(self.proxy_name(node))}")
+
+    # -- pods ----------------------------------------------------------------------------------
+    def create_pod(self, name: str, node: str, labels: dict[str, str] | None = None,
+                   ports: tuple[tuple[str, int], ...] = (("tcp", 8080), ("udp", 5353)),
+                   ready: bool = True) -> PodInfo:
+        pod = self.lab.create_pod(name, node, ports=ports, labels=labels or {})
+        try:
+            kubeobjects.create_pod(
+                self.api(), NAMESPACE, name, node, pod.ip, labels or {},
+                [(f"{proto}-{port}", port, proto.upper()) for proto, port in ports],
+                ready=ready, host_ip=self.lab.node(node).ip)
+        except BaseException:
+            self.lab.delete_pod(name)
+            raise
+        return pod
+
+    def delete_pod(self, name: str) -> None:
+        kubeobjects.delete_pod(self.api(), NAMESPACE, name, force=True)
+        self.lab.delete_pod(name)

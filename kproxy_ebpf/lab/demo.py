@@ -1,0 +1,79 @@
+"""`make demo`: the main job, end to end, on the built-in lab.
+
+A 2-node lab with kproxy on each node; pods web-1 (node1) and web-2 (node2) behind Service
+`web`; a client pod on node2 connects to the ClusterIP and prints what answered. The lab is
+removed at the end unless --keep.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from kubernetes import client
+
+from .cluster import NAMESPACE, Cluster
+
+
+def _service(api, name: str, selector: dict[str, str]) -> str:
+    body = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+            "spec": {"selector": selector, "ports": [
+                {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"},
+                {"name": "dns", "port": 53, "targetPort": 5353, "protocol": "UDP"}]}}
+    svc = client.CoreV1Api(api).create_namespaced_service(NAMESPACE, body)
+    return svc.spec.cluster_ip
+
+
+def _wait(pred: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def run_demo(c: Cluster, keep: bool, echo: Callable[[str], None]) -> bool:
+    ok = False
+    try:
+        c.up(nodes=2, proxy="kproxy", log=lambda m: echo(f"lab up: {m}"))
+        for name, node in (("web-1", "node1"), ("web-2", "node2")):
+            p = c.create_pod(name, node, labels={"app": "web"})
+            echo(f"pod {name} on {node}: {p.ip}")
+        c.create_pod("client", "node2")
+        ip = _service(c.api(), "web", {"app": "web"})
+        echo(f"service default/web: ClusterIP {ip} (80/TCP -> 8080, 53/UDP -> 5353)")
+
+        bpffs = c.lab.node("node2").bpffs
+        services = [sys.executable, "-m", "kproxy_ebpf.cli", "services", "--bpffs-dir", bpffs]
+
+        def programmed() -> bool:
+            out = subprocess.run(services + ["-o", "json"], capture_output=True, text=True)
+            return out.returncode == 0 and '"default/web:http"' in out.stdout and \
+                out.stdout.count('"state": "ready') >= 4
+        if not _wait(programmed, 30):
+            echo("the service was not programmed on node2 within 30 s")
+            return False
+        echo(f"\n$ kproxy-ebpf services --bpffs-dir {bpffs}")
+        echo(subprocess.run(services, capture_output=True, text=True).stdout)
+
+        echo(f"$ kproxy-ebpf lab probe --pod client {ip}:80 --count 10   (client on node2)")
+        lines = c.lab.probe("pod/client", ip, 80, count=10)
+        for line in lines:
+            echo(line)
+        udp = c.lab.probe("pod/client", ip, 53, udp=True, count=4)
+        echo(f"$ kproxy-ebpf lab probe --pod client {ip}:53 --udp --count 4")
+        for line in udp:
+            echo(line)
+        seen = Counter(line.split()[0] for line in lines + udp)
+        ok = set(seen) <= {"web-1", "web-2"} and sum(seen.values()) == 14
+        echo(f"\nbackends reached through the ClusterIP: {dict(seen)}: {'OK' if ok else 'FAILED'}")
+        return ok
+    finally:
+        if keep and ok:
+            echo(f"lab kept: `kproxy-ebpf lab down --lab {c.lab.name}` removes it")
+        else:
+            problems = c.down()
+            echo("lab removed" if not problems else f"lab down problems: {problems}")

@@ -1,0 +1,98 @@
+"""A TCP relay from a lab namespace to the host's loopback, so lab nodes reach the API server.
+
+The control plane listens on the host's 127.0.0.1 only (tests and the CLI reach it there, and no
+packet of ours ever leaves loopback in the host namespace). Lab nodes have no path to the host's
+loopback, so this relay opens its listening socket *inside* the underlay namespace (a socket
+belongs to the namespace it was created in; the process then returns to the host namespace) and
+forwards each connection to 127.0.0.1:<port>. That gives the API server a lab address,
+10.250.0.1:6443, which is also what the `kubernetes` Service's endpoint says.
+
+Run as: python3 -m kproxy_ebpf.lab.relay --netns NAME --listen IP:PORT --to 127.0.0.1:PORT
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import socket
+import threading
+
+CLONE_NEWNET = 0x40000000
+
+
+def _setns(fd: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def listen_in(netns: str, host: str, port: int) -> socket.socket:
+    """A listening socket in `netns`; the calling thread ends up back in its own namespace."""
+    home = os.open("/proc/self/ns/net", os.O_RDONLY)
+    target = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+    try:
+        _setns(target)
+        try:
+            sock = socket.create_server((host, port), reuse_port=False, backlog=128)
+        finally:
+            _setns(home)
+    finally:
+        os.close(home)
+        os.close(target)
+    return sock
+
+
+def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while True:
+            data = src.recv(65536)
+            if not data:
+                break
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
+            try:
+                s.shutdown(how)
+            except OSError:
+                pass
+
+
+def _serve_one(client: socket.socket, to: tuple[str, int]) -> None:
+    try:
+        upstream = socket.create_connection(to, timeout=5)
+        upstream.settimeout(None)
+    except OSError:
+        client.close()
+        return
+    t = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
+    t.start()
+    _pipe(client, upstream)
+    t.join()
+    client.close()
+    upstream.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--netns", required=True)
+    ap.add_argument("--listen", required=True, help="IP:PORT inside --netns")
+    ap.add_argument("--to", required=True, help="127.0.0.1:PORT in the host namespace")
+    args = ap.parse_args()
+    lhost, _, lport = args.listen.rpartition(":")
+    thost, _, tport = args.to.rpartition(":")
+    if not thost.startswith("127."):
+        raise SystemExit("--to must be a loopback address: the relay never sends off-host")
+    server = listen_in(args.netns, lhost, int(lport))
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    print(f"relaying {args.netns} {args.listen} -> {args.to}", flush=True)
+    while True:
+        client, _ = server.accept()
+        threading.Thread(target=_serve_one, args=(client, (thost, int(tport))), daemon=True).start()
+
+
+if __name__ == "__main__":
+    main()
