@@ -49,6 +49,7 @@ class Cluster:
         self.lab = Lab(name)
         self.dir = Path(self.lab.state_dir)
         self.cp_dir = self.dir / "controlplane"
+        self.cp: ControlPlane | None = None     # set when this process started it
         self._api = None
 
     # -- what a later invocation needs ---------------------------------------------------------
@@ -100,6 +101,7 @@ class Cluster:
         port = free_ports(1)[0]
         cp = ControlPlane(self.cp_dir, bin_dir, api_port=port,
                           lab_server=f"https://{CONTROL_PLANE_IP}:{port}")
+        self.cp = cp
         try:
             cp.start()
         finally:
@@ -114,6 +116,17 @@ class Cluster:
             "proxy": proxy, "api_port": cp.api_port,
             "admin_kubeconfig": str(cp.admin_kubeconfig),
             "lab_kubeconfig": str(cp.lab_kubeconfig)}))
+
+    def restart_apiserver(self) -> float:
+        """Stops and restarts kube-apiserver (only from the process that ran up())."""
+        if self.cp is None:
+            raise LabError("restart_apiserver needs the process that brought the lab up")
+        old = self.cp.pids()["kube-apiserver"]
+        took = self.cp.restart_apiserver()
+        self.lab.kill(old)                      # already stopped: this forgets the record
+        new = self.cp.pids()["kube-apiserver"]
+        self.lab.adopt(new, "kube-apiserver", str(self.cp_dir / "logs" / "kube-apiserver.log"))
+        return took
 
     def down(self) -> list[str]:
         """Removes everything; returns what could not be removed (empty when clean)."""

@@ -3,8 +3,11 @@
 One control plane per test session (starting it costs about 3 s). Tests share it, so every
 test uses its own namespace and its own object names. `controlplane` is the
 kproxy_ebpf.lab.controlplane.ControlPlane itself: tests may call compact_etcd() and
-restart_apiserver() on it. Services, EndpointSlices and Nodes bypass the apiserver's watch
-cache here, so after compact_etcd() a watch of them from an older resourceVersion gets 410. `apiserver` is (kubernetes.client.ApiClient, admin kubeconfig path).
+restart_apiserver() on it. The apiserver keeps its watch cache on, as in production: etcd
+compaction alone does not expire a watch resumed from an older resourceVersion (the cache still
+holds it); restart_apiserver() does (the new cache starts at the current revision). A test that
+needs compaction alone to give 410 starts its own ControlPlane(uncached_resources=...).
+`apiserver` is (kubernetes.client.ApiClient, admin kubeconfig path).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import pytest
 from kubernetes import client, config
 
 from kproxy_ebpf.lab.binaries import CONTROL_PLANE_BINARIES, BinariesMissing, ensure_binaries
-from kproxy_ebpf.lab.controlplane import WATCHED_RESOURCES, ControlPlane
+from kproxy_ebpf.lab.controlplane import ControlPlane
 
 REQUIRE_ENV = "KPROXY_REQUIRE_CONTROLPLANE"
 
@@ -39,9 +42,7 @@ def controlplane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPl
             pytest.fail(f"{e} ({REQUIRE_ENV} is set, so this is a failure, not a skip)")
         pytest.skip(str(e))
     workdir = tmp_path_factory.mktemp("kproxy-controlplane")
-    # Watch cache off for what kproxy watches, so compact_etcd() gives its watches 410 at once;
-    # restart_apiserver() gives 410 for cached resources too (its new cache starts empty).
-    cp = ControlPlane(workdir, bin_dir, uncached_resources=WATCHED_RESOURCES)
+    cp = ControlPlane(workdir, bin_dir)
     try:
         cp.start()
         yield cp

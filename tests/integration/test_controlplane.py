@@ -7,16 +7,17 @@ below are only data in API objects.
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Iterator
 
 import pytest
-from kubernetes import client, watch
+from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from kproxy_ebpf.lab import kubeobjects as ko
 from kproxy_ebpf.lab.binaries import read_versions
-from kproxy_ebpf.lab.controlplane import RELAY_ADDRESS
+from kproxy_ebpf.lab.controlplane import RELAY_ADDRESS, WATCHED_RESOURCES, ControlPlane
 
 pytestmark = pytest.mark.controlplane
 
@@ -148,17 +149,42 @@ def watch_services_from(api: client.ApiClient, namespace: str, resource_version:
     return [f"{e['type']} {e['object'].metadata.name}" for e in events]
 
 
-def test_compaction_makes_old_watch_fail_with_410(apiserver, controlplane, namespace):
+def test_compaction_alone_does_not_expire_watch_cache(apiserver, controlplane, namespace):
+    """The trap: with the watch cache on (as in production) the cache still serves the old
+    resourceVersion after etcd compaction. 410 needs a restart or an uncached resource."""
     api, _ = apiserver
     old_rv = client.CoreV1Api(api).list_namespaced_service(namespace).metadata.resource_version
     make_service(api, namespace, "after-rv", {"app": "x"})
+    assert controlplane.compact_etcd() > int(old_rv)
     assert watch_services_from(api, namespace, old_rv) == ["ADDED after-rv"]
 
-    revision = controlplane.compact_etcd()
-    assert revision > int(old_rv)
-    with pytest.raises(ApiException) as err:
-        watch_services_from(api, namespace, old_rv)
-    assert err.value.status == 410
+
+@pytest.fixture
+def uncached_controlplane(controlplane, tmp_path) -> Iterator[ControlPlane]:
+    cp = ControlPlane(tmp_path / "kproxy-uncached", controlplane.bin_dir, uncached_resources=WATCHED_RESOURCES)
+    try:
+        cp.start()
+        yield cp
+    finally:
+        cp.stop()
+        shutil.rmtree(tmp_path / "kproxy-uncached" / "etcd", ignore_errors=True)
+
+
+def test_compaction_makes_uncached_watch_fail_with_410(uncached_controlplane):
+    cp = uncached_controlplane
+    api = config.new_client_from_config(config_file=str(cp.admin_kubeconfig))
+    try:
+        ko.ensure_namespace(api, "kproxy-compaction")
+        old_rv = client.CoreV1Api(api).list_namespaced_service("kproxy-compaction").metadata.resource_version
+        make_service(api, "kproxy-compaction", "after-rv", {"app": "x"})
+        assert watch_services_from(api, "kproxy-compaction", old_rv) == ["ADDED after-rv"]
+
+        assert cp.compact_etcd() > int(old_rv)
+        with pytest.raises(ApiException) as err:
+            watch_services_from(api, "kproxy-compaction", old_rv)
+        assert err.value.status == 410
+    finally:
+        api.close()
 
 
 def test_restart_apiserver_keeps_data_and_controllers(apiserver, controlplane, node, namespace):
@@ -169,8 +195,8 @@ def test_restart_apiserver_keeps_data_and_controllers(apiserver, controlplane, n
     ko.wait_for_slice_endpoints(api, namespace, "echo", 1, timeout=5, ready=True)
     core.create_namespaced_config_map(namespace, client.V1ConfigMap(
         metadata=client.V1ObjectMeta(name="kept"), data={"k": "v"}))
-    cm_rv = core.list_namespaced_config_map(namespace).metadata.resource_version
-    core.create_namespaced_config_map(namespace, client.V1ConfigMap(metadata=client.V1ObjectMeta(name="later")))
+    old_rv = core.list_namespaced_service(namespace).metadata.resource_version
+    make_service(api, namespace, "later", {"app": "later"})
     before = controlplane.pids()
 
     seconds = controlplane.restart_apiserver()
@@ -182,11 +208,10 @@ def test_restart_apiserver_keeps_data_and_controllers(apiserver, controlplane, n
 
     assert core.read_namespaced_config_map("kept", namespace).data == {"k": "v"}
     assert core.read_namespaced_service("echo", namespace).spec.cluster_ip
-    # ConfigMaps keep the watch cache: a new cache starts at the current revision, so a watch
-    # from before the restart is too old (the production-like way to provoke 410).
+    # The new watch cache starts at the current revision, so a watch from before the restart
+    # is too old: the production-like way to provoke 410.
     with pytest.raises(ApiException) as err:
-        list(watch.Watch().stream(core.list_namespaced_config_map, namespace,
-                                  resource_version=cm_rv, timeout_seconds=1))
+        watch_services_from(api, namespace, old_rv)
     assert err.value.status == 410
     # KCM reconnected and keeps reconciling.
     ko.create_pod(api, namespace, "echo-2", node, "10.244.11.9", {"app": "echo"}, [("http", 8080)])

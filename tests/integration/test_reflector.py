@@ -411,14 +411,22 @@ def test_bookmarks_advance_the_resource_version(apiserver, reflector_api, namesp
     store = Store()
     # A selector nothing matches: the watch gets no events, so only bookmarks can move the rv.
     r = running(reflector_for(reflector_api, "services", store, label_selector=f"kproxy-nothing={namespace}",
-                              watch_timeout=4, watch_jitter=0.0))
+                              watch_timeout=5, watch_jitter=0.0))
     assert r.synced.wait(15)
     listed_rv = int(r.resource_version)
     created = core.create_namespaced_service(namespace, service_body("unmatched"))
     target = int(created.metadata.resource_version)
-    # The server sends a bookmark 2 s before each watch's timeout.
-    wait_for(lambda: r.bookmarks >= 1 and int(r.resource_version) >= target, 20,
-             f"a bookmark carrying resourceVersion >= {target} (listed at {listed_rv})")
+    # The server sends a bookmark 2 s before each watch's timeout, and only when the resource's
+    # resourceVersion moved since the watch began: keep it moving until one arrives.
+    deadline = time.monotonic() + 40
+    i = 0
+    while not (r.bookmarks >= 1 and int(r.resource_version) >= target):
+        assert time.monotonic() < deadline, (
+            f"no bookmark carrying resourceVersion >= {target} (listed at {listed_rv}; "
+            f"{r.bookmarks} bookmarks, now at {r.resource_version}, {r.restarts} restarts)")
+        i += 1
+        core.patch_namespaced_service("unmatched", namespace, {"metadata": {"annotations": {"n": str(i)}}})
+        time.sleep(1.0)
     assert int(r.resource_version) > listed_rv
     assert r.events == 0 and store.names(namespace) == set()
     assert r.relists == 0
