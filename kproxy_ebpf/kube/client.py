@@ -62,6 +62,8 @@ def make_api_client(
     cfg = client.Configuration()
     try:
         if kubeconfig is not None:
+            if not os.path.exists(kubeconfig):
+                raise ConfigError(f"kubeconfig {os.fspath(kubeconfig)} does not exist")
             config.load_kube_config(config_file=os.fspath(kubeconfig), context=context,
                                     client_configuration=cfg, persist_config=False)
         elif os.environ.get("KUBERNETES_SERVICE_HOST") and os.environ.get("KUBERNETES_SERVICE_PORT"):

@@ -259,10 +259,13 @@ class Reflector:
 
     def _request_json(self, fn: ListFunc, **kwargs: Any) -> dict:
         resp = self._call(fn, _request_timeout=(self.connect_timeout, self.list_read_timeout), **kwargs)
+        complete = False
         try:
             data = resp.data
+            complete = True
         finally:
-            self._release(resp)
+            # A connection with an unread rest of a body must not go back to the pool.
+            self._release(resp, reuse=complete)
         try:
             body = json.loads(data)
         except ValueError as exc:
@@ -277,7 +280,8 @@ class Reflector:
             resp = fn(_preload_content=False, **kwargs)
         except Exception as exc:
             if _is_expired(getattr(exc, "status", None), getattr(exc, "body", None)):
-                raise ResourceExpired(f"HTTP {exc.status}") from exc   # type: ignore[attr-defined]
+                reason = getattr(exc, "reason", "") or ""
+                raise ResourceExpired(f"HTTP {exc.status} {reason}".strip()) from exc  # type: ignore[attr-defined]
             raise
         with self._lock:
             self._response = resp

@@ -117,16 +117,35 @@ class Cluster:
             "admin_kubeconfig": str(cp.admin_kubeconfig),
             "lab_kubeconfig": str(cp.lab_kubeconfig)}))
 
-    def restart_apiserver(self) -> float:
-        """Stops and restarts kube-apiserver (only from the process that ran up())."""
+    def _cp(self) -> ControlPlane:
         if self.cp is None:
-            raise LabError("restart_apiserver needs the process that brought the lab up")
-        old = self.cp.pids()["kube-apiserver"]
-        took = self.cp.restart_apiserver()
+            raise LabError("controlling the API server needs the process that ran `lab up`")
+        return self.cp
+
+    def stop_apiserver(self) -> None:
+        """An API outage: kube-apiserver stops, etcd and the proxies stay."""
+        old = self._cp().pids()["kube-apiserver"]
+        self._cp().stop_apiserver()
         self.lab.kill(old)                      # already stopped: this forgets the record
-        new = self.cp.pids()["kube-apiserver"]
-        self.lab.adopt(new, "kube-apiserver", str(self.cp_dir / "logs" / "kube-apiserver.log"))
+
+    def start_apiserver(self) -> float:
+        took = self._cp().start_apiserver()
+        self.lab.adopt(self._cp().pids()["kube-apiserver"], "kube-apiserver",
+                       str(self.cp_dir / "logs" / "kube-apiserver.log"))
         return took
+
+    def restart_apiserver(self) -> float:
+        self.stop_apiserver()
+        return self.start_apiserver()
+
+    def compact_etcd(self) -> int:
+        return self._cp().compact_etcd()
+
+    def proxy_pid(self, node: str) -> int | None:
+        for pid, rec in self.lab.status()["procs"].items():
+            if rec["name"] == self.proxy_name(node) and rec["status"] == "running":
+                return int(pid)
+        return None
 
     def down(self) -> list[str]:
         """Removes everything; returns what could not be removed (empty when clean)."""
@@ -155,11 +174,12 @@ class Cluster:
         return self.lab.spawn(f"node/{node}", argv, self.proxy_name(node)).pid
 
     def stop_proxy(self, node: str, hard: bool = False) -> None:
-        for pid, rec in self.lab.status()["procs"].items():
-            if rec["name"] == self.proxy_name(node) and rec["status"] == "running":
-                if hard:
-                    os.kill(int(pid), 9)
-                self.lab.kill(int(pid))
+        """Stops the node's proxy (SIGTERM, or SIGKILL with hard=True)."""
+        pid = self.proxy_pid(node)
+        if pid is not None:
+            if hard:
+                os.kill(pid, 9)
+            self.lab.kill(pid)
 
     def _kube_proxy_config(self, node: str, mode: str) -> Path:
         """kube-proxy's KubeProxyConfiguration for a lab node (flags are ignored with --config).

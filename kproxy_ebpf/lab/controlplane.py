@@ -198,9 +198,12 @@ class ControlPlane:
         for name in reversed(list(self._procs)):
             self._stop_proc(name)
 
-    def restart_apiserver(self) -> float:
-        """Stop and restart kube-apiserver on the same port; returns seconds until ready again."""
+    def stop_apiserver(self) -> None:
+        """Stop kube-apiserver only (an API outage: etcd and the controller manager stay)."""
         self._stop_proc("kube-apiserver")
+
+    def start_apiserver(self) -> float:
+        """Start kube-apiserver again on the same port; returns seconds until ready."""
         t0 = time.monotonic()
         try:
             self._start_apiserver()
@@ -208,6 +211,11 @@ class ControlPlane:
             self.stop()
             raise
         return time.monotonic() - t0
+
+    def restart_apiserver(self) -> float:
+        """Stop and restart kube-apiserver on the same port; returns seconds until ready again."""
+        self.stop_apiserver()
+        return self.start_apiserver()
 
     def compact_etcd(self) -> int:
         """Compact etcd at its current revision (physically); returns that revision.

@@ -1,0 +1,130 @@
+"""Our agent against API-server trouble: an outage (the datapath stays as it was, then the agent
+reconnects and converges) and a forced 410 Gone (a relist that neither duplicates nor loses an
+entry). Lab "it-api", kproxy on both nodes; conventions as in test_lab_cluster.py."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import pytest
+from kubernetes import client
+
+from kproxy_ebpf.lab.binaries import k8s_bin_dir, missing_binaries
+from kproxy_ebpf.lab.cluster import Cluster
+
+from .test_lab_cluster import delete_service, make_service, pods_of, served_by, wait_until
+
+pytestmark = [pytest.mark.root, pytest.mark.controlplane]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    if missing_binaries(k8s_bin_dir()):
+        if os.environ.get("KPROXY_REQUIRE_CONTROLPLANE") == "1":
+            pytest.fail(f"control-plane binaries missing in {k8s_bin_dir()}: run `make setup`")
+        pytest.skip("control-plane binaries not built (make setup)")
+    c = Cluster("it-api")
+    c.down()
+    c.up(nodes=2, proxy="kproxy")
+    try:
+        c.create_pod("client", "node1", ports=(("tcp", 8080),))
+        yield c
+    finally:
+        problems = c.down()
+        assert not problems, problems
+
+
+def services_on(c: Cluster, node: str) -> list[dict]:
+    out = c.lab.exec(f"node/{node}", [sys.executable, "-m", "kproxy_ebpf.cli", "services",
+                                      "--bpffs-dir", c.lab.node(node).bpffs, "-o", "json"],
+                     capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def metric(c: Cluster, node: str, name: str, labels: str = "") -> float:
+    script = ("import urllib.request\n"
+              "print(urllib.request.urlopen('http://127.0.0.1:10249/metrics').read().decode())")
+    text = c.lab.exec(f"node/{node}", [sys.executable, "-c", script], capture_output=True,
+                      text=True, check=True).stdout
+    for line in text.splitlines():
+        if line.startswith(name + (f"{{{labels}}}" if labels else "")):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_api_outage_keeps_the_datapath_and_the_agent_converges_after(cluster):
+    for name, node in (("out-1", "node1"), ("out-2", "node2")):
+        cluster.create_pod(name, node, labels={"app": "out"})
+    ip = make_service(cluster, "outage", "out")
+    wait_until(lambda: served_by(cluster, ip, count=30) == {"out-1", "out-2"}, 15, "2 backends")
+    # The API server removes itself from the `kubernetes` Service when it shuts down (a real
+    # change the agent applies before the outage); compare everything else.
+    def ours():
+        return [s for s in services_on(cluster, "node1") if s["service"] != "default/kubernetes:https"]
+    programmed = ours()
+
+    cluster.stop_apiserver()
+    try:
+        lines = cluster.lab.probe("pod/client", ip, 80, count=150, interval=0.02)
+        assert set(pods_of(lines)) == {"out-1", "out-2"}, "the datapath serves while the API is away"
+        assert ours() == programmed, "nothing was removed or rewritten"
+    finally:
+        cluster.start_apiserver()
+
+    # A change made after the outage reaches the datapath: the agent reconnected by itself.
+    ip2 = make_service(cluster, "after-outage", "out")
+    wait_until(lambda: served_by(cluster, ip2, count=20) == {"out-1", "out-2"}, 40,
+               "a service created after the outage")
+    assert metric(cluster, "node1", "kproxy_api_watch_restarts_total", 'resource="services"') >= 1
+    for name in ("outage", "after-outage"):
+        delete_service(cluster, name)
+
+
+def test_forced_410_relists_without_duplicates_or_losses(cluster):
+    core = client.CoreV1Api(cluster.api())
+    cluster.create_pod("gone-a", "node2", labels={"app": "rl-a"})
+    cluster.create_pod("gone-b", "node2", labels={"app": "rl-b"})
+    ip_a = make_service(cluster, "rl-a", "rl-a")
+    wait_until(lambda: served_by(cluster, ip_a), 15, "service rl-a")
+    relists_before = metric(cluster, "node1", "kproxy_api_relists_total", 'resource="services"')
+
+    # Freeze node1's agent, change the cluster behind its back, compact etcd past what it has
+    # seen and restart the API server (its watch cache would otherwise still serve the old
+    # resourceVersion): when the agent wakes, its watch can only get 410 Gone.
+    agent = cluster.proxy_pid("node1")
+    os.kill(agent, signal.SIGSTOP)
+    try:
+        delete_service(cluster, "rl-a")
+        ip_b = make_service(cluster, "rl-b", "rl-b")
+        for i in range(20):
+            core.create_namespaced_config_map("default", {"metadata": {"name": f"rl-{i}"}})
+        cluster.compact_etcd()
+        cluster.restart_apiserver()
+    finally:
+        os.kill(agent, signal.SIGCONT)
+
+    wait_until(lambda: metric(cluster, "node1", "kproxy_api_relists_total",
+                              'resource="services"') > relists_before, 40, "a relist after 410")
+    wait_until(lambda: served_by(cluster, ip_b, count=5) == {"gone-b"}, 20, "rl-b programmed")
+    wait_until(lambda: not served_by(cluster, ip_a), 20, "rl-a removed by the relist")
+    names = [s["service"] for s in services_on(cluster, "node1")]
+    assert "default/rl-a:http" not in names
+    assert names.count("default/rl-b:http") == 1
+    frontends = [(s["address"], s["port"], s["protocol"]) for s in services_on(cluster, "node1")]
+    assert len(frontends) == len(set(frontends))
+    # The frozen agent now holds the same frontends as node2's, which never stopped (backend
+    # states differ only in which node calls them local).
+    def view(node):
+        return sorted((s["service"], s["address"], s["port"], s["protocol"], s["action"],
+                       tuple(sorted(b["address"] for b in s["backends"])))
+                      for s in services_on(cluster, node))
+    assert view("node1") == view("node2")
+    delete_service(cluster, "rl-b")
+    for i in range(20):
+        core.delete_namespaced_config_map(f"rl-{i}", "default")
