@@ -342,6 +342,8 @@ class Reflector:
         etype = event.get("type")
         obj = event.get("object")
         if etype in WATCH_TYPES:
+            if not isinstance(obj, dict):
+                raise WatchError(f"{etype} event without an object")
             self.events += 1
             self._deliver(etype, obj)
             self._advance(obj)

@@ -150,6 +150,11 @@ class Cluster:
     def down(self) -> list[str]:
         """Removes everything; returns what could not be removed (empty when clean)."""
         self._api = None
+        if self.cp is not None:
+            # Our own children: stop and reap them here, or their zombies keep the lab's
+            # cgroup busy (lab.down() only reaps the processes it spawned itself).
+            self.cp.stop()
+            self.cp = None
         report = self.lab.down()
         return list(report.problems)
 

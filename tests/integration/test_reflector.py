@@ -192,7 +192,8 @@ def slice_body(name: str, service: str, ips: list[str], ready: bool | None = Tru
     }
 
 
-def services_reflector(api: client.ApiClient, store: Store, gate: bool = False, **options: Any) -> tuple[Reflector, Gate | None]:
+def services_reflector(api: client.ApiClient, store: Store, gate: bool = False,
+                       **options: Any) -> tuple[Reflector, Gate | None]:
     fn = client.CoreV1Api(api).list_service_for_all_namespaces
     g = Gate(fn) if gate else None
     return Reflector("services", fn, g or fn, store, **options), g
