@@ -1,0 +1,149 @@
+"""Bad input and a full map, through the agent process (fed from manifests): each gets a log
+line and a metric, the agent keeps running, and what was already programmed keeps working."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from kproxy_ebpf.datapath import reader
+from kproxy_ebpf.datapath.loader import open_pinned_maps, remove_pins
+
+from .conftest import pod_of
+from .test_agent_restart import log_of, wait_for
+
+pytestmark = pytest.mark.root
+
+GOOD = """
+apiVersion: v1
+kind: Service
+metadata: {name: ok, namespace: default}
+spec:
+  clusterIP: 10.96.0.90
+  ports: [{name: http, port: 80, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: ok-1, namespace: default, labels: {kubernetes.io/service-name: ok}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: [%(a1)s], conditions: {ready: true}, nodeName: node1}
+"""
+
+BAD = """
+---
+apiVersion: v1
+kind: Service
+metadata: {name: bad-port, namespace: default}
+spec:
+  clusterIP: 10.96.0.91
+  ports: [{name: zero, port: 0}, {name: http, port: 80, targetPort: 8080}, {name: x, port: abc}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: v6-only, namespace: default}
+spec: {clusterIP: "fd00::10", clusterIPs: ["fd00::10"], ports: [{port: 80}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: ok-v6, namespace: default, labels: {kubernetes.io/service-name: ok}}
+addressType: IPv6
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints: [{addresses: ["fd00::1"], conditions: {ready: true}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: garbage, namespace: default}
+spec: "not a mapping"
+---
+apiVersion: v1
+kind: Service
+metadata: {name: bad-proto, namespace: default}
+spec: {clusterIP: 10.96.0.92, ports: [{port: 80, protocol: FOO}]}
+"""
+
+BIG = """
+---
+apiVersion: v1
+kind: Service
+metadata: {name: big, namespace: default}
+spec:
+  clusterIP: 10.96.0.93
+  ports: [{name: http, port: 80, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: big-1, namespace: default, labels: {kubernetes.io/service-name: big}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+""" + "".join(f"- {{addresses: [10.244.9.{i}], conditions: {{ready: true}}}}\n" for i in range(1, 13))
+
+
+def metrics(lab) -> str:
+    script = ("import urllib.request\n"
+              "print(urllib.request.urlopen('http://127.0.0.1:10249/metrics').read().decode())")
+    return lab.exec("node1", [sys.executable, "-c", script], capture_output=True, text=True,
+                    check=True).stdout
+
+
+def sample(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_bad_input_and_a_full_map_are_reported_and_harm_nothing(lab, tmp_path):
+    node = lab.node("node1")
+    manifest = tmp_path / "svc.yaml"
+    manifest.write_text(GOOD % {"a1": lab.pod("a1").ip} + BAD)
+    config = tmp_path / "agent.yaml"
+    # 10 service rows: "ok" (2 rows) and "bad-port" (2) fit, "big" (1 + 12 slots) cannot.
+    config.write_text("mapSizes: {svc: 10}\nmetricsBindAddress: 127.0.0.1:10249\n"
+                      "healthzBindAddress: 127.0.0.1:10256\nminSyncPeriod: 50ms\n")
+    argv = [sys.executable, "-m", "kproxy_ebpf.cli", "run", "--config", str(config),
+            "--manifests", str(manifest), "--cgroup", node.cgroup, "--bpffs-dir", node.bpffs,
+            "--hostname-override", "node1"]
+    agent = lab.spawn("node1", argv, "agent-bad")
+    try:
+        wait_for(lambda: "first sync:" in log_of(lab, "agent-bad"), 30, "the first sync")
+        log = log_of(lab, "agent-bad")
+        for needle in ("bad-port", "InvalidPort", "v6-only", "garbage", "InvalidProtocol"):
+            assert needle in log, f"no log line about {needle}"
+        m = metrics(lab)
+        assert sample(m, 'kproxy_rejected_objects_total{kind="Service",reason="InvalidPort"}') >= 2
+        assert {pod_of(x) for x in lab.probe("client", "10.96.0.90", 80, count=10)} == {"a1"}
+        # The good port of a service with a bad one still works (here: no endpoints, so refused).
+        assert lab.probe("client", "10.96.0.91", 80) == ["REFUSED"]
+
+        manifest.write_text(GOOD % {"a1": lab.pod("a1").ip} + BAD + BIG)   # the map overflows
+        wait_for(lambda: "BPF map kp_svc4_v1 is full" in log_of(lab, "agent-bad"), 15,
+                 "a map-full log line")
+        assert sample(metrics(lab), 'kproxy_bpf_map_full_total{map="kp_svc4_v1"}') >= 1
+        assert agent.pid in [int(p) for p, r in lab.status()["procs"].items()
+                             if r["status"] == "running"], "the agent survived"
+        assert {pod_of(x) for x in lab.probe("client", "10.96.0.90", 80, count=10)} == {"a1"}, \
+            "what was programmed still works"
+        maps = open_pinned_maps(Path(node.bpffs))
+        try:
+            shown = {s["service"] for s in reader.services(maps)}
+        finally:
+            for mp in maps.values():
+                mp.close()
+        assert "default/big:http" not in shown, "a half-written frontend is never visible"
+
+        manifest.write_text(GOOD % {"a1": lab.pod("a1").ip})        # the operator fixes it
+        def cleaned():
+            mp = open_pinned_maps(Path(node.bpffs))
+            try:
+                return len(mp["svc"]) == 2
+            finally:
+                for x in mp.values():
+                    x.close()
+        wait_for(cleaned, 15, "the leftovers of the failed write to be collected")
+    finally:
+        lab.kill(agent.pid)
+        remove_pins(Path(node.bpffs))
