@@ -128,3 +128,26 @@ def test_forced_410_relists_without_duplicates_or_losses(cluster):
     delete_service(cluster, "rl-b")
     for i in range(20):
         core.delete_namespaced_config_map(f"rl-{i}", "default")
+
+
+def test_agent_started_while_the_api_is_dead_keeps_the_datapath_then_converges(cluster):
+    cluster.create_pod("dead-1", "node2", labels={"app": "dead"})
+    ip = make_service(cluster, "dead", "dead")
+    wait_until(lambda: served_by(cluster, ip, count=5) == {"dead-1"}, 15, "service dead")
+
+    cluster.stop_apiserver()
+    try:
+        cluster.stop_proxy("node1")                 # the agent exits; its datapath stays
+        cluster.start_proxy("node1")                # and a new one starts with no API
+        time.sleep(3)
+        lines = cluster.lab.probe("pod/client", ip, 80, count=50, interval=0.02)
+        assert set(pods_of(lines)) == {"dead-1"}, "the adopted datapath serves with no API"
+        log = open(cluster.lab.log_path(cluster.proxy_name("node1"))).read()
+        assert log.count("adopted") >= 2, "the second agent adopted the pinned maps"
+    finally:
+        cluster.start_apiserver()
+    ip2 = make_service(cluster, "dead-after", "dead")
+    wait_until(lambda: served_by(cluster, ip2, count=5) == {"dead-1"}, 60,
+               "the new agent to converge once the API is back")
+    for name in ("dead", "dead-after"):
+        delete_service(cluster, name)
