@@ -1,0 +1,87 @@
+"""The lab CLI end to end, as separate processes (the interface the demo and benchmarks use):
+lab up, pod create, kubectl against the lab's API server, probe, exec, services -o json,
+pod delete, lab down. Lab "e2e": node1/node2, pods web-1 (node1), web-2 and client (node2)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kproxy_ebpf.lab.binaries import k8s_bin_dir, missing_binaries
+
+pytestmark = [pytest.mark.root, pytest.mark.controlplane]
+
+LAB = ["--lab", "e2e"]
+
+
+def kp(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kproxy_ebpf.cli", *args], capture_output=True,
+                          text=True, check=check, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def lab_up():
+    if missing_binaries(k8s_bin_dir()):
+        if os.environ.get("KPROXY_REQUIRE_CONTROLPLANE") == "1":
+            pytest.fail("control-plane binaries missing: run `make setup`")
+        pytest.skip("control-plane binaries not built (make setup)")
+    kp("lab", "down", *LAB, check=False)
+    try:
+        out = kp("lab", "up", *LAB, "--nodes", "2", "--proxy", "kproxy")
+        assert "is up" in out.stdout
+        yield
+    finally:
+        down = kp("lab", "down", *LAB, check=False)
+        assert down.returncode == 0, down.stderr
+
+
+def test_lab_cli_round_trip(lab_up):
+    kubeconfig = kp("lab", "kubeconfig", *LAB).stdout.strip()
+    assert os.path.exists(kubeconfig)
+    status = json.loads(kp("lab", "status", *LAB).stdout)
+    assert set(status["nodes"]) == {"node1", "node2"}
+
+    for name, node, labels in (("web-1", "node1", "app=web"), ("web-2", "node2", "app=web"),
+                               ("client", "node2", "role=client")):
+        out = kp("lab", "pod", "create", *LAB, name, "--node", node, "--labels", labels)
+        assert out.stdout.startswith(f"pod {name} on {node}: 10.244.")
+
+    kubectl = [str(k8s_bin_dir() / "kubectl"), "--kubeconfig", kubeconfig]
+    subprocess.run(kubectl + ["create", "service", "clusterip", "web", "--tcp=80:8080"],
+                   check=True, capture_output=True)
+    ip = subprocess.run(kubectl + ["get", "service", "web", "-o", "jsonpath={.spec.clusterIP}"],
+                        check=True, capture_output=True, text=True).stdout
+    assert ip.startswith("10.96.")
+
+    deadline = time.monotonic() + 30
+    while True:
+        probe = kp("lab", "probe", *LAB, "--pod", "client", f"{ip}:80", "--count", "20",
+                   check=False)
+        seen = {line.split()[0] for line in probe.stdout.splitlines()}
+        if probe.returncode == 0 and seen == {"web-1", "web-2"}:
+            break
+        assert time.monotonic() < deadline, probe.stdout
+        time.sleep(0.3)
+
+    bpffs = "/sys/fs/bpf/kproxy-e2e-node2"        # kproxy-<lab>-<node>
+    services = json.loads(kp("lab", "exec", *LAB, "--node", "node2", "--", sys.executable, "-m",
+                             "kproxy_ebpf.cli", "services", "--bpffs-dir", bpffs, "-o",
+                             "json").stdout)
+    web = [s for s in services if s["service"] == "default/web:80-8080"]
+    assert len(web) == 1 and web[0]["address"] == ip and web[0]["type"] == "ClusterIP"
+    assert sorted(b["state"] for b in web[0]["backends"]) == ["ready", "ready,local"]
+
+    exec_rc = kp("lab", "exec", *LAB, "--pod", "client", "--", "sh", "-c", "exit 7", check=False)
+    assert exec_rc.returncode == 7, "lab exec passes the exit code through"
+
+    kp("lab", "pod", "delete", *LAB, "web-1")
+    deadline = time.monotonic() + 30
+    while {line.split()[0] for line in kp("lab", "probe", *LAB, "--pod", "client", f"{ip}:80",
+                                          "--count", "20", check=False).stdout.splitlines()} \
+            != {"web-2"}:
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
