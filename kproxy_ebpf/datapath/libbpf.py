@@ -45,13 +45,6 @@ class _LinkInfo(ctypes.Structure):
     ]
 
 
-class _ProgInfo(ctypes.Structure):
-    _fields_ = [
-        ("type", ctypes.c_uint32), ("id", ctypes.c_uint32), ("tag", ctypes.c_uint8 * 8),
-        ("_mid", ctypes.c_uint8 * 48), ("name", ctypes.c_char * 16), ("_rest", ctypes.c_uint8 * 160),
-    ]
-
-
 @lru_cache(maxsize=1)
 def _lib() -> ctypes.CDLL:
     path = ctypes.util.find_library("bpf") or "libbpf.so.1"
@@ -67,7 +60,6 @@ def _lib() -> ctypes.CDLL:
         "bpf_obj_get_info_by_fd": ([c_int, vp, ctypes.POINTER(ctypes.c_uint32)], c_int),
         "bpf_link_create": ([c_int, c_int, c_uint, vp], c_int),
         "bpf_link_update": ([c_int, c_int, vp], c_int),
-        "bpf_prog_get_fd_by_id": ([c_uint], c_int),
     }
     for name, (args, res) in sigs.items():
         fn = getattr(lib, name)
@@ -122,29 +114,18 @@ def map_next_key(fd: int, key, next_key) -> bool:
     return True
 
 
-def map_info(fd: int) -> _MapInfo:
-    info = _MapInfo()
+def _info(fd: int, info: ctypes.Structure, what: str):
     size = ctypes.c_uint32(ctypes.sizeof(info))
-    _check(_lib().bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(size)), "map info")
+    _check(_lib().bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(size)), what)
     return info
+
+
+def map_info(fd: int) -> _MapInfo:
+    return _info(fd, _MapInfo(), "map info")
 
 
 def link_info(fd: int) -> _LinkInfo:
-    info = _LinkInfo()
-    size = ctypes.c_uint32(ctypes.sizeof(info))
-    _check(_lib().bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(size)), "link info")
-    return info
-
-
-def prog_info(fd: int) -> _ProgInfo:
-    info = _ProgInfo()
-    size = ctypes.c_uint32(ctypes.sizeof(info))
-    _check(_lib().bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(size)), "prog info")
-    return info
-
-
-def prog_fd_by_id(prog_id: int) -> int:
-    return _check(_lib().bpf_prog_get_fd_by_id(prog_id), f"open program {prog_id}")
+    return _info(fd, _LinkInfo(), "link info")
 
 
 def link_create(prog_fd: int, target_fd: int, attach_type: int) -> int:

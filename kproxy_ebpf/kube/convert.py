@@ -21,6 +21,7 @@ addressType, as kube-proxy does).
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,6 +122,21 @@ class _Collector:
 
     def add(self, reason: str, message: str) -> None:
         self.items.append(Rejection(self.kind, self.namespace, self.name, reason, message, self.uid))
+
+
+def _objects(raw: Any, where: str, reason: str, what: str,
+             col: _Collector) -> Iterator[tuple[str, dict]]:
+    """(path, entry) for each object of a list field; a non-list field or a non-object entry
+    is reported once under `reason` and skipped."""
+    if raw is not None and not isinstance(raw, list):
+        col.add(reason, f"{where} is not a list: {_short(raw)}")
+        return
+    for i, entry in enumerate(_list(raw)):
+        path = f"{where}[{i}]"
+        if not isinstance(entry, dict):
+            col.add(reason, f"{path} is not an object: {_short(entry)}, {what} ignored")
+            continue
+        yield path, entry
 
 
 def _identity(obj: Any, kind: str) -> tuple[dict, _Collector, bool]:
@@ -230,15 +246,8 @@ def _cluster_ips(spec: dict, col: _Collector) -> tuple[bool, tuple[str, ...]]:
 
 
 def _service_ports(raw: Any, col: _Collector) -> tuple[ServicePort, ...]:
-    if raw is not None and not isinstance(raw, list):
-        col.add("InvalidPort", f"spec.ports is not a list: {_short(raw)}")
-        return ()
     ports: list[ServicePort] = []
-    for i, entry in enumerate(_list(raw)):
-        where = f"spec.ports[{i}]"
-        if not isinstance(entry, dict):
-            col.add("InvalidPort", f"{where} is not an object: {_short(entry)}, port ignored")
-            continue
+    for where, entry in _objects(raw, "spec.ports", "InvalidPort", "port", col):
         name = entry.get("name", "")
         if name is None:
             name = ""
@@ -387,15 +396,8 @@ def slice_from_api(obj: Any) -> tuple[EndpointSlice | None, list[Rejection]]:
 
 
 def _slice_ports(raw: Any, col: _Collector) -> tuple[EndpointPort, ...]:
-    if raw is not None and not isinstance(raw, list):
-        col.add("InvalidPort", f"ports is not a list: {_short(raw)}")
-        return ()
     out: list[EndpointPort] = []
-    for i, entry in enumerate(_list(raw)):
-        where = f"ports[{i}]"
-        if not isinstance(entry, dict):
-            col.add("InvalidPort", f"{where} is not an object: {_short(entry)}, port ignored")
-            continue
+    for where, entry in _objects(raw, "ports", "InvalidPort", "port", col):
         name = entry.get("name")
         if name is not None and not isinstance(name, str):
             col.add("InvalidPort", f"{where}.name is not a string: {_short(name)}, port ignored")
@@ -426,15 +428,8 @@ def _hint_names(hints: dict, key: str) -> tuple[str, ...]:
 
 
 def _endpoints(raw: Any, address_type: str, col: _Collector) -> tuple[Endpoint, ...]:
-    if raw is not None and not isinstance(raw, list):
-        col.add("InvalidEndpoint", f"endpoints is not a list: {_short(raw)}")
-        return ()
     out: list[Endpoint] = []
-    for i, entry in enumerate(_list(raw)):
-        where = f"endpoints[{i}]"
-        if not isinstance(entry, dict):
-            col.add("InvalidEndpoint", f"{where} is not an object: {_short(entry)}, endpoint ignored")
-            continue
+    for where, entry in _objects(raw, "endpoints", "InvalidEndpoint", "endpoint", col):
         addresses = entry.get("addresses")
         if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
             col.add("InvalidEndpoint", f"{where}.addresses is not a list of strings: {_short(addresses)}, "

@@ -11,7 +11,8 @@ from kproxy_ebpf.datapath import reader
 from kproxy_ebpf.datapath.loader import open_pinned_maps, remove_pins
 
 from .conftest import pod_of
-from .test_agent_restart import log_of, wait_for
+from ..support import wait_until
+from .test_agent_restart import log_of
 
 pytestmark = pytest.mark.root
 
@@ -109,7 +110,7 @@ def test_bad_input_and_a_full_map_are_reported_and_harm_nothing(lab, tmp_path):
             "--hostname-override", "node1"]
     agent = lab.spawn("node1", argv, "agent-bad")
     try:
-        wait_for(lambda: "first sync:" in log_of(lab, "agent-bad"), 30, "the first sync")
+        wait_until(lambda: "first sync:" in log_of(lab, "agent-bad"), 30, "the first sync")
         log = log_of(lab, "agent-bad")
         for needle in ("bad-port", "InvalidPort", "v6-only", "garbage", "InvalidProtocol"):
             assert needle in log, f"no log line about {needle}"
@@ -120,7 +121,7 @@ def test_bad_input_and_a_full_map_are_reported_and_harm_nothing(lab, tmp_path):
         assert lab.probe("client", "10.96.0.91", 80) == ["REFUSED"]
 
         manifest.write_text(GOOD % {"a1": lab.pod("a1").ip} + BAD + BIG)   # the map overflows
-        wait_for(lambda: "BPF map kp_svc4_v1 is full" in log_of(lab, "agent-bad"), 15,
+        wait_until(lambda: "BPF map kp_svc4_v1 is full" in log_of(lab, "agent-bad"), 15,
                  "a map-full log line")
         assert sample(metrics(lab), 'kproxy_bpf_map_full_total{map="kp_svc4_v1"}') >= 1
         assert agent.pid in [int(p) for p, r in lab.status()["procs"].items()
@@ -143,7 +144,7 @@ def test_bad_input_and_a_full_map_are_reported_and_harm_nothing(lab, tmp_path):
             finally:
                 for x in mp.values():
                     x.close()
-        wait_for(cleaned, 15, "the leftovers of the failed write to be collected")
+        wait_until(cleaned, 15, "the leftovers of the failed write to be collected")
     finally:
         lab.kill(agent.pid)
         remove_pins(Path(node.bpffs))

@@ -15,6 +15,7 @@ import pytest
 from kproxy_ebpf.datapath import reader
 from kproxy_ebpf.datapath.loader import open_pinned_maps, remove_pins
 
+from ..support import wait_until
 from .conftest import pod_of
 
 pytestmark = pytest.mark.root
@@ -47,16 +48,6 @@ def start_agent(lab, manifest: Path, name: str):
     return lab.spawn("node1", argv, name)
 
 
-def wait_for(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def log_of(lab, name: str) -> str:
     return Path(lab.log_path(name)).read_text()
 
@@ -79,7 +70,7 @@ def test_sigkill_and_restart_loses_no_connection(lab, tmp_path):
     first = start_agent(lab, manifest, "agent-1")
     second = None
     try:
-        wait_for(lambda: programmed(bpffs), 30, "the first agent to program the service")
+        wait_until(lambda: programmed(bpffs), 30, "the first agent to program the service")
 
         results: dict[str, list[str]] = {}
         loops = [
@@ -96,7 +87,7 @@ def test_sigkill_and_restart_loses_no_connection(lab, tmp_path):
         assert lab.kill(first.pid) in ("gone", "killed")      # reaped and forgotten
         time.sleep(0.5)                                        # traffic runs with no agent
         second = start_agent(lab, manifest, "agent-2")
-        wait_for(lambda: "first sync:" in log_of(lab, "agent-2"), 30,
+        wait_until(lambda: "first sync:" in log_of(lab, "agent-2"), 30,
                  "the second agent's first sync")
         for t in loops:
             t.join()

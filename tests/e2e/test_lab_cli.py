@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from kproxy_ebpf.lab.binaries import k8s_bin_dir, missing_binaries
+from kproxy_ebpf.lab.binaries import k8s_bin_dir
+
+from ..support import require_controlplane
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 
@@ -25,10 +27,7 @@ def kp(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def lab_up():
-    if missing_binaries(k8s_bin_dir()):
-        if os.environ.get("KPROXY_REQUIRE_CONTROLPLANE") == "1":
-            pytest.fail("control-plane binaries missing: run `make setup`")
-        pytest.skip("control-plane binaries not built (make setup)")
+    require_controlplane()
     kp("lab", "down", *LAB, check=False)
     try:
         out = kp("lab", "up", *LAB, "--nodes", "2", "--proxy", "kproxy")

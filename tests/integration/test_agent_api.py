@@ -7,28 +7,22 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 
 import pytest
 from kubernetes import client
 
-from kproxy_ebpf.lab.binaries import k8s_bin_dir, missing_binaries
 from kproxy_ebpf.lab.cluster import Cluster
 
-from .test_lab_cluster import delete_service, make_service, pods_of, served_by, wait_until
+from ..support import require_controlplane, wait_until
+from .test_lab_cluster import delete_service, make_service, pods_of, served_by
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    if missing_binaries(k8s_bin_dir()):
-        if os.environ.get("KPROXY_REQUIRE_CONTROLPLANE") == "1":
-            pytest.fail(f"control-plane binaries missing in {k8s_bin_dir()}: run `make setup`")
-        pytest.skip("control-plane binaries not built (make setup)")
+    require_controlplane()
     c = Cluster("it-api")
     c.down()
     c.up(nodes=2, proxy="kproxy")

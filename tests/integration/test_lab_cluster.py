@@ -9,7 +9,6 @@ server from 10.96.0.0/16.
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import Counter
@@ -17,8 +16,9 @@ from collections import Counter
 import pytest
 from kubernetes import client
 
-from kproxy_ebpf.lab.binaries import k8s_bin_dir, missing_binaries
 from kproxy_ebpf.lab.cluster import Cluster
+
+from ..support import require_controlplane, wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 
@@ -27,12 +27,7 @@ MODES = ["kproxy", "iptables", "nftables"]
 
 @pytest.fixture(scope="module", params=MODES)
 def cluster(request):
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    if missing_binaries(k8s_bin_dir()):
-        if os.environ.get("KPROXY_REQUIRE_CONTROLPLANE") == "1":
-            pytest.fail(f"control-plane binaries missing in {k8s_bin_dir()}: run `make setup`")
-        pytest.skip("control-plane binaries not built (make setup)")
+    require_controlplane()
     c = Cluster(f"it-{request.param}")
     c.down()
     c.up(nodes=2, proxy=request.param)
@@ -59,17 +54,6 @@ def delete_service(c: Cluster, name: str) -> None:
 
 def pods_of(lines: list[str]) -> Counter:
     return Counter(line.split()[0] for line in lines)
-
-
-def wait_until(pred, timeout: float, what: str, step: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(step)
 
 
 def served_by(c: Cluster, ip: str, count: int = 1, port: int = 80, udp: bool = False) -> set[str]:

@@ -1,0 +1,34 @@
+"""Small helpers shared by the root test suites."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from kproxy_ebpf.lab.binaries import k8s_bin_dir, missing_binaries
+
+
+def require_controlplane() -> None:
+    """Skips without the control-plane binaries, or fails when KPROXY_REQUIRE_CONTROLPLANE=1
+    (make test, CI), where a skip would hide a broken setup."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    missing = missing_binaries(k8s_bin_dir())
+    if missing:
+        if os.environ.get("KPROXY_REQUIRE_CONTROLPLANE") == "1":
+            pytest.fail(f"control-plane binaries missing in {k8s_bin_dir()} ({missing}): "
+                        "run `make setup`")
+        pytest.skip("control-plane binaries not built (make setup)")
+
+
+def wait_until(pred, timeout: float, what: str, step: float = 0.05):
+    """Polls pred() until it returns something truthy (returned), or fails after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(step)
