@@ -47,6 +47,8 @@ class Agent:
         self._lock = threading.Lock()        # guards state and _known
         self._known: dict[str, set[tuple[str, str]]] = {"Service": set(), "EndpointSlice": set()}
         self._retry: set = set()              # frontend keys a failed write left behind
+        self._triggers: list[float] = []      # trigger times of slice changes not yet synced
+        self._started_at = time.time()
         self._reported: set[tuple] = set()    # problems already logged
         self._stop = threading.Event()
         self._synced_once = False
@@ -115,7 +117,7 @@ class Agent:
     def replace(self, kind: str, objs: list[Any]) -> None:
         with self._lock:
             if kind == "Node":
-                changed = bool(objs) and self.state.set_node(objs[0])
+                changed = bool(objs) and self._set_node(objs[0])
             else:
                 new = {o.key for o in objs}
                 changed = False
@@ -129,7 +131,7 @@ class Agent:
     def upsert(self, kind: str, obj: Any) -> None:
         with self._lock:
             if kind == "Node":
-                changed = self.state.set_node(obj)
+                changed = self._set_node(obj)
             else:
                 self._known[kind].add(obj.key)
                 changed = self._upsert(kind, obj)
@@ -152,7 +154,17 @@ class Agent:
             self.events.rejected(rejections)
 
     def _upsert(self, kind: str, obj: Any) -> bool:
-        return self.state.upsert_service(obj) if kind == "Service" else self.state.upsert_slice(obj)
+        if kind == "Service":
+            return self.state.upsert_service(obj)
+        changed = self.state.upsert_slice(obj)
+        # As kube-proxy: changes older than this agent are not its programming latency.
+        if changed and obj.trigger_time and obj.trigger_time >= self._started_at:
+            self._triggers.append(obj.trigger_time)
+        return changed
+
+    def _set_node(self, node: Node) -> bool:
+        self.health.node_eligible = not node.deleting
+        return self.state.set_node(node)
 
     def _delete(self, kind: str, ns: str, name: str) -> bool:
         if kind == "Service":
@@ -172,6 +184,7 @@ class Agent:
         t0 = time.monotonic()
         with self._lock:
             changes = self.state.compute(full=full)
+            triggers, self._triggers = self._triggers, []
         if full:
             self.writer.restore()      # re-read the kernel: repairs drift, adopts nothing stale
             result = self.writer.apply(changes.frontends)
@@ -183,9 +196,14 @@ class Agent:
         self._report(changes.problems, result)
         if result.ok:
             self.health.updated(started)
-            self.metrics.sync_last.set(time.time())
+            done = time.time()
+            self.metrics.sync_last.set(done)
+            for t in triggers:
+                self.metrics.programming.observe(max(0.0, done - t))
         else:
             self.metrics.sync_failures.inc()
+            with self._lock:       # measured again once a sync gets them in
+                self._triggers.extend(triggers)
         self.metrics.pending.set(len(self.state.dirty))
         stats = self.writer.stats()
         self.metrics.frontends.set(stats["frontends"])

@@ -22,6 +22,11 @@ class Metrics:
             P + "sync_proxy_rules_duration_seconds", "Time a sync took, by kind (full or partial).",
             ["kind"], registry=r,
             buckets=[0.001 * 2 ** i for i in range(15)])   # 1 ms .. 16 s, as kube-proxy's
+        self.programming = Histogram(
+            P + "network_programming_duration_seconds",
+            "From the change that triggered an EndpointSlice update (its last-change-trigger-"
+            "time) to the datapath holding it; kube-proxy's network programming latency SLI.",
+            registry=r, buckets=[0.005 * 2 ** i for i in range(15)])   # 5 ms .. 82 s
         self.sync_last = Gauge(P + "sync_proxy_rules_last_timestamp_seconds",
                                "When the last successful sync finished.", registry=r)
         self.sync_failures = Counter(P + "sync_proxy_rules_failures_total",

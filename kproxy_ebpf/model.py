@@ -90,6 +90,9 @@ class EndpointSlice:
     ports: tuple[EndpointPort, ...] = ()
     endpoints: tuple[Endpoint, ...] = ()
     resource_version: str = ""
+    # annotation endpoints.kubernetes.io/last-change-trigger-time (epoch seconds): when the
+    # change this slice carries began (a pod or Service change), for programming latency.
+    trigger_time: float | None = field(default=None, compare=False)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -102,3 +105,6 @@ class Node:
     addresses: tuple[str, ...] = ()    # IPv4 InternalIPs (then ExternalIPs), in API order
     zone: str | None = None            # label topology.kubernetes.io/zone
     labels: tuple[tuple[str, str], ...] = field(default=())
+    # deletionTimestamp set, or tainted ToBeDeletedByClusterAutoscaler: /healthz turns 503 so
+    # load balancers drain the node first (kube-proxy's nodeEligible).
+    deleting: bool = False

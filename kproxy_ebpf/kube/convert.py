@@ -23,6 +23,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from ..model import (
@@ -45,6 +46,8 @@ LABEL_SERVICE_NAME = "kubernetes.io/service-name"
 LABEL_PROXY_NAME = "service.kubernetes.io/service-proxy-name"
 LABEL_HEADLESS = "service.kubernetes.io/headless"
 LABEL_ZONE = "topology.kubernetes.io/zone"
+ANNOTATION_TRIGGER_TIME = "endpoints.kubernetes.io/last-change-trigger-time"
+TAINT_TO_BE_DELETED = "ToBeDeletedByClusterAutoscaler"
 
 
 @dataclass(frozen=True)
@@ -391,8 +394,19 @@ def slice_from_api(obj: Any) -> tuple[EndpointSlice | None, list[Rejection]]:
         ports=_slice_ports(obj.get("ports"), col),
         endpoints=_endpoints(obj.get("endpoints"), address_type, col),
         resource_version=_str(meta.get("resourceVersion")) or "",
+        trigger_time=_timestamp(_dict(meta.get("annotations")).get(ANNOTATION_TRIGGER_TIME)),
     )
     return eps, col.items
+
+
+def _timestamp(value: Any) -> float | None:
+    """RFC 3339 (as the API writes it) -> epoch seconds; None if absent or unparseable."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def _slice_ports(raw: Any, col: _Collector) -> tuple[EndpointPort, ...]:
@@ -480,10 +494,13 @@ def node_from_api(obj: Any) -> Node:
             v4 = _ipv4(entry.get("address"))
             if v4 is not None and v4 not in addresses:
                 addresses.append(v4)
+    taints = _list(_dict(_dict(obj).get("spec")).get("taints"))
     return Node(
         name=_str(meta.get("name")) or "",
         addresses=tuple(addresses),
         zone=labels.get(LABEL_ZONE) or None,
         labels=tuple(sorted(labels.items())),
+        deleting=meta.get("deletionTimestamp") is not None or any(
+            _dict(t).get("key") == TAINT_TO_BE_DELETED for t in taints),
     )
 

@@ -57,6 +57,8 @@ def test_api_outage_keeps_the_datapath_and_the_agent_converges_after(cluster):
         cluster.create_pod(name, node, labels={"app": "out"})
     ip = make_service(cluster, "outage", "out")
     wait_until(lambda: served_by(cluster, ip, count=30) == {"out-1", "out-2"}, 15, "2 backends")
+    # The EndpointSlice controller stamps each change; the agent reports trigger -> programmed.
+    assert metric(cluster, "node1", "kproxy_network_programming_duration_seconds_count") >= 1
     # The API server removes itself from the `kubernetes` Service when it shuts down (a real
     # change the agent applies before the outage); compare everything else.
     def ours():

@@ -339,3 +339,22 @@ def test_garbage_anywhere_never_raises(convert, template):
             assert all(isinstance(r, Rejection) and r.reason and r.message for r in rejections)
         count += 1
     assert count > 100
+
+
+def test_slice_trigger_time_annotation():
+    from kproxy_ebpf.kube.convert import slice_from_api
+    sl, rej = slice_from_api({"metadata": {"name": "s", "namespace": "d", "annotations": {
+        "endpoints.kubernetes.io/last-change-trigger-time": "2026-11-29T15:00:00Z"}},
+        "addressType": "IPv4"})
+    assert not rej and sl.trigger_time == 1795964400.0
+    sl, _ = slice_from_api({"metadata": {"name": "s", "annotations": {
+        "endpoints.kubernetes.io/last-change-trigger-time": "yesterday"}}, "addressType": "IPv4"})
+    assert sl.trigger_time is None
+
+
+def test_node_being_deleted():
+    from kproxy_ebpf.kube.convert import node_from_api
+    assert not node_from_api({"metadata": {"name": "n"}}).deleting
+    assert node_from_api({"metadata": {"name": "n", "deletionTimestamp": "2026-01-01T00:00:00Z"}}).deleting
+    assert node_from_api({"metadata": {"name": "n"}, "spec": {"taints": [
+        {"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]}}).deleting
