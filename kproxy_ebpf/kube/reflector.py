@@ -212,6 +212,9 @@ class Reflector:
                 self.restarts += 1
                 if self._listed or self._streamed:
                     backoff = self.backoff_initial    # it worked for a while: start over
+                if self._streamed:
+                    # A working watch broke: a 410 when it resumes is a first expiry again.
+                    expired_in_a_row = 0
                 delay = self._jitter(backoff)
                 backoff = min(backoff * 2, self.backoff_max)
                 what = "list" if need_list else f"watch from resourceVersion {self.resource_version}"

@@ -582,13 +582,8 @@ def test_first_expiry_after_a_dropped_watch_relists_at_once():
     assert_backoff(waits(refl), [0.001])     # only the reconnect waited; the relist did not
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: run() resets expired_in_a_row only when a watch ends cleanly or an expiry follows "
-    "streamed events, not when a watch that delivered events fails with an error. After any "
-    "earlier expiry, an API-server restart (dropped watch, then 410 on resume: the usual case) "
-    "is treated as a repeated expiry and the relist waits the backoff grown during the outage "
-    "(with defaults: up to 30 s on stale state) instead of happening at once, contrary to the "
-    "documented 'first expiry relists at once'."))
+# Regression: an expiry after a working watch that dropped used to count as a repeated expiry
+# and wait out the backoff grown during the outage (up to 30 s on stale state).
 def test_expiry_after_a_working_watch_that_dropped_relists_at_once_even_after_an_earlier_expiry():
     api = FakeAPI(
         lists=[page([], rv="10"), page([], rv="20"), page([], rv="40")],
