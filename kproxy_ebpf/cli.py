@@ -182,6 +182,76 @@ def stats(bpffs_dir: str, output: str) -> None:
 
 @main.command()
 @_bpffs_option
+@_output_option
+@click.option("--healthz", default="http://127.0.0.1:10256/healthz", show_default=True,
+              help="The agent's health URL ('' skips it).")
+def status(bpffs_dir: str, output: str, healthz: str) -> None:
+    """Is kproxy on this node? Its hooks and cgroup, map fill, counters, agent health."""
+    import urllib.error
+    import urllib.request
+
+    from .datapath import reader
+
+    maps_ = _open_maps(bpffs_dir)
+    out = {"bpffs_dir": bpffs_dir, "hooks": reader.hooks(Path(bpffs_dir)),
+           "maps": {k: {"entries": len(m) if not m.spec.percpu else None,
+                        "max_entries": m.max_entries} for k, m in maps_.items()},
+           "counters": reader.counters(maps_["stats"])}
+    if healthz:
+        try:
+            with urllib.request.urlopen(healthz, timeout=2) as r:
+                out["agent"] = {"status": r.status, **json.loads(r.read())}
+        except urllib.error.HTTPError as exc:
+            out["agent"] = {"status": exc.code, **json.loads(exc.read() or b"{}")}
+        except (OSError, ValueError) as exc:
+            out["agent"] = {"status": None, "error": str(exc)}
+    if output == "json":
+        click.echo(json.dumps(out, indent=2))
+        return
+    click.echo(f"pinned under {bpffs_dir}")
+    for h in out["hooks"]:
+        where = (f"prog {h['prog_id']} on cgroup {h['cgroup'] or '?'} (id {h['cgroup_id']})"
+                 if h["pinned"] else "NOT ATTACHED")
+        click.echo(f"  {h['hook']:<13} {where}")
+    for name, m in out["maps"].items():
+        click.echo(f"  map {name:<9} {m['entries'] if m['entries'] is not None else '-':>7}"
+                   f" / {m['max_entries']}")
+    click.echo("  counters: " + ", ".join(f"{k} {v}" for k, v in out["counters"].items()))
+    if "agent" in out:
+        agent = out["agent"]
+        state = {200: "healthy", 503: "UNHEALTHY"}.get(agent["status"], "unreachable")
+        click.echo(f"  agent: {state} {json.dumps({k: v for k, v in agent.items() if k != 'status'})}")
+
+
+@main.command()
+@_bpffs_option
+@click.option("--kubeconfig", help="Compare with this cluster (default: in-cluster, ~/.kube/config).")
+@click.option("--master", help="API server address, overriding the kubeconfig's.")
+@click.option("--hostname-override", "node", help="This node's name (default: the host name).")
+@click.option("--manifests", multiple=True, help="Compare with these YAML files instead.")
+def check(bpffs_dir, kubeconfig, master, node, manifests) -> None:
+    """Compare the datapath with what the cluster says; exit 1 on any difference."""
+    import socket
+
+    from . import check as chk
+    from .datapath import reader
+
+    node = (node or socket.gethostname()).lower()
+    if manifests:
+        desired = chk.desired_from_manifests(list(manifests), node)
+    else:
+        from .kube.client import make_api_client
+
+        desired = chk.desired_from_api(make_api_client(kubeconfig=kubeconfig, master=master), node)
+    drifts = chk.compare(desired, reader.services(_open_maps(bpffs_dir)))
+    for d in drifts:
+        click.echo(str(d))
+    click.echo(f"{len(desired)} frontends expected, {len(drifts)} differences")
+    sys.exit(1 if drifts else 0)
+
+
+@main.command()
+@_bpffs_option
 @click.option("--yes", is_flag=True, help="Do not ask.")
 def cleanup(bpffs_dir: str, yes: bool) -> None:
     """Detach the socket hooks and remove the pinned maps (services stop being translated)."""

@@ -6,8 +6,10 @@ operator reads is what the kernel holds, not what the agent believes it wrote.
 from __future__ import annotations
 
 import ctypes
+import os
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 from . import layout as L
 from .pinned import PinnedMap
@@ -113,3 +115,45 @@ def dump(m: PinnedMap) -> list[dict]:
 
 def counters(m: PinnedMap) -> dict[str, int]:
     return {r["counter"]: r["value"] for r in dump(m) if r.get("counter") in STAT_NAMES.values()}
+
+
+def hooks(bpffs_dir: Path, cgroup_roots: tuple[str, ...] = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")
+          ) -> list[dict]:
+    """The pinned links: which program each socket hook runs and on which cgroup."""
+    from . import libbpf
+    from .loader import SOCK_HOOKS
+
+    out = []
+    for _prog, (attach_type, pin) in SOCK_HOOKS.items():
+        path = bpffs_dir / "links" / pin
+        row: dict = {"hook": pin, "pinned": path.exists()}
+        if path.exists():
+            fd = libbpf.obj_get(str(path))
+            try:
+                info = libbpf.link_info(fd)
+            finally:
+                os.close(fd)
+            row.update(link_id=info.id, prog_id=info.prog_id, cgroup_id=info.cgroup_id,
+                       attach_type_ok=info.attach_type == attach_type,
+                       cgroup=_cgroup_path(info.cgroup_id, cgroup_roots))
+        out.append(row)
+    return out
+
+
+def _cgroup_path(cgroup_id: int, roots: tuple[str, ...], max_depth: int = 6) -> str | None:
+    """A cgroup v2 id is its directory's inode number: find the directory (bounded walk)."""
+    for root in roots:
+        base = Path(root)
+        if not (base / "cgroup.controllers").exists():     # not a cgroup v2 mount
+            continue
+        stack = [(base, 0)]
+        while stack:
+            path, depth = stack.pop()
+            try:
+                if os.stat(path).st_ino == cgroup_id:
+                    return str(path)
+                if depth < max_depth:
+                    stack.extend((p, depth + 1) for p in path.iterdir() if p.is_dir())
+            except OSError:
+                continue
+    return None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -40,6 +41,14 @@ def services_on(c: Cluster, node: str) -> list[dict]:
                                       "--bpffs-dir", c.lab.node(node).bpffs, "-o", "json"],
                      capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
+
+
+def check(c: Cluster, node: str) -> subprocess.CompletedProcess:
+    """`kproxy-ebpf check` on the node: the maps against a fresh list of the cluster."""
+    return c.lab.exec(f"node/{node}", [sys.executable, "-m", "kproxy_ebpf.cli", "check",
+                                       "--bpffs-dir", c.lab.node(node).bpffs, "--kubeconfig",
+                                       c.info.lab_kubeconfig, "--hostname-override", node],
+                      capture_output=True, text=True)
 
 
 def metric(c: Cluster, node: str, name: str, labels: str = "") -> float:
@@ -147,6 +156,8 @@ def test_forced_410_relists_without_duplicates_or_losses(cluster):
                        tuple(sorted(b["address"] for b in s["backends"])))
                       for s in services_on(cluster, node))
     assert view("node1") == view("node2")
+    result = check(cluster, "node1")
+    assert result.returncode == 0, f"node1 differs from the cluster:\n{result.stdout}"
     delete_service(cluster, "rl-b")
     for i in range(20):
         core.delete_namespaced_config_map(f"rl-{i}", "default")
