@@ -88,14 +88,18 @@ class Datapath:
         cflags = [f"-I{src}", f'-DKP_PIN_DIR="{self.bpffs_dir}"', "-Wno-macro-redefined",
                   *self.sizes.cflags()]
         self._bpf = BPF(src_file=str(src / "sock_lb.c").encode(), cflags=cflags)
-        self._check_bcc_layout()
-        for name, spec in MAPS.items():
-            self.maps[name] = PinnedMap(self.bpffs_dir / spec.name, spec)
-            want = getattr(self.sizes, name, None)
-            if want and self.maps[name].max_entries != want:
-                log.warning("map %s keeps its pinned size %d (configured %d); run "
-                            "`kproxy-ebpf cleanup` while no traffic depends on it to resize",
-                            spec.name, self.maps[name].max_entries, want)
+        try:
+            self._check_bcc_layout()
+            for name, spec in MAPS.items():
+                self.maps[name] = PinnedMap(self.bpffs_dir / spec.name, spec)
+                want = getattr(self.sizes, name, None)
+                if want and self.maps[name].max_entries != want:
+                    log.warning("map %s keeps its pinned size %d (configured %d); run "
+                                "`kproxy-ebpf cleanup` while no traffic depends on it to resize",
+                                spec.name, self.maps[name].max_entries, want)
+        except BaseException:
+            self.close()
+            raise
 
     def _check_bcc_layout(self) -> None:
         """Refuses to run if bcc's view of a map (from the compiled C) differs from layout.py."""

@@ -1,0 +1,35 @@
+"""The agent refuses a pinned map whose layout differs from layout.py (a map left by an agent of
+another version): bcc would adopt it silently and every write would corrupt it."""
+import ctypes
+import os
+from pathlib import Path
+
+import pytest
+
+from kproxy_ebpf.datapath import libbpf
+from kproxy_ebpf.datapath.loader import Datapath, remove_pins
+from kproxy_ebpf.datapath.pinned import LayoutMismatch
+
+pytestmark = pytest.mark.root
+
+BPF_MAP_TYPE_HASH = 1
+
+
+def test_a_pinned_map_with_another_layout_is_refused(lab):
+    node = lab.node("node2")
+    bpffs = Path(node.bpffs)
+    bpffs.mkdir(exist_ok=True)
+    lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
+    lib.bpf_map_create.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint, ctypes.c_uint,
+                                   ctypes.c_uint, ctypes.c_void_p]
+    fd = lib.bpf_map_create(BPF_MAP_TYPE_HASH, b"kp_svc4_v1", 12, 20, 64, None)  # value: 20 != 16
+    assert fd >= 0
+    try:
+        libbpf.obj_pin(fd, str(bpffs / "kp_svc4_v1"))
+        dp = Datapath(bpffs, Path(node.cgroup))
+        with pytest.raises(LayoutMismatch, match="12/20 bytes, layout.py expects 12/16"):
+            dp.load()
+        assert not (bpffs / "links").exists(), "nothing was attached"
+    finally:
+        os.close(fd)
+        remove_pins(bpffs)
