@@ -91,8 +91,13 @@ class Reflector:
         backoff_max: float = 30.0,
         connect_timeout: float = 10.0,
         list_read_timeout: float = 60.0,
+        on_contact: Callable[[], None] | None = None,
     ) -> None:
+        """on_contact: called when the server answers again after a failed attempt (the
+        ApiSource uses it to wake its other reflectors out of their backoff)."""
         self.resource = resource
+        self._on_contact = on_contact
+        self._failing = False
         self._list_fn = list_fn
         self._watch_fn = watch_fn or list_fn
         self._on_event = on_event
@@ -116,6 +121,8 @@ class Reflector:
 
         self._log = logging.getLogger(f"kproxy_ebpf.kube.reflector.{resource}")
         self._stop = threading.Event()
+        # Backoff waits on this event: stop() and wake() cut a wait short.
+        self._pause = threading.Event()
         self._lock = threading.Lock()
         self._response: Any = None      # the in-flight urllib3 response, to cut it on stop()
         self._thread: threading.Thread | None = None
@@ -135,9 +142,26 @@ class Reflector:
     def stop(self, timeout: float | None = 5.0) -> None:
         """Stop the loop, cutting the in-flight request, and wait up to `timeout` for the thread."""
         self._stop.set()
+        self._pause.set()
         self._cut()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+
+    def wake(self) -> None:
+        """Ends a backoff wait now: another reflector of the same API server just got through,
+        so the server is back and this one need not sleep out a backoff grown during the
+        outage (up to backoff_max). Harmless when not waiting."""
+        self._pause.set()
+
+    def _contact(self) -> None:
+        if self._failing:
+            self._failing = False
+            if self._on_contact is not None:
+                self._on_contact()
+
+    def _sleep(self, delay: float) -> None:
+        self._pause.wait(delay)
+        self._pause.clear()
 
     @property
     def alive(self) -> bool:
@@ -190,6 +214,7 @@ class Reflector:
                     break
                 self.last_error = exc
                 self.relists += 1
+                self._failing = True
                 need_list = True
                 if self._streamed:
                     backoff, expired_in_a_row = self.backoff_initial, 0
@@ -204,12 +229,13 @@ class Reflector:
                                self.resource_version or "-", exc,
                                f" in {delay:.1f}s" if delay else "")
                 if delay:
-                    self._stop.wait(delay)
+                    self._sleep(delay)
             except Exception as exc:  # noqa: BLE001 - every other failure means "retry later"
                 if self._stop.is_set():
                     break
                 self.last_error = exc
                 self.restarts += 1
+                self._failing = True
                 if self._listed or self._streamed:
                     backoff = self.backoff_initial    # it worked for a while: start over
                 if self._streamed:
@@ -220,7 +246,7 @@ class Reflector:
                 what = "list" if need_list else f"watch from resourceVersion {self.resource_version}"
                 self._log.warning("%s: %s failed: %s; retrying in %.1fs (failure %d)", self.resource,
                                   what, _describe(exc), delay, self.restarts)
-                self._stop.wait(delay)
+                self._sleep(delay)
         self._log.debug("%s: reflector stopped", self.resource)
 
     def _jitter(self, delay: float) -> float:
@@ -257,6 +283,7 @@ class Reflector:
         self._log.info("%s: listed %d objects at resourceVersion %s (%d page%s)", self.resource,
                        len(items), rv, pages, "" if pages == 1 else "s")
         self._listed = True
+        self._contact()
         self._deliver(SYNC, items)
         self.synced.set()
 
@@ -329,6 +356,7 @@ class Reflector:
                     return
                 self._handle_line(line)
                 self._streamed = True
+                self._contact()
             clean = True
             self._log.debug("%s: watch ended by the server at resourceVersion %s", self.resource,
                             self.resource_version)

@@ -52,7 +52,13 @@ class ApiSource:
             opts: dict[str, Any] = {"node_name": node_name} if resource == "node" else {
                 "label_selector": PROXY_LABEL_SELECTOR}
             self.reflectors[resource] = reflector_for(
-                api_client, resource, self._handler(kind), **opts)
+                api_client, resource, self._handler(kind), on_contact=self._wake_all, **opts)
+
+    def _wake_all(self) -> None:
+        """One reflector got through after failures: the API server is back, so the others
+        retry now instead of sleeping out a backoff that grew during the outage."""
+        for r in self.reflectors.values():
+            r.wake()
 
     def _handler(self, kind: str) -> Callable[[str, Any], None]:
         convert = _CONVERT[kind]

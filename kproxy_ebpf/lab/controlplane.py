@@ -211,6 +211,16 @@ class ControlPlane:
             raise
         return time.monotonic() - t0
 
+    def restart_controller_manager(self) -> None:
+        """A fresh kube-controller-manager: after an API outage its informers back off for up to
+        a minute (client-go: 30 s with 100 % jitter), which would slow every test after it."""
+        self._stop_proc("kube-controller-manager")
+        try:
+            self._start_kcm()
+        except BaseException:
+            self.stop()
+            raise
+
     def restart_apiserver(self) -> float:
         """Stop and restart kube-apiserver on the same port; returns seconds until ready again."""
         self.stop_apiserver()

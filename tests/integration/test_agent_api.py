@@ -95,9 +95,7 @@ def test_api_outage_keeps_the_datapath_and_the_agent_converges_after(cluster):
 def test_agent_started_while_the_api_is_dead_keeps_the_datapath_then_converges(cluster):
     cluster.create_pod("dead-1", "node2", labels={"app": "dead"})
     ip = make_service(cluster, "dead", "dead")
-    # Generous: after the previous test's outage kube-controller-manager's own watch backoff
-    # (client-go: up to 30 s) delays the EndpointSlice, not the agent.
-    wait_until(lambda: served_by(cluster, ip, count=5) == {"dead-1"}, 60, "service dead")
+    wait_until(lambda: served_by(cluster, ip, count=5) == {"dead-1"}, 20, "service dead")
 
     cluster.stop_apiserver()
     try:
@@ -122,7 +120,7 @@ def test_forced_410_relists_without_duplicates_or_losses(cluster):
     cluster.create_pod("gone-a", "node2", labels={"app": "rl-a"})
     cluster.create_pod("gone-b", "node2", labels={"app": "rl-b"})
     ip_a = make_service(cluster, "rl-a", "rl-a")
-    wait_until(lambda: served_by(cluster, ip_a), 60, "service rl-a")
+    wait_until(lambda: served_by(cluster, ip_a), 20, "service rl-a")
     relists_before = metric(cluster, "node1", "kproxy_api_relists_total", 'resource="services"')
 
     # Freeze node1's agent, change the cluster behind its back, compact etcd past what it has
@@ -155,7 +153,7 @@ def test_forced_410_relists_without_duplicates_or_losses(cluster):
         return sorted((s["service"], s["address"], s["port"], s["protocol"], s["action"],
                        tuple(sorted(b["address"] for b in s["backends"])))
                       for s in services_on(cluster, node))
-    assert view("node1") == view("node2")
+    wait_until(lambda: view("node1") == view("node2"), 30, "node1 and node2 to agree")
     result = check(cluster, "node1")
     assert result.returncode == 0, f"node1 differs from the cluster:\n{result.stdout}"
     delete_service(cluster, "rl-b")

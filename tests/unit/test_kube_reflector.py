@@ -4,7 +4,7 @@ Each test gives a script: the responses (or exceptions) that successive LIST and
 get, in order. When a script runs out, the fake holds the next request open like an idle watch;
 in the synchronous tests (`drive`, which runs `Reflector.run()` on the test thread) it first
 calls stop(), so the script's end is the end of the run. Backoff waits go through the
-reflector's stop event; `drive` swaps in one that records the delay and returns at once, so the
+reflector's pause event; `drive` swaps in one that records the delay and returns at once, so the
 backoff sequence is asserted exactly and nothing sleeps. The threaded tests use real (tiny)
 waits and a fixture that stops every reflector and checks that no thread is left behind.
 
@@ -135,7 +135,7 @@ class FakeAPI:
 
 
 class RecordingStop(threading.Event):
-    """The reflector's stop event, with wait() recording the backoff instead of sleeping."""
+    """The reflector's backoff event, with wait() recording the delay instead of sleeping."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -192,14 +192,14 @@ def drive(api: FakeAPI, on_event: Callable[[str, Any], None] | None = None,
     seen: Seen = []
     refl = Reflector("services", api.list_fn, api.watch_fn,
                      on_event or (lambda t, p: seen.append((t, p))), **{**FAST, **options})
-    refl._stop = RecordingStop()   # see the module docstring: backoff without sleeping
+    refl._pause = RecordingStop()   # see the module docstring: backoff without sleeping
     api.reflector = refl
     refl.run()
     return refl, seen
 
 
 def waits(refl: Reflector) -> list[float]:
-    return refl._stop.waits  # type: ignore[attr-defined]
+    return refl._pause.waits  # type: ignore[attr-defined]
 
 
 def names(payload: list[dict]) -> list[str]:
@@ -700,11 +700,31 @@ def test_reflector_for_binds_the_node_field_selector(monkeypatch):
     import kubernetes.client
     monkeypatch.setattr(kubernetes.client, "CoreV1Api", FakeCore)
     refl = reflector_mod.reflector_for(object(), "node", lambda t, p: None, node_name="n1", **FAST)
-    refl._stop = RecordingStop()
-    refl._stop.wait = lambda timeout=None: refl._stop.set() or True  # type: ignore[method-assign]
+    refl._pause = RecordingStop()
+    refl._pause.wait = lambda timeout=None: refl._stop.set() or True  # type: ignore[method-assign]
     refl.run()
     assert calls and calls[0]["field_selector"] == "metadata.name=n1" and calls[0]["limit"] == 2
     with pytest.raises(ValueError, match="node_name"):
         reflector_mod.reflector_for(object(), "node", lambda t, p: None)
     with pytest.raises(ValueError, match="unknown resource"):
         reflector_mod.reflector_for(object(), "pods", lambda t, p: None)
+
+
+def test_wake_cuts_a_backoff_short_and_contact_after_failure_is_reported():
+    """ApiSource wakes its other reflectors when one gets through after an outage."""
+    contacts: list[int] = []
+    api = FakeAPI(lists=[conn_refused(), page([obj("a", "5")], rv="5")], watches=[])
+    refl = Reflector("services", api.list_fn, api.watch_fn, lambda t, p: None,
+                     **{**FAST, "backoff_initial": 30.0, "backoff_max": 30.0},
+                     on_contact=lambda: contacts.append(1))
+    api.reflector = refl
+    refl.start()
+    try:
+        time.sleep(0.05)                  # now in a 30 s backoff after the refused list
+        t0 = time.monotonic()
+        refl.wake()
+        wait_until(lambda: refl.synced.is_set())
+        assert time.monotonic() - t0 < 2, "wake() ended the backoff"
+        assert contacts == [1], "the first answer after a failure is reported once"
+    finally:
+        refl.stop()
