@@ -237,15 +237,7 @@ def _cluster_ips(spec: dict, col: _Collector) -> tuple[bool, tuple[str, ...]]:
         raw = [single] if single not in (None, "") else []
     if raw and raw[0] == "None":
         return True, ()
-    ips: list[str] = []
-    for i, value in enumerate(raw):
-        v4 = _ipv4(value)
-        if v4 is not None:
-            if v4 not in ips:
-                ips.append(v4)
-        elif not _is_ipv6(value):
-            col.add("InvalidClusterIP", f"spec.clusterIPs[{i}]: {_short(value)} is not an IP address")
-    return False, tuple(ips)
+    return False, _ipv4_list(raw, "spec.clusterIPs", col, reason="InvalidClusterIP", suffix="")
 
 
 def _service_ports(raw: Any, col: _Collector) -> tuple[ServicePort, ...]:
@@ -280,10 +272,12 @@ def _port_field(value: Any, where: str, col: _Collector) -> int:
     return 0
 
 
-def _ipv4_list(raw: Any, where: str, col: _Collector) -> tuple[str, ...]:
-    """IPv4 entries of a list of addresses; IPv6 ones are skipped quietly (dual-stack is valid)."""
+def _ipv4_list(raw: Any, where: str, col: _Collector, reason: str = "InvalidIP",
+               suffix: str = ", ignored") -> tuple[str, ...]:
+    """IPv4 entries of a list of addresses, deduplicated; IPv6 ones are skipped quietly
+    (dual-stack is valid), anything else is reported."""
     if raw is not None and not isinstance(raw, list):
-        col.add("InvalidIP", f"{where} is not a list: {_short(raw)}")
+        col.add(reason, f"{where} is not a list: {_short(raw)}")
         return ()
     out: list[str] = []
     for i, value in enumerate(_list(raw)):
@@ -292,7 +286,7 @@ def _ipv4_list(raw: Any, where: str, col: _Collector) -> tuple[str, ...]:
             if v4 not in out:
                 out.append(v4)
         elif not _is_ipv6(value):
-            col.add("InvalidIP", f"{where}[{i}]: {_short(value)} is not an IP address, ignored")
+            col.add(reason, f"{where}[{i}]: {_short(value)} is not an IP address{suffix}")
     return tuple(out)
 
 

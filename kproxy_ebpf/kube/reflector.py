@@ -296,13 +296,7 @@ class Reflector:
         finally:
             # A connection with an unread rest of a body must not go back to the pool.
             self._release(resp, reuse=complete)
-        try:
-            body = json.loads(data)
-        except ValueError as exc:
-            raise WatchError(f"list response is not JSON: {exc}") from exc
-        if not isinstance(body, dict):
-            raise WatchError("list response is not a JSON object")
-        return body
+        return _json_object(data, "list response")
 
     def _call(self, fn: ListFunc, **kwargs: Any) -> Any:
         """Call the client, mapping HTTP 410 to ResourceExpired, and track the response."""
@@ -364,12 +358,7 @@ class Reflector:
             self._release(resp, reuse=clean)
 
     def _handle_line(self, line: bytes) -> None:
-        try:
-            event = json.loads(line)
-        except ValueError as exc:
-            raise WatchError(f"watch line is not JSON: {exc}") from exc
-        if not isinstance(event, dict):
-            raise WatchError("watch line is not a JSON object")
+        event = _json_object(line, "watch line")
         etype = event.get("type")
         obj = event.get("object")
         if etype in WATCH_TYPES:
@@ -403,6 +392,16 @@ class Reflector:
         except Exception:
             self.handler_errors += 1
             self._log.exception("%s: the event handler failed on a %s event", self.resource, etype)
+
+
+def _json_object(data: bytes, what: str) -> dict:
+    try:
+        value = json.loads(data)
+    except ValueError as exc:
+        raise WatchError(f"{what} is not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise WatchError(f"{what} is not a JSON object")
+    return value
 
 
 def _lines(resp: Any) -> Iterator[bytes]:

@@ -28,6 +28,8 @@ from kproxy_ebpf.kube.convert import Rejection, node_from_api, service_from_api,
 from kproxy_ebpf.kube.events import EventRecorder
 from kproxy_ebpf.kube.reflector import SYNC, Reflector, reflector_for
 
+from ..support import wait_until
+
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(180)]
 
 
@@ -35,14 +37,7 @@ pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(180)]
 # helpers
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.05)
+    return wait_until(predicate, timeout, what)
 
 
 class Store:
