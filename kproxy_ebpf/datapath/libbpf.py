@@ -60,6 +60,8 @@ def _lib() -> ctypes.CDLL:
         "bpf_obj_get_info_by_fd": ([c_int, vp, ctypes.POINTER(ctypes.c_uint32)], c_int),
         "bpf_link_create": ([c_int, c_int, c_uint, vp], c_int),
         "bpf_link_update": ([c_int, c_int, vp], c_int),
+        "bpf_map_lookup_batch": ([c_int, vp, vp, vp, vp, ctypes.POINTER(ctypes.c_uint32), vp],
+                                 c_int),
     }
     for name, (args, res) in sigs.items():
         fn = getattr(lib, name)
@@ -118,6 +120,21 @@ def _info(fd: int, info: ctypes.Structure, what: str):
     size = ctypes.c_uint32(ctypes.sizeof(info))
     _check(_lib().bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(size)), what)
     return info
+
+
+def map_lookup_batch(fd: int, token: ctypes.Array | None, next_token: ctypes.Array,
+                     keys: ctypes.Array, values: ctypes.Array) -> tuple[int, bool]:
+    """Reads up to len(keys) entries after `token` (None: from the start) in one syscall.
+    Returns (entries read, whether the map is exhausted). ~0.5 us per entry instead of ~10 us
+    for a get-next-key plus a lookup each."""
+    count = ctypes.c_uint32(len(keys))
+    ret = _lib().bpf_map_lookup_batch(fd, ctypes.byref(token) if token is not None else None,
+                                      ctypes.byref(next_token), ctypes.byref(keys),
+                                      ctypes.byref(values), ctypes.byref(count), None)
+    if ret == -errno.ENOENT:
+        return count.value, True
+    _check(ret, "map batch lookup")
+    return count.value, False
 
 
 def map_info(fd: int) -> _MapInfo:

@@ -12,6 +12,9 @@ from . import libbpf
 from .layout import MapSpec
 
 
+ENOTSUPP = 524     # the kernel's internal "not supported", which bpf() can return
+
+
 class LayoutMismatch(RuntimeError):
     """A pinned map's key/value sizes differ from layout.py: never write into it."""
 
@@ -93,10 +96,36 @@ class PinnedMap:
             prev = nxt
 
     def items(self) -> Iterator[tuple]:
+        """Every (key, value). Hash maps are read in batches (one syscall per 1024 entries);
+        a kernel or map type without batch support falls back to key-by-key reads."""
+        if not self.spec.percpu:
+            try:
+                yield from self._items_batched()
+                return
+            except libbpf.BpfError as exc:
+                if exc.errno not in (errno.EINVAL, ENOTSUPP, errno.EOPNOTSUPP):
+                    raise
         for key in self.keys():
             value = self.get(key)
             if value is not None:       # deleted since the snapshot
                 yield key, value
 
+    _BATCH = 1024
+
+    def _items_batched(self) -> list[tuple]:
+        # Collected first: a caller deleting while we yield would disturb the bucket walk.
+        out: list[tuple] = []
+        keys = (self.spec.key * self._BATCH)()
+        values = (self.spec.value * self._BATCH)()
+        token, nxt = None, (ctypes.c_uint8 * 8)()
+        while True:
+            n, done = libbpf.map_lookup_batch(self.fd, token, nxt, keys, values)
+            ks, vs = ctypes.sizeof(self.spec.key), ctypes.sizeof(self.spec.value)
+            out.extend((self.spec.key.from_buffer_copy(keys, i * ks),
+                        self.spec.value.from_buffer_copy(values, i * vs)) for i in range(n))
+            if done:
+                return out
+            token, nxt = nxt, (ctypes.c_uint8 * 8)()
+
     def __len__(self) -> int:
-        return len(self.keys())
+        return sum(1 for _ in self.items())
