@@ -21,6 +21,7 @@
 #define KP_MAP_BE4     kp_be4_v1
 #define KP_MAP_SKNAT4  kp_sknat4_v1
 #define KP_MAP_AFF     kp_aff_v1
+#define KP_MAP_FLOW    kp_flow_v1
 #define KP_MAP_META    kp_meta_v1
 #define KP_MAP_STATS   kp_stats_v1
 
@@ -37,12 +38,16 @@
 #ifndef KP_AFF_SIZE
 #define KP_AFF_SIZE    65536
 #endif
+#ifndef KP_FLOW_SIZE
+#define KP_FLOW_SIZE   65536
+#endif
 #ifndef KP_META_SIZE
 #define KP_META_SIZE   16384
 #endif
 
 /* How long an unconnected UDP socket keeps the backend it was given for a service, like the
- * kernel's conntrack entry for a UDP flow through kube-proxy (nf_conntrack_udp_timeout, 30 s). */
+ * kernel's conntrack entry for a UDP flow through kube-proxy (nf_conntrack_udp_timeout, 30 s);
+ * sends and replies both refresh it. */
 #ifndef KP_UDP_FLOW_TIMEOUT_S
 #define KP_UDP_FLOW_TIMEOUT_S 30
 #endif
@@ -68,8 +73,8 @@
 #define KP_BE_F_NOT_READY   0x04   /* serving but not ready: a terminating fallback */
 
 /* kp_aff_key.type */
-#define KP_AFF_CLIENT 0   /* sessionAffinity ClientIP: client = netns cookie */
-#define KP_AFF_SOCKET 1   /* unconnected UDP flow: client = socket cookie */
+#define KP_AFF_CLIENT 0   /* sessionAffinity ClientIP (kp_aff_v1): client = netns cookie */
+#define KP_AFF_SOCKET 1   /* unconnected UDP flow (kp_flow_v1): client = socket cookie */
 
 /* Index into the per-CPU counter array kp_stats. */
 #define KP_STAT_FORWARD      0   /* a connect/sendmsg translated to a backend */
@@ -125,7 +130,8 @@ struct kp_sknat4_val {
 	__u32  svc_id;
 };
 
-/* Session affinity and unconnected-UDP flows (LRU). */
+/* Session affinity (kp_aff_v1) and unconnected-UDP flows (kp_flow_v1): two LRU maps of the
+ * same layout, so a burst of short-lived DNS sockets never evicts a client's affinity. */
 struct kp_aff_key {
 	__u64 client;     /* netns cookie (KP_AFF_CLIENT) or socket cookie (KP_AFF_SOCKET) */
 	__u32 svc_id;

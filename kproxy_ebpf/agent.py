@@ -55,6 +55,10 @@ class Agent:
         self._stop = threading.Event()
         self._synced_once = False
         self._full_syncs = 0
+        self._force_full = False
+        self._recheck_kernel = False
+        self._attach_pending = False
+        self._sync_lock = threading.Lock()
         from .runner import Runner, Schedule
         self.runner = Runner(self._sync, Schedule(cfg.min_sync_period, cfg.sync_period))
 
@@ -64,7 +68,12 @@ class Agent:
         self.writer = MapWriter(self.datapath.maps)
         adopted = self.writer.restore()
         log.info("adopted %d frontends from %s", adopted, self.cfg.bpffs_dir)
-        self.datapath.attach()
+        # Programs that would read empty maps (a fresh node, a cleanup, maps of a new layout
+        # version) are attached only after the first sync has filled them: until then the
+        # previous programs, if any, keep serving from their own maps.
+        self._attach_pending = adopted == 0
+        if not self._attach_pending:
+            self.datapath.attach()
         self.metrics.watch_datapath(lambda: reader.counters(self.datapath.maps["stats"]))
         self._serve()
         self.source = self._make_source()
@@ -106,7 +115,8 @@ class Agent:
         self.runner.stop()
         if self.events:
             self.events.stop()
-        self.datapath.close()
+        with self._sync_lock:          # never close map fds under a sync still writing
+            self.datapath.close()
 
     def run_until_signalled(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -117,18 +127,20 @@ class Agent:
         self.stop()
 
     # -- Sink: what the sources deliver ----------------------------------------------------------
-    def replace(self, kind: str, objs: list[Any]) -> None:
+    def replace(self, kind: str, objs: list[Any], keep: set[tuple[str, str]] = frozenset()
+                ) -> None:
         with self._lock:
             if kind == "Node":
                 changed = bool(objs) and self._set_node(objs[0])
             else:
                 new = {o.key for o in objs}
                 changed = False
-                for ns, name in self._known[kind] - new:
+                # An object that failed conversion keeps its last good version, as on a watch.
+                for ns, name in self._known[kind] - new - set(keep):
                     changed |= self._delete(kind, ns, name)
                 for o in objs:
                     changed |= self._upsert(kind, o)
-                self._known[kind] = new
+                self._known[kind] = new | (self._known[kind] & set(keep))
         self._changed(changed)
 
     def upsert(self, kind: str, obj: Any) -> None:
@@ -182,7 +194,21 @@ class Agent:
 
     # -- sync --------------------------------------------------------------------------------
     def _sync(self, full: bool) -> bool:
+        with self._sync_lock:
+            if self._stop.is_set():
+                return True
+            try:
+                return self._sync_locked(full or self._force_full)
+            except Exception:
+                # Whatever the writer did not finish is redone by a full sync: the changes
+                # compute() handed over are not lost with the exception.
+                log.exception("sync failed; the next one will be a full sync")
+                self._force_full = self._recheck_kernel = True
+                return False
+
+    def _sync_locked(self, full: bool) -> bool:
         assert self.writer is not None
+        self._force_full = False
         started = time.time()
         t0 = time.monotonic()
         with self._lock:
@@ -192,8 +218,9 @@ class Agent:
             # Re-reading the kernel (drift repair) costs ~2 s of CPU at 10k services x 10
             # endpoints, so only every KERNEL_CHECK_EVERY-th full sync, or after a failure.
             self._full_syncs += 1
-            if self._full_syncs % KERNEL_CHECK_EVERY == 0 or self._retry:
+            if self._full_syncs % KERNEL_CHECK_EVERY == 0 or self._retry or self._recheck_kernel:
                 self.writer.restore()
+                self._recheck_kernel = False
             result = self.writer.apply(changes.frontends)
         else:
             result = self.writer.apply(changes.frontends, changes.changed_keys | self._retry)
@@ -201,6 +228,11 @@ class Agent:
         elapsed = time.monotonic() - t0
         self.metrics.sync_duration.labels("full" if full else "partial").observe(elapsed)
         self._report(changes.problems, result)
+        if self._attach_pending:
+            # The maps hold what could be written (a full map must not keep every other
+            # service of the node untranslated): now the hooks may read them.
+            self.datapath.attach()
+            self._attach_pending = False
         if result.ok:
             self.health.updated(started)
             done = time.time()

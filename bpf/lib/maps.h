@@ -20,6 +20,8 @@ BPF_TABLE_PINNED("lru_hash", struct kp_sknat4_key, struct kp_sknat4_val, kp_skna
 		 KP_SKNAT4_SIZE, KP_PIN(kp_sknat4_v1));
 BPF_TABLE_PINNED("lru_hash", struct kp_aff_key, struct kp_aff_val, kp_aff_v1,
 		 KP_AFF_SIZE, KP_PIN(kp_aff_v1));
+BPF_TABLE_PINNED("lru_hash", struct kp_aff_key, struct kp_aff_val, kp_flow_v1,
+		 KP_FLOW_SIZE, KP_PIN(kp_flow_v1));
 BPF_TABLE_PINNED("hash", __u32, struct kp_svc_meta, kp_meta_v1,
 		 KP_META_SIZE, KP_PIN(kp_meta_v1));
 BPF_TABLE_PINNED("percpu_array", __u32, __u64, kp_stats_v1,

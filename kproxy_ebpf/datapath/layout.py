@@ -120,6 +120,7 @@ MAPS: dict[str, MapSpec] = {
     "backend": MapSpec("KP_MAP_BE4", U32, Backend4, "KP_BE4_SIZE"),
     "sknat": MapSpec("KP_MAP_SKNAT4", SknatKey, SknatVal, "KP_SKNAT4_SIZE", lru=True),
     "affinity": MapSpec("KP_MAP_AFF", AffKey, AffVal, "KP_AFF_SIZE", lru=True),
+    "flow": MapSpec("KP_MAP_FLOW", AffKey, AffVal, "KP_FLOW_SIZE", lru=True),
     "meta": MapSpec("KP_MAP_META", U32, SvcMeta, "KP_META_SIZE"),
     "stats": MapSpec("KP_MAP_STATS", U32, U64, None, percpu=True),
 }

@@ -9,7 +9,6 @@ libbpf >= 1.0 returns -errno from these calls; every failure becomes a BpfError 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 from functools import lru_cache
@@ -19,6 +18,10 @@ ATTACH_CGROUP_INET4_CONNECT = 10
 ATTACH_CGROUP_UDP4_SENDMSG = 14
 ATTACH_CGROUP_UDP4_RECVMSG = 19
 ATTACH_CGROUP_INET4_GETPEERNAME = 29
+ATTACH_CGROUP_INET6_CONNECT = 11
+ATTACH_CGROUP_UDP6_SENDMSG = 15
+ATTACH_CGROUP_UDP6_RECVMSG = 20
+ATTACH_CGROUP_INET6_GETPEERNAME = 30
 
 BPF_ANY = 0
 BPF_NOEXIST = 1
@@ -47,8 +50,9 @@ class _LinkInfo(ctypes.Structure):
 
 @lru_cache(maxsize=1)
 def _lib() -> ctypes.CDLL:
-    path = ctypes.util.find_library("bpf") or "libbpf.so.1"
-    lib = ctypes.CDLL(path, use_errno=True)
+    # Explicitly version 1: libbpf 0.x returns -1 and sets errno where 1.x returns -errno,
+    # which every check below relies on.
+    lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
     vp, c_int, c_uint = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint
     sigs = {
         "bpf_obj_get": ([ctypes.c_char_p], c_int),

@@ -29,6 +29,11 @@ SOCK_HOOKS = {
     "kp_sendmsg4": (libbpf.ATTACH_CGROUP_UDP4_SENDMSG, "sendmsg4"),
     "kp_recvmsg4": (libbpf.ATTACH_CGROUP_UDP4_RECVMSG, "recvmsg4"),
     "kp_getpeername4": (libbpf.ATTACH_CGROUP_INET4_GETPEERNAME, "getpeername4"),
+    # IPv4 Services through AF_INET6 sockets (IPv4-mapped addresses)
+    "kp_connect6": (libbpf.ATTACH_CGROUP_INET6_CONNECT, "connect6"),
+    "kp_sendmsg6": (libbpf.ATTACH_CGROUP_UDP6_SENDMSG, "sendmsg6"),
+    "kp_recvmsg6": (libbpf.ATTACH_CGROUP_UDP6_RECVMSG, "recvmsg6"),
+    "kp_getpeername6": (libbpf.ATTACH_CGROUP_INET6_GETPEERNAME, "getpeername6"),
 }
 
 
@@ -38,12 +43,13 @@ class MapSizes:
     svc: int = 65536        # frontends plus one row per backend slot
     backend: int = 65536
     sknat: int = 65536      # reverse translation per socket (LRU)
-    affinity: int = 65536   # ClientIP affinity and UDP flows (LRU)
+    affinity: int = 65536   # ClientIP affinity (LRU)
+    flow: int = 65536       # unconnected-UDP flows (LRU)
     meta: int = 16384       # service-port names for the CLI
 
     def cflags(self) -> list[str]:
         return [f"-D{MAPS[name].size_macro}={getattr(self, name)}"
-                for name in ("svc", "backend", "sknat", "affinity", "meta")]
+                for name in ("svc", "backend", "sknat", "affinity", "flow", "meta")]
 
 
 def ensure_bpffs(directory: Path) -> None:
@@ -141,14 +147,18 @@ class Datapath:
                     libbpf.link_update(link_fd, prog_fd)
                     log.info("replaced program of link %s", pin)
                     return
-                log.warning("link %s is on another cgroup (id %d): detaching it", pin,
-                            info.cgroup_id)
-                pin.unlink()
+                log.warning("link %s is on another cgroup (id %d): moving it to %s", pin,
+                            info.cgroup_id, self.cgroup)
             finally:
                 os.close(link_fd)
+        # Make the new link first and rename its pin over the old one: if anything fails,
+        # the old attachment is still in place. (bpffs names may not contain a dot.)
+        staged = pin.with_name(pin.name + "_new")
         link_fd = libbpf.link_create(prog_fd, cg_fd, attach_type)
         try:
-            libbpf.obj_pin(link_fd, str(pin))
+            staged.unlink(missing_ok=True)
+            libbpf.obj_pin(link_fd, str(staged))
+            os.replace(staged, pin)         # the old link, now unpinned, detaches
         finally:
             os.close(link_fd)
         log.info("attached %s to %s", pin.name, self.cgroup)

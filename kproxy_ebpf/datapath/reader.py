@@ -106,7 +106,7 @@ def dump(m: PinnedMap) -> list[dict]:
         else:
             row = {"key": _plain(key), "value": _plain(value)}
         rows.append(row)
-    if m.spec.lru and m.spec.name == L.constants()["KP_MAP_AFF"]:
+    if m.spec.name in (L.constants()["KP_MAP_AFF"], L.constants()["KP_MAP_FLOW"]):
         now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         for row in rows:
             row["value"]["age_seconds"] = round((now - row["value"]["last_used"]) / 1e9, 1)

@@ -105,6 +105,7 @@ class MapWriter:
         self.backend_ids = IdAllocator(MAX_ID, "backend ids")
         self.svc_ids = IdAllocator(MAX_ID, "service ids")
         self._refs: Counter[BackendKey] = Counter()        # rows naming each backend
+        self._users: dict[BackendKey, Counter[FrontendKey]] = {}   # ...and whose rows they are
         self._svc_refs: Counter[ServicePortName] = Counter()  # frontends of each service port
         self._named: set[ServicePortName] = set()          # service ports with a meta row
         self._unref: set[BackendKey] = set()                # may have dropped to 0 refs
@@ -114,9 +115,15 @@ class MapWriter:
     # -- restore ---------------------------------------------------------------------------
     def restore(self) -> int:
         """Rebuilds the bookkeeping from the maps; returns the number of frontends found."""
+        # Everything is rebuilt from the kernel: what the maps do not hold is forgotten.
         self.programmed.clear()
         self._refs.clear()
+        self._users.clear()
         self._svc_refs.clear()
+        self._named.clear()
+        self.backend_flags.clear()
+        self.backend_ids = IdAllocator(MAX_ID, "backend ids")
+        self.svc_ids = IdAllocator(MAX_ID, "service ids")
         names: dict[int, ServicePortName] = {}
         for key, meta in self.meta.items():
             spn = ServicePortName(meta.namespace.decode(), meta.name.decode(),
@@ -146,11 +153,12 @@ class MapWriter:
             prog = self.programmed.setdefault(fkey, Programmed(
                 FrontendKind.CLUSTER_IP, None, Action.REJECT, 0, None))
             bkey = backends.get(val.backend_id)
-            if bkey is None:        # a slot naming no backend can only be a leftover: drop it
+            # A slot naming no backend, or above its frontend's count (an agent killed between
+            # writing slot 0 and deleting the surplus), is a leftover no lookup can reach.
+            if bkey is None or (prog.count is not None and key.slot > prog.count):
                 self.svc.delete(key)
                 continue
-            prog.rows[key.slot] = bkey
-            self._refs[bkey] += 1
+            self._ref(fkey, prog, key.slot, bkey)
         # Anything unreferenced (a crash between writes) is garbage now.
         self._unref = {b for b, _ in self.backend_ids}
         self._svc_unref = {spn for spn, _ in self.svc_ids}
@@ -164,7 +172,7 @@ class MapWriter:
         (the frontends of services that changed); without, everything is diffed."""
         res = ApplyResult()
         keys = set(self.programmed) | set(desired) if candidates is None else set(candidates)
-        self._merge_backend_flags(desired.values() if candidates is None
+        self._merge_backend_flags(desired, desired.values() if candidates is None
                                   else (desired[k] for k in keys if k in desired))
         for key in sorted(keys):
             fe = desired.get(key)
@@ -197,15 +205,26 @@ class MapWriter:
         return (p.kind, p.service, p.action, p.affinity) == (
             fe.kind, fe.service, fe.action, fe.affinity_timeout) and p.live() == wanted \
             and p.count == len(wanted) and all(
-                self.backend_flags.get(b.key) == backend_flags(b) for b in fe.backends)
+                self.backend_flags.get(b.key) == self._pending_flags.get(b.key, backend_flags(b))
+                for b in fe.backends)
 
-    def _merge_backend_flags(self, frontends: Iterable[Frontend]) -> None:
-        """A backend row is shared by every frontend that uses it; its flags follow the first
-        frontend (in key order) that names it, so two services cannot make them flap."""
-        seen: dict[BackendKey, int] = {}
-        for fe in sorted(frontends, key=lambda f: f.key):
+    def _merge_backend_flags(self, desired: Mapping[FrontendKey, Frontend],
+                             frontends: Iterable[Frontend]) -> None:
+        """A backend row is shared by every frontend that names it, so its flags (the endpoint's
+        state, for the CLI) follow one owner: the smallest frontend key among those naming it
+        now. Deterministic whichever subset a partial apply looks at, so they never flap."""
+        candidates: dict[BackendKey, set[FrontendKey]] = {}
+        for fe in frontends:
             for b in fe.backends:
-                seen.setdefault(b.key, backend_flags(b))
+                candidates.setdefault(b.key, set()).add(fe.key)
+        seen: dict[BackendKey, int] = {}
+        for bkey, users in candidates.items():
+            flags: dict[FrontendKey, int] = {}
+            for k in users | set(self._users.get(bkey, ())):
+                for b in desired[k].backends if k in desired else ():
+                    if b.key == bkey:
+                        flags[k] = backend_flags(b)
+            seen[bkey] = flags[min(flags)]
         self._pending_flags = seen
 
     def _ensure_backend(self, b: BackendKey, res: ApplyResult) -> int:
@@ -244,7 +263,7 @@ class MapWriter:
             bid = self._ensure_backend(bkey, res)
             if prog.rows.get(slot) != bkey:
                 self.svc.put(L.svc_key(*key, slot=slot), L.SvcVal(backend_id=bid))
-                self._ref(prog, slot, bkey)
+                self._ref(key, prog, slot, bkey)
                 res.writes += 1
         # Only now may slot 0 announce the new count.
         self.svc.put(L.svc_key(*key), L.SvcVal(
@@ -256,7 +275,7 @@ class MapWriter:
         prog.affinity, prog.count = fe.affinity_timeout, len(order)
         for slot in sorted(s for s in prog.rows if s > len(order)):
             self.svc.delete(L.svc_key(*key, slot=slot))
-            self._ref(prog, slot, None)
+            self._ref(key, prog, slot, None)
             res.writes += 1
         res.updated += 1
 
@@ -268,19 +287,25 @@ class MapWriter:
         res.writes += 1
         for slot in sorted(prog.rows):
             self.svc.delete(L.svc_key(*key, slot=slot))
-            self._ref(prog, slot, None)
+            self._ref(key, prog, slot, None)
             res.writes += 1
         del self.programmed[key]
         res.deleted += 1
 
-    def _ref(self, prog: Programmed, slot: int, bkey: BackendKey | None) -> None:
+    def _ref(self, key: FrontendKey, prog: Programmed, slot: int,
+             bkey: BackendKey | None) -> None:
+        """Slot `slot` of frontend `key` now names `bkey` (None: the row is gone)."""
         old = prog.rows.pop(slot, None)
         if old is not None:
             self._refs[old] -= 1
             self._unref.add(old)
+            self._users[old][key] -= 1
+            if self._users[old][key] <= 0:
+                del self._users[old][key]
         if bkey is not None:
             prog.rows[slot] = bkey
             self._refs[bkey] += 1
+            self._users.setdefault(bkey, Counter())[key] += 1
 
     def _set_service(self, prog: Programmed, spn: ServicePortName | None) -> None:
         if prog.service is not None:

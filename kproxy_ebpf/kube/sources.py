@@ -25,7 +25,9 @@ PROXY_LABEL_SELECTOR = "!service.kubernetes.io/service-proxy-name,!service.kuber
 
 
 class Sink(Protocol):
-    def replace(self, kind: str, objs: list[Any]) -> None: ...
+    def replace(self, kind: str, objs: list[Any], keep: set[tuple[str, str]] = ...) -> None:
+        """The whole set of `kind`; keys in `keep` (objects that failed conversion) are not
+        deleted: their last good version stays."""
     def upsert(self, kind: str, obj: Any) -> None: ...
     def delete(self, kind: str, namespace: str, name: str) -> None: ...
     def rejected(self, rejections: list[Rejection]) -> None: ...
@@ -65,15 +67,19 @@ class ApiSource:
 
         def on_event(etype: str, payload: Any) -> None:
             if etype == "SYNC":
-                objs, bad = [], []
+                objs, bad, keep = [], [], set()
                 for raw in payload:
                     obj, rej = convert(raw)
                     bad.extend(rej)
                     if obj is not None:
                         objs.append(obj)
+                    else:
+                        meta = raw.get("metadata") if isinstance(raw, dict) else None
+                        meta = meta if isinstance(meta, dict) else {}
+                        keep.add((meta.get("namespace") or "", meta.get("name") or ""))
                 if bad:
                     self.sink.rejected(bad)
-                self.sink.replace(kind, objs)
+                self.sink.replace(kind, objs, keep)
             elif etype == "DELETED":
                 meta = payload.get("metadata") or {}
                 self.sink.delete(kind, meta.get("namespace") or "", meta.get("name") or "")
@@ -143,9 +149,10 @@ class ManifestSource:
             return
         if bad:
             self.sink.rejected(bad)
+        keep = {(r.namespace, r.name) for r in bad}   # as with the API: keep the last good one
         self.sink.replace("Node", [self.node])
-        self.sink.replace("Service", list(services))
-        self.sink.replace("EndpointSlice", list(slices))
+        self.sink.replace("Service", list(services), keep)
+        self.sink.replace("EndpointSlice", list(slices), keep)
         log.info("manifests: %d services, %d endpoint slices", len(services), len(slices))
 
     synced = True

@@ -8,7 +8,7 @@ oldest-first behind them (a FIFO: effectively monotonic allocation with wrap-aro
 
 restore() seeds the allocator from the pinned maps left by the previous agent, so live flows
 keep their ids. Free ids below the highest restored one may have been freed just before the
-restart, so they go to the back of the queue.
+restart, so they are used last of all: only after the cursor wraps and the queue is empty.
 """
 from __future__ import annotations
 
@@ -52,11 +52,17 @@ class IdAllocator:
         return self.max_id - len(self._by_key)
 
     def _advance_to(self, new_next: int) -> None:
-        # Ids skipped by the cursor become "freed" (each id crosses the cursor at most once).
-        for i in range(self._next, new_next):
-            if i not in self._by_id:
-                self._freed[i] = None
+        # Ids the cursor skips (unused ids below a restored one) are not listed: restoring id
+        # 3,000,000 must not allocate 3 million entries. They stay free and are found by
+        # _scan() once the cursor has passed max_id and no freed id is queued.
         self._next = new_next
+
+    def _scan(self) -> int | None:
+        """The first id that is neither bound nor queued, after wrap-around (rare: O(max_id))."""
+        for id_ in range(1, self.max_id + 1):
+            if id_ not in self._by_id and id_ not in self._freed:
+                return id_
+        return None
 
     def _bind(self, key: Hashable, id_: int) -> int:
         self._by_key[key] = id_
@@ -91,6 +97,8 @@ class IdAllocator:
         elif self._freed:
             id_ = next(iter(self._freed))
             del self._freed[id_]
+        elif (found := self._scan()) is not None:
+            id_ = found
         else:
             raise IdsExhausted(f"{self.name}: all {self.max_id} ids are in use; "
                                "raise the map size")

@@ -139,3 +139,24 @@ def test_scaling_changes_the_spread_with_no_failed_connection(lab, node1):
     assert {pod_of(x) for x in lines} == set(BACKENDS)
     after = Counter(pod_of(x) for x in lab.probe("client", "10.96.0.70", 80, count=400))
     assert_uniform(after, BACKENDS, 400)
+
+
+def test_ipv4_services_through_ipv6_sockets(lab, node1):
+    """Dual-stack clients (Java's default) reach IPv4 Services as ::ffff:a.b.c.d; the kernel runs
+    only the IPv6 hooks for them."""
+    node1.program(service("web", "10.96.0.10", HTTP, DNS),
+                  endpoints(lab, "web", ["b2"], HTTP_EP, DNS_EP))
+    script = (
+        "import socket\n"
+        "vip = '::ffff:10.96.0.10'\n"
+        "t = socket.socket(socket.AF_INET6, socket.SOCK_STREAM); t.settimeout(2)\n"
+        "t.connect((vip, 80))\n"
+        "print('tcp', t.getpeername()[0], t.recv(100).decode().split()[0])\n"
+        "u = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM); u.settimeout(2)\n"
+        "u.sendto(b'x', (vip, 53))\n"
+        "data, src = u.recvfrom(100)\n"
+        "print('udp', src[0], src[1], data.decode().split()[0])\n")
+    out = lab.exec("client", ["python3", "-c", script], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["tcp ::ffff:10.96.0.10 b2",
+                                          "udp ::ffff:10.96.0.10 53 b2"]

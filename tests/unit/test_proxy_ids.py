@@ -102,3 +102,19 @@ def test_random_ops_match_fifo_model():
             assert a.acquire(key) == want
             held[key] = want
     assert sorted(held.values()) == sorted(i for _, i in a)
+
+
+def test_restoring_a_high_id_does_not_list_the_ids_below_it():
+    """A long-lived cluster's backend ids only grow; an agent restart must not pay for them."""
+    from kproxy_ebpf.proxy.ids import IdAllocator
+    a = IdAllocator(2**31, "backends")
+    a.restore("old", 3_000_000)
+    assert a.acquire("new") == 3_000_001
+    assert len(a._freed) == 0
+
+
+def test_after_wrap_around_skipped_ids_are_found():
+    from kproxy_ebpf.proxy.ids import IdAllocator
+    a = IdAllocator(5)
+    a.restore("x", 4)
+    assert [a.acquire(k) for k in "ab"] == [5, 1]   # cursor at the end, then the skipped ids

@@ -225,3 +225,29 @@ def test_random_churn_stays_consistent(maps, seed):
 ])
 def test_stable_slots(old, wanted, expect):
     assert stable_slots(old, wanted) == expect
+
+
+def test_restore_drops_slots_above_the_count(maps):
+    """An agent killed between writing slot 0 of a shrink and deleting the surplus slots."""
+    w = MapWriter(maps)
+    w.apply(table(fe(backends=["10.244.1.10", "10.244.1.11", "10.244.1.12"])))
+    key = L.svc_key("10.96.0.10", 80, TCP)
+    val = maps["svc"].get(key)
+    val.count = 1
+    maps["svc"].put(key, val)                 # as if the process died right here
+    fresh = MapWriter(maps)
+    fresh.restore()
+    assert sorted(slots_of(maps)) == [0, 1]
+    assert len(list(maps["backend"].items())) == 1, "their backends are collected too"
+
+
+def test_a_backend_shared_with_different_states_is_not_rewritten_forever(maps):
+    shared = "10.244.1.10"
+    a = Frontend("10.96.0.10", 80, TCP, FrontendKind.CLUSTER_IP, spn("a"), Action.FORWARD,
+                 (Backend(shared, 8080, TCP, ready=True),))
+    b = Frontend("10.96.0.11", 80, TCP, FrontendKind.CLUSTER_IP, spn("b"), Action.FORWARD,
+                 (Backend(shared, 8080, TCP, ready=False, terminating=True),))
+    w = MapWriter(maps)
+    w.apply(table(a, b))
+    assert w.apply(table(a, b)).writes == 0
+    assert w.apply(table(a, b), candidates=[b.key]).writes == 0
