@@ -525,7 +525,7 @@ class Lab:
         and down() stop it; it moves into the target's cgroup so a leftover is found too."""
         t = self.target(target)
         cgroups.move(pid, t.cgroup, self.cgroup_root)
-        argv, start = procs._cmdline(pid), procs.read_starttime(pid)
+        argv, start = procs.cmdline(pid), procs.read_starttime(pid)
         if argv is None or start is None:
             raise LabError(f"pid {pid} ({name}) is not running")
         rec = ProcRec(pid=pid, argv=argv, starttime=start, target=t.label, log=log, name=name)

@@ -86,7 +86,7 @@ def _state_letter(pid: int) -> str | None:
         return None
 
 
-def _cmdline(pid: int) -> list[str] | None:
+def cmdline(pid: int) -> list[str] | None:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             raw = f.read()
@@ -130,7 +130,7 @@ def identify(rec: ProcRec) -> str:
         return "reused"
     if _state_letter(rec.pid) in ("Z", "X"):
         return "gone"  # exited, only its zombie is left (cmdline is empty then)
-    if _cmdline(rec.pid) != rec.argv:
+    if cmdline(rec.pid) != rec.argv:
         return "reused"
     return "running"
 
@@ -191,7 +191,7 @@ def kill_pid(pid: int, grace: float = 2.0) -> bool:
     start = read_starttime(pid)
     if start is None:
         return True
-    rec = ProcRec(pid=pid, argv=_cmdline(pid) or [], starttime=start, target="", log="")
+    rec = ProcRec(pid=pid, argv=cmdline(pid) or [], starttime=start, target="", log="")
     if not rec.argv:  # a zombie or kernel thread: nothing to signal
         return True
     return kill_recorded(rec, grace) != "stuck"
