@@ -64,6 +64,9 @@ class Agent:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
+        # Until a first sync lands the node is only as fresh as the pinned maps: if none lands
+        # within the health timeout (say the API server is unreachable), /healthz says so.
+        self.health.queued_update()
         self.datapath.load()
         self.writer = MapWriter(self.datapath.maps)
         adopted = self.writer.restore()
