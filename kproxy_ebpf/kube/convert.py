@@ -240,25 +240,37 @@ def _cluster_ips(spec: dict, col: _Collector) -> tuple[bool, tuple[str, ...]]:
     return False, _ipv4_list(raw, "spec.clusterIPs", col, reason="InvalidClusterIP", suffix="")
 
 
+def _port_entry(entry: dict, where: str, col: _Collector, *,
+                unset_ok: bool) -> tuple[str | None, int | None, Protocol] | None:
+    """(name, port, protocol) of one port entry, or None (reported) when it is unusable.
+    unset_ok: a slice port may leave name and port unset (proxy/ ignores such ports); a
+    Service port must have a port in 1..65535 and its unset name means ""."""
+    name = entry.get("name")
+    if name is not None and not isinstance(name, str):
+        col.add("InvalidPort", f"{where}.name is not a string: {_short(name)}, port ignored")
+        return None
+    port = entry.get("port")
+    lowest = 0 if unset_ok else 1
+    if not (unset_ok and port is None) and (not _is_int(port) or not lowest <= port <= 65535):
+        col.add("InvalidPort", f"{where}.port must be an integer in 1..65535, got {_short(port)}; "
+                "port ignored")
+        return None
+    protocol = _protocol(entry.get("protocol"), f"{where}.protocol", col)
+    if protocol is None:
+        return None
+    return name, port, protocol
+
+
 def _service_ports(raw: Any, col: _Collector) -> tuple[ServicePort, ...]:
     ports: list[ServicePort] = []
     for where, entry in _objects(raw, "spec.ports", "InvalidPort", "port", col):
-        name = entry.get("name", "")
-        if name is None:
-            name = ""
-        if not isinstance(name, str):
-            col.add("InvalidPort", f"{where}.name is not a string: {_short(name)}, port ignored")
+        parsed = _port_entry(entry, where, col, unset_ok=False)
+        if parsed is None:
             continue
-        port = entry.get("port")
-        if not _is_int(port) or not 1 <= port <= 65535:
-            col.add("InvalidPort", f"{where}.port must be an integer in 1..65535, got {_short(port)}; "
-                    "port ignored")
-            continue
-        protocol = _protocol(entry.get("protocol"), f"{where}.protocol", col)
-        if protocol is None:
-            continue
+        name, port, protocol = parsed
         node_port = _port_field(entry.get("nodePort"), f"{where}.nodePort", col)
-        ports.append(ServicePort(name=name, protocol=protocol, port=port, node_port=node_port))
+        ports.append(ServicePort(name=name or "", protocol=protocol, port=port or 0,
+                                 node_port=node_port))
     return tuple(ports)
 
 
@@ -406,19 +418,10 @@ def _timestamp(value: Any) -> float | None:
 def _slice_ports(raw: Any, col: _Collector) -> tuple[EndpointPort, ...]:
     out: list[EndpointPort] = []
     for where, entry in _objects(raw, "ports", "InvalidPort", "port", col):
-        name = entry.get("name")
-        if name is not None and not isinstance(name, str):
-            col.add("InvalidPort", f"{where}.name is not a string: {_short(name)}, port ignored")
-            continue
-        port = entry.get("port")
-        if port is not None and (not _is_int(port) or not 0 <= port <= 65535):
-            col.add("InvalidPort", f"{where}.port must be an integer in 1..65535, got {_short(port)}; "
-                    "port ignored")
-            continue
-        protocol = _protocol(entry.get("protocol"), f"{where}.protocol", col)
-        if protocol is None:
-            continue
-        out.append(EndpointPort(name=name, protocol=protocol, port=port))
+        parsed = _port_entry(entry, where, col, unset_ok=True)
+        if parsed is not None:
+            name, port, protocol = parsed
+            out.append(EndpointPort(name=name, protocol=protocol, port=port))
     return tuple(out)
 
 
