@@ -14,6 +14,7 @@ import logging
 import signal
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +24,14 @@ from . import health
 from .config import AgentConfig
 from .datapath import reader
 from .datapath.loader import Datapath
-from .datapath.writer import MapWriter
+from .datapath.writer import ApplyResult, MapWriter
 from .desired import Problem
 from .kube.convert import Rejection
 from .kube.sources import ApiSource, ManifestSource
 from .metrics import Metrics
 from .model import Node
 from .proxy.state import ProxyState
+from .runner import Runner, Schedule
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +53,7 @@ class Agent:
         self._retry: set = set()              # frontend keys a failed write left behind
         self._triggers: list[float] = []      # trigger times of slice changes not yet synced
         self._started_at = time.time()
-        self._reported: set[tuple] = set()    # problems already logged
+        self._reported: set[tuple] = set()    # current problems, already logged
         self._stop = threading.Event()
         self._synced_once = False
         self._full_syncs = 0
@@ -59,7 +61,6 @@ class Agent:
         self._recheck_kernel = False
         self._attach_pending = False
         self._sync_lock = threading.Lock()
-        from .runner import Runner, Schedule
         self.runner = Runner(self._sync, Schedule(cfg.min_sync_period, cfg.sync_period))
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -192,7 +193,8 @@ class Agent:
     def _changed(self, changed: bool) -> None:
         if changed:
             self.health.queued_update()
-            self.metrics.pending.set(len(self.state.dirty))
+            with self._lock:               # reflector threads mutate the state
+                self.metrics.pending.set(len(self.state.dirty))
             self.runner.run()
 
     # -- sync --------------------------------------------------------------------------------
@@ -217,6 +219,7 @@ class Agent:
         with self._lock:
             changes = self.state.compute(full=full)
             triggers, self._triggers = self._triggers, []
+            every_problem = self.state.problems()
         if full:
             # Re-reading the kernel (drift repair) costs ~2 s of CPU at 10k services x 10
             # endpoints, so only every KERNEL_CHECK_EVERY-th full sync, or after a failure.
@@ -229,8 +232,6 @@ class Agent:
             result = self.writer.apply(changes.frontends, changes.changed_keys | self._retry)
         self._retry = set(result.failed)
         elapsed = time.monotonic() - t0
-        self.metrics.sync_duration.labels("full" if full else "partial").observe(elapsed)
-        self._report(changes.problems, result)
         if self._attach_pending:
             # The maps hold what could be written (a full map must not keep every other
             # service of the node untranslated): now the hooks may read them.
@@ -246,7 +247,16 @@ class Agent:
             self.metrics.sync_failures.inc()
             with self._lock:       # measured again once a sync gets them in
                 self._triggers.extend(triggers)
-        self.metrics.pending.set(len(self.state.dirty))
+        self._report_problems(every_problem)
+        self._report_writes(result)
+        self._record(full, elapsed, len(changes.frontends), result)
+        return result.ok
+
+    def _record(self, full: bool, elapsed: float, desired: int, result: ApplyResult) -> None:
+        """Metrics and the log line of one sync."""
+        self.metrics.sync_duration.labels("full" if full else "partial").observe(elapsed)
+        with self._lock:
+            self.metrics.pending.set(len(self.state.dirty))
         stats = self.writer.stats()
         self.metrics.frontends.set(stats["frontends"])
         self.metrics.backends.set(stats["backends"])
@@ -256,35 +266,37 @@ class Agent:
         if result.updated or result.deleted or not result.ok or not self._synced_once:
             log.info("%s sync: %d frontends desired, %d written, %d removed, %d map writes "
                      "in %.1f ms%s", "first" if not self._synced_once else
-                     "full" if full else "partial", len(changes.frontends), result.updated,
+                     "full" if full else "partial", desired, result.updated,
                      result.deleted, result.writes, elapsed * 1000,
                      "" if result.ok else " (with errors)")
         self._synced_once = True
-        return result.ok
 
-    def _report(self, problems: list[Problem], result) -> None:
-        reasons: dict[str, int] = {}
-        for p in self.state.problems():
-            reasons[p.reason] = reasons.get(p.reason, 0) + 1
+    def _report_problems(self, problems: list[Problem]) -> None:
+        """Current problems by reason as a gauge; each new one once as a log line and Event.
+        Only current problems are remembered, so one that goes and comes back is told again."""
         self.metrics.problems.clear()
-        for reason, n in reasons.items():
+        for reason, n in Counter(p.reason for p in problems).items():
             self.metrics.problems.labels(reason).set(n)
+        current = set()
         for p in problems:
             key = (p.namespace, p.name, p.reason, p.message)
+            current.add(key)
             if key not in self._reported:
-                self._reported.add(key)
                 log.warning("service %s/%s: %s (%s)", p.namespace, p.name, p.message, p.reason)
                 if self.events:
                     self.events.warn(p.kind, p.namespace, p.name, p.reason, p.message)
+        self._reported = current
+
+    def _report_writes(self, result: ApplyResult) -> None:
         for name in result.full_maps:
             self.metrics.map_full.labels(name).inc()
         for err in result.errors:
             log.error("datapath write failed: %s", err)
             if not result.full_maps:
                 self.metrics.map_errors.inc()
-        if self.events:
+        if self.events and result.full_maps:
             for fkey, spn in result.failed.items():
-                if spn is not None and result.full_maps:
+                if spn is not None:
                     self.events.warn("Service", spn.namespace, spn.name, "BPFMapFull",
                                      f"frontend {fkey[0]}:{fkey[1]}/{fkey[2].value} not programmed: "
                                      f"map(s) {', '.join(sorted(result.full_maps))} full")
