@@ -35,21 +35,25 @@ headers: apt
 k8s:
 	@tools/k8s/build.sh >/dev/null
 
+# Root suites use fixed lab names (namespaces, cgroups, pins): two runs on one machine at
+# once would tear down each other's labs, so they take turns.
+LOCK := flock /run/lock/kproxy-ebpf-tests.lock
+
 # The whole suite: unit, then the root tests (real namespaces, BPF, kube-apiserver).
 test: setup
-	KPROXY_REQUIRE_ROOT=1 KPROXY_REQUIRE_CONTROLPLANE=1 $(PY) -m pytest -q tests
+	KPROXY_REQUIRE_ROOT=1 KPROXY_REQUIRE_CONTROLPLANE=1 $(LOCK) $(PY) -m pytest -q tests
 
 unit: venv
 	$(PY) -m pytest -q tests/unit
 
 datapath: setup
-	$(PY) -m pytest -q tests/datapath
+	$(LOCK) $(PY) -m pytest -q tests/datapath
 
 integration: setup
-	$(PY) -m pytest -q tests/integration
+	$(LOCK) $(PY) -m pytest -q tests/integration
 
 e2e: setup
-	$(PY) -m pytest -q tests/e2e
+	$(LOCK) $(PY) -m pytest -q tests/e2e
 
 # The main job on the built-in lab: control plane, two simulated nodes with an agent each,
 # pods, a Service, and a probe through its ClusterIP. `make demo ARGS=--keep` leaves it up.

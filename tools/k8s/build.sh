@@ -16,6 +16,9 @@ WORK=$CACHE/k8s/work
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-trimpath
 export GOMODCACHE=${GOMODCACHE:-$CACHE/go/mod} GOCACHE=${GOCACHE:-$CACHE/go/build}
 mkdir -p "$OUT" "$WORK"
+# Two builds at once (CI and a developer on one machine) would clobber the work directory.
+exec 9>"$CACHE/k8s/.build.lock"
+flock 9
 log() { echo "tools/k8s: $*" >&2; }
 have() { for b; do [[ -x $OUT/$b ]] || return 1; done; }
 # go mod download -json prints a JSON object; read one field with python (always present here).
