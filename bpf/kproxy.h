@@ -1,89 +1,84 @@
-/* kproxy.h: the one definition of every map key, value, flag and constant shared by the BPF
- * programs and the agent. kproxy_ebpf/datapath/layout.py mirrors it; tests/unit/test_layout.py
- * compiles this header for the BPF target and checks every size and field offset against the
- * mirror through BTF, and the agent checks the loaded maps again at start.
+/* kproxy.h: the one definition of every map, key, value, flag and constant shared by the BPF
+ * programs and the agent.
+ *
+ * Nothing here is written twice. bpf/lib/maps.h expands KP_MAPS into the map declarations of
+ * every program; kproxy_ebpf/datapath/layoutgen.py compiles this header for the BPF target and
+ * reads the structs and enums back from the BTF (sizes, offsets, byte order from the __be
+ * typedefs, every enumerator) and the map table from the preprocessor, into the generated
+ * kproxy_ebpf/datapath/layout_gen.py that the Python side builds its ctypes types from.
+ * tests/unit/test_layout.py regenerates it and fails if the committed copy is stale, and the
+ * agent compares the result with bcc's compiled view and each pinned map before it writes.
  *
  * Rules: byte order is in the types (__be* are network order), padding is written out (bcc
- * passes no sizes to the kernel, so a mirror that is one byte short corrupts memory silently),
- * and a map's layout change bumps its version suffix (_v1) so a new agent never misreads a map
- * pinned by an older one.
+ * passes no sizes to the kernel), and a layout change bumps the map's version in KP_MAPS: the
+ * pin name carries it (kp_svc4_v2), so a new agent never misreads a map an older one pinned.
  *
- * IPv4 now: keys and values that carry an address have a "4" in their name; the IPv6 twins
- * will be separate maps (as in Cilium and Calico) sharing kp_svc_val, kp_aff_* and kp_svc_meta.
+ * Consistency rule (see docs/architecture.md, "No torn reads"): a row the programs read is
+ * either never rewritten (backend rows: an id names one address for its whole life) or carries
+ * only fields whose old and new values are both valid (slot rows); programs copy each row to
+ * the stack once and work on the copy.
  */
 #ifndef KPROXY_H
 #define KPROXY_H
 
 #include <linux/types.h>
 
-/* Pin file and kernel map names (a map name is at most 15 characters). */
-#define KP_MAP_SVC4    kp_svc4_v1
-#define KP_MAP_BE4     kp_be4_v1
-#define KP_MAP_SKNAT4  kp_sknat4_v1
-#define KP_MAP_AFF     kp_aff_v1
-#define KP_MAP_FLOW    kp_flow_v1
-#define KP_MAP_META    kp_meta_v1
-#define KP_MAP_STATS   kp_stats_v1
+/* ---- Constants (enums, so that they reach the BTF and Python reads them from there) ---- */
 
-/* Default map sizes; the agent passes its configured sizes with -D at compile time. */
-#ifndef KP_SVC4_SIZE
-#define KP_SVC4_SIZE   65536
-#endif
-#ifndef KP_BE4_SIZE
-#define KP_BE4_SIZE    65536
-#endif
-#ifndef KP_SKNAT4_SIZE
-#define KP_SKNAT4_SIZE 65536
-#endif
-#ifndef KP_AFF_SIZE
-#define KP_AFF_SIZE    65536
-#endif
-#ifndef KP_FLOW_SIZE
-#define KP_FLOW_SIZE   65536
-#endif
-#ifndef KP_META_SIZE
-#define KP_META_SIZE   16384
-#endif
+enum kp_scope {                 /* kp_svc4_key.scope: which traffic a service row serves */
+	KP_SCOPE_SOCK = 0,      /* connects/sends from sockets on this node (cgroup hooks) */
+	KP_SCOPE_EXT  = 1,      /* packets from outside the node (TC; reserved) */
+};
 
-/* How long an unconnected UDP socket keeps the backend it was given for a service, like the
- * kernel's conntrack entry for a UDP flow through kube-proxy (nf_conntrack_udp_timeout, 30 s);
- * sends and replies both refresh it. */
-#ifndef KP_UDP_FLOW_TIMEOUT_S
-#define KP_UDP_FLOW_TIMEOUT_S 30
-#endif
+enum kp_action {                /* kp_svc_val.action (slot 0) */
+	KP_ACTION_FORWARD = 0,
+	KP_ACTION_REJECT  = 1,  /* no usable endpoint anywhere: ECONNREFUSED at once */
+	KP_ACTION_DROP    = 2,  /* endpoints exist, none in the Local set: EHOSTUNREACH */
+};
 
-/* kp_svc4_key.scope: which traffic a service row serves. */
-#define KP_SCOPE_SOCK  0   /* connects/sends from sockets on this node (cgroup hooks) */
-#define KP_SCOPE_EXT   1   /* packets from outside the node (TC; reserved) */
+enum kp_kind {                  /* kp_svc_val.kind (slot 0): for the CLI and the TC path */
+	KP_KIND_CLUSTER_IP    = 1,
+	KP_KIND_NODE_PORT     = 2,
+	KP_KIND_EXTERNAL_IP   = 3,
+	KP_KIND_LOAD_BALANCER = 4,
+};
 
-/* kp_svc_val.action (slot 0). */
-#define KP_ACTION_FORWARD 0
-#define KP_ACTION_REJECT  1   /* no usable endpoint anywhere: ECONNREFUSED at once */
-#define KP_ACTION_DROP    2   /* endpoints exist, none in the Local set: EHOSTUNREACH */
+enum kp_be_flags {              /* kp_svc_val.be_flags (slot > 0): the endpoint's state as this
+				 * frontend uses it, for the CLI (the datapath uses every slot) */
+	KP_BE_F_LOCAL       = 0x01, /* runs on this node */
+	KP_BE_F_TERMINATING = 0x02,
+	KP_BE_F_NOT_READY   = 0x04, /* serving but not ready: a terminating fallback */
+};
 
-/* kp_svc_val.kind (slot 0): what the frontend is, for the CLI and the TC path. */
-#define KP_KIND_CLUSTER_IP    1
-#define KP_KIND_NODE_PORT     2
-#define KP_KIND_EXTERNAL_IP   3
-#define KP_KIND_LOAD_BALANCER 4
+enum kp_aff_type {              /* kp_aff_key.type */
+	KP_AFF_CLIENT = 0,      /* sessionAffinity ClientIP (kp_aff): client = netns cookie */
+	KP_AFF_SOCKET = 1,      /* unconnected UDP flow (kp_flow): client = socket cookie */
+};
 
-/* kp_backend4.flags: the endpoint's state, for the CLI (the datapath uses every slot). */
-#define KP_BE_F_LOCAL       0x01   /* runs on this node */
-#define KP_BE_F_TERMINATING 0x02
-#define KP_BE_F_NOT_READY   0x04   /* serving but not ready: a terminating fallback */
+enum kp_stat {                  /* index into the per-CPU counter array kp_stats */
+	KP_STAT_FORWARD      = 0, /* a connect/sendmsg translated to a backend */
+	KP_STAT_REJECT       = 1, /* refused: no usable endpoint */
+	KP_STAT_DROP         = 2, /* no endpoint in the Local set */
+	KP_STAT_BACKEND_MISS = 3, /* a slot or backend row missing after a retry */
+	KP_STAT_AFFINITY_HIT = 4, /* affinity (or a UDP flow) reused its backend */
+	KP_STAT_REVNAT       = 5, /* a reply source or peer name rewritten back to the VIP */
+	KP_STAT_RETRY        = 6, /* a lookup raced a writer and read slot 0 again */
+	KP_STAT_MAX          = 8,
+};
 
-/* kp_aff_key.type */
-#define KP_AFF_CLIENT 0   /* sessionAffinity ClientIP (kp_aff_v1): client = netns cookie */
-#define KP_AFF_SOCKET 1   /* unconnected UDP flow (kp_flow_v1): client = socket cookie */
+enum kp_tunables {
+	/* How long an unconnected UDP socket keeps the backend it was given for a service, like
+	 * the kernel's conntrack entry for a UDP flow through kube-proxy
+	 * (nf_conntrack_udp_timeout, 30 s); sends and replies both refresh it. */
+	KP_UDP_FLOW_TIMEOUT_S = 30,
+	/* An affinity or flow row's last_used is rewritten only once it is this old: the hot path
+	 * writes when something changes, not on every packet of a busy client. */
+	KP_TOUCH_MS = 100,
+	KP_NAME_LEN = 64,
+	KP_PORT_NAME_LEN = 16,
+};
 
-/* Index into the per-CPU counter array kp_stats. */
-#define KP_STAT_FORWARD      0   /* a connect/sendmsg translated to a backend */
-#define KP_STAT_REJECT       1   /* refused: no usable endpoint */
-#define KP_STAT_DROP         2   /* no endpoint in the Local set */
-#define KP_STAT_BACKEND_MISS 3   /* a slot or backend row missing: should never happen */
-#define KP_STAT_AFFINITY_HIT 4   /* affinity (or a UDP flow) reused its backend */
-#define KP_STAT_REVNAT       5   /* a reply source or peer name rewritten back to the VIP */
-#define KP_STAT_MAX          8
+/* ---- Keys and values ---------------------------------------------------------------------- */
 
 /* Service rows: slot 0 describes the frontend, slots 1..count name its backends.
  * A frontend is (address, port, protocol, scope): the same port on TCP and UDP are two rows. */
@@ -91,7 +86,7 @@ struct kp_svc4_key {
 	__be32 addr;      /* frontend address */
 	__be16 port;      /* frontend port */
 	__u8   proto;     /* IPPROTO_TCP, IPPROTO_UDP, IPPROTO_SCTP */
-	__u8   scope;     /* KP_SCOPE_* */
+	__u8   scope;     /* enum kp_scope */
 	__u16  slot;      /* 0: the frontend row; 1..count: a backend slot */
 	__u8   pad[2];
 };
@@ -101,16 +96,19 @@ struct kp_svc_val {
 	__u32 svc_id;           /* slot 0: service-port id (affinity key, kp_svc_meta key) */
 	__u32 affinity_timeout; /* slot 0: seconds of ClientIP affinity, 0 = none */
 	__u16 count;            /* slot 0: number of backend slots */
-	__u8  action;           /* slot 0: KP_ACTION_* */
-	__u8  kind;             /* slot 0: KP_KIND_* */
+	__u8  action;           /* slot 0: enum kp_action */
+	__u8  kind;             /* slot 0: enum kp_kind */
+	__u8  be_flags;         /* slot > 0: enum kp_be_flags (CLI only) */
+	__u8  pad[3];
 };
 
-/* Backends, keyed by a __u32 id allocated by the agent (0 is never used). */
+/* Backends, keyed by a __u32 id allocated by the agent (0 is never used). Written once when
+ * the id is allocated and never modified: a backend whose address changes is another id. */
 struct kp_backend4 {
 	__be32 addr;
 	__be16 port;
 	__u8   proto;
-	__u8   flags;     /* KP_BE_F_* */
+	__u8   pad;
 };
 
 /* Reverse translation for the socket path: which service address a socket meant when the
@@ -130,17 +128,17 @@ struct kp_sknat4_val {
 	__u32  svc_id;
 };
 
-/* Session affinity (kp_aff_v1) and unconnected-UDP flows (kp_flow_v1): two LRU maps of the
- * same layout, so a burst of short-lived DNS sockets never evicts a client's affinity. */
+/* Session affinity (kp_aff) and unconnected-UDP flows (kp_flow): two LRU maps of the same
+ * layout, so a burst of short-lived DNS sockets never evicts a client's affinity. */
 struct kp_aff_key {
 	__u64 client;     /* netns cookie (KP_AFF_CLIENT) or socket cookie (KP_AFF_SOCKET) */
 	__u32 svc_id;
-	__u8  type;       /* KP_AFF_* */
+	__u8  type;       /* enum kp_aff_type */
 	__u8  pad[3];
 };
 
 struct kp_aff_val {
-	__u64 last_used;  /* bpf_ktime_get_ns() of the last use */
+	__u64 last_used;  /* bpf_ktime_get_ns() of the last use (KP_TOUCH_MS granularity) */
 	__u32 backend_id;
 	__u16 slot;       /* the slot that held backend_id when chosen: checked on reuse, so a
 	                   * backend that left the service is never picked from affinity */
@@ -149,20 +147,91 @@ struct kp_aff_val {
 
 /* Names for the CLI, keyed by svc_id; never read by the programs. */
 struct kp_svc_meta {
-	char  namespace[64];
-	char  name[64];
-	char  port_name[16];
+	char  namespace[KP_NAME_LEN];
+	char  name[KP_NAME_LEN];
+	char  port_name[KP_PORT_NAME_LEN];
 	__u8  proto;
 	__u8  pad[7];
 };
 
+/* ---- The lookup interface of lib/lb.h (a request and its answer) ----------------------------
+ * Context-free so every program type shares it; tests pass these through BPF_PROG_TEST_RUN. */
+enum kp_lb_verdict {
+	KP_LB_NONE    = 0,      /* not a service frontend: leave the packet or socket alone */
+	KP_LB_FORWARD = 1,      /* res.be holds the chosen backend */
+	KP_LB_REJECT  = 2,      /* no usable endpoint: refuse at once */
+	KP_LB_DROP    = 3,      /* no endpoint in the Local set */
+	KP_LB_MISS    = 4,      /* a slot or backend vanished twice under us: refuse, never leak */
+};
+
+struct kp_lb_req {
+	struct kp_svc4_key key; /* the frontend (slot ignored) */
+	__u32 rnd[2];           /* one random number per attempt */
+	__u64 client;           /* ClientIP affinity: the client's identity (netns cookie) */
+	__u64 flow;             /* unconnected UDP: the socket cookie; 0 = not such a flow */
+	__u64 now;              /* bpf_ktime_get_ns() */
+};
+
+struct kp_lb_res {
+	struct kp_backend4 be;  /* a copy of the chosen backend row */
+	__u32 backend_id;
+	__u32 svc_id;
+	__u16 slot;
+	__u8  verdict;          /* enum kp_lb_verdict */
+	__u8  attempts;         /* reads of slot 0: 2 means a writer raced the first */
+	__u8  affinity_hit;
+	__u8  pad[3];
+};
+
 _Static_assert(sizeof(struct kp_svc4_key) == 12, "kp_svc4_key");
-_Static_assert(sizeof(struct kp_svc_val) == 16, "kp_svc_val");
+_Static_assert(sizeof(struct kp_svc_val) == 20, "kp_svc_val");
 _Static_assert(sizeof(struct kp_backend4) == 8, "kp_backend4");
 _Static_assert(sizeof(struct kp_sknat4_key) == 16, "kp_sknat4_key");
 _Static_assert(sizeof(struct kp_sknat4_val) == 12, "kp_sknat4_val");
 _Static_assert(sizeof(struct kp_aff_key) == 16, "kp_aff_key");
 _Static_assert(sizeof(struct kp_aff_val) == 16, "kp_aff_val");
 _Static_assert(sizeof(struct kp_svc_meta) == 152, "kp_svc_meta");
+_Static_assert(sizeof(struct kp_lb_req) == 48, "kp_lb_req");
+_Static_assert(sizeof(struct kp_lb_res) == 24, "kp_lb_res");
+
+/* ---- Maps ----------------------------------------------------------------------------------
+ * X(id, name, version, type, key, value, size): `name` is the identifier the programs use,
+ * name_v<version> the pin (and the name the CLI shows), `size` the -D knob whose default is
+ * below; the agent passes its configured sizes. */
+#define KP_MAPS(X)                                                                            \
+	X(svc,      kp_svc4,   2, hash,         struct kp_svc4_key,   struct kp_svc_val,    KP_SVC4_SIZE)   \
+	X(backend,  kp_be4,    2, hash,         __u32,                struct kp_backend4,   KP_BE4_SIZE)    \
+	X(sknat,    kp_sknat4, 1, lru_hash,     struct kp_sknat4_key, struct kp_sknat4_val, KP_SKNAT4_SIZE) \
+	X(affinity, kp_aff,    1, lru_hash,     struct kp_aff_key,    struct kp_aff_val,    KP_AFF_SIZE)    \
+	X(flow,     kp_flow,   1, lru_hash,     struct kp_aff_key,    struct kp_aff_val,    KP_FLOW_SIZE)   \
+	X(meta,     kp_meta,   1, hash,         __u32,                struct kp_svc_meta,   KP_META_SIZE)   \
+	X(stats,    kp_stats,  1, percpu_array, __u32,                __u64,                KP_STAT_MAX)
+
+#ifndef KP_SVC4_SIZE
+#define KP_SVC4_SIZE   65536   /* frontends plus one row per backend slot */
+#endif
+#ifndef KP_BE4_SIZE
+#define KP_BE4_SIZE    65536
+#endif
+#ifndef KP_SKNAT4_SIZE
+#define KP_SKNAT4_SIZE 65536   /* reverse translation per socket (LRU) */
+#endif
+#ifndef KP_AFF_SIZE
+#define KP_AFF_SIZE    65536   /* ClientIP affinity (LRU) */
+#endif
+#ifndef KP_FLOW_SIZE
+#define KP_FLOW_SIZE   65536   /* unconnected-UDP flows (LRU) */
+#endif
+#ifndef KP_META_SIZE
+#define KP_META_SIZE   16384   /* service-port names for the CLI */
+#endif
+
+/* Enums that reach the BTF through layoutgen's anchor struct (a type no variable uses is
+ * not emitted). */
+#define KP_ENUMS(X) X(kp_scope) X(kp_action) X(kp_kind) X(kp_be_flags) X(kp_aff_type) \
+	X(kp_stat) X(kp_tunables) X(kp_lb_verdict)
+
+/* Structs that are no map's key or value but cross the kernel boundary (test runs). */
+#define KP_EXTRA_STRUCTS(X) X(kp_lb_req) X(kp_lb_res)
 
 #endif /* KPROXY_H */

@@ -4,7 +4,7 @@
  * its backends before the first packet exists, so established flows cost nothing per packet and
  * need no NAT conntrack. recvmsg and getpeername undo it for the application: a UDP reply
  * appears to come from the service address and getpeername() names the service, as with
- * kube-proxy's DNAT.
+ * kube-proxy's DNAT. The choice itself is lib/lb.h's, shared with every other program.
  *
  * The *6 programs serve IPv4 Services reached through AF_INET6 sockets as IPv4-mapped
  * addresses (::ffff:10.96.0.10, what Java and other dual-stack clients do): the kernel runs only
@@ -16,103 +16,35 @@
 #include <uapi/linux/in.h>
 #include <uapi/linux/errno.h>
 #include "kproxy.h"
-#include "lib/maps.h"
+#include "lib/endian.h"
+#include "lib/lb.h"
 
 #define SYS_REJECT  0
 #define SYS_PROCEED 1
-#define KP_NSEC_PER_SEC 1000000000ULL
-/* 0x0000ffff in network byte order, read as a __u32 on this (little-endian) host. */
-#define KP_V4MAPPED_WORD 0xffff0000U
 
-static __always_inline void kp_count(__u32 idx)
+/* Remembers which service address the socket meant, for recvmsg/getpeername. Written only
+ * when it changes: an unconnected UDP client (every DNS query) sends through here each time. */
+static __always_inline void sock_remember(struct bpf_sock_addr *ctx, const struct kp_lb_res *res,
+					  __be32 addr, __be16 port)
 {
-	__u64 *v = kp_stats_v1.lookup(&idx);
+	struct kp_sknat4_key rkey = {};
+	struct kp_sknat4_val rval = {};
+	struct kp_sknat4_val old;
+	struct kp_sknat4_val *row;
 
-	if (v)
-		*v += 1;
-}
-
-/* Reuses the backend an affinity row names if it is still fresh and still in the service:
- * the row remembers the slot the backend held, and that slot must still hold it. */
-static __always_inline struct kp_backend4 *
-sock_affinity_backend(struct kp_svc4_key *key, __u16 count, struct kp_aff_val *aff,
-		      __u64 timeout_ns, __u64 now)
-{
-	struct kp_svc_val *slot;
-
-	if (now - aff->last_used > timeout_ns || aff->slot == 0 || aff->slot > count)
-		return NULL;
-	key->slot = aff->slot;
-	slot = kp_svc4_v1.lookup(key);
-	if (!slot || slot->backend_id != aff->backend_id)
-		return NULL;
-	return kp_be4_v1.lookup(&aff->backend_id);
-}
-
-/* A uniformly random slot of the service. NULL only if the writer removed the slot or its
- * backend between our read of the count and this lookup (a shrink racing with us). */
-static __always_inline struct kp_backend4 *
-sock_random_backend(struct kp_svc4_key *key, __u16 count, __u32 *backend_id)
-{
-	struct kp_svc_val *slot;
-
-	key->slot = (bpf_get_prandom_u32() % count) + 1;
-	slot = kp_svc4_v1.lookup(key);
-	if (!slot)
-		return NULL;
-	*backend_id = slot->backend_id;
-	return kp_be4_v1.lookup(backend_id);
-}
-
-/* Picks a backend for one service row (a copy on our stack: the map element itself may be
- * recycled by a concurrent update): from the affinity or flow row when one applies, else at
- * random; a chosen backend refreshes (or creates) that row. */
-static __always_inline struct kp_backend4 *
-sock_select_backend(struct bpf_sock_addr *ctx, struct kp_svc4_key *key,
-		    const struct kp_svc_val *svc, bool unconnected_udp)
-{
-	struct kp_aff_key akey = {};
-	struct kp_aff_val fresh = {};
-	struct kp_aff_val *aff;
-	struct kp_backend4 *be;
-	__u32 backend_id = 0;
-	__u64 timeout_s, now;
-
-	/* ClientIP affinity wins; an unconnected UDP socket otherwise sticks to its backend
-	 * for the life of a conntrack UDP flow, as it would through kube-proxy. */
-	if (svc->affinity_timeout) {
-		akey.client = bpf_get_netns_cookie(ctx);
-		akey.type = KP_AFF_CLIENT;
-		timeout_s = svc->affinity_timeout;
-	} else if (unconnected_udp) {
-		akey.client = bpf_get_socket_cookie(ctx);
-		akey.type = KP_AFF_SOCKET;
-		timeout_s = KP_UDP_FLOW_TIMEOUT_S;
-	} else {
-		return sock_random_backend(key, svc->count, &backend_id);
+	rkey.cookie = bpf_get_socket_cookie(ctx);
+	rkey.addr = res->be.addr;
+	rkey.port = res->be.port;
+	row = kp_sknat4.lookup(&rkey);
+	if (row) {
+		old = *row;
+		if (old.addr == addr && old.port == port && old.svc_id == res->svc_id)
+			return;
 	}
-	akey.svc_id = svc->svc_id;
-	now = bpf_ktime_get_ns();
-	aff = akey.type == KP_AFF_CLIENT ? kp_aff_v1.lookup(&akey) : kp_flow_v1.lookup(&akey);
-	if (aff) {
-		be = sock_affinity_backend(key, svc->count, aff, timeout_s * KP_NSEC_PER_SEC, now);
-		if (be) {
-			aff->last_used = now;
-			kp_count(KP_STAT_AFFINITY_HIT);
-			return be;
-		}
-	}
-	be = sock_random_backend(key, svc->count, &backend_id);
-	if (be) {
-		fresh.last_used = now;
-		fresh.backend_id = backend_id;
-		fresh.slot = key->slot;
-		if (akey.type == KP_AFF_CLIENT)
-			kp_aff_v1.update(&akey, &fresh);
-		else
-			kp_flow_v1.update(&akey, &fresh);
-	}
-	return be;
+	rval.addr = addr;
+	rval.port = port;
+	rval.svc_id = res->svc_id;
+	kp_sknat4.update(&rkey, &rval);
 }
 
 /* Translates (*addr, *port) if it is a service frontend. Returns 1 when translated, 0 when it
@@ -120,51 +52,39 @@ sock_select_backend(struct bpf_sock_addr *ctx, struct kp_svc4_key *key,
 static __always_inline int sock_xlate_fwd(struct bpf_sock_addr *ctx, __be32 *addr,
 					  __be16 *port, bool unconnected_udp)
 {
-	struct kp_svc4_key key = {};
-	struct kp_sknat4_key rkey = {};
-	struct kp_sknat4_val rval = {};
-	struct kp_svc_val svc, *row;
-	struct kp_backend4 *be;
-	int attempt;
+	struct kp_lb_req req = {};
+	struct kp_lb_res res = {};
 
-	key.addr = *addr;
-	key.port = *port;
-	key.proto = (__u8)ctx->protocol;
-	key.scope = KP_SCOPE_SOCK;
-	be = NULL;
-	/* A miss can only be a shrink racing with us; the second read of slot 0 sees it done. */
-	for (attempt = 0; attempt < 2 && !be; attempt++) {
-		key.slot = 0;
-		row = kp_svc4_v1.lookup(&key);
-		if (!row)
-			return 0;
-		svc = *row;
-		if (svc.action == KP_ACTION_DROP) {
-			kp_count(KP_STAT_DROP);
-			return -EHOSTUNREACH;
-		}
-		if (svc.action == KP_ACTION_REJECT || svc.count == 0) {
-			kp_count(KP_STAT_REJECT);
-			return -ECONNREFUSED;
-		}
-		be = sock_select_backend(ctx, &key, &svc, unconnected_udp);
-	}
-	if (!be) {
+	req.key.addr = *addr;
+	req.key.port = *port;
+	req.key.proto = (__u8)ctx->protocol;
+	req.key.scope = KP_SCOPE_SOCK;
+	req.rnd[0] = bpf_get_prandom_u32();
+	req.rnd[1] = bpf_get_prandom_u32();
+	req.client = bpf_get_netns_cookie(ctx);
+	req.flow = unconnected_udp ? bpf_get_socket_cookie(ctx) : 0;
+	req.now = bpf_ktime_get_ns();
+	kp_lb_select(&req, &res);
+
+	switch (res.verdict) {
+	case KP_LB_NONE:
+		return 0;
+	case KP_LB_DROP:
+		kp_count(KP_STAT_DROP);
+		return -EHOSTUNREACH;
+	case KP_LB_REJECT:
+		kp_count(KP_STAT_REJECT);
+		return -ECONNREFUSED;
+	case KP_LB_FORWARD:
+		break;
+	default:
 		/* Fail fast rather than send the connect to a service address nobody answers. */
 		kp_count(KP_STAT_BACKEND_MISS);
 		return -ECONNREFUSED;
 	}
-
-	rkey.cookie = bpf_get_socket_cookie(ctx);
-	rkey.addr = be->addr;
-	rkey.port = be->port;
-	rval.addr = *addr;
-	rval.port = *port;
-	rval.svc_id = svc.svc_id;
-	kp_sknat4_v1.update(&rkey, &rval);
-
-	*addr = be->addr;
-	*port = be->port;
+	sock_remember(ctx, &res, *addr, *port);
+	*addr = res.be.addr;
+	*port = res.be.port;
 	kp_count(KP_STAT_FORWARD);
 	return 1;
 }
@@ -175,24 +95,29 @@ static __always_inline bool sock_xlate_rev(struct bpf_sock_addr *ctx, __be32 *ad
 					   __be16 *port)
 {
 	struct kp_sknat4_key rkey = {};
-	struct kp_sknat4_val *rval;
+	struct kp_sknat4_val rval;
+	struct kp_sknat4_val *row;
 	struct kp_aff_key akey = {};
-	struct kp_aff_val *flow;
+	struct kp_aff_val flow;
+	struct kp_aff_val *frow;
 
 	rkey.cookie = bpf_get_socket_cookie(ctx);
 	rkey.addr = *addr;
 	rkey.port = *port;
-	rval = kp_sknat4_v1.lookup(&rkey);
-	if (!rval)
+	row = kp_sknat4.lookup(&rkey);
+	if (!row)
 		return false;
+	rval = *row;
 	akey.client = rkey.cookie;
-	akey.svc_id = rval->svc_id;
+	akey.svc_id = rval.svc_id;
 	akey.type = KP_AFF_SOCKET;
-	flow = kp_flow_v1.lookup(&akey);
-	if (flow)
-		flow->last_used = bpf_ktime_get_ns();
-	*addr = rval->addr;
-	*port = rval->port;
+	frow = kp_flow.lookup(&akey);
+	if (frow) {
+		flow = *frow;
+		kp_aff_touch(&akey, &flow, bpf_ktime_get_ns());
+	}
+	*addr = rval.addr;
+	*port = rval.port;
 	kp_count(KP_STAT_REVNAT);
 	return true;
 }
@@ -232,10 +157,11 @@ static __always_inline int sock4_rev(struct bpf_sock_addr *ctx)
 	return SYS_PROCEED;
 }
 
+/* ::ffff:a.b.c.d: the third 32-bit word is 0x0000ffff in network byte order. */
 static __always_inline bool sock6_v4mapped(struct bpf_sock_addr *ctx)
 {
 	return ctx->user_ip6[0] == 0 && ctx->user_ip6[1] == 0 &&
-	       ctx->user_ip6[2] == KP_V4MAPPED_WORD;
+	       ctx->user_ip6[2] == kp_htonl(0x0000ffff);
 }
 
 static __always_inline int sock6_fwd(struct bpf_sock_addr *ctx, bool unconnected_udp)

@@ -15,11 +15,27 @@ from pathlib import Path
 
 import yaml
 
-from .datapath.loader import MapSizes
+from .datapath.layout import MAPS
 
 
 class ConfigError(ValueError):
     pass
+
+
+def _default_size(name: str):
+    return field(default_factory=lambda: MAPS[name].default_size)
+
+
+@dataclass
+class MapSizes:
+    """max_entries of each map (defaults from bpf/kproxy.h; a pinned map keeps the size it
+    was created with until `kproxy-ebpf cleanup`)."""
+    svc: int = _default_size("svc")            # frontends plus one row per backend slot
+    backend: int = _default_size("backend")
+    sknat: int = _default_size("sknat")        # reverse translation per socket (LRU)
+    affinity: int = _default_size("affinity")  # ClientIP affinity (LRU)
+    flow: int = _default_size("flow")          # unconnected-UDP flows (LRU)
+    meta: int = _default_size("meta")          # service-port names for the CLI
 
 
 @dataclass

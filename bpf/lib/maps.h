@@ -1,6 +1,7 @@
-/* lib/maps.h: the pinned maps, declared once for every program that includes it.
- * bcc opens a map already pinned at the path (a restarted agent adopts it, entries and all)
- * and creates and pins it otherwise. KP_PIN_DIR is the agent's bpffs directory. */
+/* lib/maps.h: the pinned maps of kproxy.h's KP_MAPS table, declared for every program that
+ * includes it. bcc opens a map already pinned at the path (a restarted agent adopts it,
+ * entries and all) and creates and pins it otherwise. KP_PIN_DIR is the agent's bpffs
+ * directory; the pin name is <name>_v<version>, so a layout change never meets an old map. */
 #ifndef KPROXY_LIB_MAPS_H
 #define KPROXY_LIB_MAPS_H
 
@@ -10,21 +11,9 @@
 #error "KP_PIN_DIR must name the bpffs directory for the pinned maps"
 #endif
 
-#define KP_PIN(name) KP_PIN_DIR "/" #name
+#define KP_DECLARE_MAP(id, name, version, type, key, value, size) \
+	BPF_TABLE_PINNED(#type, key, value, name, size, KP_PIN_DIR "/" #name "_v" #version);
 
-BPF_TABLE_PINNED("hash", struct kp_svc4_key, struct kp_svc_val, kp_svc4_v1,
-		 KP_SVC4_SIZE, KP_PIN(kp_svc4_v1));
-BPF_TABLE_PINNED("hash", __u32, struct kp_backend4, kp_be4_v1,
-		 KP_BE4_SIZE, KP_PIN(kp_be4_v1));
-BPF_TABLE_PINNED("lru_hash", struct kp_sknat4_key, struct kp_sknat4_val, kp_sknat4_v1,
-		 KP_SKNAT4_SIZE, KP_PIN(kp_sknat4_v1));
-BPF_TABLE_PINNED("lru_hash", struct kp_aff_key, struct kp_aff_val, kp_aff_v1,
-		 KP_AFF_SIZE, KP_PIN(kp_aff_v1));
-BPF_TABLE_PINNED("lru_hash", struct kp_aff_key, struct kp_aff_val, kp_flow_v1,
-		 KP_FLOW_SIZE, KP_PIN(kp_flow_v1));
-BPF_TABLE_PINNED("hash", __u32, struct kp_svc_meta, kp_meta_v1,
-		 KP_META_SIZE, KP_PIN(kp_meta_v1));
-BPF_TABLE_PINNED("percpu_array", __u32, __u64, kp_stats_v1,
-		 KP_STAT_MAX, KP_PIN(kp_stats_v1));
+KP_MAPS(KP_DECLARE_MAP)
 
 #endif

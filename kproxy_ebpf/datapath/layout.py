@@ -1,134 +1,132 @@
-"""The Python mirror of bpf/kproxy.h: ctypes structures and the constants.
+"""The Python view of bpf/kproxy.h: ctypes types, constants and the decode tables.
 
-Constants are read from the header itself, so they have one definition. Structures must be
-written twice (ctypes cannot read C); tests/unit/test_layout.py compares every size and field
-offset with the BTF that clang emits for the header, and Datapath checks the kernel's view of
-each loaded map (key and value sizes) before it writes a byte.
+Nothing here is written by hand twice: layout_gen.py (generated from the header's BTF by
+layoutgen.py) gives every struct's fields, offsets and sizes, every enum constant and the map
+table, and the ctypes types are built from it at import (and checked against its offsets).
+tests/unit/test_layout.py regenerates the table and fails when it is stale; the agent also
+compares the types with bcc's view of the compiled maps and the kernel's key/value sizes of
+each pinned map before it writes a byte.
 
-All byte-order conversion lives in the encode/decode helpers here: __be fields hold the integer
-whose in-memory bytes are network order, exactly what the kernel stores.
+All byte-order conversion lives in the encode/decode helpers here: __be fields hold the
+integer whose in-memory bytes are network order, exactly what the kernel stores.
 """
 from __future__ import annotations
 
 import ctypes
-import re
 import socket
 import struct
-from functools import lru_cache
 
+from ..desired import Action, Backend, FrontendKind
 from ..model import Protocol
-from .paths import bpf_dir
+from . import layout_gen as G
 
-_DEFINE = re.compile(r"^#define\s+(KP_[A-Z0-9_]+)\s+(\S+)", re.M)
+_SCALARS = {"u8": ctypes.c_uint8, "u16": ctypes.c_uint16, "u32": ctypes.c_uint32,
+            "u64": ctypes.c_uint64, "be16": ctypes.c_uint16, "be32": ctypes.c_uint32,
+            "be64": ctypes.c_uint64, "char": ctypes.c_char}
+
+STRUCTS: dict[str, type[ctypes.Structure]] = {}
 
 
-@lru_cache(maxsize=1)
-def constants() -> dict[str, int | str]:
-    """Every `#define KP_*` of kproxy.h: numbers as ints, map names as strings."""
-    text = (bpf_dir() / "kproxy.h").read_text()
-    out: dict[str, int | str] = {}
-    for name, value in _DEFINE.findall(text):
-        try:
-            out[name] = int(value, 0)
-        except ValueError:
-            out[name] = value
-    return out
+def _ctype(spelled: str):
+    """A field type as layoutgen spells it (u32, be16, char[64], struct x, u8[2])."""
+    if spelled.endswith("]"):
+        base, _, count = spelled[:-1].partition("[")
+        return _ctype(base) * int(count)
+    name = spelled.removeprefix("struct ")
+    if name in G.STRUCTS:
+        return _struct(name)
+    return _SCALARS[spelled.removeprefix("__")]
+
+
+def _struct(cname: str) -> type[ctypes.Structure]:
+    if cname not in STRUCTS:
+        spec = G.STRUCTS[cname]
+        cls = type(cname, (ctypes.Structure,), {
+            "_fields_": [(f, _ctype(t)) for f, _, t in spec["fields"]], "__doc__": f"struct {cname}"})
+        # ctypes lays fields out by natural alignment, as clang does for these types; a
+        # difference would mean a type ctypes aligns otherwise (refuse rather than guess).
+        for f, off, _ in spec["fields"]:
+            if getattr(cls, f).offset != off:
+                raise ImportError(f"{cname}.{f}: ctypes offset {getattr(cls, f).offset} != {off}")
+        if ctypes.sizeof(cls) != spec["size"]:
+            raise ImportError(f"{cname}: ctypes size {ctypes.sizeof(cls)} != {spec['size']}")
+        STRUCTS[cname] = cls
+    return STRUCTS[cname]
+
+
+for _name in G.STRUCTS:
+    _struct(_name)
 
 
 def const(name: str) -> int:
-    value = constants()[name]
-    assert isinstance(value, int), name
-    return value
+    return G.ENUMS[name]
 
 
-class SvcKey(ctypes.Structure):
-    """struct kp_svc4_key"""
-    _fields_ = [("addr", ctypes.c_uint32), ("port", ctypes.c_uint16), ("proto", ctypes.c_uint8),
-                ("scope", ctypes.c_uint8), ("slot", ctypes.c_uint16), ("pad", ctypes.c_uint8 * 2)]
+def enum_names(prefix: str) -> dict[int, str]:
+    """value -> lower-case name without the prefix, e.g. enum_names("KP_STAT_")."""
+    return {v: k.removeprefix(prefix).lower() for k, v in G.ENUMS.items() if k.startswith(prefix)}
 
 
-class SvcVal(ctypes.Structure):
-    """struct kp_svc_val"""
-    _fields_ = [("backend_id", ctypes.c_uint32), ("svc_id", ctypes.c_uint32),
-                ("affinity_timeout", ctypes.c_uint32), ("count", ctypes.c_uint16),
-                ("action", ctypes.c_uint8), ("kind", ctypes.c_uint8)]
-
-
-class Backend4(ctypes.Structure):
-    """struct kp_backend4"""
-    _fields_ = [("addr", ctypes.c_uint32), ("port", ctypes.c_uint16), ("proto", ctypes.c_uint8),
-                ("flags", ctypes.c_uint8)]
-
-
-class SknatKey(ctypes.Structure):
-    """struct kp_sknat4_key"""
-    _fields_ = [("cookie", ctypes.c_uint64), ("addr", ctypes.c_uint32), ("port", ctypes.c_uint16),
-                ("pad", ctypes.c_uint8 * 2)]
-
-
-class SknatVal(ctypes.Structure):
-    """struct kp_sknat4_val"""
-    _fields_ = [("addr", ctypes.c_uint32), ("port", ctypes.c_uint16), ("pad", ctypes.c_uint8 * 2),
-                ("svc_id", ctypes.c_uint32)]
-
-
-class AffKey(ctypes.Structure):
-    """struct kp_aff_key"""
-    _fields_ = [("client", ctypes.c_uint64), ("svc_id", ctypes.c_uint32), ("type", ctypes.c_uint8),
-                ("pad", ctypes.c_uint8 * 3)]
-
-
-class AffVal(ctypes.Structure):
-    """struct kp_aff_val"""
-    _fields_ = [("last_used", ctypes.c_uint64), ("backend_id", ctypes.c_uint32),
-                ("slot", ctypes.c_uint16), ("pad", ctypes.c_uint8 * 2)]
-
-
-class SvcMeta(ctypes.Structure):
-    """struct kp_svc_meta"""
-    _fields_ = [("namespace", ctypes.c_char * 64), ("name", ctypes.c_char * 64),
-                ("port_name", ctypes.c_char * 16), ("proto", ctypes.c_uint8),
-                ("pad", ctypes.c_uint8 * 7)]
-
-
-# C struct name -> mirror; the layout test walks this table.
-STRUCTS: dict[str, type[ctypes.Structure]] = {
-    "kp_svc4_key": SvcKey, "kp_svc_val": SvcVal, "kp_backend4": Backend4,
-    "kp_sknat4_key": SknatKey, "kp_sknat4_val": SknatVal, "kp_aff_key": AffKey,
-    "kp_aff_val": AffVal, "kp_svc_meta": SvcMeta,
-}
+SvcKey = STRUCTS["kp_svc4_key"]
+SvcVal = STRUCTS["kp_svc_val"]
+Backend4 = STRUCTS["kp_backend4"]
+SknatKey = STRUCTS["kp_sknat4_key"]
+SknatVal = STRUCTS["kp_sknat4_val"]
+AffKey = STRUCTS["kp_aff_key"]
+AffVal = STRUCTS["kp_aff_val"]
+SvcMeta = STRUCTS["kp_svc_meta"]
+LbReq = STRUCTS["kp_lb_req"]
+LbRes = STRUCTS["kp_lb_res"]
 
 U32 = ctypes.c_uint32
 U64 = ctypes.c_uint64
 
 
 class MapSpec:
-    """A pinned map: its pin name (from kproxy.h), key and value types, and the size knob."""
+    """A pinned map of KP_MAPS: pin name (<name>_v<version>), key and value types, size knob."""
 
-    def __init__(self, macro: str, key: type, value: type, size_macro: str | None,
-                 lru: bool = False, percpu: bool = False):
-        self.macro, self.key, self.value = macro, key, value
-        self.size_macro, self.lru, self.percpu = size_macro, lru, percpu
+    def __init__(self, mid: str, row: dict):
+        self.id, self.base, self.version = mid, row["name"], row["version"]
+        self.type = row["type"]
+        self.key, self.value = _ctype(row["key"]), _ctype(row["value"])
+        self.size_macro, self.default_size = row["size_macro"], row["size"]
+        self.lru = self.type.startswith("lru_")
+        self.percpu = self.type.startswith("percpu_")
 
     @property
     def name(self) -> str:
-        return str(constants()[self.macro])
+        return f"{self.base}_v{self.version}"
 
 
-MAPS: dict[str, MapSpec] = {
-    "svc": MapSpec("KP_MAP_SVC4", SvcKey, SvcVal, "KP_SVC4_SIZE"),
-    "backend": MapSpec("KP_MAP_BE4", U32, Backend4, "KP_BE4_SIZE"),
-    "sknat": MapSpec("KP_MAP_SKNAT4", SknatKey, SknatVal, "KP_SKNAT4_SIZE", lru=True),
-    "affinity": MapSpec("KP_MAP_AFF", AffKey, AffVal, "KP_AFF_SIZE", lru=True),
-    "flow": MapSpec("KP_MAP_FLOW", AffKey, AffVal, "KP_FLOW_SIZE", lru=True),
-    "meta": MapSpec("KP_MAP_META", U32, SvcMeta, "KP_META_SIZE"),
-    "stats": MapSpec("KP_MAP_STATS", U32, U64, None, percpu=True),
-}
+MAPS: dict[str, MapSpec] = {mid: MapSpec(mid, row) for mid, row in G.MAPS.items()}
 
 # IANA protocol numbers, the kernel's sk_protocol.
 PROTO_NUM = {Protocol.TCP: socket.IPPROTO_TCP, Protocol.UDP: socket.IPPROTO_UDP,
              Protocol.SCTP: 132}
 PROTO_BY_NUM = {v: k for k, v in PROTO_NUM.items()}
+
+# Decode tables between the desired state's enums and the header's.
+ACTION_NUM = {a: const(f"KP_ACTION_{a.name}") for a in Action}
+ACTION_BY_NUM = {v: k for k, v in ACTION_NUM.items()}
+KIND_NUM = {k: const(f"KP_KIND_{k.name}") for k in FrontendKind}
+KIND_BY_NUM = {v: k for k, v in KIND_NUM.items()}
+F_LOCAL, F_TERMINATING, F_NOT_READY = (const("KP_BE_F_LOCAL"), const("KP_BE_F_TERMINATING"),
+                                       const("KP_BE_F_NOT_READY"))
+STAT_NAMES = {v: n for v, n in enum_names("KP_STAT_").items() if n != "max"}
+SCOPE_SOCK = const("KP_SCOPE_SOCK")
+
+
+def backend_flags(b: Backend) -> int:
+    """The endpoint's state as a frontend uses it (kept in that frontend's slot row)."""
+    return ((F_LOCAL if b.local else 0) | (F_TERMINATING if b.terminating else 0)
+            | (0 if b.ready else F_NOT_READY))
+
+
+def backend_state(flags: int) -> str:
+    state = "terminating" if flags & F_TERMINATING else "ready"
+    if flags & F_NOT_READY:
+        state += ",serving" if flags & F_TERMINATING else ",not-ready"
+    return state + (",local" if flags & F_LOCAL else "")
 
 
 def ip_be(ip: str) -> int:
@@ -153,8 +151,8 @@ def svc_key(ip: str, port: int, proto: Protocol, slot: int = 0, scope: int = 0) 
                   slot=slot)
 
 
-def backend_val(ip: str, port: int, proto: Protocol, flags: int) -> Backend4:
-    return Backend4(addr=ip_be(ip), port=port_be(port), proto=PROTO_NUM[proto], flags=flags)
+def backend_val(ip: str, port: int, proto: Protocol) -> Backend4:
+    return Backend4(addr=ip_be(ip), port=port_be(port), proto=PROTO_NUM[proto])
 
 
 def key_tuple(key: SvcKey) -> tuple[str, int, Protocol]:

@@ -11,13 +11,15 @@ import ctypes
 import logging
 import os
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import libbpf
+from ..config import MapSizes
 from .layout import MAPS, STRUCTS
 from .paths import bpf_dir, kernel_headers
 from .pinned import LayoutMismatch, PinnedMap
+from .source import expand
 
 log = logging.getLogger(__name__)
 
@@ -37,19 +39,9 @@ SOCK_HOOKS = {
 }
 
 
-@dataclass
-class MapSizes:
-    """max_entries of each map (a pinned map keeps the size it was created with)."""
-    svc: int = 65536        # frontends plus one row per backend slot
-    backend: int = 65536
-    sknat: int = 65536      # reverse translation per socket (LRU)
-    affinity: int = 65536   # ClientIP affinity (LRU)
-    flow: int = 65536       # unconnected-UDP flows (LRU)
-    meta: int = 16384       # service-port names for the CLI
-
-    def cflags(self) -> list[str]:
-        return [f"-D{MAPS[name].size_macro}={getattr(self, name)}"
-                for name in ("svc", "backend", "sknat", "affinity", "flow", "meta")]
+def size_cflags(sizes: MapSizes) -> list[str]:
+    """The configured map sizes as the -D knobs of KP_MAPS."""
+    return [f"-D{MAPS[name].size_macro}={value}" for name, value in asdict(sizes).items()]
 
 
 def ensure_bpffs(directory: Path) -> None:
@@ -92,8 +84,8 @@ class Datapath:
         ensure_bpffs(self.bpffs_dir)
         src = bpf_dir()
         cflags = [f"-I{src}", f'-DKP_PIN_DIR="{self.bpffs_dir}"', "-Wno-macro-redefined",
-                  *self.sizes.cflags()]
-        self._bpf = BPF(src_file=str(src / "sock_lb.c").encode(), cflags=cflags)
+                  *size_cflags(self.sizes)]
+        self._bpf = BPF(text=expand(src / "sock_lb.c").encode(), cflags=cflags)
         try:
             self._check_bcc_layout()
             for name, spec in MAPS.items():
@@ -110,7 +102,7 @@ class Datapath:
     def _check_bcc_layout(self) -> None:
         """Refuses to run if bcc's view of a map (from the compiled C) differs from layout.py."""
         for spec in MAPS.values():
-            table = self._bpf[spec.name.encode()]
+            table = self._bpf[spec.base.encode()]
             leaf = table.Leaf
             if spec.percpu and issubclass(leaf, ctypes.Array):   # bcc: one value per CPU
                 leaf = leaf._type_

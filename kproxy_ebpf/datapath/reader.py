@@ -13,17 +13,8 @@ from pathlib import Path
 
 from . import layout as L
 from .pinned import PinnedMap
-from .writer import ACTION_BY_NUM, F_LOCAL, F_NOT_READY, F_TERMINATING, KIND_BY_NUM
 
-STAT_NAMES = {v: k.removeprefix("KP_STAT_").lower() for k, v in L.constants().items()
-              if k.startswith("KP_STAT_") and k != "KP_STAT_MAX"}
-
-
-def backend_state(flags: int) -> str:
-    state = "terminating" if flags & F_TERMINATING else "ready"
-    if flags & F_NOT_READY:
-        state += ",serving" if flags & F_TERMINATING else ",not-ready"
-    return state + (",local" if flags & F_LOCAL else "")
+STAT_NAMES = L.STAT_NAMES
 
 
 def _service_name(meta: L.SvcMeta | None) -> str:
@@ -38,10 +29,11 @@ def services(maps: Mapping[str, PinnedMap]) -> list[dict]:
     rows = list(maps["svc"].items())
     backends = {k.value: v for k, v in maps["backend"].items()}
     metas = {k.value: v for k, v in maps["meta"].items()} if "meta" in maps else {}
-    slots: dict[tuple, dict[int, int]] = {}
+    slots: dict[tuple, dict[int, tuple[int, int]]] = {}
     for key, val in rows:
         if key.slot:
-            slots.setdefault((key.addr, key.port, key.proto, key.scope), {})[key.slot] = val.backend_id
+            slots.setdefault((key.addr, key.port, key.proto, key.scope), {})[key.slot] = (
+                val.backend_id, val.be_flags)
     out = []
     for key, val in rows:
         if key.slot:
@@ -49,21 +41,22 @@ def services(maps: Mapping[str, PinnedMap]) -> list[dict]:
         ip, port, proto = L.key_tuple(key)
         entry = {
             "address": ip, "port": port, "protocol": proto.value,
-            "type": KIND_BY_NUM[val.kind].value if val.kind in KIND_BY_NUM else f"kind-{val.kind}",
+            "type": L.KIND_BY_NUM[val.kind].value if val.kind in L.KIND_BY_NUM else f"kind-{val.kind}",
             "service": _service_name(metas.get(val.svc_id)), "service_id": val.svc_id,
-            "action": ACTION_BY_NUM[val.action].value if val.action in ACTION_BY_NUM else str(val.action),
+            "action": L.ACTION_BY_NUM[val.action].value if val.action in L.ACTION_BY_NUM
+            else str(val.action),
             "affinity_timeout": val.affinity_timeout, "scope": key.scope, "backends": [],
         }
         mine = slots.get((key.addr, key.port, key.proto, key.scope), {})
         for slot in range(1, val.count + 1):
-            bid = mine.get(slot)
+            bid, flags = mine.get(slot, (None, 0))
             be = backends.get(bid) if bid is not None else None
             if be is None:
                 entry["backends"].append({"slot": slot, "id": bid, "missing": True})
                 continue
             entry["backends"].append({
                 "slot": slot, "id": bid, "address": L.ip_str(be.addr),
-                "port": L.port_host(be.port), "state": backend_state(be.flags)})
+                "port": L.port_host(be.port), "state": L.backend_state(flags)})
         out.append(entry)
     out.sort(key=lambda e: (e["service"], e["type"], e["address"], e["port"], e["protocol"]))
     return out
@@ -101,12 +94,12 @@ def dump(m: PinnedMap) -> list[dict]:
         if m.spec.percpu:
             per_cpu = [v for v in value]
             row = {"key": _plain(key), "value": sum(per_cpu), "per_cpu": per_cpu}
-            if m.spec.name == L.constants()["KP_MAP_STATS"]:
+            if m.spec.id == "stats":
                 row["counter"] = STAT_NAMES.get(key.value, str(key.value))
         else:
             row = {"key": _plain(key), "value": _plain(value)}
         rows.append(row)
-    if m.spec.name in (L.constants()["KP_MAP_AFF"], L.constants()["KP_MAP_FLOW"]):
+    if m.spec.id in ("affinity", "flow"):
         now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         for row in rows:
             row["value"]["age_seconds"] = round((now - row["value"]["last_used"]) / 1e9, 1)

@@ -4,7 +4,13 @@ Order (make-before-break), per frontend:
   1. backend rows it needs, 2. slot rows 1..n, 3. slot 0 with the new count, 4. surplus slots;
 then, after every frontend: deleted frontends (slot 0 first), then backends and service ids that
 no row references any more. A lookup therefore never sees a count that covers an unwritten slot
-nor a slot naming a freed backend, and ids are not reused at once (see proxy/ids.py).
+nor a slot naming a freed backend, and ids are not reused at once (see ids.py).
+
+No torn reads (the programs copy each row once, see bpf/lib/lb.h): a backend row is written
+once, when its id is allocated, and never modified; an id names one (address, port, protocol)
+for its whole life and is freed only after the apply that removed the last slot naming it.
+What changes about an endpoint (ready, terminating, local) belongs to the frontend that uses
+it and lives in that frontend's slot row (be_flags), which the programs do not read.
 
 Slots are filled stably: a backend that stays keeps its slot, a new one takes a freed slot, and
 only the tail moves into the holes. That keeps writes proportional to what changed and lets
@@ -20,33 +26,19 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ..desired import Action, Backend, Frontend, FrontendKind, ServicePortName
+from ..desired import Action, Frontend, FrontendKind, ServicePortName
 from ..model import Protocol
-from ..proxy.ids import IdAllocator, IdsExhausted
 from . import layout as L
+from .ids import IdAllocator, IdsExhausted
 from .pinned import MapFull, PinnedMap
 
 log = logging.getLogger(__name__)
 
 BackendKey = tuple[str, int, Protocol]
 FrontendKey = tuple[str, int, Protocol]
+Slot = tuple[BackendKey, int]            # the backend a slot names, and its be_flags
 
-ACTION_NUM = {Action.FORWARD: L.const("KP_ACTION_FORWARD"), Action.REJECT: L.const("KP_ACTION_REJECT"),
-              Action.DROP: L.const("KP_ACTION_DROP")}
-ACTION_BY_NUM = {v: k for k, v in ACTION_NUM.items()}
-KIND_NUM = {FrontendKind.CLUSTER_IP: L.const("KP_KIND_CLUSTER_IP"),
-            FrontendKind.NODE_PORT: L.const("KP_KIND_NODE_PORT"),
-            FrontendKind.EXTERNAL_IP: L.const("KP_KIND_EXTERNAL_IP"),
-            FrontendKind.LOAD_BALANCER: L.const("KP_KIND_LOAD_BALANCER")}
-KIND_BY_NUM = {v: k for k, v in KIND_NUM.items()}
-F_LOCAL, F_TERMINATING, F_NOT_READY = (L.const("KP_BE_F_LOCAL"), L.const("KP_BE_F_TERMINATING"),
-                                       L.const("KP_BE_F_NOT_READY"))
 MAX_ID = 2**31
-
-
-def backend_flags(b: Backend) -> int:
-    return ((F_LOCAL if b.local else 0) | (F_TERMINATING if b.terminating else 0)
-            | (0 if b.ready else F_NOT_READY))
 
 
 @dataclass
@@ -57,10 +49,11 @@ class Programmed:
     action: Action
     affinity: int
     count: int | None                               # None: slot 0 not written yet
-    rows: dict[int, BackendKey] = field(default_factory=dict)   # slot -> backend
+    rows: dict[int, Slot] = field(default_factory=dict)   # slot -> (backend, flags)
 
-    def live(self) -> set[BackendKey]:
-        return {self.rows[s] for s in range(1, (self.count or 0) + 1) if s in self.rows}
+    def live(self) -> dict[BackendKey, int]:
+        """The backends lookups can reach, with their flags."""
+        return dict(self.rows[s] for s in range(1, (self.count or 0) + 1) if s in self.rows)
 
 
 @dataclass
@@ -101,16 +94,13 @@ class MapWriter:
     def __init__(self, maps: Mapping[str, PinnedMap]):
         self.svc, self.be, self.meta = maps["svc"], maps["backend"], maps["meta"]
         self.programmed: dict[FrontendKey, Programmed] = {}
-        self.backend_flags: dict[BackendKey, int] = {}
         self.backend_ids = IdAllocator(MAX_ID, "backend ids")
         self.svc_ids = IdAllocator(MAX_ID, "service ids")
-        self._refs: Counter[BackendKey] = Counter()        # rows naming each backend
-        self._users: dict[BackendKey, Counter[FrontendKey]] = {}   # ...and whose rows they are
+        self._refs: Counter[BackendKey] = Counter()        # slot rows naming each backend
         self._svc_refs: Counter[ServicePortName] = Counter()  # frontends of each service port
         self._named: set[ServicePortName] = set()          # service ports with a meta row
         self._unref: set[BackendKey] = set()                # may have dropped to 0 refs
         self._svc_unref: set[ServicePortName] = set()
-        self._pending_flags: dict[BackendKey, int] = {}
 
     # -- restore ---------------------------------------------------------------------------
     def restore(self) -> int:
@@ -118,10 +108,8 @@ class MapWriter:
         # Everything is rebuilt from the kernel: what the maps do not hold is forgotten.
         self.programmed.clear()
         self._refs.clear()
-        self._users.clear()
         self._svc_refs.clear()
         self._named.clear()
-        self.backend_flags.clear()
         self.backend_ids = IdAllocator(MAX_ID, "backend ids")
         self.svc_ids = IdAllocator(MAX_ID, "service ids")
         names: dict[int, ServicePortName] = {}
@@ -135,15 +123,14 @@ class MapWriter:
         for key, be in self.be.items():
             bkey = (L.ip_str(be.addr), L.port_host(be.port), L.PROTO_BY_NUM[be.proto])
             backends[key.value] = bkey
-            self.backend_flags[bkey] = be.flags
             self.backend_ids.restore(bkey, key.value)
         # Only the socket scope is written today; other scopes belong to other writers.
-        rows = [(k, v) for k, v in self.svc.items() if k.scope == L.const("KP_SCOPE_SOCK")]
+        rows = [(k, v) for k, v in self.svc.items() if k.scope == L.SCOPE_SOCK]
         for key, val in rows:
             if key.slot == 0:
                 self.programmed[L.key_tuple(key)] = Programmed(
-                    kind=KIND_BY_NUM.get(val.kind, FrontendKind.CLUSTER_IP),
-                    service=None, action=ACTION_BY_NUM.get(val.action, Action.REJECT),
+                    kind=L.KIND_BY_NUM.get(val.kind, FrontendKind.CLUSTER_IP),
+                    service=None, action=L.ACTION_BY_NUM.get(val.action, Action.REJECT),
                     affinity=val.affinity_timeout, count=val.count)
                 self._set_service(self.programmed[L.key_tuple(key)], names.get(val.svc_id))
         for key, val in rows:
@@ -158,7 +145,7 @@ class MapWriter:
             if bkey is None or (prog.count is not None and key.slot > prog.count):
                 self.svc.delete(key)
                 continue
-            self._ref(fkey, prog, key.slot, bkey)
+            self._ref(prog, key.slot, (bkey, val.be_flags))
         # Anything unreferenced (a crash between writes) is garbage now.
         self._unref = {b for b, _ in self.backend_ids}
         self._svc_unref = {spn for spn, _ in self.svc_ids}
@@ -169,16 +156,15 @@ class MapWriter:
     def apply(self, desired: Mapping[FrontendKey, Frontend],
               candidates: Iterable[FrontendKey] | None = None) -> ApplyResult:
         """Makes the maps hold `desired`. With `candidates`, only those keys are examined
-        (the frontends of services that changed); without, everything is diffed."""
+        (the frontends of services that changed); without, everything is diffed. Only
+        `desired[k]` and `k in desired` are read for the keys examined."""
         res = ApplyResult()
-        keys = set(self.programmed) | set(desired) if candidates is None else set(candidates)
-        self._merge_backend_flags(desired, desired.values() if candidates is None
-                                  else (desired[k] for k in keys if k in desired))
-        for key in sorted(keys):
+        keys = sorted(set(self.programmed) | set(desired) if candidates is None else set(candidates))
+        for key in keys:
             fe = desired.get(key)
             if fe is not None and not self._same(key, fe):
                 self._guard(res, key, fe.service, lambda fe=fe: self._write_frontend(fe, res))
-        for key in sorted(keys):
+        for key in keys:
             if key not in desired and key in self.programmed:
                 spn = self.programmed[key].service
                 self._guard(res, key, spn, lambda key=key: self._delete_frontend(key, res))
@@ -197,50 +183,33 @@ class MapWriter:
             res.errors.append(f"{spn or '?'} {key[0]}:{key[1]}/{key[2].value}: {exc}")
             res.failed[key] = spn
 
+    @staticmethod
+    def _wanted(fe: Frontend) -> dict[BackendKey, int]:
+        if fe.action is not Action.FORWARD:
+            return {}
+        return {b.key: L.backend_flags(b) for b in fe.backends}
+
     def _same(self, key: FrontendKey, fe: Frontend) -> bool:
         p = self.programmed.get(key)
         if p is None or p.count is None:
             return False
-        wanted = {b.key for b in fe.backends} if fe.action is Action.FORWARD else set()
+        wanted = self._wanted(fe)
         return (p.kind, p.service, p.action, p.affinity) == (
             fe.kind, fe.service, fe.action, fe.affinity_timeout) and p.live() == wanted \
-            and p.count == len(wanted) and all(
-                self.backend_flags.get(b.key) == self._pending_flags.get(b.key, backend_flags(b))
-                for b in fe.backends)
-
-    def _merge_backend_flags(self, desired: Mapping[FrontendKey, Frontend],
-                             frontends: Iterable[Frontend]) -> None:
-        """A backend row is shared by every frontend that names it, so its flags (the endpoint's
-        state, for the CLI) follow one owner: the smallest frontend key among those naming it
-        now. Deterministic whichever subset a partial apply looks at, so they never flap."""
-        candidates: dict[BackendKey, set[FrontendKey]] = {}
-        for fe in frontends:
-            for b in fe.backends:
-                candidates.setdefault(b.key, set()).add(fe.key)
-        seen: dict[BackendKey, int] = {}
-        for bkey, users in candidates.items():
-            flags: dict[FrontendKey, int] = {}
-            for k in users | set(self._users.get(bkey, ())):
-                for b in desired[k].backends if k in desired else ():
-                    if b.key == bkey:
-                        flags[k] = backend_flags(b)
-            seen[bkey] = flags[min(flags)]
-        self._pending_flags = seen
+            and p.count == len(wanted)
 
     def _ensure_backend(self, b: BackendKey, res: ApplyResult) -> int:
-        flags = self._pending_flags.get(b, self.backend_flags.get(b, 0))
-        known = b in self.backend_ids
+        """The id of backend b; a new id's row is written here, once, and never again."""
+        if b in self.backend_ids:
+            return self.backend_ids.acquire(b)
         bid = self.backend_ids.acquire(b)
-        if not known or self.backend_flags.get(b) != flags:
-            try:
-                self.be.put(L.U32(bid), L.backend_val(*b, flags))
-            except BaseException:
-                if not known:
-                    self.backend_ids.release(b)
-                raise
-            self.backend_flags[b] = flags
-            self._unref.add(b)      # freed again at the end of apply if no slot names it
-            res.writes += 1
+        try:
+            self.be.put(L.U32(bid), L.backend_val(*b))
+        except BaseException:
+            self.backend_ids.release(b)
+            raise
+        self._unref.add(b)      # freed again at the end of apply if no slot names it
+        res.writes += 1
         return bid
 
     def _write_frontend(self, fe: Frontend, res: ApplyResult) -> None:
@@ -248,10 +217,11 @@ class MapWriter:
         prog = self.programmed.get(key)
         if prog is None:
             prog = self.programmed[key] = Programmed(fe.kind, None, fe.action, 0, None)
-        old_order = [prog.rows.get(s) for s in range(1, (prog.count or 0) + 1)]
-        wanted = [b.key for b in fe.backends] if fe.action is Action.FORWARD else []
+        old_order = [prog.rows[s][0] if s in prog.rows else None
+                     for s in range(1, (prog.count or 0) + 1)]
+        wanted = self._wanted(fe)
         order = stable_slots([b for b in old_order if b is not None], wanted) \
-            if None not in old_order else sorted(set(wanted))
+            if None not in old_order else sorted(wanted)
 
         svc_id = self.svc_ids.acquire(fe.service)
         self._svc_unref.add(fe.service)     # in case this write fails before slot 0
@@ -261,21 +231,22 @@ class MapWriter:
 
         for slot, bkey in enumerate(order, start=1):
             bid = self._ensure_backend(bkey, res)
-            if prog.rows.get(slot) != bkey:
-                self.svc.put(L.svc_key(*key, slot=slot), L.SvcVal(backend_id=bid))
-                self._ref(key, prog, slot, bkey)
+            row = (bkey, wanted[bkey])
+            if prog.rows.get(slot) != row:
+                self.svc.put(L.svc_key(*key, slot=slot), L.SvcVal(backend_id=bid, be_flags=row[1]))
+                self._ref(prog, slot, row)
                 res.writes += 1
         # Only now may slot 0 announce the new count.
         self.svc.put(L.svc_key(*key), L.SvcVal(
             svc_id=svc_id, affinity_timeout=fe.affinity_timeout, count=len(order),
-            action=ACTION_NUM[fe.action], kind=KIND_NUM[fe.kind]))
+            action=L.ACTION_NUM[fe.action], kind=L.KIND_NUM[fe.kind]))
         res.writes += 1
         self._set_service(prog, fe.service)
         prog.kind, prog.action = fe.kind, fe.action
         prog.affinity, prog.count = fe.affinity_timeout, len(order)
         for slot in sorted(s for s in prog.rows if s > len(order)):
             self.svc.delete(L.svc_key(*key, slot=slot))
-            self._ref(key, prog, slot, None)
+            self._ref(prog, slot, None)
             res.writes += 1
         res.updated += 1
 
@@ -287,25 +258,20 @@ class MapWriter:
         res.writes += 1
         for slot in sorted(prog.rows):
             self.svc.delete(L.svc_key(*key, slot=slot))
-            self._ref(key, prog, slot, None)
+            self._ref(prog, slot, None)
             res.writes += 1
         del self.programmed[key]
         res.deleted += 1
 
-    def _ref(self, key: FrontendKey, prog: Programmed, slot: int,
-             bkey: BackendKey | None) -> None:
-        """Slot `slot` of frontend `key` now names `bkey` (None: the row is gone)."""
+    def _ref(self, prog: Programmed, slot: int, row: Slot | None) -> None:
+        """Slot `slot` of a frontend now holds `row` (None: the row is gone)."""
         old = prog.rows.pop(slot, None)
         if old is not None:
-            self._refs[old] -= 1
-            self._unref.add(old)
-            self._users[old][key] -= 1
-            if self._users[old][key] <= 0:
-                del self._users[old][key]
-        if bkey is not None:
-            prog.rows[slot] = bkey
-            self._refs[bkey] += 1
-            self._users.setdefault(bkey, Counter())[key] += 1
+            self._refs[old[0]] -= 1
+            self._unref.add(old[0])
+        if row is not None:
+            prog.rows[slot] = row
+            self._refs[row[0]] += 1
 
     def _set_service(self, prog: Programmed, spn: ServicePortName | None) -> None:
         if prog.service is not None:
@@ -331,7 +297,6 @@ class MapWriter:
                 continue
             self.be.delete(L.U32(bid))
             self.backend_ids.release(bkey)
-            self.backend_flags.pop(bkey, None)
             self._refs.pop(bkey, None)
             if res:
                 res.writes += 1

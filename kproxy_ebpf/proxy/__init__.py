@@ -8,16 +8,14 @@ and the standard library.
     topology.py   Cluster set, Local set, has-any, topology hints               (1.3-1.6)
     frontends.py  one Service -> its frontends and verdicts for local traffic   (1.2, 1.5, 1.7)
     state.py      all objects + dirty tracking -> the whole frontend table
-    ids.py        map-row ids that are reused as late as possible
 """
 from .endpoints import EndpointInfo, PortKey, endpoints_by_port
 from .frontends import ServicePortPlan, is_proxied, service_frontends, service_port_endpoints
-from .ids import IdAllocator, IdsExhausted
 from .state import ChangeSet, FrontendKey, ProxyState, ServiceKey
 from .topology import PortEndpoints, TopologyMode, categorize, topology_mode
 
 __all__ = [
-    "ChangeSet", "EndpointInfo", "FrontendKey", "IdAllocator", "IdsExhausted", "PortEndpoints",
+    "ChangeSet", "EndpointInfo", "FrontendKey", "PortEndpoints",
     "PortKey", "ProxyState", "ServiceKey", "ServicePortPlan", "TopologyMode", "categorize",
     "endpoints_by_port", "is_proxied", "service_frontends", "service_port_endpoints",
     "topology_mode",

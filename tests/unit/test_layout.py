@@ -1,54 +1,79 @@
 """layout.py against bpf/kproxy.h as the BPF compiler lays it out (no root needed).
 
-clang compiles the header for the BPF target with BTF; bpftool reads the BTF back. Every size
-and field offset of every mirrored struct must agree: bcc hands the kernel our raw buffers with
-no size, so a mismatch would corrupt memory silently rather than fail.
+The header is the one definition: layoutgen compiles it for the BPF target with BTF and writes
+layout_gen.py; layout.py builds its ctypes types from that table. These tests regenerate the
+table (a stale committed copy fails here), and check what the Python side derives from it.
 """
 import ctypes
-import json
 import shutil
 import subprocess
+import sys
 
 import pytest
 
-from kproxy_ebpf.datapath import layout
+from kproxy_ebpf.datapath import layout, layout_gen, layoutgen
 from kproxy_ebpf.datapath.paths import bpf_dir
 
 TOOLS = shutil.which("clang") and shutil.which("bpftool")
-pytestmark = pytest.mark.skipif(not TOOLS, reason="needs clang and bpftool (make setup installs them)")
 
 
 @pytest.fixture(scope="module")
-def btf_structs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("btf")
-    src = tmp / "layout.c"
-    # Declaring one object of each type makes clang emit its BTF.
-    src.write_text('#include "kproxy.h"\n' + "".join(
-        f"struct {name} probe_{name};\n" for name in layout.STRUCTS))
-    obj = tmp / "layout.o"
-    subprocess.run(["clang", "-target", "bpf", "-g", "-O2", "-c", str(src), "-o", str(obj),
-                    f"-I{bpf_dir()}", "-I/usr/include/x86_64-linux-gnu"], check=True)
-    dump = subprocess.run(["bpftool", "-j", "btf", "dump", "file", str(obj)], check=True,
-                          capture_output=True, text=True).stdout
-    return {t["name"]: t for t in json.loads(dump)["types"] if t.get("kind") == "STRUCT"}
+def generated() -> str:
+    if not TOOLS:
+        pytest.fail("needs clang and bpftool (make setup installs them)")
+    return layoutgen.generate()
 
 
-@pytest.mark.parametrize("cname", sorted(layout.STRUCTS))
-def test_struct_matches_btf(btf_structs, cname):
-    mirror = layout.STRUCTS[cname]
-    btf = btf_structs[cname]
-    assert ctypes.sizeof(mirror) == btf["size"], f"{cname}: size"
-    members = {m["name"]: m["bits_offset"] // 8 for m in btf["members"]}
-    ours = {name: getattr(mirror, name).offset for name, *_ in mirror._fields_}
-    assert ours == members, f"{cname}: field names/offsets differ"
+def test_committed_table_is_current(generated):
+    assert layoutgen.OUT.read_text() == generated, (
+        "bpf/kproxy.h changed: run `python -m kproxy_ebpf.datapath.layoutgen`")
 
 
-def test_constants_come_from_the_header():
-    c = layout.constants()
-    assert c["KP_ACTION_REJECT"] != c["KP_ACTION_FORWARD"]
-    assert c["KP_MAP_SVC4"] == "kp_svc4_v1"
-    # Kernel map names are limited to 15 characters.
-    assert all(len(str(c[m.macro])) <= 15 for m in layout.MAPS.values())
+@pytest.mark.parametrize("cname", sorted(layout_gen.STRUCTS))
+def test_ctypes_types_follow_the_table(cname):
+    spec, cls = layout_gen.STRUCTS[cname], layout.STRUCTS[cname]
+    assert ctypes.sizeof(cls) == spec["size"]
+    assert [(f, getattr(cls, f).offset) for f, _, _ in spec["fields"]] == \
+        [(f, off) for f, off, _ in spec["fields"]]
+
+
+def test_byte_order_is_read_from_the_typedefs():
+    fields = {f: t for f, _, t in layout_gen.STRUCTS["kp_svc4_key"]["fields"]}
+    assert fields["addr"] == "be32" and fields["port"] == "be16" and fields["slot"] == "u16"
+
+
+def test_maps_and_constants_come_from_the_header():
+    assert layout.const("KP_ACTION_REJECT") != layout.const("KP_ACTION_FORWARD")
+    assert layout.MAPS["svc"].name == f"kp_svc4_v{layout_gen.MAPS['svc']['version']}"
+    assert layout.MAPS["stats"].percpu and layout.MAPS["sknat"].lru
+    assert layout.MAPS["stats"].default_size == layout.const("KP_STAT_MAX")
+    # Kernel map names are limited to 15 characters (pin names are not, but stay short).
+    assert all(len(m.name) <= 15 for m in layout.MAPS.values())
+    assert set(layout.ACTION_NUM) == set(layout.Action)
+    assert set(layout.KIND_NUM) == set(layout.FrontendKind)
+
+
+def test_a_version_bump_is_one_edit(tmp_path, monkeypatch):
+    """Bumping a map's version in KP_MAPS renames its pin everywhere, with nothing else."""
+    if not TOOLS:
+        pytest.fail("needs clang and bpftool")
+    src = bpf_dir()
+    copy = tmp_path / "bpf"
+    shutil.copytree(src, copy)
+    header = copy / "kproxy.h"
+    text = header.read_text()
+    version = layout_gen.MAPS["backend"]["version"]
+    header.write_text(text.replace(f"X(backend,  kp_be4,    {version},",
+                                   f"X(backend,  kp_be4,    {version + 1},"))
+    monkeypatch.setattr(layoutgen, "bpf_dir", lambda: copy)
+    table = {}
+    exec(layoutgen.generate(), table)
+    assert table["MAPS"]["backend"]["version"] == version + 1
+    # bcc's declaration (lib/maps.h) derives the pin path from the same row.
+    out = subprocess.run(["clang", "-E", "-P", f"-I{copy}", "-DKP_PIN_DIR=\"/x\"",
+                          "-DBPF_TABLE_PINNED(t,k,v,n,s,p)=@pin p@", str(copy / "lib/maps.h")],
+                         check=True, capture_output=True, text=True).stdout
+    assert f'"/x" "/" "kp_be4" "_v" "{version + 1}"' in out
 
 
 @pytest.mark.parametrize("ip,port", [("10.96.0.10", 80), ("192.168.255.1", 65535), ("0.0.0.1", 1)])
@@ -58,5 +83,5 @@ def test_byte_order_round_trip(ip, port):
     # Network order in memory: the address bytes as written, the port big-endian.
     assert raw[0:4] == bytes(int(x) for x in ip.split("."))
     assert raw[4:6] == port.to_bytes(2, "big")
-    assert raw[6] == 17 and int.from_bytes(raw[8:10], "little") == 3
+    assert raw[6] == 17 and int.from_bytes(raw[8:10], sys.byteorder) == 3
     assert layout.key_tuple(key) == (ip, port, layout.Protocol.UDP)

@@ -24,6 +24,8 @@ class FakeMap:
         self.spec, self.max_entries, self.on_op = spec, max_entries, on_op
         self.rows: dict[bytes, bytes] = {}
         self.ops: list[tuple[str, bytes]] = []
+        # Backend rows are written once per id and never modified (no torn reads, see writer).
+        self.immutable = spec.id == "backend"
 
     def _k(self, key):
         return L.raw(key)
@@ -34,6 +36,8 @@ class FakeMap:
 
     def put(self, key, value):
         k = self._k(key)
+        if self.immutable and k in self.rows:
+            raise AssertionError(f"{self.spec.name}: row {k.hex()} rewritten in place")
         if k not in self.rows and len(self.rows) >= self.max_entries:
             raise MapFull(self.spec.name, self.max_entries) from BpfError(errno.E2BIG, "full")
         self.rows[k] = L.raw(value)
@@ -60,6 +64,9 @@ def consistent(maps) -> None:
     """What a lookup can see right now is whole."""
     rows = {L.raw(k): v for k, v in maps["svc"].items()}
     backends = {k.value for k, _ in maps["backend"].items()}
+    for key, val in maps["svc"].items():
+        if key.slot:
+            assert val.backend_id in backends, f"slot {key.slot} names a freed backend"
     for key, val in maps["svc"].items():
         if key.slot != 0 or val.action != L.const("KP_ACTION_FORWARD"):
             continue
@@ -251,3 +258,33 @@ def test_a_backend_shared_with_different_states_is_not_rewritten_forever(maps):
     w.apply(table(a, b))
     assert w.apply(table(a, b)).writes == 0
     assert w.apply(table(a, b), candidates=[b.key]).writes == 0
+
+
+def test_readiness_changes_rewrite_only_that_frontends_slot(maps):
+    """Endpoint state lives in the frontend's slot row; the shared backend row never changes."""
+    ready = Backend("10.244.1.10", 8080, TCP, ready=True)
+    terminating = Backend("10.244.1.10", 8080, TCP, ready=False, terminating=True)
+    a = fe(backends=[ready])
+    b = fe(ip="10.96.0.11", name="b", backends=[ready])
+    w = MapWriter(maps)
+    w.apply(table(a, b))
+    for m in maps.values():
+        m.ops.clear()
+    b2 = fe(ip="10.96.0.11", name="b", backends=[terminating])
+    res = w.apply(table(a, b2), candidates=[b2.key])
+    assert res.ok and res.writes == 2          # b's slot 1 (new flags), b's slot 0
+    assert not maps["backend"].ops
+    flags = {L.key_tuple(k)[0]: v.be_flags for k, v in maps["svc"].items() if k.slot == 1}
+    assert flags == {"10.96.0.10": 0, "10.96.0.11": L.F_TERMINATING | L.F_NOT_READY}
+
+
+def test_a_moved_backend_gets_a_new_id_and_the_old_one_is_freed_after(maps):
+    w = MapWriter(maps)
+    w.apply(table(fe(backends=["10.244.1.10"])))
+    old = w.backend_ids.get(("10.244.1.10", 8080, TCP))
+    maps["svc"].ops.clear()
+    maps["backend"].ops.clear()
+    w.apply(table(fe(backends=["10.244.1.20"])))
+    new = w.backend_ids.get(("10.244.1.20", 8080, TCP))
+    assert new != old and maps["backend"].ops == [("put", L.raw(L.U32(new))),
+                                                  ("delete", L.raw(L.U32(old)))]

@@ -1,0 +1,189 @@
+/* lib/lb.h: service lookup and backend selection, shared by every program type.
+ *
+ * Context-free: the caller fills a struct kp_lb_req (frontend, affinity client, random numbers,
+ * clock) and gets a kp_lb_res with the verdict and a stack copy of the backend row, so the
+ * socket hooks, the TC path and BPF_PROG_TEST_RUN tests (tests/datapath/test_lb_run.c) run the
+ * same code.
+ *
+ * No torn reads: every row is copied to the stack once and only the copy is used. Backend rows
+ * are never rewritten (a backend id names one address for its whole life) and the agent frees
+ * an id only after no slot names it, so a slot's backend_id and the backend it names always
+ * belong together. Slot 0 is rewritten in place, so a reader may see the count of a shrink
+ * that already deleted the slot it picked: that miss reads slot 0 again once (the writer's
+ * order guarantees the second read is complete) and, if the slot still misses, refuses
+ * rather than let the connect go to a service address nobody answers.
+ */
+#ifndef KPROXY_LIB_LB_H
+#define KPROXY_LIB_LB_H
+
+#include "maps.h"
+#include "stats.h"
+
+#define KP_NSEC_PER_SEC 1000000000ULL
+#define KP_NSEC_PER_MS  1000000ULL
+
+/* Copies slot `slot` of the frontend and the backend it names. 0 on success. */
+static __always_inline int kp_lb_slot(struct kp_svc4_key *key, __u16 slot, __u32 *backend_id,
+				      struct kp_backend4 *be)
+{
+	struct kp_svc_val *row;
+	struct kp_backend4 *b;
+	__u32 id;
+
+	key->slot = slot;
+	row = kp_svc4.lookup(key);
+	if (!row)
+		return -1;
+	id = row->backend_id;
+	b = kp_be4.lookup(&id);
+	if (!b)
+		return -1;
+	*be = *b;
+	*backend_id = id;
+	return 0;
+}
+
+static __always_inline struct kp_aff_val *kp_aff_lookup(struct kp_aff_key *akey)
+{
+	return akey->type == KP_AFF_CLIENT ? kp_aff.lookup(akey) : kp_flow.lookup(akey);
+}
+
+static __always_inline void kp_aff_store(struct kp_aff_key *akey, struct kp_aff_val *val)
+{
+	if (akey->type == KP_AFF_CLIENT)
+		kp_aff.update(akey, val);
+	else
+		kp_flow.update(akey, val);
+}
+
+/* Keeps an affinity or flow row alive; written only when KP_TOUCH_MS has passed, so a busy
+ * client does not rewrite its row on every send. */
+static __always_inline void kp_aff_touch(struct kp_aff_key *akey, struct kp_aff_val *val,
+					 __u64 now)
+{
+	if (now - val->last_used < KP_TOUCH_MS * KP_NSEC_PER_MS)
+		return;
+	val->last_used = now;
+	kp_aff_store(akey, val);
+}
+
+/* The backend an affinity row names, if it is fresh and its slot still holds it. */
+static __always_inline int kp_lb_from_affinity(struct kp_svc4_key *key, __u16 count,
+					       const struct kp_aff_val *aff, __u64 timeout_ns,
+					       __u64 now, struct kp_lb_res *res)
+{
+	struct kp_svc_val *row;
+	struct kp_backend4 *b;
+	__u32 id = aff->backend_id;
+
+	if (now - aff->last_used > timeout_ns || aff->slot == 0 || aff->slot > count)
+		return -1;
+	key->slot = aff->slot;
+	row = kp_svc4.lookup(key);
+	if (!row || row->backend_id != id)
+		return -1;
+	b = kp_be4.lookup(&id);
+	if (!b)
+		return -1;
+	res->be = *b;
+	res->backend_id = id;
+	res->slot = aff->slot;
+	return 0;
+}
+
+/* Fills akey for the affinity that applies to this frontend; returns its timeout in ns, or 0
+ * when none applies. ClientIP affinity wins; an unconnected UDP socket otherwise sticks to its
+ * backend for the life of a conntrack UDP flow, as it would through kube-proxy. */
+static __always_inline __u64 kp_lb_affinity_key(const struct kp_lb_req *req,
+						const struct kp_svc_val *svc,
+						struct kp_aff_key *akey)
+{
+	akey->svc_id = svc->svc_id;
+	if (svc->affinity_timeout) {
+		akey->client = req->client;
+		akey->type = KP_AFF_CLIENT;
+		return (__u64)svc->affinity_timeout * KP_NSEC_PER_SEC;
+	}
+	if (req->flow) {
+		akey->client = req->flow;
+		akey->type = KP_AFF_SOCKET;
+		return (__u64)KP_UDP_FLOW_TIMEOUT_S * KP_NSEC_PER_SEC;
+	}
+	return 0;
+}
+
+/* One attempt: read slot 0, then reuse the affinity backend or pick a slot at random.
+ * Returns 1 when res holds a final verdict, 0 when the picked slot vanished (retry). */
+static __always_inline int kp_lb_attempt(const struct kp_lb_req *req, struct kp_lb_res *res,
+					 __u32 rnd, int first)
+{
+	struct kp_svc4_key key = req->key;
+	struct kp_aff_key akey = {};
+	struct kp_aff_val fresh = {};
+	struct kp_aff_val aff;
+	struct kp_aff_val *row;
+	struct kp_svc_val svc;
+	struct kp_svc_val *head;
+	__u64 timeout_ns;
+
+	key.slot = 0;
+	head = kp_svc4.lookup(&key);
+	if (!head) {
+		/* Gone between two attempts means deleted: as untranslated as a moment later. */
+		res->verdict = KP_LB_NONE;
+		return 1;
+	}
+	svc = *head;
+	res->svc_id = svc.svc_id;
+	if (svc.action == KP_ACTION_DROP) {
+		res->verdict = KP_LB_DROP;
+		return 1;
+	}
+	if (svc.action != KP_ACTION_FORWARD || svc.count == 0) {
+		res->verdict = KP_LB_REJECT;
+		return 1;
+	}
+	timeout_ns = kp_lb_affinity_key(req, &svc, &akey);
+	if (timeout_ns && first) {
+		row = kp_aff_lookup(&akey);
+		if (row) {
+			aff = *row;
+			if (kp_lb_from_affinity(&key, svc.count, &aff, timeout_ns, req->now, res) == 0) {
+				kp_aff_touch(&akey, &aff, req->now);
+				res->affinity_hit = 1;
+				res->verdict = KP_LB_FORWARD;
+				return 1;
+			}
+		}
+	}
+	res->slot = (rnd % svc.count) + 1;
+	if (kp_lb_slot(&key, res->slot, &res->backend_id, &res->be) != 0)
+		return 0;
+	if (timeout_ns) {
+		fresh.last_used = req->now;
+		fresh.backend_id = res->backend_id;
+		fresh.slot = res->slot;
+		kp_aff_store(&akey, &fresh);
+	}
+	res->verdict = KP_LB_FORWARD;
+	return 1;
+}
+
+/* Chooses a backend for req->key; see the file comment for the consistency argument. */
+static __always_inline void kp_lb_select(const struct kp_lb_req *req, struct kp_lb_res *res)
+{
+	res->attempts = 1;
+	if (kp_lb_attempt(req, res, req->rnd[0], 1))
+		goto out;
+	kp_count(KP_STAT_RETRY);
+	res->attempts = 2;
+	res->affinity_hit = 0;
+	if (kp_lb_attempt(req, res, req->rnd[1], 0))
+		goto out;
+	res->verdict = KP_LB_MISS;
+out:
+	if (res->affinity_hit)
+		kp_count(KP_STAT_AFFINITY_HIT);
+}
+
+#endif
