@@ -47,6 +47,18 @@ class _LinkInfo(ctypes.Structure):
     ]
 
 
+class TestRunOpts(ctypes.Structure):
+    """struct bpf_test_run_opts (libbpf 1.x); sz tells libbpf which fields we know."""
+    _fields_ = [
+        ("sz", ctypes.c_size_t), ("data_in", ctypes.c_void_p), ("data_out", ctypes.c_void_p),
+        ("data_size_in", ctypes.c_uint32), ("data_size_out", ctypes.c_uint32),
+        ("ctx_in", ctypes.c_void_p), ("ctx_out", ctypes.c_void_p),
+        ("ctx_size_in", ctypes.c_uint32), ("ctx_size_out", ctypes.c_uint32),
+        ("retval", ctypes.c_uint32), ("repeat", ctypes.c_int), ("duration", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32), ("cpu", ctypes.c_int), ("batch_size", ctypes.c_uint32),
+    ]
+
+
 @lru_cache(maxsize=1)
 def _lib() -> ctypes.CDLL:
     # Explicitly version 1: libbpf 0.x returns -1 and sets errno where 1.x returns -errno,
@@ -65,6 +77,7 @@ def _lib() -> ctypes.CDLL:
         "bpf_link_update": ([c_int, c_int, vp], c_int),
         "bpf_map_lookup_batch": ([c_int, vp, vp, vp, vp, ctypes.POINTER(ctypes.c_uint32), vp],
                                  c_int),
+        "bpf_prog_test_run_opts": ([c_int, ctypes.POINTER(TestRunOpts)], c_int),
     }
     for name, (args, res) in sigs.items():
         fn = getattr(lib, name)
@@ -156,3 +169,15 @@ def link_create(prog_fd: int, target_fd: int, attach_type: int) -> int:
 def link_update(link_fd: int, new_prog_fd: int) -> None:
     """Swaps the program behind a link atomically: no connect sees no program."""
     _check(_lib().bpf_link_update(link_fd, new_prog_fd, None), "link update")
+
+
+def prog_test_run(prog_fd: int, data: bytes) -> tuple[int, bytes]:
+    """Runs a program once on `data` (BPF_PROG_TEST_RUN); returns (its return value, the
+    data as the program left it). For tests that drive BPF code without real traffic."""
+    inp = ctypes.create_string_buffer(data, len(data))
+    out = ctypes.create_string_buffer(len(data) + 256)
+    opts = TestRunOpts(sz=ctypes.sizeof(TestRunOpts), data_in=ctypes.addressof(inp),
+                       data_out=ctypes.addressof(out), data_size_in=len(data),
+                       data_size_out=len(out), repeat=1)
+    _check(_lib().bpf_prog_test_run_opts(prog_fd, ctypes.byref(opts)), "prog test run")
+    return opts.retval, out.raw[:opts.data_size_out]

@@ -44,6 +44,18 @@ def size_cflags(sizes: MapSizes) -> list[str]:
     return [f"-D{MAPS[name].size_macro}={value}" for name, value in asdict(sizes).items()]
 
 
+def compile_program(source: Path, bpffs_dir: Path, sizes: MapSizes | None = None):
+    """Compiles one program file with bcc against the maps pinned in bpffs_dir (adopting
+    them, or creating and pinning them)."""
+    os.environ.setdefault("BCC_KERNEL_SOURCE", str(kernel_headers()))
+    from bcc import BPF  # imported late: only the agent needs bcc (and root)
+
+    ensure_bpffs(bpffs_dir)
+    cflags = [f"-I{bpf_dir()}", f'-DKP_PIN_DIR="{bpffs_dir}"', "-Wno-macro-redefined",
+              *size_cflags(sizes or MapSizes())]
+    return BPF(text=expand(source).encode(), cflags=cflags)
+
+
 def ensure_bpffs(directory: Path) -> None:
     """Creates the pin directory, mounting bpffs at /sys/fs/bpf first if nothing is there."""
     root = Path("/sys/fs/bpf")
@@ -78,14 +90,7 @@ class Datapath:
 
     def load(self) -> None:
         """Compiles and loads sock_lb.c; bcc adopts maps already pinned in bpffs_dir."""
-        os.environ.setdefault("BCC_KERNEL_SOURCE", str(kernel_headers()))
-        from bcc import BPF  # imported late: only the agent needs bcc (and root)
-
-        ensure_bpffs(self.bpffs_dir)
-        src = bpf_dir()
-        cflags = [f"-I{src}", f'-DKP_PIN_DIR="{self.bpffs_dir}"', "-Wno-macro-redefined",
-                  *size_cflags(self.sizes)]
-        self._bpf = BPF(text=expand(src / "sock_lb.c").encode(), cflags=cflags)
+        self._bpf = compile_program(bpf_dir() / "sock_lb.c", self.bpffs_dir, self.sizes)
         try:
             self._check_bcc_layout()
             for name, spec in MAPS.items():
