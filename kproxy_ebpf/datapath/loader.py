@@ -133,6 +133,22 @@ class Datapath:
                 self._attach_one(fn.fd, cg_fd, cgroup_id, attach_type, self.links_dir / pin)
         finally:
             os.close(cg_fd)
+        self.remove_stale_maps()
+
+    def remove_stale_maps(self) -> list[str]:
+        """Unpins maps of other layout versions (kp_svc4_v1 after an upgrade to _v2). Safe
+        only once our programs are attached: until then the old programs read them."""
+        current = {spec.name for spec in MAPS.values()}
+        bases = {spec.base for spec in MAPS.values()}
+        removed = []
+        for entry in sorted(self.bpffs_dir.iterdir()):
+            base, sep, version = entry.name.rpartition("_v")
+            if sep and version.isdigit() and base in bases and entry.name not in current \
+                    and entry.is_file():
+                entry.unlink()
+                removed.append(entry.name)
+                log.info("removed %s: a map of another layout version, no longer read", entry)
+        return removed
 
     def _attach_one(self, prog_fd: int, cg_fd: int, cgroup_id: int, attach_type: int,
                     pin: Path) -> None:

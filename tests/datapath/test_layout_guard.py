@@ -38,3 +38,30 @@ def test_a_pinned_map_with_another_layout_is_refused(lab):
     finally:
         os.close(fd)
         remove_pins(bpffs)
+
+
+def test_maps_of_an_older_layout_are_unpinned_once_the_new_programs_are_attached(lab):
+    """An upgrade to a new map version leaves the old maps pinned; they are read by the old
+    programs until ours replace them in the links, and removed right after."""
+    node = lab.node("node2")
+    bpffs = Path(node.bpffs)
+    bpffs.mkdir(exist_ok=True)
+    spec = L.MAPS["svc"]
+    old = f"{spec.base}_v{spec.version - 1}" if spec.version > 1 else f"{spec.base}_v0"
+    lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
+    lib.bpf_map_create.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint, ctypes.c_uint,
+                                   ctypes.c_uint, ctypes.c_void_p]
+    fd = lib.bpf_map_create(BPF_MAP_TYPE_HASH, spec.base.encode(), 12, 16, 64, None)
+    assert fd >= 0
+    dp = Datapath(bpffs, Path(node.cgroup))
+    try:
+        libbpf.obj_pin(fd, str(bpffs / old))
+        dp.load()
+        assert (bpffs / old).exists(), "loading alone keeps it: old programs may still run"
+        dp.attach()
+        assert not (bpffs / old).exists()
+        assert (bpffs / spec.name).exists()
+    finally:
+        os.close(fd)
+        dp.close()
+        remove_pins(bpffs)
