@@ -74,11 +74,12 @@ def run(config_file, **flags) -> None:
     logging.basicConfig(level=cfg.log_level.upper(),
                         format="%(asctime)s %(levelname).1s %(name)s: %(message)s")
     from .agent import Agent
+    from .datapath.kernel import KernelUnsupported
     from .datapath.pinned import LayoutMismatch
 
     try:
         Agent(cfg).run_until_signalled()
-    except LayoutMismatch as exc:
+    except (LayoutMismatch, KernelUnsupported) as exc:
         raise click.ClickException(f"refusing to run: {exc}") from exc
 
 

@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import libbpf
+from . import kernel, libbpf
 from ..config import MapSizes
 from .layout import MAPS, STRUCTS
 from .paths import bpf_dir, kernel_headers
@@ -90,6 +90,7 @@ class Datapath:
 
     def load(self) -> None:
         """Compiles and loads sock_lb.c; bcc adopts maps already pinned in bpffs_dir."""
+        kernel.require(str(self.cgroup))      # a clear error before bcc's compile errors
         self._bpf = compile_program(bpf_dir() / "sock_lb.c", self.bpffs_dir, self.sizes)
         try:
             self._check_bcc_layout()

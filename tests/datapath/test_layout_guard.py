@@ -65,3 +65,10 @@ def test_maps_of_an_older_layout_are_unpinned_once_the_new_programs_are_attached
         os.close(fd)
         dp.close()
         remove_pins(bpffs)
+
+
+def test_this_kernel_passes_the_start_up_probe(lab):
+    from kproxy_ebpf.datapath import kernel
+
+    assert kernel.missing() == []
+    kernel.require(lab.node("node1").cgroup)
