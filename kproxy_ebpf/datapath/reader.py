@@ -64,6 +64,8 @@ def services(maps: Mapping[str, PinnedMap]) -> list[dict]:
 
 def _plain(obj) -> object:
     """ctypes value -> JSON-able, decoding the fields whose meaning we know."""
+    if isinstance(obj, bytes):          # a char[] field reads as bytes
+        return obj.decode(errors="replace")
     if isinstance(obj, ctypes.Array):
         if obj._type_ is ctypes.c_char:
             return obj.value.decode(errors="replace")

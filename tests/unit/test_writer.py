@@ -10,54 +10,13 @@ import random
 import pytest
 
 from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath.libbpf import BpfError
-from kproxy_ebpf.datapath.pinned import MapFull
 from kproxy_ebpf.datapath.writer import MapWriter, stable_slots
 from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, ServicePortName
 from kproxy_ebpf.model import Protocol
 
+from .fakemaps import FakeMap
+
 TCP = Protocol.TCP
-
-
-class FakeMap:
-    def __init__(self, spec, max_entries=1000, on_op=None):
-        self.spec, self.max_entries, self.on_op = spec, max_entries, on_op
-        self.rows: dict[bytes, bytes] = {}
-        self.ops: list[tuple[str, bytes]] = []
-        # Backend rows are written once per id and never modified (no torn reads, see writer).
-        self.immutable = spec.id == "backend"
-
-    def _k(self, key):
-        return L.raw(key)
-
-    def get(self, key):
-        data = self.rows.get(self._k(key))
-        return None if data is None else self.spec.value.from_buffer_copy(data)
-
-    def put(self, key, value):
-        k = self._k(key)
-        if self.immutable and k in self.rows:
-            raise AssertionError(f"{self.spec.name}: row {k.hex()} rewritten in place")
-        if k not in self.rows and len(self.rows) >= self.max_entries:
-            raise MapFull(self.spec.name, self.max_entries) from BpfError(errno.E2BIG, "full")
-        self.rows[k] = L.raw(value)
-        self.ops.append(("put", k))
-        if self.on_op:
-            self.on_op()
-
-    def delete(self, key):
-        found = self.rows.pop(self._k(key), None) is not None
-        self.ops.append(("delete", self._k(key)))
-        if self.on_op:
-            self.on_op()
-        return found
-
-    def keys(self):
-        return [self.spec.key.from_buffer_copy(k) for k in self.rows]
-
-    def items(self):
-        return [(self.spec.key.from_buffer_copy(k), self.spec.value.from_buffer_copy(v))
-                for k, v in self.rows.items()]
 
 
 def consistent(maps) -> None:

@@ -1,0 +1,51 @@
+"""In-memory stand-ins for pinned BPF maps, keyed by the encoded bytes as the kernel keys them."""
+import errno
+
+from kproxy_ebpf.datapath import layout as L
+from kproxy_ebpf.datapath.libbpf import BpfError
+from kproxy_ebpf.datapath.pinned import MapFull
+
+
+class FakeMap:
+    def __init__(self, spec, max_entries=1000, on_op=None):
+        self.spec, self.max_entries, self.on_op = spec, max_entries, on_op
+        self.rows: dict[bytes, bytes] = {}
+        self.ops: list[tuple[str, bytes]] = []
+        # Backend rows are written once per id and never modified (no torn reads, see writer).
+        self.immutable = spec.id == "backend"
+
+    def _k(self, key):
+        return L.raw(key)
+
+    def get(self, key):
+        data = self.rows.get(self._k(key))
+        return None if data is None else self.spec.value.from_buffer_copy(data)
+
+    def put(self, key, value):
+        k = self._k(key)
+        if self.immutable and k in self.rows:
+            raise AssertionError(f"{self.spec.name}: row {k.hex()} rewritten in place")
+        if k not in self.rows and len(self.rows) >= self.max_entries:
+            raise MapFull(self.spec.name, self.max_entries) from BpfError(errno.E2BIG, "full")
+        self.rows[k] = L.raw(value)
+        self.ops.append(("put", k))
+        if self.on_op:
+            self.on_op()
+
+    def delete(self, key):
+        found = self.rows.pop(self._k(key), None) is not None
+        self.ops.append(("delete", self._k(key)))
+        if self.on_op:
+            self.on_op()
+        return found
+
+    def keys(self):
+        return [self.spec.key.from_buffer_copy(k) for k in self.rows]
+
+    def items(self):
+        return [(self.spec.key.from_buffer_copy(k), self.spec.value.from_buffer_copy(v))
+                for k, v in self.rows.items()]
+
+
+def fake_maps(names=("svc", "backend", "meta"), on_op=None) -> dict:
+    return {name: FakeMap(L.MAPS[name], on_op=on_op) for name in names}
