@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.datapath import reader
 from kproxy_ebpf.datapath.loader import open_pinned_maps, remove_pins
 
@@ -121,9 +122,10 @@ def test_bad_input_and_a_full_map_are_reported_and_harm_nothing(lab, tmp_path):
         assert lab.probe("client", "10.96.0.91", 80) == ["REFUSED"]
 
         manifest.write_text(GOOD % {"a1": lab.pod("a1").ip} + BAD + BIG)   # the map overflows
-        wait_until(lambda: "BPF map kp_svc4_v1 is full" in log_of(lab, "agent-bad"), 15,
-                 "a map-full log line")
-        assert sample(metrics(lab), 'kproxy_bpf_map_full_total{map="kp_svc4_v1"}') >= 1
+        svc_map = L.MAPS["svc"].name
+        wait_until(lambda: f"BPF map {svc_map} is full" in log_of(lab, "agent-bad"), 15,
+                   "a map-full log line")
+        assert sample(metrics(lab), f'kproxy_bpf_map_full_total{{map="{svc_map}"}}') >= 1
         assert agent.pid in [int(p) for p, r in lab.status()["procs"].items()
                              if r["status"] == "running"], "the agent survived"
         assert {pod_of(x) for x in lab.probe("client", "10.96.0.90", 80, count=10)} == {"a1"}, \

@@ -7,11 +7,11 @@ import os
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
+from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.datapath import reader
 from kproxy_ebpf.datapath.loader import open_pinned_maps, remove_pins
 
@@ -53,11 +53,21 @@ def log_of(lab, name: str) -> str:
 
 
 def programmed(bpffs: str) -> list[dict]:
-    if not Path(bpffs, "kp_svc4_v1").exists():
+    if not Path(bpffs, L.MAPS["svc"].name).exists():
         return []
     maps = open_pinned_maps(Path(bpffs))
     try:
         return [s for s in reader.services(maps) if s["address"] == "10.96.0.80" and s["backends"]]
+    finally:
+        for m in maps.values():
+            m.close()
+
+
+def forwarded(bpffs: str) -> int:
+    """Connects the programs have translated so far (their own counter)."""
+    maps = open_pinned_maps(Path(bpffs))
+    try:
+        return reader.counters(maps["stats"]).get("forward", 0)
     finally:
         for m in maps.values():
             m.close()
@@ -80,12 +90,14 @@ def test_sigkill_and_restart_loses_no_connection(lab, tmp_path):
             threading.Thread(target=lambda: results.__setitem__("held", lab.probe(
                 "client", "10.96.0.80", 80, count=250, interval=0.02, keep=True))),
         ]
+        before = forwarded(bpffs)
         for t in loops:
             t.start()
-        time.sleep(1.0)
+        wait_until(lambda: forwarded(bpffs) >= before + 50, 30, "traffic through the agent")
         os.kill(first.pid, signal.SIGKILL)
         assert lab.kill(first.pid) in ("gone", "killed")      # reaped and forgotten
-        time.sleep(0.5)                                        # traffic runs with no agent
+        killed = forwarded(bpffs)
+        wait_until(lambda: forwarded(bpffs) >= killed + 30, 30, "traffic with no agent running")
         second = start_agent(lab, manifest, "agent-2")
         wait_until(lambda: "first sync:" in log_of(lab, "agent-2"), 30,
                  "the second agent's first sync")
