@@ -208,10 +208,10 @@ _Static_assert(sizeof(struct kp_lb_res) == 24, "kp_lb_res");
 	X(stats,    kp_stats,  1, percpu_array, __u32,                __u64,                KP_STAT_MAX)
 
 #ifndef KP_SVC4_SIZE
-#define KP_SVC4_SIZE   65536   /* frontends plus one row per backend slot */
+#define KP_SVC4_SIZE   262144  /* frontends plus one row per backend slot (10k x 10: 110k) */
 #endif
 #ifndef KP_BE4_SIZE
-#define KP_BE4_SIZE    65536
+#define KP_BE4_SIZE    131072  /* distinct backends (10k x 10: 100k) */
 #endif
 #ifndef KP_SKNAT4_SIZE
 #define KP_SKNAT4_SIZE 65536   /* reverse translation per socket (LRU) */
