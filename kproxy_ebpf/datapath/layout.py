@@ -58,6 +58,30 @@ for _name in G.STRUCTS:
     _struct(_name)
 
 
+_FORMAT = {"u8": "B", "u16": "H", "u32": "I", "u64": "Q", "be16": "H", "be32": "I",
+           "be64": "Q", "char": "c"}
+
+
+def struct_format(spelled: str) -> str:
+    """A struct module format ('=' native order, no alignment) for a map key or value type,
+    so bulk reads decode rows without a ctypes object each. Pad fields are skipped; char[]
+    reads as bytes. __be fields come out as the same integers the ctypes types hold."""
+    name = spelled.removeprefix("struct ")
+    if name not in G.STRUCTS:
+        return "=" + _FORMAT[name.removeprefix("__")]
+    out = []
+    for field_name, _, t in G.STRUCTS[name]["fields"]:
+        base, _, count = t.partition("[")
+        count = count.rstrip("]")
+        if field_name == "pad":
+            out.append(f"{count or 1}x" if base == "u8" else f"{int(count or 1) * struct.calcsize(_FORMAT[base])}x")
+        elif base == "char":
+            out.append(f"{count}s")
+        else:
+            out.append(f"{count}{_FORMAT[base]}" if count else _FORMAT[base])
+    return "=" + "".join(out)
+
+
 def const(name: str) -> int:
     return G.ENUMS[name]
 
@@ -89,6 +113,7 @@ class MapSpec:
         self.id, self.base, self.version = mid, row["name"], row["version"]
         self.type = row["type"]
         self.key, self.value = _ctype(row["key"]), _ctype(row["value"])
+        self.key_format, self.value_format = struct_format(row["key"]), struct_format(row["value"])
         self.size_macro, self.default_size = row["size_macro"], row["size"]
         self.lru = self.type.startswith("lru_")
         self.percpu = self.type.startswith("percpu_")

@@ -78,6 +78,8 @@ def _lib() -> ctypes.CDLL:
         "bpf_map_lookup_batch": ([c_int, vp, vp, vp, vp, ctypes.POINTER(ctypes.c_uint32), vp],
                                  c_int),
         "bpf_prog_test_run_opts": ([c_int, ctypes.POINTER(TestRunOpts)], c_int),
+        "bpf_map_update_batch": ([c_int, vp, vp, ctypes.POINTER(ctypes.c_uint32), vp], c_int),
+        "bpf_map_delete_batch": ([c_int, vp, ctypes.POINTER(ctypes.c_uint32), vp], c_int),
     }
     for name, (args, res) in sigs.items():
         fn = getattr(lib, name)
@@ -139,11 +141,13 @@ def _info(fd: int, info: ctypes.Structure, what: str):
 
 
 def map_lookup_batch(fd: int, token: ctypes.Array | None, next_token: ctypes.Array,
-                     keys: ctypes.Array, values: ctypes.Array) -> tuple[int, bool]:
+                     keys: ctypes.Array, values: ctypes.Array,
+                     capacity: int | None = None) -> tuple[int, bool]:
     """Reads up to len(keys) entries after `token` (None: from the start) in one syscall.
     Returns (entries read, whether the map is exhausted). ~0.5 us per entry instead of ~10 us
-    for a get-next-key plus a lookup each."""
-    count = ctypes.c_uint32(len(keys))
+    for a get-next-key plus a lookup each. `capacity`: entries the buffers hold, when they
+    are raw bytes rather than arrays of the key and value types."""
+    count = ctypes.c_uint32(len(keys) if capacity is None else capacity)
     ret = _lib().bpf_map_lookup_batch(fd, ctypes.byref(token) if token is not None else None,
                                       ctypes.byref(next_token), ctypes.byref(keys),
                                       ctypes.byref(values), ctypes.byref(count), None)
@@ -151,6 +155,31 @@ def map_lookup_batch(fd: int, token: ctypes.Array | None, next_token: ctypes.Arr
         return count.value, True
     _check(ret, "map batch lookup")
     return count.value, False
+
+
+def map_update_batch(fd: int, keys: ctypes.Array, values: ctypes.Array) -> int:
+    """Writes len(keys) entries in one syscall (BPF_MAP_UPDATE_BATCH, element by element in
+    array order). Returns how many were written; raises BpfError (with .done) on failure."""
+    count = ctypes.c_uint32(len(keys))
+    ret = _lib().bpf_map_update_batch(fd, ctypes.byref(keys), ctypes.byref(values),
+                                      ctypes.byref(count), None)
+    if ret < 0:
+        err = BpfError(-ret, f"map batch update: {os.strerror(-ret)}")
+        err.done = count.value
+        raise err
+    return count.value
+
+
+def map_delete_batch(fd: int, keys: ctypes.Array) -> int:
+    """Deletes len(keys) entries in one syscall, in array order; a missing key stops it
+    (BpfError with .done = entries deleted before it)."""
+    count = ctypes.c_uint32(len(keys))
+    ret = _lib().bpf_map_delete_batch(fd, ctypes.byref(keys), ctypes.byref(count), None)
+    if ret < 0:
+        err = BpfError(-ret, f"map batch delete: {os.strerror(-ret)}")
+        err.done = count.value
+        raise err
+    return count.value
 
 
 def map_info(fd: int) -> _MapInfo:

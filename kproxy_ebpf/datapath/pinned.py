@@ -85,6 +85,31 @@ class PinnedMap:
     def delete(self, key) -> bool:
         return libbpf.map_delete(self.fd, key)
 
+    def put_batch(self, keys: list, values: list) -> None:
+        """Writes every (key, value) in order, one syscall per _BATCH entries (the kernel
+        applies them one by one, so readers see the same order as with single puts)."""
+        for i in range(0, len(keys), self._BATCH):
+            ks, vs = keys[i:i + self._BATCH], values[i:i + self._BATCH]
+            try:
+                libbpf.map_update_batch(self.fd, (self.spec.key * len(ks))(*ks),
+                                        (self.spec.value * len(vs))(*vs))
+            except libbpf.BpfError as exc:
+                if exc.errno == errno.E2BIG:
+                    raise MapFull(self.spec.name, self.max_entries) from exc
+                raise
+
+    def delete_batch(self, keys: list) -> None:
+        """Deletes every key in order; keys already gone are skipped (one by one)."""
+        i = 0
+        while i < len(keys):
+            chunk = keys[i:i + self._BATCH]
+            try:
+                i += libbpf.map_delete_batch(self.fd, (self.spec.key * len(chunk))(*chunk))
+            except libbpf.BpfError as exc:
+                if exc.errno != errno.ENOENT:
+                    raise
+                i += exc.done + 1      # the missing key: nothing to delete
+
     def keys(self) -> list:
         """A snapshot of the keys (iterating while deleting restarts a hash walk)."""
         out, prev = [], None
@@ -111,6 +136,25 @@ class PinnedMap:
                 yield key, value
 
     _BATCH = 1024
+
+    def unpacked(self) -> list[tuple[tuple, tuple]]:
+        """Every (key, value) as plain tuples (the spec's struct formats: pads dropped), read
+        in batches and decoded without a Python object per field: what restore() wants at
+        100,000 rows."""
+        if self.spec.percpu:
+            raise TypeError("per-CPU maps hold one value per CPU: use items()")
+        import struct
+        kf, vf = struct.Struct(self.spec.key_format), struct.Struct(self.spec.value_format)
+        ks, vs = ctypes.sizeof(self.spec.key), ctypes.sizeof(self.spec.value)
+        keys = (ctypes.c_uint8 * (ks * self._BATCH))()
+        values = (ctypes.c_uint8 * (vs * self._BATCH))()
+        token, nxt, out = None, (ctypes.c_uint8 * 8)(), []
+        while True:
+            n, done = libbpf.map_lookup_batch(self.fd, token, nxt, keys, values, self._BATCH)
+            out.extend(zip(kf.iter_unpack(bytes(keys)[:n * ks]), vf.iter_unpack(bytes(values)[:n * vs])))
+            if done:
+                return out
+            token, nxt = nxt, (ctypes.c_uint8 * 8)()
 
     def _items_batched(self) -> list[tuple]:
         # Collected first: a caller deleting while we yield would disturb the bucket walk.

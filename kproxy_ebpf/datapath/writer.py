@@ -39,6 +39,57 @@ FrontendKey = tuple[str, int, Protocol]
 Slot = tuple[BackendKey, int]            # the backend a slot names, and its be_flags
 
 MAX_ID = 2**31
+BATCH_MIN = 64            # ops below which single writes are as cheap as a batch
+
+
+def _cstr(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode()
+
+
+class _Plan:
+    """The map operations of one apply, recorded in the writer's order and then replayed in
+    batches by phase: every new backend and name row, every slot row, every slot 0, then the
+    deletes of slot 0s, of slots, and the garbage. That is one valid linearisation of the
+    per-frontend make-before-break order (no slot 0 before its slots, no slot delete before
+    the slot 0 that stopped counting it, no backend freed before the slots naming it), with a
+    syscall per 1,024 rows instead of one per row."""
+
+    PHASES = ("put-rows", "put-slots", "put-heads", "del-heads", "del-slots", "del-garbage")
+
+    def __init__(self) -> None:
+        self.recordings: list[_Recording] = []
+
+    def replay(self) -> None:
+        for phase in self.PHASES:
+            for rec in self.recordings:
+                keys, values = rec.ops[phase]
+                if not keys:
+                    continue
+                if values:
+                    rec.real.put_batch(keys, values)
+                else:
+                    rec.real.delete_batch(keys)
+
+
+class _Recording:
+    """Stands in for a map while an apply is planned: puts and deletes go into the plan."""
+
+    def __init__(self, real, plan: _Plan, svc: bool):
+        self.real, self.svc = real, svc
+        self.spec, self.max_entries = real.spec, real.max_entries
+        self.ops: dict[str, tuple[list, list]] = {p: ([], []) for p in _Plan.PHASES}
+        plan.recordings.append(self)
+
+    def put(self, key, value) -> None:
+        keys, values = self.ops[("put-heads" if key.slot == 0 else "put-slots")
+                                if self.svc else "put-rows"]
+        keys.append(key)
+        values.append(value)
+
+    def delete(self, key) -> bool:
+        self.ops[("del-heads" if key.slot == 0 else "del-slots")
+                 if self.svc else "del-garbage"][0].append(key)
+        return True
 
 
 @dataclass
@@ -112,40 +163,49 @@ class MapWriter:
         self._named.clear()
         self.backend_ids = IdAllocator(MAX_ID, "backend ids")
         self.svc_ids = IdAllocator(MAX_ID, "service ids")
+        # Plain tuples (PinnedMap.unpacked): no ctypes object per row at 100,000 rows.
         names: dict[int, ServicePortName] = {}
-        for key, meta in self.meta.items():
-            spn = ServicePortName(meta.namespace.decode(), meta.name.decode(),
-                                  meta.port_name.decode(), L.PROTO_BY_NUM.get(meta.proto, Protocol.TCP))
-            names[key.value] = spn
-            self.svc_ids.restore(spn, key.value)
+        for (sid,), (ns, name, port_name, proto) in self.meta.unpacked():
+            spn = ServicePortName(_cstr(ns), _cstr(name), _cstr(port_name),
+                                  L.PROTO_BY_NUM.get(proto, Protocol.TCP))
+            names[sid] = spn
+            self.svc_ids.restore(spn, sid)
             self._named.add(spn)
+        ips: dict[int, str] = {}
+        ports: dict[int, int] = {}
+
+        def addr(ip: int, port: int, proto: int) -> tuple[str, int, Protocol]:
+            if ip not in ips:
+                ips[ip] = L.ip_str(ip)
+            if port not in ports:
+                ports[port] = L.port_host(port)
+            return ips[ip], ports[port], L.PROTO_BY_NUM.get(proto, Protocol.TCP)
+
         backends: dict[int, BackendKey] = {}
-        for key, be in self.be.items():
-            bkey = (L.ip_str(be.addr), L.port_host(be.port), L.PROTO_BY_NUM[be.proto])
-            backends[key.value] = bkey
-            self.backend_ids.restore(bkey, key.value)
+        for (bid,), (ip, port, proto) in self.be.unpacked():
+            bkey = backends[bid] = addr(ip, port, proto)
+            self.backend_ids.restore(bkey, bid)
         # Only the socket scope is written today; other scopes belong to other writers.
-        rows = [(k, v) for k, v in self.svc.items() if k.scope == L.SCOPE_SOCK]
-        for key, val in rows:
-            if key.slot == 0:
-                self.programmed[L.key_tuple(key)] = Programmed(
-                    kind=L.KIND_BY_NUM.get(val.kind, FrontendKind.CLUSTER_IP),
-                    service=None, action=L.ACTION_BY_NUM.get(val.action, Action.REJECT),
-                    affinity=val.affinity_timeout, count=val.count)
-                self._set_service(self.programmed[L.key_tuple(key)], names.get(val.svc_id))
-        for key, val in rows:
-            if key.slot == 0:
+        rows = [(k, v) for k, v in self.svc.unpacked() if k[3] == L.SCOPE_SOCK]
+        for (ip, port, proto, _scope, slot), (_, sid, affinity, count, action, kind, _) in rows:
+            if slot == 0:
+                prog = self.programmed[addr(ip, port, proto)] = Programmed(
+                    kind=L.KIND_BY_NUM.get(kind, FrontendKind.CLUSTER_IP), service=None,
+                    action=L.ACTION_BY_NUM.get(action, Action.REJECT), affinity=affinity,
+                    count=count)
+                self._set_service(prog, names.get(sid))
+        for (ip, port, proto, scope, slot), (bid, *_, flags) in rows:
+            if slot == 0:
                 continue
-            fkey = L.key_tuple(key)
-            prog = self.programmed.setdefault(fkey, Programmed(
+            prog = self.programmed.setdefault(addr(ip, port, proto), Programmed(
                 FrontendKind.CLUSTER_IP, None, Action.REJECT, 0, None))
-            bkey = backends.get(val.backend_id)
+            bkey = backends.get(bid)
             # A slot naming no backend, or above its frontend's count (an agent killed between
             # writing slot 0 and deleting the surplus), is a leftover no lookup can reach.
-            if bkey is None or (prog.count is not None and key.slot > prog.count):
-                self.svc.delete(key)
+            if bkey is None or (prog.count is not None and slot > prog.count):
+                self.svc.delete(L.SvcKey(addr=ip, port=port, proto=proto, scope=scope, slot=slot))
                 continue
-            self._ref(prog, key.slot, (bkey, val.be_flags))
+            self._ref(prog, slot, (bkey, flags))
         # Anything unreferenced (a crash between writes) is garbage now.
         self._unref = {b for b, _ in self.backend_ids}
         self._svc_unref = {spn for spn, _ in self.svc_ids}
@@ -160,6 +220,39 @@ class MapWriter:
         `desired[k]` and `k in desired` are read for the keys examined."""
         res = ApplyResult()
         keys = sorted(set(self.programmed) | set(desired) if candidates is None else set(candidates))
+        if self._fits_batch(desired, keys):
+            plan = _Plan()
+            real = self.svc, self.be, self.meta
+            self.svc, self.be, self.meta = (_Recording(self.svc, plan, True),
+                                            _Recording(self.be, plan, False),
+                                            _Recording(self.meta, plan, False))
+            try:
+                self._apply_keys(desired, keys, res)
+            finally:
+                self.svc, self.be, self.meta = real
+            # A failure here leaves the bookkeeping ahead of the kernel: the caller must
+            # restore() before the next apply (the agent does, after any failed sync).
+            plan.replay()
+            return res
+        self._apply_keys(desired, keys, res)
+        return res
+
+    def _fits_batch(self, desired: Mapping[FrontendKey, Frontend], keys: list[FrontendKey]) -> bool:
+        """Batch when there is enough to write and the maps surely have room: a full map
+        mid-batch could not be tied to its frontend, the one-by-one path handles it."""
+        if not all(hasattr(m, "put_batch") for m in (self.svc, self.be, self.meta)):
+            return False
+        todo = [desired[k] for k in keys if k in desired]
+        rows = sum(1 + len(fe.backends) for fe in todo)
+        if rows + len(keys) < BATCH_MIN:
+            return False
+        used = self.row_counts()
+        return (used["svc"] + rows <= self.svc.max_entries
+                and used["backend"] + rows <= self.be.max_entries
+                and used["meta"] + len(todo) <= self.meta.max_entries)
+
+    def _apply_keys(self, desired: Mapping[FrontendKey, Frontend], keys: list[FrontendKey],
+                    res: ApplyResult) -> None:
         for key in keys:
             fe = desired.get(key)
             if fe is not None and not self._same(key, fe):
@@ -169,7 +262,6 @@ class MapWriter:
                 spn = self.programmed[key].service
                 self._guard(res, key, spn, lambda key=key: self._delete_frontend(key, res))
         self._gc(res)
-        return res
 
     def _guard(self, res: ApplyResult, key: FrontendKey, spn: ServicePortName | None, fn) -> None:
         """Runs one frontend's writes; a failure is recorded, the other frontends go on."""

@@ -1,5 +1,6 @@
 """In-memory stand-ins for pinned BPF maps, keyed by the encoded bytes as the kernel keys them."""
 import errno
+import struct
 
 from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.datapath.libbpf import BpfError
@@ -11,6 +12,7 @@ class FakeMap:
         self.spec, self.max_entries, self.on_op = spec, max_entries, on_op
         self.rows: dict[bytes, bytes] = {}
         self.ops: list[tuple[str, bytes]] = []
+        self.batches = 0
         # Backend rows are written once per id and never modified (no torn reads, see writer).
         self.immutable = spec.id == "backend"
 
@@ -38,6 +40,21 @@ class FakeMap:
         if self.on_op:
             self.on_op()
         return found
+
+    def put_batch(self, keys, values):
+        """As the kernel: element by element, so checks run between any two."""
+        self.batches += 1
+        for k, v in zip(keys, values):
+            self.put(k, v)
+
+    def delete_batch(self, keys):
+        self.batches += 1
+        for k in keys:
+            self.delete(k)
+
+    def unpacked(self):
+        return [(struct.unpack(self.spec.key_format, k), struct.unpack(self.spec.value_format, v))
+                for k, v in self.rows.items()]
 
     def keys(self):
         return [self.spec.key.from_buffer_copy(k) for k in self.rows]

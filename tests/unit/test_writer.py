@@ -247,3 +247,33 @@ def test_a_moved_backend_gets_a_new_id_and_the_old_one_is_freed_after(maps):
     new = w.backend_ids.get(("10.244.1.20", 8080, TCP))
     assert new != old and maps["backend"].ops == [("put", L.raw(L.U32(new))),
                                                   ("delete", L.raw(L.U32(old)))]
+
+
+def test_a_large_apply_goes_in_batches_and_stays_consistent(maps):
+    """Cold start: a few syscalls per phase instead of one per row; `consistent` still runs
+    after every element the kernel would apply."""
+    w = MapWriter(maps)
+    desired = {}
+    for i in range(30):
+        f = fe(ip=f"10.96.2.{i}", name=f"b{i}", backends=[f"10.244.3.{10 + (i + j) % 40}" for j in range(5)])
+        desired[f.key] = f
+    res = w.apply(desired)
+    assert res.ok and maps["svc"].batches and maps["backend"].batches
+    assert maps["svc"].batches <= 2, "one batch for the slots, one for the heads"
+    smaller = {k: f for k, f in list(desired.items())[:12]}
+    assert w.apply(smaller).ok and maps["svc"].batches > 2
+    fresh = MapWriter(maps)
+    fresh.restore()
+    assert fresh.apply(smaller).writes == 0
+
+
+def test_near_a_full_map_the_writer_goes_one_by_one(maps):
+    maps["backend"].max_entries = 100
+    w = MapWriter(maps)
+    desired = {}
+    for i in range(30):
+        f = fe(ip=f"10.96.2.{i}", name=f"b{i}", backends=[f"10.244.3.{10 + i * 5 + j}" for j in range(5)])
+        desired[f.key] = f
+    res = w.apply(desired)
+    assert not maps["backend"].batches and not res.ok and res.full_maps
+    assert len(res.failed) == 10, "20 frontends fit (100 backends), the others are retried"
