@@ -66,6 +66,19 @@ enum kp_stat {                  /* index into the per-CPU counter array kp_stats
 	KP_STAT_MAX          = 8,
 };
 
+enum kp_meta_flags {            /* kp_svc_meta.flags: the Service's traffic policies */
+	KP_META_F_ETP_LOCAL = 0x01, /* externalTrafficPolicy: Local */
+	KP_META_F_ITP_LOCAL = 0x02, /* internalTrafficPolicy: Local */
+};
+
+enum kp_traffic_distribution {  /* kp_svc_meta.traffic_distribution */
+	KP_TD_NONE             = 0,
+	KP_TD_PREFER_CLOSE     = 1,
+	KP_TD_PREFER_SAME_ZONE = 2,
+	KP_TD_PREFER_SAME_NODE = 3,
+	KP_TD_OTHER            = 255, /* a value this version does not know */
+};
+
 enum kp_tunables {
 	/* How long an unconnected UDP socket keeps the backend it was given for a service, like
 	 * the kernel's conntrack entry for a UDP flow through kube-proxy
@@ -145,13 +158,17 @@ struct kp_aff_val {
 	__u8  pad[2];
 };
 
-/* Names for the CLI, keyed by svc_id; never read by the programs. */
+/* Names and policies for the CLI, keyed by svc_id; never read by the programs. */
 struct kp_svc_meta {
 	char  namespace[KP_NAME_LEN];
 	char  name[KP_NAME_LEN];
 	char  port_name[KP_PORT_NAME_LEN];
 	__u8  proto;
-	__u8  pad[7];
+	__u8  flags;                  /* enum kp_meta_flags */
+	__u16 health_check_node_port;
+	__u8  source_ranges;          /* how many loadBalancerSourceRanges (capped at 255) */
+	__u8  traffic_distribution;   /* enum kp_traffic_distribution */
+	__u8  pad[2];
 };
 
 /* ---- The lookup interface of lib/lb.h (a request and its answer) ----------------------------
@@ -204,7 +221,7 @@ _Static_assert(sizeof(struct kp_lb_res) == 24, "kp_lb_res");
 	X(sknat,    kp_sknat4, 1, lru_hash,     struct kp_sknat4_key, struct kp_sknat4_val, KP_SKNAT4_SIZE) \
 	X(affinity, kp_aff,    1, lru_hash,     struct kp_aff_key,    struct kp_aff_val,    KP_AFF_SIZE)    \
 	X(flow,     kp_flow,   1, lru_hash,     struct kp_aff_key,    struct kp_aff_val,    KP_FLOW_SIZE)   \
-	X(meta,     kp_meta,   1, hash,         __u32,                struct kp_svc_meta,   KP_META_SIZE)   \
+	X(meta,     kp_meta,   2, hash,         __u32,                struct kp_svc_meta,   KP_META_SIZE)   \
 	X(stats,    kp_stats,  1, percpu_array, __u32,                __u64,                KP_STAT_MAX)
 
 #ifndef KP_SVC4_SIZE
@@ -229,7 +246,7 @@ _Static_assert(sizeof(struct kp_lb_res) == 24, "kp_lb_res");
 /* Enums that reach the BTF through layoutgen's anchor struct (a type no variable uses is
  * not emitted). */
 #define KP_ENUMS(X) X(kp_scope) X(kp_action) X(kp_kind) X(kp_be_flags) X(kp_aff_type) \
-	X(kp_stat) X(kp_tunables) X(kp_lb_verdict)
+	X(kp_stat) X(kp_tunables) X(kp_lb_verdict) X(kp_meta_flags) X(kp_traffic_distribution)
 
 /* Structs that are no map's key or value but cross the kernel boundary (test runs). */
 #define KP_EXTRA_STRUCTS(X) X(kp_lb_req) X(kp_lb_res)

@@ -89,6 +89,16 @@ def _backend_text(b: dict) -> str:
     return f"{b['slot']}) {b['address']}:{b['port']} ({b['state']})"
 
 
+def _policy_text(p: dict) -> str:
+    """The Service's settings that differ from the defaults, e.g. 'eTP=Local,hc=32000'."""
+    parts = [f"eTP={p['externalTrafficPolicy']}" if p.get("externalTrafficPolicy") == "Local" else "",
+             f"iTP={p['internalTrafficPolicy']}" if p.get("internalTrafficPolicy") == "Local" else "",
+             f"hc={p['healthCheckNodePort']}" if p.get("healthCheckNodePort") else "",
+             f"srcRanges={p['loadBalancerSourceRanges']}" if p.get("loadBalancerSourceRanges") else "",
+             f"dist={p['trafficDistribution']}" if p.get("trafficDistribution") else ""]
+    return ",".join(x for x in parts if x) or "-"
+
+
 @main.command()
 @_bpffs_option
 @_output_option
@@ -108,15 +118,15 @@ def services(bpffs_dir: str, output: str, service_filter: str | None) -> None:
     if not rows:
         click.echo("no services programmed")
         return
-    header = ("SERVICE", "TYPE", "FRONTEND", "ACTION", "AFFINITY", "BACKENDS")
+    header = ("SERVICE", "TYPE", "FRONTEND", "ACTION", "AFFINITY", "POLICY", "BACKENDS")
     lines = []
     for r in rows:
         backends = [_backend_text(b) for b in r["backends"]] or ["-"]
         aff = f"{r['affinity_timeout']}s" if r["affinity_timeout"] else "-"
         first = (r["service"], r["type"], f"{r['address']}:{r['port']}/{r['protocol']}",
-                 r["action"], aff, backends[0])
+                 r["action"], aff, _policy_text(r.get("policy", {})), backends[0])
         lines.append(first)
-        lines.extend(("", "", "", "", "", b) for b in backends[1:])
+        lines.extend(("", "", "", "", "", "", b) for b in backends[1:])
     widths = [max(len(str(x[i])) for x in [header, *lines]) for i in range(len(header) - 1)]
     for line in [header, *lines]:
         click.echo("  ".join(str(c).ljust(w) for c, w in zip(line, widths)) + "  " + line[-1])

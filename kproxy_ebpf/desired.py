@@ -58,6 +58,17 @@ class Backend:
 
 
 @dataclass(frozen=True)
+class ServiceInfo:
+    """Service-wide settings shown by the CLI next to each frontend (kp_svc_meta), including
+    those the datapath does not act on yet (see docs/architecture.md)."""
+    external_local: bool = False           # externalTrafficPolicy: Local
+    internal_local: bool = False           # internalTrafficPolicy: Local
+    health_check_node_port: int = 0
+    source_ranges: tuple[str, ...] = ()    # loadBalancerSourceRanges
+    traffic_distribution: str | None = None
+
+
+@dataclass(frozen=True)
 class Frontend:
     ip: str
     port: int
@@ -67,6 +78,7 @@ class Frontend:
     action: Action
     backends: tuple[Backend, ...] = ()     # sorted; empty unless action is FORWARD
     affinity_timeout: int = 0              # seconds of ClientIP affinity; 0: none
+    info: ServiceInfo = ServiceInfo()
 
     @property
     def key(self) -> tuple[str, int, Protocol]:

@@ -16,7 +16,7 @@ import ctypes
 import socket
 import struct
 
-from ..desired import Action, Backend, FrontendKind
+from ..desired import Action, Backend, FrontendKind, ServiceInfo
 from ..model import Protocol
 from . import layout_gen as G
 
@@ -145,6 +145,30 @@ def backend_flags(b: Backend) -> int:
     """The endpoint's state as a frontend uses it (kept in that frontend's slot row)."""
     return ((F_LOCAL if b.local else 0) | (F_TERMINATING if b.terminating else 0)
             | (0 if b.ready else F_NOT_READY))
+
+
+TRAFFIC_DISTRIBUTION = {None: const("KP_TD_NONE"), "PreferClose": const("KP_TD_PREFER_CLOSE"),
+                        "PreferSameZone": const("KP_TD_PREFER_SAME_ZONE"),
+                        "PreferSameNode": const("KP_TD_PREFER_SAME_NODE")}
+TRAFFIC_DISTRIBUTION_BY_NUM = {v: k for k, v in TRAFFIC_DISTRIBUTION.items()}
+MetaView = tuple[int, int, int, int]     # flags, healthCheckNodePort, source ranges, distribution
+
+
+def meta_view(info: ServiceInfo) -> MetaView:
+    """What kp_svc_meta holds of a Service's settings."""
+    flags = ((const("KP_META_F_ETP_LOCAL") if info.external_local else 0)
+             | (const("KP_META_F_ITP_LOCAL") if info.internal_local else 0))
+    return (flags, info.health_check_node_port, min(len(info.source_ranges), 255),
+            TRAFFIC_DISTRIBUTION.get(info.traffic_distribution, const("KP_TD_OTHER")))
+
+
+def policy_of(view: MetaView) -> dict:
+    """A meta row's settings for the CLI."""
+    flags, hc, ranges, td = view
+    return {"externalTrafficPolicy": "Local" if flags & const("KP_META_F_ETP_LOCAL") else "Cluster",
+            "internalTrafficPolicy": "Local" if flags & const("KP_META_F_ITP_LOCAL") else "Cluster",
+            "healthCheckNodePort": hc, "loadBalancerSourceRanges": ranges,
+            "trafficDistribution": TRAFFIC_DISTRIBUTION_BY_NUM.get(td, "other")}
 
 
 def backend_state(flags: int) -> str:

@@ -24,6 +24,13 @@ def _service_name(meta: L.SvcMeta | None) -> str:
     return f"{name}:{meta.port_name.decode()}" if meta.port_name else name
 
 
+def _policy(meta: L.SvcMeta | None) -> dict:
+    if meta is None:
+        return {}
+    return L.policy_of((meta.flags, meta.health_check_node_port, meta.source_ranges,
+                        meta.traffic_distribution))
+
+
 def services(maps: Mapping[str, PinnedMap]) -> list[dict]:
     """One entry per frontend: address, port, protocol, type, action, backends in slot order."""
     rows = list(maps["svc"].items())
@@ -45,7 +52,8 @@ def services(maps: Mapping[str, PinnedMap]) -> list[dict]:
             "service": _service_name(metas.get(val.svc_id)), "service_id": val.svc_id,
             "action": L.ACTION_BY_NUM[val.action].value if val.action in L.ACTION_BY_NUM
             else str(val.action),
-            "affinity_timeout": val.affinity_timeout, "scope": key.scope, "backends": [],
+            "affinity_timeout": val.affinity_timeout, "scope": key.scope,
+            "policy": _policy(metas.get(val.svc_id)), "backends": [],
         }
         mine = slots.get((key.addr, key.port, key.proto, key.scope), {})
         for slot in range(1, val.count + 1):

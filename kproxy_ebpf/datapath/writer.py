@@ -149,7 +149,7 @@ class MapWriter:
         self.svc_ids = IdAllocator(MAX_ID, "service ids")
         self._refs: Counter[BackendKey] = Counter()        # slot rows naming each backend
         self._svc_refs: Counter[ServicePortName] = Counter()  # frontends of each service port
-        self._named: set[ServicePortName] = set()          # service ports with a meta row
+        self._named: dict[ServicePortName, L.MetaView] = {}  # service ports with a meta row
         self._unref: set[BackendKey] = set()                # may have dropped to 0 refs
         self._svc_unref: set[ServicePortName] = set()
 
@@ -165,12 +165,12 @@ class MapWriter:
         self.svc_ids = IdAllocator(MAX_ID, "service ids")
         # Plain tuples (PinnedMap.unpacked): no ctypes object per row at 100,000 rows.
         names: dict[int, ServicePortName] = {}
-        for (sid,), (ns, name, port_name, proto) in self.meta.unpacked():
+        for (sid,), (ns, name, port_name, proto, *view) in self.meta.unpacked():
             spn = ServicePortName(_cstr(ns), _cstr(name), _cstr(port_name),
                                   L.PROTO_BY_NUM.get(proto, Protocol.TCP))
             names[sid] = spn
             self.svc_ids.restore(spn, sid)
-            self._named.add(spn)
+            self._named[spn] = tuple(view)
         ips: dict[int, str] = {}
         ports: dict[int, int] = {}
 
@@ -288,7 +288,7 @@ class MapWriter:
         wanted = self._wanted(fe)
         return (p.kind, p.service, p.action, p.affinity) == (
             fe.kind, fe.service, fe.action, fe.affinity_timeout) and p.live() == wanted \
-            and p.count == len(wanted)
+            and p.count == len(wanted) and self._named.get(fe.service) == L.meta_view(fe.info)
 
     def _ensure_backend(self, b: BackendKey, res: ApplyResult) -> int:
         """The id of backend b; a new id's row is written here, once, and never again."""
@@ -317,8 +317,8 @@ class MapWriter:
 
         svc_id = self.svc_ids.acquire(fe.service)
         self._svc_unref.add(fe.service)     # in case this write fails before slot 0
-        if fe.service not in self._named:
-            self._write_meta(fe.service, svc_id)
+        if self._named.get(fe.service) != L.meta_view(fe.info):
+            self._write_meta(fe, svc_id)
             res.writes += 1
 
         for slot, bkey in enumerate(order, start=1):
@@ -374,11 +374,16 @@ class MapWriter:
             self._svc_refs[spn] += 1
 
     # -- names and garbage -------------------------------------------------------------------
-    def _write_meta(self, spn: ServicePortName, svc_id: int) -> None:
+    def _write_meta(self, fe: Frontend, svc_id: int) -> None:
+        """The service port's names and settings for the CLI (rewritten in place when the
+        settings change: no program reads it)."""
+        spn, view = fe.service, L.meta_view(fe.info)
+        flags, hc, ranges, td = view
         self.meta.put(L.U32(svc_id), L.SvcMeta(
             namespace=spn.namespace.encode()[:63], name=spn.name.encode()[:63],
-            port_name=spn.port.encode()[:15], proto=L.PROTO_NUM[spn.protocol]))
-        self._named.add(spn)
+            port_name=spn.port.encode()[:15], proto=L.PROTO_NUM[spn.protocol], flags=flags,
+            health_check_node_port=hc, source_ranges=ranges, traffic_distribution=td))
+        self._named[spn] = view
 
     def _gc(self, res: ApplyResult | None = None) -> None:
         """Frees backends no row names and service ids no frontend uses, after all writes.
@@ -399,7 +404,7 @@ class MapWriter:
                 continue
             self.meta.delete(L.U32(sid))
             self.svc_ids.release(spn)
-            self._named.discard(spn)
+            self._named.pop(spn, None)
             self._svc_refs.pop(spn, None)
             if res:
                 res.writes += 1

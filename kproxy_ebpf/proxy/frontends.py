@@ -16,7 +16,7 @@ import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..desired import Action, Backend, Frontend, FrontendKind, Problem, ServicePortName
+from ..desired import Action, Backend, Frontend, FrontendKind, Problem, ServiceInfo, ServicePortName
 from ..model import EndpointSlice, Node, Service, ServicePort, ServiceType
 from .endpoints import EndpointInfo, endpoints_by_port
 from .topology import PortEndpoints, categorize
@@ -167,6 +167,9 @@ def service_frontends(svc: Service, slices: Iterable[EndpointSlice], node: Node,
     """
     plans, problems = _plan(svc, slices, node, prefer_same_node)
     out: dict[tuple, Frontend] = {}
+    info = ServiceInfo(svc.external_traffic_local, svc.internal_traffic_local,
+                       svc.health_check_node_port, svc.load_balancer_source_ranges,
+                       svc.traffic_distribution)
     ext_ips = [ip for ip in svc.external_ips if _ipv4(svc, ip, "externalIP", problems)]
     lb_ips = [ing.ip for ing in svc.load_balancer_ingress
               if ing.ip and ing.ip_mode != "Proxy"
@@ -186,7 +189,7 @@ def service_frontends(svc: Service, slices: Iterable[EndpointSlice], node: Node,
         for ip, port, kind, (action, backends) in candidates:
             fe = Frontend(ip=ip, port=port, protocol=sp.protocol, kind=kind, service=plan.name,
                           action=action, backends=backends,
-                          affinity_timeout=svc.session_affinity_timeout)
+                          affinity_timeout=svc.session_affinity_timeout, info=info)
             prev = out.get(fe.key)
             if prev is None:
                 out[fe.key] = fe

@@ -277,3 +277,23 @@ def test_near_a_full_map_the_writer_goes_one_by_one(maps):
     res = w.apply(desired)
     assert not maps["backend"].batches and not res.ok and res.full_maps
     assert len(res.failed) == 10, "20 frontends fit (100 backends), the others are retried"
+
+
+def test_a_policy_change_rewrites_the_meta_row_for_the_cli(maps):
+    from kproxy_ebpf.desired import ServiceInfo
+    w = MapWriter(maps)
+    base = fe(backends=["10.244.1.10"])
+    w.apply(table(base))
+    for m in maps.values():
+        m.ops.clear()
+    changed = Frontend(*[getattr(base, f) for f in ("ip", "port", "protocol", "kind", "service",
+                                                   "action", "backends", "affinity_timeout")],
+                       info=ServiceInfo(external_local=True, health_check_node_port=32000))
+    res = w.apply(table(changed))
+    assert res.ok and [op for op, _ in maps["meta"].ops] == ["put"]
+    assert not maps["backend"].ops
+    meta = next(v for _, v in maps["meta"].items())
+    assert (meta.health_check_node_port, meta.flags) == (32000, L.const("KP_META_F_ETP_LOCAL"))
+    fresh = MapWriter(maps)
+    fresh.restore()
+    assert fresh.apply(table(changed)).writes == 0
