@@ -9,11 +9,18 @@ import pytest
 from kproxy_ebpf.lab.binaries import k8s_bin_dir, missing_binaries
 
 
+def require_root() -> None:
+    """Skips when not root, or fails when KPROXY_REQUIRE_ROOT=1 (make test, CI)."""
+    if os.geteuid() != 0:
+        if os.environ.get("KPROXY_REQUIRE_ROOT") == "1":
+            pytest.fail("needs root (KPROXY_REQUIRE_ROOT=1 forbids skipping)")
+        pytest.skip("needs root")
+
+
 def require_controlplane() -> None:
     """Skips without the control-plane binaries, or fails when KPROXY_REQUIRE_CONTROLPLANE=1
     (make test, CI), where a skip would hide a broken setup."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
+    require_root()
     missing = missing_binaries(k8s_bin_dir())
     if missing:
         if os.environ.get("KPROXY_REQUIRE_CONTROLPLANE") == "1":

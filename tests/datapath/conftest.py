@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from kproxy_ebpf.datapath.loader import Datapath, remove_pins
+
+from ..support import require_root
 from kproxy_ebpf.datapath.writer import MapWriter
 from kproxy_ebpf.lab import Lab
 from kproxy_ebpf.model import Endpoint, EndpointPort, EndpointSlice, Node, Protocol, Service, ServicePort
@@ -25,8 +27,7 @@ PORTS = (("tcp", 8080), ("udp", 5353))
 
 @pytest.fixture(scope="session")
 def lab():
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
+    require_root()
     lab = Lab(LAB)
     lab.down()                         # a previous run killed hard may have left pieces
     try:
