@@ -7,7 +7,6 @@ udp:5353 with "<pod> <client-ip>:<client-port>". Service IPs are 10.96.0.x.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
