@@ -292,8 +292,9 @@ class MapWriter:
 
     def _ensure_backend(self, b: BackendKey, res: ApplyResult) -> int:
         """The id of backend b; a new id's row is written here, once, and never again."""
-        if b in self.backend_ids:
-            return self.backend_ids.acquire(b)
+        bid = self.backend_ids.get(b)
+        if bid is not None:
+            return bid
         bid = self.backend_ids.acquire(b)
         try:
             self.be.put(L.U32(bid), L.backend_val(*b))
@@ -321,15 +322,19 @@ class MapWriter:
             self._write_meta(fe, svc_id)
             res.writes += 1
 
+        head = L.svc_key(*key)              # encoded once; slot keys are copies of it
+        rows = prog.rows
         for slot, bkey in enumerate(order, start=1):
-            bid = self._ensure_backend(bkey, res)
             row = (bkey, wanted[bkey])
-            if prog.rows.get(slot) != row:
-                self.svc.put(L.svc_key(*key, slot=slot), L.SvcVal(backend_id=bid, be_flags=row[1]))
+            if rows.get(slot) != row:
+                bid = self._ensure_backend(bkey, res)
+                skey = L.SvcKey.from_buffer_copy(head)
+                skey.slot = slot
+                self.svc.put(skey, L.SvcVal(backend_id=bid, be_flags=row[1]))
                 self._ref(prog, slot, row)
                 res.writes += 1
         # Only now may slot 0 announce the new count.
-        self.svc.put(L.svc_key(*key), L.SvcVal(
+        self.svc.put(head, L.SvcVal(
             svc_id=svc_id, affinity_timeout=fe.affinity_timeout, count=len(order),
             action=L.ACTION_NUM[fe.action], kind=L.KIND_NUM[fe.kind]))
         res.writes += 1
