@@ -42,7 +42,7 @@ from kproxy_ebpf.agent import Agent  # noqa: E402
 from kproxy_ebpf.config import AgentConfig  # noqa: E402
 from kproxy_ebpf.datapath.writer import ApplyResult  # noqa: E402
 from kproxy_ebpf.kube.reflector import Reflector  # noqa: E402
-from kproxy_ebpf.kube.sources import ApiSource  # noqa: E402
+from kproxy_ebpf.kube.sources import ApiSource, _listed  # noqa: E402
 
 NODE = "kproxy-node-1"
 NODES = [f"kproxy-node-{i}" for i in range(1, 3)]
@@ -189,7 +189,8 @@ def make_agent() -> tuple[Agent, ApiSource, dict[str, Reflector]]:
     source.sink = agent
     refl = {}
     for resource, kind in ApiSource.RESOURCES.items():
-        refl[resource] = Reflector(resource, lambda **_: None, None, source._handler(kind))
+        refl[resource] = Reflector(resource, lambda **_: None, None, source._handler(kind),
+                                   transform=_listed(kind))
     source.reflectors = refl
     agent.source = source
     return agent, source, refl

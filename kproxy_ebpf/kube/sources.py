@@ -40,6 +40,21 @@ _CONVERT: dict[str, Callable[[dict], tuple[Any, list[Rejection]]]] = {
 }
 
 
+def _listed(kind: str) -> Callable[[dict], tuple[tuple[str, str], Any, list[Rejection]]]:
+    """The reflector's LIST transform: (key, model object or None, rejections) of one listed
+    object, made while its page is at hand, so the JSON of a whole LIST is never held."""
+    convert = _CONVERT[kind]
+
+    def transform(raw: dict) -> tuple[tuple[str, str], Any, list[Rejection]]:
+        obj, rej = convert(raw)
+        if obj is not None:
+            return (getattr(obj, "namespace", ""), obj.name), obj, rej
+        meta = raw.get("metadata") if isinstance(raw, dict) else None
+        meta = meta if isinstance(meta, dict) else {}
+        return (meta.get("namespace") or "", meta.get("name") or ""), None, rej
+    return transform
+
+
 class ApiSource:
     """One reflector per resource; `synced` once each has delivered its first list."""
 
@@ -54,7 +69,8 @@ class ApiSource:
             opts: dict[str, Any] = {"node_name": node_name} if resource == "node" else {
                 "label_selector": PROXY_LABEL_SELECTOR}
             self.reflectors[resource] = reflector_for(
-                api_client, resource, self._handler(kind), on_contact=self._wake_all, **opts)
+                api_client, resource, self._handler(kind), on_contact=self._wake_all,
+                transform=_listed(kind), **opts)
 
     def _wake_all(self) -> None:
         """One reflector got through after failures: the API server is back, so the others
@@ -68,15 +84,12 @@ class ApiSource:
         def on_event(etype: str, payload: Any) -> None:
             if etype == "SYNC":
                 objs, bad, keep = [], [], set()
-                for raw in payload:
-                    obj, rej = convert(raw)
+                for key, obj, rej in payload:       # converted page by page: see _listed()
                     bad.extend(rej)
                     if obj is not None:
                         objs.append(obj)
                     else:
-                        meta = raw.get("metadata") if isinstance(raw, dict) else None
-                        meta = meta if isinstance(meta, dict) else {}
-                        keep.add((meta.get("namespace") or "", meta.get("name") or ""))
+                        keep.add(key)
                 if bad:
                     self.sink.rejected(bad)
                 self.sink.replace(kind, objs, keep)
