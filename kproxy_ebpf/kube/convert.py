@@ -159,7 +159,8 @@ def _identity(obj: Any, kind: str) -> tuple[dict, _Collector, bool]:
         col.add("InvalidObject", f"expected a JSON object, got {type(obj).__name__}")
         return {}, col, False
     meta = obj.get("metadata")
-    ns = _str(_dict(meta).get("namespace")) or "default"   # kubectl's default for manifests
+    # Interned: thousands of objects share a few namespaces.
+    ns = sys.intern(_str(_dict(meta).get("namespace")) or "default")  # kubectl's default
     name = _str(_dict(meta).get("name")) or ""
     uid = _str(_dict(meta).get("uid")) or ""
     col = _Collector(kind, ns, name, uid)
