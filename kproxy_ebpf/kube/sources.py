@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..model import Node
+from ..model import EndpointSlice, Node, Service
 from .convert import Rejection, node_from_api, service_from_api, slice_from_api
 from .manifests import load_manifests
 
@@ -38,6 +38,33 @@ _CONVERT: dict[str, Callable[[dict], tuple[Any, list[Rejection]]]] = {
     "EndpointSlice": slice_from_api,
     "Node": lambda obj: (node_from_api(obj), []),
 }
+
+
+def _selection(resource: str, node_name: str) -> dict[str, Any]:
+    """What of a resource the agent reads: its own Node; Services and slices for this proxy."""
+    if resource == "node":
+        return {"node_name": node_name}
+    return {"label_selector": PROXY_LABEL_SELECTOR}
+
+
+def list_cluster(api_client: Any, node_name: str
+                 ) -> tuple[Node | None, list[Service], list[EndpointSlice], list[Rejection]]:
+    """One complete list of what ApiSource watches (same selectors, same paginated LIST, same
+    conversion), for one-shot readers such as `kproxy-ebpf check`. The Node is None when the
+    API server does not know it (the agent then runs with the bare configured name)."""
+    from .reflector import list_once
+
+    out: dict[str, list] = {}
+    bad: list[Rejection] = []
+    for resource, kind in ApiSource.RESOURCES.items():
+        out[kind] = []
+        for _, obj, rej in list_once(api_client, resource, transform=_listed(kind),
+                                     **_selection(resource, node_name)):
+            bad += rej
+            if obj is not None:
+                out[kind].append(obj)
+    nodes = out["Node"]
+    return (nodes[0] if nodes else None), out["Service"], out["EndpointSlice"], bad
 
 
 def _listed(kind: str) -> Callable[[dict], tuple[tuple[str, str], Any, list[Rejection]]]:
@@ -66,11 +93,9 @@ class ApiSource:
         self.sink = sink
         self.reflectors = {}
         for resource, kind in self.RESOURCES.items():
-            opts: dict[str, Any] = {"node_name": node_name} if resource == "node" else {
-                "label_selector": PROXY_LABEL_SELECTOR}
             self.reflectors[resource] = reflector_for(
                 api_client, resource, self._handler(kind), on_contact=self._wake_all,
-                transform=_listed(kind), **opts)
+                transform=_listed(kind), **_selection(resource, node_name))
 
     def _wake_all(self) -> None:
         """One reflector got through after failures: the API server is back, so the others
