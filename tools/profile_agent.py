@@ -42,7 +42,12 @@ from kproxy_ebpf.agent import Agent  # noqa: E402
 from kproxy_ebpf.config import AgentConfig  # noqa: E402
 from kproxy_ebpf.datapath.writer import ApplyResult  # noqa: E402
 from kproxy_ebpf.kube.reflector import Reflector  # noqa: E402
-from kproxy_ebpf.kube.sources import ApiSource, _listed  # noqa: E402
+from kproxy_ebpf.kube.sources import ApiSource  # noqa: E402
+
+try:        # the LIST transform (absent before the scale work: run against older code too)
+    from kproxy_ebpf.kube.sources import _listed  # noqa: E402
+except ImportError:
+    _listed = None
 
 NODE = "kproxy-node-1"
 NODES = [f"kproxy-node-{i}" for i in range(1, 3)]
@@ -179,18 +184,45 @@ class NullWriter:
         return {}
 
 
+class MemoryMap:
+    """A BPF hash map in a dict, keyed by the encoded bytes as the kernel keys it."""
+
+    def __init__(self, spec) -> None:
+        from kproxy_ebpf.datapath import layout as L
+        self.spec, self.raw, self.rows, self.max_entries = spec, L.raw, {}, 1 << 22
+
+    def put(self, key, value) -> None:
+        self.rows[self.raw(key)] = self.raw(value)
+
+    def delete(self, key) -> bool:
+        return self.rows.pop(self.raw(key), None) is not None
+
+    def items(self):
+        return [(self.spec.key.from_buffer_copy(k), self.spec.value.from_buffer_copy(v))
+                for k, v in self.rows.items()]
+
+
+WRITER = "null"
+
+
 def make_agent() -> tuple[Agent, ApiSource, dict[str, Reflector]]:
     tmp = tempfile.mkdtemp(prefix="kproxy-profile-")
     cfg = AgentConfig(hostname_override=NODE, bpffs_dir=tmp, cgroup=tmp,
                       healthz_bind_address="", metrics_bind_address="")
     agent = Agent(cfg)
-    agent.writer = NullWriter()
+    if WRITER == "maps":
+        from kproxy_ebpf.datapath.layout import MAPS
+        from kproxy_ebpf.datapath.writer import MapWriter
+        agent.datapath.maps = {n: MemoryMap(MAPS[n]) for n in ("svc", "backend", "meta")}
+        agent.writer = MapWriter(agent.datapath.maps)
+    else:
+        agent.writer = NullWriter()
     source = ApiSource.__new__(ApiSource)       # no API client: the reflectors are ours
     source.sink = agent
     refl = {}
     for resource, kind in ApiSource.RESOURCES.items():
-        refl[resource] = Reflector(resource, lambda **_: None, None, source._handler(kind),
-                                   transform=_listed(kind))
+        opts = {"transform": _listed(kind)} if _listed else {}
+        refl[resource] = Reflector(resource, lambda **_: None, None, source._handler(kind), **opts)
     source.reflectors = refl
     agent.source = source
     return agent, source, refl
@@ -277,7 +309,12 @@ def main() -> None:
     ap.add_argument("--cprofile", choices=["list", "fill", "change"])
     ap.add_argument("--tracemalloc", action="store_true", help="top allocations after the fill")
     ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--writer", choices=["null", "maps"], default="null",
+                    help="null (default): the agent's own cost only; maps: the real MapWriter "
+                         "on in-memory maps (adds the writer's Python cost, not the syscalls)")
     args = ap.parse_args()
+    global WRITER
+    WRITER = args.writer
     n, e = args.services, args.endpoints
 
     import kubernetes.client  # noqa: F401  the real agent holds it: count it in the baseline
