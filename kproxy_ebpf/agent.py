@@ -313,7 +313,7 @@ class Agent:
         current: dict[tuple[str, str], list[Problem]] = {}
         for p in problems:
             current.setdefault((p.namespace, p.name), []).append(p)
-        for svc in reported:
+        for svc in sorted(reported):
             told = self._reported.pop(svc, set())
             now = {(p.reason, p.message): p for p in current.get(svc, ())}
             for key, p in now.items():
