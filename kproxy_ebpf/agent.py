@@ -44,6 +44,11 @@ log = logging.getLogger(__name__)
 
 KERNEL_CHECK_EVERY = 10     # full syncs between two re-reads of the maps (5 min by default)
 ROW_COUNT_EVERY = 5.0       # seconds between two refreshes of the map row gauges (O(frontends))
+# A frontend that did not fit into a full map is retried by partial syncs at most this often
+# (full syncs retry everything anyway): retrying thousands of them on every 200 ms sync while the
+# map stays full cost a whole core and a log line per frontend per sync.
+FULL_MAP_RETRY_EVERY = 5.0
+ERROR_LINES = 5             # write errors logged one by one per sync; the rest are counted
 
 
 def release_heap() -> None:
@@ -70,6 +75,8 @@ class Agent:
         self.events = None
         self._lock = threading.Lock()        # guards state
         self._retry: set = set()              # frontend keys a failed write left behind
+        self._retry_at = 0.0                  # monotonic time from which _retry is retried
+        self._retry_map_full = False          # ...and whether they failed on a full map
         self._triggers: list[float] = []      # trigger times of slice changes not yet synced
         self._started_at = time.time()
         # Current problems per Service, already logged (only Services that have some).
@@ -249,13 +256,21 @@ class Agent:
             # Re-reading the kernel (drift repair) costs ~2 s of CPU at 10k services x 10
             # endpoints, so only every KERNEL_CHECK_EVERY-th full sync, or after a failure.
             self._full_syncs += 1
-            if self._full_syncs % KERNEL_CHECK_EVERY == 0 or self._retry or self._recheck_kernel:
+            # (A full map is no reason to re-read the kernel: the rows that fit are there.)
+            if self._full_syncs % KERNEL_CHECK_EVERY == 0 or self._recheck_kernel or (
+                    self._retry and not self._retry_map_full):
                 self.writer.restore()
                 self._recheck_kernel = False
             result = self.writer.apply(changes.frontends)
+            retried = True
         else:
-            result = self.writer.apply(changes.frontends, changes.changed_keys | self._retry)
-        self._retry = set(result.failed)
+            retried = time.monotonic() >= self._retry_at
+            result = self.writer.apply(changes.frontends, changes.changed_keys | (
+                self._retry if retried else set()))
+        self._retry = set(result.failed) | (set() if retried else self._retry)
+        self._retry_map_full = bool(result.full_maps) or (not retried and self._retry_map_full)
+        if retried:
+            self._retry_at = time.monotonic() + (FULL_MAP_RETRY_EVERY if result.full_maps else 0)
         elapsed = time.monotonic() - t0
         if self._attach_pending:
             # The maps hold what could be written (a full map must not keep every other
@@ -327,10 +342,14 @@ class Agent:
     def _report_writes(self, result: ApplyResult) -> None:
         for name in result.full_maps:
             self.metrics.map_full.labels(name).inc()
-        for err in result.errors:
+        for err in result.errors[:ERROR_LINES]:
             log.error("datapath write failed: %s", err)
-            if not result.full_maps:
-                self.metrics.map_errors.inc()
+        if len(result.errors) > ERROR_LINES:
+            log.error("datapath writes failed for %d more frontends%s", len(result.errors) - ERROR_LINES,
+                      f" (map(s) {', '.join(sorted(result.full_maps))} full: raise their size)"
+                      if result.full_maps else "")
+        if not result.full_maps:
+            self.metrics.map_errors.inc(len(result.errors))
         if self.events and result.full_maps:
             for fkey, spn in result.failed.items():
                 if spn is not None:

@@ -208,3 +208,45 @@ def test_problems_are_told_once_while_current_and_again_when_they_return(monkeyp
     h.measure(lambda a: a.delete("Service", "ns", "svc-1"))
     assert dict(h.agent.state.problem_counts()) == {"InvalidPort": 1}
     assert set(h.agent._reported) == {("ns", "svc-3")}
+
+
+def test_a_full_map_is_retried_by_time_not_on_every_sync(monkeypatch, caplog):
+    """Frontends that did not fit are retried at most every FULL_MAP_RETRY_EVERY seconds by
+    partial syncs (full syncs diff everything), and the log says so in a bounded number of
+    lines: at 10k Services a full map used to be retried and logged per frontend per sync."""
+    candidates: list[set] = []
+    real_apply = MapWriter.apply
+
+    def apply(writer, desired, keys=None):
+        candidates.append(None if keys is None else set(keys))
+        return real_apply(writer, desired, keys)
+    monkeypatch.setattr(MapWriter, "apply", apply)
+    h = Harness.__new__(Harness)
+    h.agent = Agent(AgentConfig(hostname_override=NODE, cgroup="/nonexistent/kproxy-unit",
+                                bpffs_dir="/nonexistent/kproxy-unit"))
+    h.maps = {name: FakeMap(spec, max_entries=5 * 4 if name == "svc" else 1000)
+              for name, spec in L.MAPS.items() if name in ("svc", "backend", "meta")}
+    h.agent.datapath.maps = h.maps
+    h.agent.writer = MapWriter(h.maps)
+    h.agent.replace("Service", [service(i) for i in range(20)])
+    h.agent.replace("EndpointSlice", [endpoint_slice(i) for i in range(20)])
+    assert not h.agent._sync(True)                 # 5 of 20 fit (4 rows each)
+    failed = set(h.agent._retry)
+    assert len(failed) == 15 and h.agent._retry_map_full
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == agent_mod.ERROR_LINES + 1 and "15 more" not in errors[-1].getMessage()
+    assert "raise their size" in errors[-1].getMessage()
+
+    h.agent.upsert("EndpointSlice", endpoint_slice(0, (True, False, True)))
+    h.agent._sync(False)
+    assert candidates[-1] & failed == set()        # not retried 200 ms later
+    assert h.agent._retry == failed                # ...and not forgotten
+    h.agent._retry_at = 0.0                        # FULL_MAP_RETRY_EVERY has passed
+    h.agent.upsert("EndpointSlice", endpoint_slice(0))
+    h.agent._sync(False)
+    assert failed <= candidates[-1]
+    h.agent.delete("Service", "ns", "svc-0")       # room for one more (the writer deletes
+    h.agent._sync(False)                           # after it writes): the next retry gets it in
+    h.agent._retry_at = 0.0
+    h.agent._sync(False)
+    assert len(h.agent._retry) == 14 and h.agent._retry < failed
