@@ -6,15 +6,22 @@ the pinned links, and only after every source has delivered its first complete l
 run, so a half-listed cluster never garbage-collects a live service.
 
 Partial syncs look only at the frontends of services that changed (plus those that failed
-last time); the periodic full sync re-reads the kernel maps and repairs any drift.
+last time), and everything they do is proportional to that change: the desired table is handed
+to the writer as a view, problems are reported from what compute() re-evaluated, and the map
+row gauges are refreshed at most every ROW_COUNT_EVERY seconds. The periodic full sync diffs
+the whole table against the writer's record (re-reading the kernel maps every
+KERNEL_CHECK_EVERY-th time) and repairs any drift; the policy itself is recomputed for every
+Service only after a failed sync, since a Service's cached result changes only with its inputs.
+The objects themselves live in ProxyState alone: it answers which keys it holds.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import signal
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +43,24 @@ from .runner import Runner, Schedule
 log = logging.getLogger(__name__)
 
 KERNEL_CHECK_EVERY = 10     # full syncs between two re-reads of the maps (5 min by default)
+ROW_COUNT_EVERY = 5.0       # seconds between two refreshes of the map row gauges (O(frontends))
+# A frontend that did not fit into a full map is retried by partial syncs at most this often
+# (full syncs retry everything anyway): retrying thousands of them on every 200 ms sync while the
+# map stays full cost a whole core and a log line per frontend per sync.
+FULL_MAP_RETRY_EVERY = 5.0
+ERROR_LINES = 5             # write errors logged one by one per sync; the rest are counted
+
+
+def release_heap() -> None:
+    """Give freed C heap back to the kernel. bcc's compile (LLVM) frees ~50 MiB and a first LIST
+    of a large cluster frees its JSON, but glibc keeps such memory in its arenas, so the
+    agent's resident size would stay at its peak for good; malloc_trim returns what is free.
+    A no-op where the C library has no malloc_trim (musl)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 class Agent:
@@ -48,12 +73,16 @@ class Agent:
         self.writer: MapWriter | None = None
         self.source: ApiSource | ManifestSource | None = None
         self.events = None
-        self._lock = threading.Lock()        # guards state and _known
-        self._known: dict[str, set[tuple[str, str]]] = {"Service": set(), "EndpointSlice": set()}
+        self._lock = threading.Lock()        # guards state
         self._retry: set = set()              # frontend keys a failed write left behind
+        self._retry_at = 0.0                  # monotonic time from which _retry is retried
+        self._retry_map_full = False          # ...and whether they failed on a full map
         self._triggers: list[float] = []      # trigger times of slice changes not yet synced
         self._started_at = time.time()
-        self._reported: set[tuple] = set()    # current problems, already logged
+        # Current problems per Service, already logged (only Services that have some).
+        self._reported: dict[tuple[str, str], set[tuple]] = {}
+        self._rows_counted = 0.0              # monotonic time of the last row gauge refresh
+        self._recompute = False               # a sync failed: recompute every Service
         self._stop = threading.Event()
         self._synced_once = False
         self._full_syncs = 0
@@ -69,6 +98,7 @@ class Agent:
         # within the health timeout (say the API server is unreachable), /healthz says so.
         self.health.queued_update()
         self.datapath.load()
+        release_heap()
         self.writer = MapWriter(self.datapath.maps)
         adopted = self.writer.restore()
         log.info("adopted %d frontends from %s", adopted, self.cfg.bpffs_dir)
@@ -138,13 +168,13 @@ class Agent:
                 changed = bool(objs) and self._set_node(objs[0])
             else:
                 new = {o.key for o in objs}
+                held = self.state.service_keys() if kind == "Service" else self.state.slice_keys()
                 changed = False
                 # An object that failed conversion keeps its last good version, as on a watch.
-                for ns, name in self._known[kind] - new - set(keep):
+                for ns, name in [k for k in held if k not in new and k not in keep]:
                     changed |= self._delete(kind, ns, name)
                 for o in objs:
                     changed |= self._upsert(kind, o)
-                self._known[kind] = new | (self._known[kind] & set(keep))
         self._changed(changed)
 
     def upsert(self, kind: str, obj: Any) -> None:
@@ -152,7 +182,6 @@ class Agent:
             if kind == "Node":
                 changed = self._set_node(obj)
             else:
-                self._known[kind].add(obj.key)
                 changed = self._upsert(kind, obj)
         self._changed(changed)
 
@@ -161,7 +190,6 @@ class Agent:
             log.warning("node %s was deleted; keeping the datapath as it is", name)
             return
         with self._lock:
-            self._known[kind].discard((namespace, name))
             changed = self._delete(kind, namespace, name)
         self._changed(changed)
 
@@ -194,7 +222,7 @@ class Agent:
         if changed:
             self.health.queued_update()
             with self._lock:               # reflector threads mutate the state
-                self.metrics.pending.set(len(self.state.dirty))
+                self.metrics.pending.set(self.state.pending)
             self.runner.run()
 
     # -- sync --------------------------------------------------------------------------------
@@ -208,7 +236,7 @@ class Agent:
                 # Whatever the writer did not finish is redone by a full sync: the changes
                 # compute() handed over are not lost with the exception.
                 log.exception("sync failed; the next one will be a full sync")
-                self._force_full = self._recheck_kernel = True
+                self._force_full = self._recheck_kernel = self._recompute = True
                 return False
 
     def _sync_locked(self, full: bool) -> bool:
@@ -217,20 +245,32 @@ class Agent:
         started = time.time()
         t0 = time.monotonic()
         with self._lock:
-            changes = self.state.compute(full=full)
+            # A Service's result is cached until its inputs change, so a periodic full sync
+            # recomputes only the changed ones; after a failure (say, compute() itself raised
+            # half-way) every Service is recomputed.
+            recompute, self._recompute = self._recompute, False
+            changes = self.state.compute(full=recompute)
             triggers, self._triggers = self._triggers, []
-            every_problem = self.state.problems()
+            problem_counts = dict(self.state.problem_counts())
         if full:
             # Re-reading the kernel (drift repair) costs ~2 s of CPU at 10k services x 10
             # endpoints, so only every KERNEL_CHECK_EVERY-th full sync, or after a failure.
             self._full_syncs += 1
-            if self._full_syncs % KERNEL_CHECK_EVERY == 0 or self._retry or self._recheck_kernel:
+            # (A full map is no reason to re-read the kernel: the rows that fit are there.)
+            if self._full_syncs % KERNEL_CHECK_EVERY == 0 or self._recheck_kernel or (
+                    self._retry and not self._retry_map_full):
                 self.writer.restore()
                 self._recheck_kernel = False
             result = self.writer.apply(changes.frontends)
+            retried = True
         else:
-            result = self.writer.apply(changes.frontends, changes.changed_keys | self._retry)
-        self._retry = set(result.failed)
+            retried = time.monotonic() >= self._retry_at
+            result = self.writer.apply(changes.frontends, changes.changed_keys | (
+                self._retry if retried else set()))
+        self._retry = set(result.failed) | (set() if retried else self._retry)
+        self._retry_map_full = bool(result.full_maps) or (not retried and self._retry_map_full)
+        if retried:
+            self._retry_at = time.monotonic() + (FULL_MAP_RETRY_EVERY if result.full_maps else 0)
         elapsed = time.monotonic() - t0
         if self._attach_pending:
             # The maps hold what could be written (a full map must not keep every other
@@ -247,22 +287,28 @@ class Agent:
             self.metrics.sync_failures.inc()
             with self._lock:       # measured again once a sync gets them in
                 self._triggers.extend(triggers)
-        self._report_problems(every_problem)
+        self._report_problems(changes.problems, changes.reported, problem_counts)
         self._report_writes(result)
+        first = not self._synced_once
         self._record(full, elapsed, len(changes.frontends), result)
+        if full or first:
+            release_heap()      # the first LIST's JSON, or a relist's: a few ms at 10k Services
         return result.ok
 
     def _record(self, full: bool, elapsed: float, desired: int, result: ApplyResult) -> None:
         """Metrics and the log line of one sync."""
         self.metrics.sync_duration.labels("full" if full else "partial").observe(elapsed)
         with self._lock:
-            self.metrics.pending.set(len(self.state.dirty))
+            self.metrics.pending.set(self.state.pending)
         stats = self.writer.stats()
         self.metrics.frontends.set(stats["frontends"])
         self.metrics.backends.set(stats["backends"])
-        for name, count in self.writer.row_counts().items():
-            self.metrics.map_entries.labels(name).set(count)
-            self.metrics.map_capacity.labels(name).set(self.datapath.maps[name].max_entries)
+        now = time.monotonic()
+        if full or now - self._rows_counted >= ROW_COUNT_EVERY:
+            self._rows_counted = now
+            for name, count in self.writer.row_counts().items():
+                self.metrics.map_entries.labels(name).set(count)
+                self.metrics.map_capacity.labels(name).set(self.datapath.maps[name].max_entries)
         if result.updated or result.deleted or not result.ok or not self._synced_once:
             log.info("%s sync: %d frontends desired, %d written, %d removed, %d map writes "
                      "in %.1f ms%s", "first" if not self._synced_once else
@@ -271,29 +317,39 @@ class Agent:
                      "" if result.ok else " (with errors)")
         self._synced_once = True
 
-    def _report_problems(self, problems: list[Problem]) -> None:
+    def _report_problems(self, problems: list[Problem], reported: frozenset[tuple[str, str]],
+                         counts: dict[str, int]) -> None:
         """Current problems by reason as a gauge; each new one once as a log line and Event.
-        Only current problems are remembered, so one that goes and comes back is told again."""
+        Only current problems are remembered, so one that goes and comes back is told again.
+        O(services re-evaluated): the others' problems did not change."""
         self.metrics.problems.clear()
-        for reason, n in Counter(p.reason for p in problems).items():
+        for reason, n in counts.items():
             self.metrics.problems.labels(reason).set(n)
-        current = set()
+        current: dict[tuple[str, str], list[Problem]] = {}
         for p in problems:
-            key = (p.namespace, p.name, p.reason, p.message)
-            current.add(key)
-            if key not in self._reported:
-                log.warning("service %s/%s: %s (%s)", p.namespace, p.name, p.message, p.reason)
-                if self.events:
-                    self.events.warn(p.kind, p.namespace, p.name, p.reason, p.message)
-        self._reported = current
+            current.setdefault((p.namespace, p.name), []).append(p)
+        for svc in sorted(reported):
+            told = self._reported.pop(svc, set())
+            now = {(p.reason, p.message): p for p in current.get(svc, ())}
+            for key, p in now.items():
+                if key not in told:
+                    log.warning("service %s/%s: %s (%s)", p.namespace, p.name, p.message, p.reason)
+                    if self.events:
+                        self.events.warn(p.kind, p.namespace, p.name, p.reason, p.message)
+            if now:
+                self._reported[svc] = set(now)
 
     def _report_writes(self, result: ApplyResult) -> None:
         for name in result.full_maps:
             self.metrics.map_full.labels(name).inc()
-        for err in result.errors:
+        for err in result.errors[:ERROR_LINES]:
             log.error("datapath write failed: %s", err)
-            if not result.full_maps:
-                self.metrics.map_errors.inc()
+        if len(result.errors) > ERROR_LINES:
+            log.error("datapath writes failed for %d more frontends%s", len(result.errors) - ERROR_LINES,
+                      f" (map(s) {', '.join(sorted(result.full_maps))} full: raise their size)"
+                      if result.full_maps else "")
+        if not result.full_maps:
+            self.metrics.map_errors.inc(len(result.errors))
         if self.events and result.full_maps:
             for fkey, spn in result.failed.items():
                 if spn is not None:

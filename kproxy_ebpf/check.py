@@ -1,20 +1,20 @@
 """`kproxy-ebpf check`: does this node's datapath hold what the cluster says it should?
 
 kube-proxy's operators grep iptables-save for a missing KUBE-SVC chain ("a failure to
-reconcile"). Here the question is answered exactly: the cluster is listed once (or manifests
-read), the same policy code the agent runs computes the desired frontends, and they are
-compared with what the pinned maps hold. Every difference is one line.
+reconcile"). Here the question is answered exactly: the cluster is listed once through the
+agent's own list code (or its manifests read), with the agent's own configuration (--config),
+the same policy code the agent runs computes the desired frontends, and they are compared with
+what the pinned maps hold. Every difference is one line.
 """
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .config import AgentConfig
 from .desired import Frontend
-from .kube.convert import node_from_api, service_from_api, slice_from_api
-from .kube.sources import PROXY_LABEL_SELECTOR
 from .model import Node
-from .proxy.state import ProxyState
+from .proxy.state import FrontendKey, ProxyState
 
 
 @dataclass(frozen=True)
@@ -61,34 +61,36 @@ def compare(desired: dict, kernel: list[dict]) -> list[Drift]:
     return drifts
 
 
-def desired_from_api(api_client, node_name: str, prefer_same_node: bool = True) -> dict:
-    """Lists Services, EndpointSlices and the Node once and computes the desired frontends."""
-    from kubernetes import client
+def desired_for(cfg: AgentConfig) -> Mapping[FrontendKey, Frontend]:
+    """The frontends the agent configured by `cfg` should hold: from its manifests, or from
+    one list of its API server (its kubeconfig and master, its node name)."""
+    if cfg.manifests:
+        return desired_from_manifests(cfg.manifests, cfg.node_name, cfg.prefer_same_node)
+    from .kube.client import make_api_client
 
-    core, disc = client.CoreV1Api(api_client), client.DiscoveryV1Api(api_client)
-
-    def items(fn, **kw) -> list[dict]:
-        resp = fn(_preload_content=False, **kw)
-        return json.loads(resp.data)["items"]
-
-    state = ProxyState(node_from_api(json.loads(core.read_node(
-        node_name, _preload_content=False).data)), prefer_same_node=prefer_same_node)
-    for raw in items(core.list_service_for_all_namespaces, label_selector=PROXY_LABEL_SELECTOR):
-        svc, _ = service_from_api(raw)
-        if svc:
-            state.upsert_service(svc)
-    for raw in items(disc.list_endpoint_slice_for_all_namespaces,
-                     label_selector=PROXY_LABEL_SELECTOR):
-        sl, _ = slice_from_api(raw)
-        if sl:
-            state.upsert_slice(sl)
-    return state.compute(full=True).frontends
+    api = make_api_client(kubeconfig=cfg.kubeconfig, master=cfg.master)
+    return desired_from_api(api, cfg.node_name, cfg.prefer_same_node)
 
 
-def desired_from_manifests(paths: list[str], node_name: str) -> dict:
+def desired_from_api(api_client, node_name: str, prefer_same_node: bool = True
+                     ) -> Mapping[FrontendKey, Frontend]:
+    """Lists the cluster once, as the agent's sources do (kube/: paginated, same selectors,
+    same conversion), and computes the desired frontends with the agent's policy code."""
+    from .kube.sources import list_cluster
+
+    node, services, slices, _ = list_cluster(api_client, node_name)
+    return _desired(node or Node(node_name), services, slices, prefer_same_node)
+
+
+def desired_from_manifests(paths: list[str], node_name: str, prefer_same_node: bool = True
+                           ) -> Mapping[FrontendKey, Frontend]:
     from .kube.manifests import load_manifests
 
     services, slices, _ = load_manifests(paths)
-    state = ProxyState(Node(node_name))
+    return _desired(Node(node_name), services, slices, prefer_same_node)
+
+
+def _desired(node: Node, services, slices, prefer_same_node: bool) -> Mapping[FrontendKey, Frontend]:
+    state = ProxyState(node, prefer_same_node=prefer_same_node)
     state.load(services, slices)
     return state.compute(full=True).frontends

@@ -235,26 +235,28 @@ def status(bpffs_dir: str, output: str, healthz: str) -> None:
 
 
 @main.command()
-@_bpffs_option
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              help="The agent's configuration file, read as `run` reads it (then KPROXY_* "
+                   "variables, then these flags): its kubeconfig, master, hostnameOverride, "
+                   "bpffsDir, manifests and preferSameNode are used.")
+@click.option("--bpffs-dir", help=f"The agent's bpffs directory [{DEFAULT_BPFFS}].")
 @click.option("--kubeconfig", help="Compare with this cluster (default: in-cluster, ~/.kube/config).")
 @click.option("--master", help="API server address, overriding the kubeconfig's.")
-@click.option("--hostname-override", "node", help="This node's name (default: the host name).")
+@click.option("--hostname-override", help="This node's name (default: the host name).")
 @click.option("--manifests", multiple=True, help="Compare with these YAML files instead.")
-def check(bpffs_dir, kubeconfig, master, node, manifests) -> None:
+def check(config_file, **flags) -> None:
     """Compare the datapath with what the cluster says; exit 1 on any difference."""
-    import socket
-
     from . import check as chk
+    from .config import ConfigError, load
     from .datapath import reader
+    from .kube.client import ConfigError as KubeConfigError
 
-    node = (node or socket.gethostname()).lower()
-    if manifests:
-        desired = chk.desired_from_manifests(list(manifests), node)
-    else:
-        from .kube.client import make_api_client
-
-        desired = chk.desired_from_api(make_api_client(kubeconfig=kubeconfig, master=master), node)
-    drifts = chk.compare(desired, reader.services(_open_maps(bpffs_dir)))
+    try:
+        cfg = load(config_file, overrides=flags)
+        desired = chk.desired_for(cfg)
+    except (ConfigError, KubeConfigError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    drifts = chk.compare(desired, reader.services(_open_maps(cfg.bpffs_dir)))
     for d in drifts:
         click.echo(str(d))
     click.echo(f"{len(desired)} frontends expected, {len(drifts)} differences")

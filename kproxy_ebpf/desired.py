@@ -28,7 +28,7 @@ class Action(str, enum.Enum):
     DROP = "drop"         # endpoints exist, but none in the applicable Local set
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)
 class ServicePortName:
     """kube-proxy's unit of load balancing: one port of one Service."""
     namespace: str
@@ -41,7 +41,7 @@ class ServicePortName:
         return f"{base}:{self.port}" if self.port else base
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)
 class Backend:
     ip: str
     port: int
@@ -57,7 +57,7 @@ class Backend:
         return (self.ip, self.port, self.protocol)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ServiceInfo:
     """Service-wide settings shown by the CLI next to each frontend (kp_svc_meta), including
     those the datapath does not act on yet (see docs/architecture.md)."""
@@ -68,7 +68,7 @@ class ServiceInfo:
     traffic_distribution: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Frontend:
     ip: str
     port: int
@@ -85,7 +85,7 @@ class Frontend:
         return (self.ip, self.port, self.protocol)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Problem:
     """Input the proxy could not use, reported as a log line, a metric and an Event."""
     namespace: str

@@ -23,7 +23,7 @@ class ServiceType(str, enum.Enum):
     EXTERNAL_NAME = "ExternalName"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ServicePort:
     name: str                 # "" for an unnamed port
     protocol: Protocol
@@ -31,13 +31,13 @@ class ServicePort:
     node_port: int = 0        # 0: none allocated
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LoadBalancerIngress:
     ip: str
     ip_mode: str | None = None   # "VIP", "Proxy" or None (unset means VIP)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Service:
     namespace: str
     name: str
@@ -62,14 +62,14 @@ class Service:
         return (self.namespace, self.name)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EndpointPort:
     name: str | None          # None: unset (such a port is ignored, as kube-proxy does)
     protocol: Protocol
     port: int | None          # None or 0: unset (ignored)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Endpoint:
     addresses: tuple[str, ...]
     ready: bool | None = None          # None: unset
@@ -81,7 +81,7 @@ class Endpoint:
     hint_nodes: tuple[str, ...] = ()   # hints.forNodes[].name
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EndpointSlice:
     namespace: str
     name: str
@@ -99,7 +99,7 @@ class EndpointSlice:
         return (self.namespace, self.name)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Node:
     name: str
     addresses: tuple[str, ...] = ()    # IPv4 InternalIPs (then ExternalIPs), in API order

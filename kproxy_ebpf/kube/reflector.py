@@ -11,7 +11,10 @@ The protocol, as client-go's reflector does it:
 
 1. LIST, paginated (limit/continue), then `on_event("SYNC", objects)`: the complete set as of
    the list's resourceVersion. The consumer *replaces* what it knew, so objects deleted while
-   we were not watching disappear, and a relist never duplicates anything.
+   we were not watching disappear, and a relist never duplicates anything. With a `transform`
+   (client-go's informer transform), each listed object is converted as its page arrives and
+   the SYNC carries the results: a LIST of 10,000 EndpointSlices never holds all their JSON at
+   once (that peak alone cost ~115 MiB of resident memory, which Python keeps afterwards).
 2. WATCH from that resourceVersion with bookmarks and a server-side timeout (5 min plus
    jitter, so that many agents do not reconnect in step). ADDED/MODIFIED/DELETED go to
    `on_event(type, obj)`; BOOKMARK only advances the stored resourceVersion, which keeps the
@@ -45,6 +48,8 @@ WATCH_TYPES = ("ADDED", "MODIFIED", "DELETED")
 EventHandler = Callable[[str, Any], None]
 # The client's generated list method (or a partial of it), called with keyword arguments only.
 ListFunc = Callable[..., Any]
+# One LIST request: keyword arguments (limit, _continue) -> the parsed JSON body.
+PageFunc = Callable[..., dict]
 
 RESOURCES = ("services", "endpointslices", "node")
 
@@ -92,10 +97,14 @@ class Reflector:
         connect_timeout: float = 10.0,
         list_read_timeout: float = 60.0,
         on_contact: Callable[[], None] | None = None,
+        transform: Callable[[dict], Any] | None = None,
     ) -> None:
         """on_contact: called when the server answers again after a failed attempt (the
-        ApiSource uses it to wake its other reflectors out of their backoff)."""
+        ApiSource uses it to wake its other reflectors out of their backoff). transform:
+        applied to each listed object as its page arrives; the SYNC carries its results
+        (watch events still carry the JSON object)."""
         self.resource = resource
+        self._transform = transform
         self._on_contact = on_contact
         self._failing = False
         self._list_fn = list_fn
@@ -255,29 +264,12 @@ class Reflector:
     # -- LIST -----------------------------------------------------------------------------------
 
     def _list(self) -> None:
-        items: list[Any] = []
-        cont: str | None = None
-        pages = 0
-        rv = ""
-        while True:
-            kwargs: dict[str, Any] = {"limit": self.page_size}
-            if cont:
-                kwargs["_continue"] = cont
-            body = self._request_json(self._list_fn, **kwargs)
-            pages += 1
-            meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
-            page = body.get("items")
-            if page is not None and not isinstance(page, list):
-                raise WatchError(f"list response items is a {type(page).__name__}, not a list")
-            items.extend(page or ())
-            rv = str(meta.get("resourceVersion") or rv)
-            cont = meta.get("continue") or None
-            if not cont:
-                break
-            if self._stop.is_set():
-                return
-        if not rv:
-            raise WatchError("list response carries no resourceVersion")
+        listed = list_pages(lambda **kw: self._request_json(self._list_fn, **kw),
+                            page_size=self.page_size, transform=self._transform,
+                            stopped=self._stop.is_set)
+        if listed is None:
+            return
+        items, rv, pages = listed
         self.resource_version = rv
         self.lists += 1
         self._log.info("%s: listed %d objects at resourceVersion %s (%d page%s)", self.resource,
@@ -394,6 +386,42 @@ class Reflector:
             self._log.exception("%s: the event handler failed on a %s event", self.resource, etype)
 
 
+def list_pages(fetch: PageFunc, *, page_size: int = 500,
+               transform: Callable[[dict], Any] | None = None,
+               stopped: Callable[[], bool] = lambda: False) -> tuple[list, str, int] | None:
+    """A complete LIST in pages of `page_size` (limit/continue), as client-go's pager does.
+
+    Returns (items, resourceVersion, pages), each item passed through `transform` while its
+    page is at hand, or None when `stopped()` turned true between two pages. Raises WatchError
+    on a malformed response; fetch's own errors (a 410 for an expired continue token) pass.
+    """
+    items: list[Any] = []
+    cont: str | None = None
+    pages = 0
+    rv = ""
+    while True:
+        kwargs: dict[str, Any] = {"limit": page_size}
+        if cont:
+            kwargs["_continue"] = cont
+        body = fetch(**kwargs)
+        pages += 1
+        meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        page = body.get("items")
+        if page is not None and not isinstance(page, list):
+            raise WatchError(f"list response items is a {type(page).__name__}, not a list")
+        items.extend(map(transform, page or ()) if transform else page or ())
+        del body, page
+        rv = str(meta.get("resourceVersion") or rv)
+        cont = meta.get("continue") or None
+        if not cont:
+            break
+        if stopped():
+            return None
+    if not rv:
+        raise WatchError("list response carries no resourceVersion")
+    return items, rv, pages
+
+
 def _json_object(data: bytes, what: str) -> dict:
     try:
         value = json.loads(data)
@@ -461,6 +489,14 @@ def reflector_for(
     uses "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"; an
     object that stops matching arrives as DELETED). Other options go to Reflector.
     """
+    bound = list_function(api_client, resource, node_name=node_name, label_selector=label_selector)
+    return Reflector(resource, bound, bound, on_event, **options)
+
+
+def list_function(api_client: Any, resource: str, *, node_name: str | None = None,
+                  label_selector: str | None = None) -> ListFunc:
+    """The client's list method for one of RESOURCES, bound to its selectors (see
+    reflector_for); serves LIST and, with watch=True, WATCH."""
     import functools
 
     from kubernetes import client
@@ -479,5 +515,23 @@ def reflector_for(
         selectors["field_selector"] = f"metadata.name={node_name}"
     else:
         raise ValueError(f"unknown resource {resource!r}; expected one of {', '.join(RESOURCES)}")
-    bound = functools.partial(fn, **selectors) if selectors else fn
-    return Reflector(resource, bound, bound, on_event, **options)
+    return functools.partial(fn, **selectors) if selectors else fn
+
+
+def list_once(api_client: Any, resource: str, *, node_name: str | None = None,
+              label_selector: str | None = None, transform: Callable[[dict], Any] | None = None,
+              page_size: int = 500, timeout: tuple[float, float] = (10.0, 60.0)) -> list:
+    """One complete, paginated LIST of a resource (the reflector's LIST without the watch):
+    for one-shot readers such as `kproxy-ebpf check`."""
+    fn = list_function(api_client, resource, node_name=node_name, label_selector=label_selector)
+
+    def fetch(**kwargs: Any) -> dict:
+        resp = fn(_preload_content=False, _request_timeout=timeout, **kwargs)
+        try:
+            return _json_object(resp.data, "list response")
+        finally:
+            resp.release_conn()
+
+    listed = list_pages(fetch, page_size=page_size, transform=transform)
+    assert listed is not None       # never stopped
+    return listed[0]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..model import Node
+from ..model import EndpointSlice, Node, Service
 from .convert import Rejection, node_from_api, service_from_api, slice_from_api
 from .manifests import load_manifests
 
@@ -40,6 +40,48 @@ _CONVERT: dict[str, Callable[[dict], tuple[Any, list[Rejection]]]] = {
 }
 
 
+def _selection(resource: str, node_name: str) -> dict[str, Any]:
+    """What of a resource the agent reads: its own Node; Services and slices for this proxy."""
+    if resource == "node":
+        return {"node_name": node_name}
+    return {"label_selector": PROXY_LABEL_SELECTOR}
+
+
+def list_cluster(api_client: Any, node_name: str
+                 ) -> tuple[Node | None, list[Service], list[EndpointSlice], list[Rejection]]:
+    """One complete list of what ApiSource watches (same selectors, same paginated LIST, same
+    conversion), for one-shot readers such as `kproxy-ebpf check`. The Node is None when the
+    API server does not know it (the agent then runs with the bare configured name)."""
+    from .reflector import list_once
+
+    out: dict[str, list] = {}
+    bad: list[Rejection] = []
+    for resource, kind in ApiSource.RESOURCES.items():
+        out[kind] = []
+        for _, obj, rej in list_once(api_client, resource, transform=_listed(kind),
+                                     **_selection(resource, node_name)):
+            bad += rej
+            if obj is not None:
+                out[kind].append(obj)
+    nodes = out["Node"]
+    return (nodes[0] if nodes else None), out["Service"], out["EndpointSlice"], bad
+
+
+def _listed(kind: str) -> Callable[[dict], tuple[tuple[str, str], Any, list[Rejection]]]:
+    """The reflector's LIST transform: (key, model object or None, rejections) of one listed
+    object, made while its page is at hand, so the JSON of a whole LIST is never held."""
+    convert = _CONVERT[kind]
+
+    def transform(raw: dict) -> tuple[tuple[str, str], Any, list[Rejection]]:
+        obj, rej = convert(raw)
+        if obj is not None:
+            return (getattr(obj, "namespace", ""), obj.name), obj, rej
+        meta = raw.get("metadata") if isinstance(raw, dict) else None
+        meta = meta if isinstance(meta, dict) else {}
+        return (meta.get("namespace") or "", meta.get("name") or ""), None, rej
+    return transform
+
+
 class ApiSource:
     """One reflector per resource; `synced` once each has delivered its first list."""
 
@@ -51,10 +93,9 @@ class ApiSource:
         self.sink = sink
         self.reflectors = {}
         for resource, kind in self.RESOURCES.items():
-            opts: dict[str, Any] = {"node_name": node_name} if resource == "node" else {
-                "label_selector": PROXY_LABEL_SELECTOR}
             self.reflectors[resource] = reflector_for(
-                api_client, resource, self._handler(kind), on_contact=self._wake_all, **opts)
+                api_client, resource, self._handler(kind), on_contact=self._wake_all,
+                transform=_listed(kind), **_selection(resource, node_name))
 
     def _wake_all(self) -> None:
         """One reflector got through after failures: the API server is back, so the others
@@ -68,15 +109,12 @@ class ApiSource:
         def on_event(etype: str, payload: Any) -> None:
             if etype == "SYNC":
                 objs, bad, keep = [], [], set()
-                for raw in payload:
-                    obj, rej = convert(raw)
+                for key, obj, rej in payload:       # converted page by page: see _listed()
                     bad.extend(rej)
                     if obj is not None:
                         objs.append(obj)
                     else:
-                        meta = raw.get("metadata") if isinstance(raw, dict) else None
-                        meta = meta if isinstance(meta, dict) else {}
-                        keep.add((meta.get("namespace") or "", meta.get("name") or ""))
+                        keep.add(key)
                 if bad:
                     self.sink.rejected(bad)
                 self.sink.replace(kind, objs, keep)

@@ -19,7 +19,7 @@ from ..model import EndpointSlice, Protocol
 PortKey = tuple[str, Protocol]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EndpointInfo:
     """One endpoint of one service port, with conditions already defaulted."""
     ip: str

@@ -3,8 +3,9 @@
 Change tracking follows kube-proxy's ServiceChangeTracker / EndpointSliceCache idea: objects are
 stored as they arrive, an update that changes nothing the proxy reads (same value apart from
 resourceVersion) is dropped, and only Services touched since the last compute() are recomputed.
-The result of each Service is cached, so compute() costs O(changed services) plus a copy of the
-frontend table.
+The result of each Service is cached, and so are the current problems, so compute() costs
+O(changed services): the table goes out as a read-only view, never as a copy, and nothing walks
+the Services that did not change. A fill of N Services is therefore O(N), not O(N^2).
 
 Two Services may claim the same ip:port/protocol (the same externalIP, an LB IP equal to a node
 address, ...). The table must still be deterministic and the same on every node and after every
@@ -15,8 +16,10 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, KeysView, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from ..desired import Frontend, Problem, ServicePortName
 from ..model import EndpointSlice, Node, Protocol, Service
@@ -30,11 +33,19 @@ FrontendKey = tuple[str, int, Protocol]      # (ip, port, protocol)
 
 @dataclass(frozen=True)
 class ChangeSet:
-    """What compute() produced."""
-    frontends: dict[FrontendKey, Frontend]   # the ENTIRE desired table (a copy)
+    """What compute() produced.
+
+    `frontends` is a read-only view of the ENTIRE desired table, not a copy: it follows the
+    state, so it holds this compute's result until the next compute() (the agent computes and
+    applies on one thread). Readers that keep it longer must copy it.
+    """
+    frontends: Mapping[FrontendKey, Frontend]
     changed_keys: frozenset[FrontendKey]     # keys added, changed or removed by this compute
     changed_services: frozenset[ServiceKey]  # own frontends changed, or won/lost a key
-    problems: list[Problem]                  # current problems of recomputed/affected services
+    problems: list[Problem]                  # current problems of the `reported` services
+    # Services whose problems were re-evaluated: one listed here without an entry in
+    # `problems` has none any more. Problems of every other Service are as they were.
+    reported: frozenset[ServiceKey] = frozenset()
 
 
 def _same(old: object, new: object) -> bool:
@@ -68,6 +79,11 @@ class ProxyState:
         # Claimants of each frontend key, sorted: owners[k][0] wins.
         self._owners: dict[FrontendKey, list[ServiceKey]] = {}
         self._merged: dict[FrontendKey, Frontend] = {}
+        self._view = MappingProxyType(self._merged)
+        # Current problems (own and conflicts) of each Service that has any, kept up to date
+        # by compute() for the Services it touched, and their number by reason.
+        self._problems: dict[ServiceKey, list[Problem]] = {}
+        self._problem_counts: Counter[str] = Counter()
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -81,6 +97,19 @@ class ProxyState:
         if self._all_dirty:
             return frozenset(self._dirty | set(self._services) | set(self._raw))
         return frozenset(self._dirty)
+
+    @property
+    def pending(self) -> int:
+        """len(dirty), in O(1) unless a node change made everything dirty."""
+        return len(self.dirty) if self._all_dirty else len(self._dirty)
+
+    def service_keys(self) -> KeysView[ServiceKey]:
+        """The Services held (a live view)."""
+        return self._services.keys()
+
+    def slice_keys(self) -> KeysView[SliceKey]:
+        """The EndpointSlices held (a live view)."""
+        return self._slices.keys()
 
     def set_node(self, node: Node) -> bool:
         changed = _node_view(self._node) != _node_view(node)
@@ -160,9 +189,12 @@ class ProxyState:
         return out
 
     def problems(self) -> list[Problem]:
-        """Every current problem as of the last compute()."""
-        keys = set(self._own_problems) | set(self._raw)
-        return [p for k in sorted(keys) for p in self._problems_of(k)]
+        """Every current problem as of the last compute(), in Service order. O(problems)."""
+        return [p for k in sorted(self._problems) for p in self._problems[k]]
+
+    def problem_counts(self) -> Mapping[str, int]:
+        """Current problems by reason (a live read-only view). O(1)."""
+        return MappingProxyType(self._problem_counts)
 
     def _node_or_blank(self) -> Node:
         return self._node if self._node is not None else Node(name="")
@@ -181,8 +213,18 @@ class ProxyState:
 
     # -- compute --------------------------------------------------------------------------------
 
+    def _set_problems(self, key: ServiceKey, probs: list[Problem]) -> None:
+        for p in self._problems.pop(key, ()):
+            self._problem_counts[p.reason] -= 1
+            if not self._problem_counts[p.reason]:
+                del self._problem_counts[p.reason]
+        if probs:
+            self._problems[key] = probs
+            self._problem_counts.update(p.reason for p in probs)
+
     def compute(self, full: bool = False) -> ChangeSet:
-        """Recompute the dirty Services (all with full=True) and return the whole table."""
+        """Recompute the dirty Services (all with full=True) and return the whole table (as a
+        read-only view). The work is proportional to the Services recomputed."""
         targets = set(self._dirty)
         if full or self._all_dirty:
             targets |= set(self._services) | set(self._raw) | set(self._own_problems)
@@ -238,9 +280,14 @@ class ProxyState:
                     if fe is not None:
                         changed_services.add((fe.service.namespace, fe.service.name))
 
-        problems = [p for k in sorted(report) for p in self._problems_of(k)]
-        return ChangeSet(frontends=dict(self._merged), changed_keys=frozenset(changed_keys),
-                         changed_services=frozenset(changed_services), problems=problems)
+        problems: list[Problem] = []
+        for k in sorted(report):
+            probs = self._problems_of(k)
+            self._set_problems(k, probs)
+            problems += probs
+        return ChangeSet(frontends=self._view, changed_keys=frozenset(changed_keys),
+                         changed_services=frozenset(changed_services), problems=problems,
+                         reported=frozenset(report))
 
     def load(self, services: Iterable[Service] = (), slices: Iterable[EndpointSlice] = ()) -> None:
         """Convenience for tests and the CLI: upsert many objects."""

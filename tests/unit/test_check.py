@@ -1,5 +1,12 @@
 """`check`: desired frontends against what the maps hold (as reader.services() decodes it)."""
-from kproxy_ebpf.check import compare
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from kproxy_ebpf.check import compare, desired_for
+from kproxy_ebpf.config import AgentConfig
+from kproxy_ebpf.kube.sources import PROXY_LABEL_SELECTOR
 from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, ServicePortName
 from kproxy_ebpf.model import Protocol
 
@@ -30,3 +37,121 @@ def test_missing_stale_and_different():
     drifts = {(d.what, d.frontend) for d in compare({a.key: a, b.key: b}, kernel)}
     assert drifts == {("different", "10.96.0.10:80/TCP"), ("missing", "10.96.0.11:80/TCP"),
                       ("stale", "10.96.0.12:80/TCP")}
+
+
+# -- the cluster side: the agent's list code and the agent's configuration ------------------------
+
+class FakeResponse:
+    def __init__(self, body: dict) -> None:
+        self.data = json.dumps(body).encode()
+
+    def release_conn(self) -> None:
+        pass
+
+
+class FakeCluster:
+    """kubernetes.client's CoreV1Api/DiscoveryV1Api for 5 Services with one slice each,
+    serving at most 2 items per page (whatever `limit` says) so that paging is exercised."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict]] = []
+        ips = [f"10.96.0.{i}" for i in range(1, 6)]
+        self.items = {
+            "services": [{"metadata": {"namespace": "default", "name": f"s{i}"},
+                          "spec": {"clusterIP": ip, "ports": [{"port": 80}]}}
+                         for i, ip in enumerate(ips)],
+            "endpointslices": [{"metadata": {"namespace": "default", "name": f"s{i}-x",
+                                             "labels": {"kubernetes.io/service-name": f"s{i}"}},
+                                "addressType": "IPv4", "ports": [{"name": "", "port": 8080}],
+                                "endpoints": [{"addresses": [f"10.244.0.{i + 1}"]}]}
+                               for i in range(5)],
+            "nodes": [{"metadata": {"name": "node-a"},
+                       "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.1"}]}}],
+        }
+
+    def _list(self, what: str, _preload_content=True, _continue=None, limit=None, **kw):
+        assert _preload_content is False            # raw JSON, as the reflector reads it
+        self.calls.append((what, {"_continue": _continue, "limit": limit, **kw}))
+        start = int(_continue or 0)
+        meta = {"resourceVersion": "42"}
+        if start + 2 < len(self.items[what]):
+            meta["continue"] = str(start + 2)
+        return FakeResponse({"metadata": meta, "items": self.items[what][start:start + 2]})
+
+    def api(self, api_client):
+        cluster = self
+
+        class Api:
+            def list_service_for_all_namespaces(self, **kw):
+                return cluster._list("services", **kw)
+
+            def list_endpoint_slice_for_all_namespaces(self, **kw):
+                return cluster._list("endpointslices", **kw)
+
+            def list_node(self, **kw):
+                return cluster._list("nodes", **kw)
+        return Api()
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    import kubernetes.client
+
+    from kproxy_ebpf.kube import client as kube_client
+    fake = FakeCluster()
+    fake.clients = []
+    monkeypatch.setattr(kubernetes.client, "CoreV1Api", fake.api)
+    monkeypatch.setattr(kubernetes.client, "DiscoveryV1Api", fake.api)
+    monkeypatch.setattr(kube_client, "make_api_client",
+                        lambda **kw: fake.clients.append(kw) or object())
+    return fake
+
+
+def test_check_lists_through_kube_with_pagination_and_the_agent_selectors(cluster):
+    cfg = AgentConfig(hostname_override="node-a")
+    desired = desired_for(cfg)
+    assert sorted(ip for ip, _, _ in desired) == [f"10.96.0.{i}" for i in range(1, 6)]
+    assert all(fe.action is Action.FORWARD for fe in desired.values())
+    pages = [(what, kw["_continue"]) for what, kw in cluster.calls]
+    assert pages == [("services", None), ("services", "2"), ("services", "4"),
+                     ("endpointslices", None), ("endpointslices", "2"), ("endpointslices", "4"),
+                     ("nodes", None)]
+    by_what = {what: kw for what, kw in cluster.calls}
+    assert by_what["services"]["label_selector"] == PROXY_LABEL_SELECTOR
+    assert by_what["endpointslices"]["label_selector"] == PROXY_LABEL_SELECTOR
+    assert by_what["nodes"]["field_selector"] == "metadata.name=node-a"
+
+
+def test_check_honours_the_agent_config_file(cluster, tmp_path, monkeypatch):
+    from kproxy_ebpf import cli
+    from kproxy_ebpf.datapath import reader
+
+    config = tmp_path / "agent.yaml"
+    config.write_text("kubeconfig: /etc/kproxy/kubeconfig\nmaster: 10.0.0.1:6443\n"
+                      "hostnameOverride: Node-A\nbpffsDir: /sys/fs/bpf/kproxy-test\n")
+    opened = []
+    monkeypatch.setattr(cli, "_open_maps", lambda d: opened.append(d) or {})
+    monkeypatch.setattr(reader, "services", lambda maps: [])
+    result = CliRunner().invoke(cli.main, ["check", "--config", str(config)])
+    assert result.exit_code == 1, result.output          # nothing programmed: 5 missing
+    assert "5 frontends expected, 5 differences" in result.output
+    assert cluster.clients == [{"kubeconfig": "/etc/kproxy/kubeconfig", "master": "10.0.0.1:6443"}]
+    assert ("nodes", "metadata.name=node-a") in [(w, kw.get("field_selector"))
+                                                  for w, kw in cluster.calls]
+    assert opened == ["/sys/fs/bpf/kproxy-test"]
+    # Flags win over the file, as with `run`.
+    opened.clear()
+    CliRunner().invoke(cli.main, ["check", "--config", str(config), "--bpffs-dir", "/x",
+                                  "--master", "10.0.0.2:6443"])
+    assert opened == ["/x"] and cluster.clients[-1]["master"] == "10.0.0.2:6443"
+
+
+def test_check_with_manifests_from_the_config(tmp_path):
+    (tmp_path / "web.yaml").write_text(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\n"
+        "spec: {clusterIP: 10.96.0.10, ports: [{port: 80}]}\n")
+    config = tmp_path / "agent.yaml"
+    config.write_text(f"hostnameOverride: node-a\nmanifests: [{tmp_path / 'web.yaml'}]\n")
+    from kproxy_ebpf.config import load
+    desired = desired_for(load(str(config), env={}))
+    assert [(k, fe.action) for k, fe in desired.items()] == [(("10.96.0.10", 80, TCP), Action.REJECT)]

@@ -277,6 +277,25 @@ def test_paginated_list_delivers_exactly_one_sync_with_all_items():
     assert first_watch["_request_timeout"] == (refl.connect_timeout, first_watch["timeout_seconds"] + 30)
 
 
+def test_transform_converts_each_page_as_it_arrives():
+    """With a transform, the SYNC carries its results and no page outlives its conversion
+    (the LIST of 10k slices must not be held as JSON); watch events still carry the JSON."""
+    converted: list[tuple[str, int]] = []
+
+    def transform(o: dict) -> str:
+        converted.append((o["metadata"]["name"], len(api.list_calls)))
+        return o["metadata"]["name"].upper()
+
+    api = FakeAPI(lists=[page([obj("a", "5"), obj("b", "7")], rv="100", cont="tok-1"),
+                         page([obj("c", "9")], rv="100")],
+                  watches=[watch(ev("ADDED", obj("d", "101")))])
+    refl, seen = drive(api, transform=transform)
+    # Each object was converted before the next page was requested.
+    assert converted == [("a", 1), ("b", 1), ("c", 2)]
+    assert seen[0] == (SYNC, ["A", "B", "C"])
+    assert seen[1][0] == "ADDED" and seen[1][1]["metadata"]["name"] == "d"
+
+
 def test_empty_list_still_syncs():
     api = FakeAPI(lists=[FakeResponse(body=b'{"metadata": {"resourceVersion": "3"}, "items": null}')])
     refl, seen = drive(api)

@@ -1,0 +1,252 @@
+"""A partial sync does work proportional to the change, not to the cluster (issues 6 and 11).
+
+The agent's real sync (Agent._sync: ProxyState.compute, problem reports, metrics, the real
+MapWriter on in-memory maps) runs one change at a time on a cluster of 100 and of 10,000
+unchanged Services. What it does is counted, not timed:
+
+- Services recomputed and frontends built by the policy code,
+- problem evaluations (a walk of every Service for problems was O(N) per sync),
+- reads of the desired table by the writer, and whether it iterated the whole table,
+- the writer's map operations (put/delete on the fake maps),
+- Python lines executed in the whole sync (catches any loop over the Services, wherever it is),
+- the peak of memory allocated during the sync (catches C-level copies: dict(table), sorted(...)).
+
+Every count must be the same for both cluster sizes (lines and memory within a small margin
+for hash-order details); before the fix, the table copy and the problem walk made several of
+them grow 100-fold.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import tracemalloc
+from collections.abc import Mapping
+
+import pytest
+
+from kproxy_ebpf import agent as agent_mod
+from kproxy_ebpf.agent import Agent
+from kproxy_ebpf.config import AgentConfig
+from kproxy_ebpf.datapath import layout as L
+from kproxy_ebpf.datapath.writer import MapWriter
+from kproxy_ebpf.model import (Endpoint, EndpointPort, EndpointSlice, Node, Protocol, Service,
+                               ServicePort)
+from kproxy_ebpf.proxy import state as state_mod
+
+from .test_writer import FakeMap
+
+TCP = Protocol.TCP
+NODE = "node-a"
+
+
+def service(i: int, **kw) -> Service:
+    kw.setdefault("ports", (ServicePort("http", TCP, 80),))
+    return Service(namespace="ns", name=f"svc-{i}", cluster_ips=(f"172.{30 + (i >> 16)}.{(i >> 8) & 255}.{i & 255}",),
+                   resource_version="1", **kw)
+
+
+def endpoint_slice(i: int, ready: tuple[bool, ...] = (True, True, True)) -> EndpointSlice:
+    return EndpointSlice(
+        namespace="ns", name=f"svc-{i}-abc", service_name=f"svc-{i}",
+        ports=(EndpointPort("http", TCP, 8080),),
+        endpoints=tuple(Endpoint(addresses=(f"10.{i >> 8 & 255}.{i & 255}.{e + 1}",), ready=r,
+                                 node_name="node-b") for e, r in enumerate(ready)))
+
+
+class CountingTable(Mapping):
+    """The desired table as the writer sees it, counting what it reads."""
+
+    def __init__(self, table: Mapping, counts: dict) -> None:
+        self.table, self.counts = table, counts
+
+    def __getitem__(self, key):
+        self.counts["table_reads"] += 1
+        return self.table[key]
+
+    def __contains__(self, key) -> bool:
+        self.counts["table_reads"] += 1
+        return key in self.table
+
+    def __iter__(self):
+        self.counts["table_walks"] += 1
+        return iter(self.table)
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+
+class Harness:
+    def __init__(self, n: int, monkeypatch) -> None:
+        cfg = AgentConfig(hostname_override=NODE, cgroup="/nonexistent/kproxy-unit",
+                          bpffs_dir="/nonexistent/kproxy-unit", healthz_bind_address="",
+                          metrics_bind_address="")  # never loaded: the writer gets fake maps
+        self.agent = Agent(cfg)
+        self.maps = {name: FakeMap(spec, max_entries=100_000) for name, spec in L.MAPS.items()
+                     if name in ("svc", "backend", "meta")}
+        self.agent.datapath.maps = self.maps
+        self.agent.writer = MapWriter(self.maps)
+        self.counts = dict.fromkeys(("recomputed", "frontends", "problem_evals", "table_reads",
+                                     "table_walks"), 0)
+        self._spy(monkeypatch)
+        self.agent.replace("Node", [Node(NODE, addresses=("192.168.0.1",))])
+        # Unchanged Services: one with a problem (a bad port), the rest healthy.
+        self.agent.replace("Service", [service(i) for i in range(n)]
+                           + [service(n, ports=(ServicePort("x", TCP, 0),))])
+        self.agent.replace("EndpointSlice", [endpoint_slice(i) for i in range(n)])
+        assert self.agent._sync(True)
+        assert len(self.agent.writer.programmed) == n
+
+    def _spy(self, monkeypatch) -> None:
+        counts = self.counts
+        real_frontends, real_problems = state_mod.service_frontends, state_mod.ProxyState._problems_of
+        real_apply = MapWriter.apply
+
+        def service_frontends(*args, **kw):
+            fronts, probs = real_frontends(*args, **kw)
+            counts["recomputed"] += 1
+            counts["frontends"] += len(fronts)
+            return fronts, probs
+
+        def problems_of(state, key):
+            counts["problem_evals"] += 1
+            return real_problems(state, key)
+
+        def apply(writer, desired, candidates=None):
+            return real_apply(writer, CountingTable(desired, counts), candidates)
+
+        monkeypatch.setattr(state_mod, "service_frontends", service_frontends)
+        monkeypatch.setattr(state_mod.ProxyState, "_problems_of", problems_of)
+        monkeypatch.setattr(MapWriter, "apply", apply)
+        # Row gauges are refreshed by time (ROW_COUNT_EVERY), never on a partial sync here.
+        monkeypatch.setattr(agent_mod, "ROW_COUNT_EVERY", float("inf"))
+
+    def measure(self, change) -> dict:
+        """Apply `change` (through the agent's sink) and one partial sync; what it cost."""
+        for k in self.counts:
+            self.counts[k] = 0
+        ops_before = sum(len(m.ops) for m in self.maps.values())
+        lines = 0
+
+        def tracer(frame, event, arg):
+            nonlocal lines
+            if event == "line":
+                lines += 1
+            return tracer
+
+        change(self.agent)
+        tracemalloc.start()
+        sys.settrace(tracer)
+        try:
+            assert self.agent._sync(False)
+        finally:
+            sys.settrace(None)
+            _, peak = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+        return {**self.counts, "map_ops": sum(len(m.ops) for m in self.maps.values()) - ops_before,
+                "lines": lines, "peak_bytes": peak}
+
+
+CHANGES = {
+    "endpoint turns unready": lambda a: a.upsert("EndpointSlice", endpoint_slice(7, (True, False, True))),
+    "endpoint added": lambda a: a.upsert("EndpointSlice", endpoint_slice(7, (True, True, True, True))),
+    "service added": lambda a: (a.upsert("Service", service(20_000)),
+                                a.upsert("EndpointSlice", endpoint_slice(20_000))),
+    "service deleted": lambda a: a.delete("Service", "ns", "svc-3"),
+    "service gets a problem": lambda a: a.upsert("Service", service(5, external_ips=("bad",))),
+}
+
+
+@pytest.fixture(scope="module")
+def costs():
+    """The cost of each change at 100 and at 10,000 unchanged Services."""
+    mp = pytest.MonkeyPatch()
+    try:
+        out = {}
+        for n in (100, 10_000):
+            h = Harness(n, mp)
+            out[n] = {name: h.measure(change) for name, change in CHANGES.items()}
+        return out
+    finally:
+        mp.undo()
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_partial_sync_work_does_not_grow_with_unchanged_services(costs, change):
+    small, large = costs[100][change], costs[10_000][change]
+    exact = ("recomputed", "frontends", "problem_evals", "table_reads", "table_walks", "map_ops")
+    assert {k: large[k] for k in exact} == {k: small[k] for k in exact}
+    assert large["table_walks"] == 0            # the writer never iterates the whole table
+    assert large["recomputed"] <= 2             # only the changed Service(s)
+    # Whole-sync measures: any loop over the Services or copy of the table is 100x here.
+    assert large["lines"] <= small["lines"] * 1.2 + 50
+    assert large["peak_bytes"] <= small["peak_bytes"] * 1.5 + 32_768
+
+
+def test_the_changes_were_done(costs):
+    """The counted syncs did real work (a test that counts nothing proves nothing)."""
+    for change, cost in costs[10_000].items():
+        assert cost["problem_evals"] >= 1, change
+        if change != "service gets a problem":      # same frontends, only a new problem
+            assert cost["map_ops"] > 0, change
+        if change != "service deleted":             # nothing left to compute
+            assert cost["recomputed"] >= 1, change
+
+
+def test_problems_are_told_once_while_current_and_again_when_they_return(monkeypatch, caplog):
+    """Incremental problem reports behave as the whole-list ones did."""
+    h = Harness(3, monkeypatch)
+    told = lambda: [r.getMessage() for r in caplog.records if "not an IP address" in r.getMessage()]
+    bad, good = service(1, external_ips=("bad",)), service(1)
+    for change, expected in ((lambda a: a.upsert("Service", bad), 1),
+                             (lambda a: a.upsert("EndpointSlice", endpoint_slice(2, (False,))), 1),
+                             (lambda a: a.upsert("Service", dataclasses.replace(bad, resource_version="2")), 1),
+                             (lambda a: a.upsert("Service", good), 1),
+                             (lambda a: a.upsert("Service", bad), 2)):
+        h.measure(change)
+        assert len(told()) == expected
+    assert dict(h.agent.state.problem_counts()) == {"InvalidIP": 1, "InvalidPort": 1}
+    h.measure(lambda a: a.delete("Service", "ns", "svc-1"))
+    assert dict(h.agent.state.problem_counts()) == {"InvalidPort": 1}
+    assert set(h.agent._reported) == {("ns", "svc-3")}
+
+
+def test_a_full_map_is_retried_by_time_not_on_every_sync(monkeypatch, caplog):
+    """Frontends that did not fit are retried at most every FULL_MAP_RETRY_EVERY seconds by
+    partial syncs (full syncs diff everything), and the log says so in a bounded number of
+    lines: at 10k Services a full map used to be retried and logged per frontend per sync."""
+    candidates: list[set] = []
+    real_apply = MapWriter.apply
+
+    def apply(writer, desired, keys=None):
+        candidates.append(None if keys is None else set(keys))
+        return real_apply(writer, desired, keys)
+    monkeypatch.setattr(MapWriter, "apply", apply)
+    h = Harness.__new__(Harness)
+    h.agent = Agent(AgentConfig(hostname_override=NODE, cgroup="/nonexistent/kproxy-unit",
+                                bpffs_dir="/nonexistent/kproxy-unit"))
+    h.maps = {name: FakeMap(spec, max_entries=5 * 4 if name == "svc" else 1000)
+              for name, spec in L.MAPS.items() if name in ("svc", "backend", "meta")}
+    h.agent.datapath.maps = h.maps
+    h.agent.writer = MapWriter(h.maps)
+    h.agent.replace("Service", [service(i) for i in range(20)])
+    h.agent.replace("EndpointSlice", [endpoint_slice(i) for i in range(20)])
+    assert not h.agent._sync(True)                 # 5 of 20 fit (4 rows each)
+    failed = set(h.agent._retry)
+    assert len(failed) == 15 and h.agent._retry_map_full
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == agent_mod.ERROR_LINES + 1 and "15 more" not in errors[-1].getMessage()
+    assert "raise their size" in errors[-1].getMessage()
+
+    h.agent.upsert("EndpointSlice", endpoint_slice(0, (True, False, True)))
+    h.agent._sync(False)
+    assert candidates[-1] & failed == set()        # not retried 200 ms later
+    assert h.agent._retry == failed                # ...and not forgotten
+    h.agent._retry_at = 0.0                        # FULL_MAP_RETRY_EVERY has passed
+    h.agent.upsert("EndpointSlice", endpoint_slice(0))
+    h.agent._sync(False)
+    assert failed <= candidates[-1]
+    h.agent.delete("Service", "ns", "svc-0")       # room for one more (the writer deletes
+    h.agent._sync(False)                           # after it writes): the next retry gets it in
+    h.agent._retry_at = 0.0
+    h.agent._sync(False)
+    assert len(h.agent._retry) == 14 and h.agent._retry < failed
