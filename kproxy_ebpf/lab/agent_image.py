@@ -291,7 +291,7 @@ def mount_flags(spec: AgentSpec, node: NodeInfo, files_dir: Path) -> list[str]:
 
 
 def podman_argv(spec: AgentSpec, lab: str, node: NodeInfo, netns_path: str, files_dir: Path,
-                env: dict[str, str]) -> list[str]:
+                sa_dir: Path, env: dict[str, str]) -> list[str]:
     """`podman run` for one node's agent (attached: the lab records the podman process, and
     SIGTERM to it reaches the agent through podman's signal proxy)."""
     nofile = os.sysconf("SC_OPEN_MAX")
@@ -302,7 +302,7 @@ def podman_argv(spec: AgentSpec, lab: str, node: NodeInfo, netns_path: str, file
             "--ulimit", f"nofile={nofile}:{nofile}", "--ulimit", f"nproc={NPROC}:{NPROC}",
             "--pull", "never",
             *security_flags(spec.security), *mount_flags(spec, node, files_dir),
-            "-v", f"{files_dir / 'serviceaccount'}:{SA_DIR}:ro"]
+            "-v", f"{sa_dir}:{SA_DIR}:ro"]
     if spec.memory_limit:
         argv += ["--memory", str(_memory_bytes(spec.memory_limit))]
     for key, value in env.items():
@@ -378,14 +378,21 @@ def prepare(cluster: Cluster, image: str | None = None) -> AgentSpec:
     return spec
 
 
-def start_argv(cluster: Cluster, node: str) -> list[str]:
+def start_command(cluster: Cluster, node: str) -> tuple[list[str], dict[str, str]]:
+    """argv and environment of the `podman run` for this node's agent."""
     d = _files_dir(cluster)
     spec = AgentSpec.from_json((d / "spec.json").read_text())
     info = cluster.lab.node(node)
     env = resolve_env(spec, info, json.loads((d / "service-env.json").read_text()))
     from .nsutil import netns_path
 
-    return podman_argv(spec, cluster.lab.name, info, netns_path(info.netns), d / node, env)
+    argv = podman_argv(spec, cluster.lab.name, info, netns_path(info.netns), d / node,
+                       d / "serviceaccount", env)
+    # podman's default sysctls (net.ipv4.ping_group_range) are refused by runc in a network
+    # namespace the container does not own; a pod with hostNetwork gets none either.
+    conf = d / "containers.conf"
+    conf.write_text("[containers]\ndefault_sysctls = []\n")
+    return argv, {**os.environ, "CONTAINERS_CONF": str(conf)}
 
 
 def remove_containers(lab: str) -> list[str]:

@@ -182,8 +182,9 @@ class Cluster:
         if mode == "none":
             return 0
         info = self.lab.node(node)
+        env = None
         if mode == "kproxy" and self.info.agent == "image":
-            argv = agent_image.start_argv(self, node)
+            argv, env = agent_image.start_command(self, node)
         elif mode == "kproxy":
             argv = [sys.executable, "-m", "kproxy_ebpf.cli", "run",
                     "--kubeconfig", self.info.lab_kubeconfig, "--hostname-override", node,
@@ -193,7 +194,7 @@ class Cluster:
         else:
             argv = [str(ensure_binaries(build=False) / "kube-proxy"),
                     f"--config={self._kube_proxy_config(node, mode)}"]
-        return self.lab.spawn(f"node/{node}", argv, self.proxy_name(node)).pid
+        return self.lab.spawn(f"node/{node}", argv, self.proxy_name(node), env=env).pid
 
     def stop_proxy(self, node: str, hard: bool = False) -> None:
         """Stops the node's proxy (SIGTERM, or SIGKILL with hard=True)."""

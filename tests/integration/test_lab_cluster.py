@@ -9,6 +9,7 @@ server from 10.96.0.0/16.
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import Counter
@@ -22,15 +23,19 @@ from ..support import require_controlplane, wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 
-MODES = ["kproxy", "iptables", "nftables"]
+# "image": our agent from the container image with the Helm chart's DaemonSet pod spec
+# (capabilities, mounts, ServiceAccount token, config), not privileged (make image).
+MODES = {"kproxy": ("kproxy", "process"), "image": ("kproxy", "image"),
+         "iptables": ("iptables", "process"), "nftables": ("nftables", "process")}
 
 
-@pytest.fixture(scope="module", params=MODES)
+@pytest.fixture(scope="module", params=list(MODES))
 def cluster(request):
     require_controlplane()
+    proxy, agent = MODES[request.param]
     c = Cluster(f"it-{request.param}")
     c.down()
-    c.up(nodes=2, proxy=request.param)
+    c.up(nodes=2, proxy=proxy, agent=agent)
     try:
         c.create_pod("client", "node1", ports=(("tcp", 8080),))
         yield c
@@ -126,3 +131,21 @@ def test_deleted_service_stops_answering(cluster):
     if cluster.info.proxy == "kproxy":
         assert result == ["ERROR ENETUNREACH"] * 3
     cluster.delete_pod("gone-1")
+
+
+def test_the_charts_helm_test_pod_reaches_the_kubernetes_clusterip(cluster):
+    """The chart's `helm test` hook, run from a lab pod: the API server through the
+    `kubernetes` Service's ClusterIP (the kubelet's KUBERNETES_SERVICE_HOST/PORT)."""
+    from kproxy_ebpf.lab import agent_image
+
+    (pod,) = agent_image.helm_template({}, extra_args=(
+        "--show-only", "templates/tests/test-clusterip.yaml"))
+    command = pod["spec"]["containers"][0]["command"]
+    svc = client.CoreV1Api(cluster.api()).read_namespaced_service("kubernetes", "default")
+    env = {"KUBERNETES_SERVICE_HOST": svc.spec.cluster_ip,
+           "KUBERNETES_SERVICE_PORT": str(svc.spec.ports[0].port)}
+    # The image's python is the host's here (the lab pod is a namespace, not a container).
+    r = cluster.lab.exec("pod/client", [sys.executable, *command[1:]], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"ClusterIP {svc.spec.cluster_ip}:443 answered: v1." in r.stdout
