@@ -37,9 +37,9 @@ OWN_CHAINS = {
 SERVICE_CHAIN_PREFIXES = ("KUBE-SVC-", "KUBE-SVL-", "KUBE-SEP-", "KUBE-FW-", "KUBE-EXT-")
 NFT_TABLE = "kube-proxy"
 NFT_FAMILIES = ("ip", "ip6")
-# (save, restore) per iptables backend and family; the ones installed are used.
-IPTABLES_TOOLS = [(f"{fam}tables-{backend}-save", f"{fam}tables-{backend}-restore")
-                  for backend in ("legacy", "nft") for fam in ("ip", "ip6")]
+# (family, backend) pairs; the ones whose tools are installed are used.
+IPTABLES_BACKENDS = [(fam, backend) for backend in ("legacy", "nft") for fam in ("ip", "ip6")]
+TABLES = ("nat", "filter", "mangle")
 
 
 class CleanupError(RuntimeError):
@@ -98,12 +98,27 @@ def _run(argv: list[str], stdin: str | None = None) -> subprocess.CompletedProce
     return subprocess.run(argv, input=stdin, capture_output=True, text=True)
 
 
+def _tables(family: str, backend: str) -> tuple[str, ...]:
+    """The tables to look at. Legacy: only those that exist in this namespace (listing one
+    with `-t` would instantiate it, leaving empty legacy tables behind); nft: listing creates
+    nothing."""
+    if backend == "nft":
+        return TABLES
+    try:
+        with open(f"/proc/net/{family}_tables_names") as f:
+            present = set(f.read().split())
+    except FileNotFoundError:
+        return ()
+    return tuple(t for t in TABLES if t in present)
+
+
 def cleanup_iptables(report: Report, dry_run: bool = False) -> None:
-    for save, restore in IPTABLES_TOOLS:
+    for family, kind in IPTABLES_BACKENDS:
+        backend = f"{family}tables-{kind}"
+        save, restore = f"{backend}-save", f"{backend}-restore"
         if not (shutil.which(save) and shutil.which(restore)):
             continue
-        backend = save.removesuffix("-save")
-        for table in ("nat", "filter", "mangle"):
+        for table in _tables(family, kind):
             r = _run([save, "-t", table])
             if r.returncode != 0:
                 # A table that the backend cannot list (module missing) has nothing of ours.
