@@ -395,6 +395,12 @@ def start_command(cluster: Cluster, node: str) -> tuple[list[str], dict[str, str
     return argv, {**os.environ, "CONTAINERS_CONF": str(conf)}
 
 
+def kill(lab: str, node: str) -> None:
+    """SIGKILL to the node's agent (a crash: its pins stay, as with a host process)."""
+    subprocess.run([*PODMAN, "kill", "--signal", "KILL", container_name(lab, node)],
+                   capture_output=True, check=True)
+
+
 def remove_containers(lab: str) -> list[str]:
     """Stops and removes the lab's agent containers; returns problems. (Then, once the lab's
     processes are gone, remove_v1_cgroups().)"""

@@ -200,7 +200,9 @@ class Cluster:
         """Stops the node's proxy (SIGTERM, or SIGKILL with hard=True)."""
         pid = self.proxy_pid(node)
         if pid is not None:
-            if hard:
+            if hard and self.info.agent == "image":
+                agent_image.kill(self.lab.name, node)    # the agent, not the podman client
+            elif hard:
                 os.kill(pid, 9)
             self.lab.kill(pid)
 
