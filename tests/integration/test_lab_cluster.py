@@ -149,3 +149,36 @@ def test_the_charts_helm_test_pod_reaches_the_kubernetes_clusterip(cluster):
                          capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"ClusterIP {svc.spec.cluster_ip}:443 answered: v1." in r.stdout
+
+
+CAPS = {"NET_ADMIN": 12, "BPF": 39}      # linux/capability.h
+
+
+def test_each_proxy_runs_inside_its_nodes_cgroup_and_the_image_agent_as_the_chart_says(cluster):
+    """Every proxy process lives in its node's cgroup (the image agent through podman's
+    --cgroup-parent). The image agent has exactly the chart's capabilities, no more, and no
+    way to gain any (not privileged, no_new_privs)."""
+    import subprocess
+
+    from kproxy_ebpf.lab import agent_image
+
+    (ds,) = [o for o in agent_image.helm_template({}) if o["kind"] == "DaemonSet"]
+    chart_caps = ds["spec"]["template"]["spec"]["containers"][0]["securityContext"][
+        "capabilities"]["add"]
+    for node in cluster.lab.nodes():
+        pid = cluster.proxy_pid(node.name)
+        if cluster.info.agent == "image":          # the recorded pid is the podman client
+            pid = int(subprocess.run(
+                ["podman", "inspect", "-f", "{{.State.Pid}}",
+                 agent_image.container_name(cluster.lab.name, node.name)],
+                capture_output=True, text=True, check=True).stdout)
+        with open(f"/proc/{pid}/cgroup") as f:
+            v2 = next(line.split(":", 2)[2].strip() for line in f if line.startswith("0::"))
+        assert ("/sys/fs/cgroup/unified" + v2).startswith(node.cgroup + "/"), v2
+        if cluster.info.agent == "image":
+            with open(f"/proc/{pid}/status") as f:
+                status = dict(line.split(":", 1) for line in f)
+            want = sum(1 << CAPS[c] for c in chart_caps)
+            for field in ("CapEff", "CapPrm", "CapBnd"):
+                assert int(status[field], 16) == want, (field, status[field])
+            assert status["NoNewPrivs"].strip() == "1"
