@@ -295,7 +295,8 @@ def podman_argv(spec: AgentSpec, lab: str, node: NodeInfo, netns_path: str, file
     """`podman run` for one node's agent (attached: the lab records the podman process, and
     SIGTERM to it reaches the agent through podman's signal proxy)."""
     nofile = os.sysconf("SC_OPEN_MAX")
-    argv = [*PODMAN, "run", "--rm", "--name", container_name(lab, node.name),
+    # --replace: a container of a killed agent may still be on its way out under this name.
+    argv = [*PODMAN, "run", "--rm", "--replace", "--name", container_name(lab, node.name),
             "--network", f"ns:{netns_path}", "--hostname", node.name,
             # Inside the node's cgroup, as a pod's containers are inside the node's.
             "--cgroup-parent", "/" + os.path.relpath(node.cgroup, cgroup_v2_root()) + "/agent",

@@ -73,7 +73,8 @@ def test_daemonset_is_what_an_operator_expects(rendered):
     assert pod["tolerations"] == [{"operator": "Exists"}]
     sec = c["securityContext"]
     assert sec["privileged"] is False
-    assert sec["capabilities"] == {"drop": ["ALL"], "add": ["BPF", "NET_ADMIN"]}
+    assert sec["capabilities"] == {"drop": ["ALL"], "add": ["BPF", "NET_ADMIN", "SYS_ADMIN"]}
+    assert "allowPrivilegeEscalation" not in sec     # the API forbids false with SYS_ADMIN
     assert c["readinessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["livenessProbe"]["httpGet"]["path"] == "/livez"
     env = {e["name"]: e for e in c["env"]}
