@@ -9,12 +9,24 @@ export KPROXY_CACHE ?= /var/cache/kproxy-ebpf
 APT_PACKAGES := python3-bpfcc python3-venv linux-headers-cloud-amd64 bpftool clang llvm \
                 iproute2 iptables nftables openssl procps util-linux ca-certificates
 
-.PHONY: setup apt venv headers k8s test unit datapath integration e2e demo lab-down lint clean
+# The agent image (`make image`) and `lab up --agent image` run it with podman; the base image
+# is made from Debian's packages by mmdebstrap (no registry is reachable).
+IMAGE_APT_PACKAGES := podman runc mmdebstrap uidmap
+IMAGE ?= localhost/kproxy-ebpf:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+
+.PHONY: setup apt venv headers k8s test unit datapath integration e2e demo lab-down lint clean \
+        image image-apt apt-install chart-test kind-up kind-down
 
 setup: apt venv headers k8s
 
 apt:
-	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
+	@$(MAKE) -s apt-install PKGS="$(APT_PACKAGES)"
+
+image-apt:
+	@$(MAKE) -s apt-install PKGS="$(IMAGE_APT_PACKAGES)"
+
+apt-install:
+	@missing=$$(for p in $(PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
 	  | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then echo "apt: installing $$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
@@ -40,7 +52,7 @@ k8s:
 LOCK := flock /run/lock/kproxy-ebpf-tests.lock
 
 # The whole suite: unit, then the root tests (real namespaces, BPF, kube-apiserver).
-test: setup
+test: setup image
 	KPROXY_REQUIRE_ROOT=1 KPROXY_REQUIRE_CONTROLPLANE=1 $(LOCK) $(PY) -m pytest -q tests
 
 unit: venv
@@ -59,6 +71,25 @@ e2e: setup
 # pods, a Service, and a probe through its ClusterIP. `make demo ARGS=--keep` leaves it up.
 demo: setup
 	$(KP) lab demo $(ARGS)
+
+image: image-apt
+	IMAGE=$(IMAGE) tools/image/build.sh
+
+# The chart: helm lint/template with the pinned helm, every rendered flag and config key
+# against `kproxy-ebpf run`, then the real API server (dry-run, install, upgrade, uninstall,
+# RBAC) and the lab's ClusterIP tests with every agent running from the image.
+chart-test: setup image
+	KPROXY_REQUIRE_ROOT=1 KPROXY_REQUIRE_CONTROLPLANE=1 $(LOCK) $(PY) -m pytest -q \
+	  tests/chart tests/integration/test_chart_api.py \
+	  tests/integration/test_lab_cluster.py -k "not kproxy and not iptables and not nftables"
+
+# kind with kube-proxy disabled (needs Docker or podman as kind's provider, and kind itself:
+# neither runs on the development machine, see README "Install on kind").
+kind-up:
+	hack/kind-up.sh
+
+kind-down:
+	hack/kind-down.sh
 
 lab-down: venv
 	$(KP) lab down

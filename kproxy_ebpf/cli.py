@@ -191,6 +191,26 @@ def stats(bpffs_dir: str, output: str) -> None:
             click.echo(f"{k:<14} {v}")
 
 
+# Where status looks for the hooks' cgroup: the host's cgroup v2 mounts (hybrid and unified
+# layouts) and the chart's mount of the node's cgroup root inside the agent container.
+STATUS_CGROUP_ROOTS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup", "/run/kproxy-ebpf/cgroup")
+# The kernel's root cgroup (of the whole machine, not of a cgroup namespace) always has id 1.
+ROOT_CGROUP_ID = 1
+
+
+def _attach_warnings(hooks: list[dict]) -> list[str]:
+    """The known trap of socket-level load balancers on kind (nodes are containers sharing one
+    kernel): hooks on the machine's root cgroup translate the sockets of every node and of the
+    host itself with this one node's view of the cluster."""
+    at_root = [h["hook"] for h in hooks if h.get("pinned") and h.get("cgroup_id") == ROOT_CGROUP_ID]
+    if not at_root:
+        return []
+    return [f"{', '.join(at_root)} attached to the machine's ROOT cgroup: every process on this "
+            "host (other kind nodes sharing the kernel too) gets this node's Service "
+            "translation. Attach to the node's own cgroup (on kind: the node container's "
+            "cgroup namespace root), then `kproxy-ebpf cleanup` and restart the agent."]
+
+
 @main.command()
 @_bpffs_option
 @_output_option
@@ -204,10 +224,12 @@ def status(bpffs_dir: str, output: str, healthz: str) -> None:
     from .datapath import reader
 
     maps_ = _open_maps(bpffs_dir)
-    out = {"bpffs_dir": bpffs_dir, "hooks": reader.hooks(Path(bpffs_dir)),
+    hooks = reader.hooks(Path(bpffs_dir), cgroup_roots=STATUS_CGROUP_ROOTS)
+    out = {"bpffs_dir": bpffs_dir, "hooks": hooks,
            "maps": {k: {"entries": len(m) if not m.spec.percpu else None,
                         "max_entries": m.max_entries} for k, m in maps_.items()},
-           "counters": reader.counters(maps_["stats"])}
+           "counters": reader.counters(maps_["stats"]),
+           "warnings": _attach_warnings(hooks)}
     if healthz:
         try:
             with urllib.request.urlopen(healthz, timeout=2) as r:
@@ -228,6 +250,8 @@ def status(bpffs_dir: str, output: str, healthz: str) -> None:
         click.echo(f"  map {name:<9} {m['entries'] if m['entries'] is not None else '-':>7}"
                    f" / {m['max_entries']}")
     click.echo("  counters: " + ", ".join(f"{k} {v}" for k, v in out["counters"].items()))
+    for warning in out["warnings"]:
+        click.echo(f"WARNING: {warning}")
     if "agent" in out:
         agent = out["agent"]
         state = {200: "healthy", 503: "UNHEALTHY"}.get(agent["status"], "unreachable")
@@ -266,8 +290,16 @@ def check(config_file, **flags) -> None:
 @main.command()
 @_bpffs_option
 @click.option("--yes", is_flag=True, help="Do not ask.")
-def cleanup(bpffs_dir: str, yes: bool) -> None:
+@click.option("--kube-proxy-leftovers", is_flag=True,
+              help="Instead: remove what kube-proxy left in this node's network namespace "
+                   "(its KUBE-* iptables chains, legacy and nft, and its nftables tables), "
+                   "as `kube-proxy --cleanup` does. kproxy's own pins stay.")
+@click.option("--dry-run", is_flag=True, help="With --kube-proxy-leftovers: only list.")
+def cleanup(bpffs_dir: str, yes: bool, kube_proxy_leftovers: bool, dry_run: bool) -> None:
     """Detach the socket hooks and remove the pinned maps (services stop being translated)."""
+    if kube_proxy_leftovers:
+        _cleanup_kube_proxy(yes, dry_run)
+        return
     from .datapath.loader import remove_pins
 
     if not Path(bpffs_dir).exists():
@@ -277,6 +309,23 @@ def cleanup(bpffs_dir: str, yes: bool) -> None:
         click.confirm(f"Detach kproxy from this node and remove {bpffs_dir}?", abort=True)
     for path in remove_pins(Path(bpffs_dir)):
         click.echo(f"removed {path}")
+
+
+def _cleanup_kube_proxy(yes: bool, dry_run: bool) -> None:
+    from . import kubeproxy_cleanup
+
+    if not (yes or dry_run):
+        click.confirm("Remove kube-proxy's iptables chains and nftables tables from this "
+                      "node? (kube-proxy must not be running)", abort=True)
+    report = kubeproxy_cleanup.cleanup(dry_run=dry_run)
+    for item in report.removed:
+        click.echo(f"{'would remove' if dry_run else 'removed'} {item}")
+    if not report.removed:
+        click.echo("no kube-proxy leftovers")
+    for err in report.errors:
+        click.echo(f"error: {err}", err=True)
+    if report.errors:
+        sys.exit(1)
 
 
 def _register_lab() -> None:

@@ -44,11 +44,16 @@ def lab() -> None:
               default="kproxy", show_default=True,
               help="Proxy per node: our agent, or upstream kube-proxy as the baseline.")
 @click.option("--build", is_flag=True, help="Build missing control-plane binaries (tools/k8s).")
-def up(lab_name: str, nodes: int, proxy: str, build: bool) -> None:
+@click.option("--agent", type=click.Choice(["process", "image"]), default="process",
+              show_default=True,
+              help="With --proxy kproxy: run the agent as a host process, or from the image "
+                   "(`make image`) with the Helm chart's DaemonSet pod spec, via podman.")
+def up(lab_name: str, nodes: int, proxy: str, build: bool, agent: str) -> None:
     """Bring up the control plane, the nodes and one proxy per node."""
     c = _cluster(lab_name)
     try:
-        c.up(nodes=nodes, proxy=proxy, build=build, log=lambda m: click.echo(f"lab up: {m}"))
+        c.up(nodes=nodes, proxy=proxy, build=build, log=lambda m: click.echo(f"lab up: {m}"),
+             agent=agent)
     except LabError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"lab {lab_name} is up; kubeconfig: {c.info.admin_kubeconfig}")

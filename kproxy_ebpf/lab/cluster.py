@@ -17,13 +17,14 @@ from pathlib import Path
 
 import yaml
 
-from . import kubeobjects
+from . import agent_image, kubeobjects
 from .binaries import ensure_binaries
 from .controlplane import ControlPlane, free_ports
 from .network import CONTROL_PLANE_IP, Lab, PodInfo, pod_cidr
 from .nsutil import LabError
 
 PROXIES = ("kproxy", "iptables", "nftables", "none")
+AGENTS = ("process", "image")     # how kproxy runs: a host process, or the chart's pod spec
 NAMESPACE = "default"
 
 
@@ -38,6 +39,7 @@ class ClusterInfo:
     api_port: int
     admin_kubeconfig: str
     lab_kubeconfig: str
+    agent: str = "process"
 
     @classmethod
     def load(cls, path: Path) -> ClusterInfo:
@@ -70,9 +72,11 @@ class Cluster:
 
     # -- up / down -----------------------------------------------------------------------------
     def up(self, nodes: int = 2, proxy: str = "kproxy", build: bool = False,
-           log=lambda msg: None) -> None:
+           log=lambda msg: None, agent: str = "process") -> None:
         if proxy not in PROXIES:
             raise LabError(f"--proxy must be one of {', '.join(PROXIES)}")
+        if agent not in AGENTS or (agent == "image" and proxy != "kproxy"):
+            raise LabError(f"--agent must be one of {', '.join(AGENTS)} (image: --proxy kproxy)")
         if self.lab.exists():
             raise LabError(f"lab {self.lab.name!r} exists: `lab down` first")
         try:
@@ -80,12 +84,15 @@ class Cluster:
             log(f"network: {nodes} nodes, external client")
             self.lab.up(nodes=nodes, external=True)
             log("control plane: etcd, kube-apiserver, kube-controller-manager")
-            self._control_plane(bin_dir, proxy)
+            self._control_plane(bin_dir, proxy, agent)
             api = self.api()
             kubeobjects.ensure_namespace(api, NAMESPACE)
             for node in self.lab.nodes():
                 kubeobjects.create_node(api, node.name, node.ip, zone=_zone(node.index),
                                         pod_cidr=pod_cidr(node.index))
+            if agent == "image":
+                log("agent image: the chart's DaemonSet pod spec, applied to the lab")
+                agent_image.prepare(self)
             for node in self.lab.nodes():
                 self.start_proxy(node.name)
             log(f"proxies: {proxy} on {', '.join(n.name for n in self.lab.nodes())}")
@@ -95,7 +102,7 @@ class Cluster:
             self.down()
             raise
 
-    def _control_plane(self, bin_dir: Path, proxy: str) -> None:
+    def _control_plane(self, bin_dir: Path, proxy: str, agent: str = "process") -> None:
         # The relay listens on the API server's own port, so the `kubernetes` Service's
         # endpoint (advertise address : secure port) is reachable from lab nodes too.
         port = free_ports(1)[0]
@@ -113,7 +120,7 @@ class Cluster:
                                 "--listen", f"{CONTROL_PLANE_IP}:{port}",
                                 "--to", f"127.0.0.1:{cp.api_port}"], "relay")
         (self.dir / "cluster.json").write_text(json.dumps({
-            "proxy": proxy, "api_port": cp.api_port,
+            "proxy": proxy, "agent": agent, "api_port": cp.api_port,
             "admin_kubeconfig": str(cp.admin_kubeconfig),
             "lab_kubeconfig": str(cp.lab_kubeconfig)}))
 
@@ -162,8 +169,9 @@ class Cluster:
             # cgroup busy (lab.down() only reaps the processes it spawned itself).
             self.cp.stop()
             self.cp = None
+        problems = agent_image.remove_containers(self.lab.name)
         report = self.lab.down()
-        return list(report.problems)
+        return problems + list(report.problems) + agent_image.remove_v1_cgroups(self.lab.name)
 
     # -- proxies -------------------------------------------------------------------------------
     def proxy_name(self, node: str) -> str:
@@ -174,7 +182,10 @@ class Cluster:
         if mode == "none":
             return 0
         info = self.lab.node(node)
-        if mode == "kproxy":
+        env = None
+        if mode == "kproxy" and self.info.agent == "image":
+            argv, env = agent_image.start_command(self, node)
+        elif mode == "kproxy":
             argv = [sys.executable, "-m", "kproxy_ebpf.cli", "run",
                     "--kubeconfig", self.info.lab_kubeconfig, "--hostname-override", node,
                     "--cgroup", info.cgroup, "--bpffs-dir", info.bpffs,
@@ -183,13 +194,15 @@ class Cluster:
         else:
             argv = [str(ensure_binaries(build=False) / "kube-proxy"),
                     f"--config={self._kube_proxy_config(node, mode)}"]
-        return self.lab.spawn(f"node/{node}", argv, self.proxy_name(node)).pid
+        return self.lab.spawn(f"node/{node}", argv, self.proxy_name(node), env=env).pid
 
     def stop_proxy(self, node: str, hard: bool = False) -> None:
         """Stops the node's proxy (SIGTERM, or SIGKILL with hard=True)."""
         pid = self.proxy_pid(node)
         if pid is not None:
-            if hard:
+            if hard and self.info.agent == "image":
+                agent_image.kill(self.lab.name, node)    # the agent, not the podman client
+            elif hard:
                 os.kill(pid, 9)
             self.lab.kill(pid)
 

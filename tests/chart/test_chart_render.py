@@ -1,0 +1,150 @@
+"""The Helm chart with the pinned helm (tools/k8s): lint, render, schema, and every rendered
+flag, config key and KPROXY_* variable checked against the real `kproxy-ebpf run`. No root."""
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+
+import pytest
+import yaml
+
+from kproxy_ebpf.lab import agent_image
+from kproxy_ebpf.lab.binaries import k8s_bin_dir, missing_binaries
+from kproxy_ebpf.lab.nsutil import LabError
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    if missing_binaries(k8s_bin_dir(), ("helm",)):
+        if os.environ.get("KPROXY_REQUIRE_CONTROLPLANE") == "1":
+            pytest.fail(f"helm missing in {k8s_bin_dir()}: run `make setup`")
+        pytest.skip("helm not built (make setup)")
+    return str(k8s_bin_dir() / "helm")
+
+
+@pytest.fixture(scope="module")
+def rendered(helm) -> list[dict]:
+    return agent_image.helm_template({"apiServer": {"host": "10.0.0.1", "port": 6443}})
+
+
+def by_kind(objects: list[dict], kind: str) -> list[dict]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def test_helm_lint_passes(helm):
+    r = subprocess.run([helm, "lint", "--strict", str(agent_image.CHART)], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_every_rendered_flag_key_and_variable_is_known_to_the_agent(rendered, tmp_path):
+    agent_image.check_against_agent(rendered, tmp_path)
+
+
+@pytest.mark.parametrize("doctor,message", [
+    (lambda c, cm: c["args"].append("--no-such-flag"), "No such option: --no-such-flag"),
+    (lambda c, cm: cm["data"].__setitem__("config.yaml", cm["data"]["config.yaml"]
+                                          + "devices: [eth0]\n"), "unknown setting 'devices'"),
+    (lambda c, cm: c["env"].append({"name": "KPROXY_NODE_PORT_RANGE", "value": "1-2"}),
+     "KPROXY_NODE_PORT_RANGE"),
+    (lambda c, cm: cm["data"].__setitem__("config.yaml", cm["data"]["config.yaml"]
+                                          .replace('"200ms"', '"soon"')), "not a duration"),
+], ids=["flag", "config-key", "env", "config-value"])
+def test_a_flag_or_key_the_agent_does_not_know_fails_the_check(rendered, tmp_path, doctor,
+                                                               message):
+    """The check above can fail: the same render with one thing the agent does not know."""
+    objects = copy.deepcopy(rendered)
+    container = by_kind(objects, "DaemonSet")[0]["spec"]["template"]["spec"]["containers"][0]
+    doctor(container, by_kind(objects, "ConfigMap")[0])
+    with pytest.raises(LabError, match=message):
+        agent_image.check_against_agent(objects, tmp_path)
+
+
+def test_daemonset_is_what_an_operator_expects(rendered):
+    (ds,) = by_kind(rendered, "DaemonSet")
+    spec = ds["spec"]
+    pod = spec["template"]["spec"]
+    (c,) = pod["containers"]
+    assert spec["updateStrategy"] == {"type": "RollingUpdate",
+                                      "rollingUpdate": {"maxUnavailable": 1}}
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "Default"
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["tolerations"] == [{"operator": "Exists"}]
+    sec = c["securityContext"]
+    assert sec["privileged"] is False
+    assert sec["capabilities"] == {"drop": ["ALL"], "add": ["BPF", "NET_ADMIN", "SYS_ADMIN"]}
+    assert "allowPrivilegeEscalation" not in sec     # the API forbids false with SYS_ADMIN
+    assert c["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/livez"
+    env = {e["name"]: e for e in c["env"]}
+    assert env["KUBERNETES_SERVICE_HOST"]["value"] == "10.0.0.1"
+    assert env["KUBERNETES_SERVICE_PORT"]["value"] == "6443"
+    assert env["KPROXY_HOSTNAME_OVERRIDE"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert host_paths == {"bpffs": "/sys/fs/bpf", "cgroup": "/sys/fs/cgroup"}
+
+
+def test_rbac_only_reads_and_reports(rendered):
+    (role,) = by_kind(rendered, "ClusterRole")
+    verbs = {(g, r): set(rule["verbs"]) for rule in role["rules"]
+             for g in rule["apiGroups"] for r in rule["resources"]}
+    assert verbs == {("", "services"): {"get", "list", "watch"},
+                     ("", "nodes"): {"get", "list", "watch"},
+                     ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch"},
+                     ("", "events"): {"create", "patch"},
+                     ("events.k8s.io", "events"): {"create", "patch"}}
+    (binding,) = by_kind(rendered, "ClusterRoleBinding")
+    (sa,) = by_kind(rendered, "ServiceAccount")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                    "namespace": "kube-system"}]
+
+
+def test_config_follows_values(helm):
+    objects = agent_image.helm_template({"config": {"logLevel": "debug", "syncPeriod": "1m",
+                                                    "mapSizes": {"svc": 1024}},
+                                         "metricsService": {"enabled": False}})
+    (cm,) = by_kind(objects, "ConfigMap")
+    cfg = yaml.safe_load(cm["data"]["config.yaml"])
+    assert cfg["logLevel"] == "debug" and cfg["syncPeriod"] == "1m"
+    assert cfg["mapSizes"]["svc"] == 1024 and cfg["mapSizes"]["backend"] == 65536
+    assert cfg["metricsBindAddress"] == "127.0.0.1:10249"      # no Service: loopback only
+    assert not [o for o in objects if o["kind"] == "Service"]
+
+
+def test_config_change_rolls_the_agents(helm):
+    def checksum(values):
+        (ds,) = by_kind(agent_image.helm_template(values), "DaemonSet")
+        return ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+    assert checksum({}) != checksum({"config": {"logLevel": "debug"}})
+
+
+@pytest.mark.parametrize("values,message", [
+    ({"config": {"logLevel": "verbose"}}, "logLevel"),
+    ({"config": {"minSyncPeriod": "soon"}}, "minSyncPeriod"),
+    ({"config": {"mapSizes": {"svcs": 1}}}, "svcs"),
+    ({"hostPaths": {"bpffs": "sys/fs/bpf", "cgroupRoot": "/sys/fs/cgroup"}}, "bpffs"),
+    ({"nosuchvalue": 1}, "nosuchvalue"),
+])
+def test_schema_rejects_bad_values(helm, values, message):
+    with pytest.raises(LabError, match=message):
+        agent_image.helm_template(values)
+
+
+@pytest.mark.parametrize("values,message", [
+    ({"datapath": {"devices": ["eth0"]}}, "TC datapath"),
+    ({"datapath": {"nodePortRange": "30000-32767"}}, "TC datapath"),
+    ({"datapath": {"socketLB": False}}, "only datapath"),
+])
+def test_settings_this_agent_cannot_honour_are_refused_not_ignored(helm, values, message):
+    with pytest.raises(LabError, match=message):
+        agent_image.helm_template(values)
+
+
+def test_helm_test_hook_checks_the_kubernetes_clusterip(helm):
+    objects = agent_image.helm_template({}, extra_args=("--show-only",
+                                                        "templates/tests/test-clusterip.yaml"))
+    (pod,) = objects
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert "KUBERNETES_SERVICE_HOST" in pod["spec"]["containers"][0]["command"][-1]
+    assert pod["spec"].get("hostNetwork") is not True          # from the pod network

@@ -1,0 +1,74 @@
+"""The pod-spec -> podman translation of `lab up --agent image` (the real runs are in
+tests/integration/test_lab_cluster.py[image]): what the lab refuses, and what it maps."""
+import pytest
+
+from kproxy_ebpf.lab import agent_image as ai
+from kproxy_ebpf.lab.network import NodeInfo
+from kproxy_ebpf.lab.nsutil import LabError
+
+NODE = NodeInfo(name="node1", ip="10.250.0.11", netns="kproxy-t-node1",
+                cgroup="/sys/fs/cgroup/unified/kproxy-t/node1",
+                host_cgroup="/sys/fs/cgroup/unified/kproxy-t/node1/host",
+                pod_cidr="10.244.1.0/24", bpffs="/tmp/kproxy-t-node1-bpffs", index=1)
+
+
+def spec(**kw):
+    base = dict(image="i:1", command=None, args=[], env=[], security={}, mounts=[], volumes={},
+                config_maps={}, service_account="sa", namespace="kube-system", memory_limit=None)
+    return ai.AgentSpec(**{**base, **kw})
+
+
+def test_capabilities_and_security_options():
+    flags = ai.security_flags({"capabilities": {"drop": ["ALL"], "add": ["BPF", "NET_ADMIN"]},
+                               "readOnlyRootFilesystem": True, "runAsUser": 0,
+                               "seccompProfile": {"type": "Unconfined"}})
+    assert flags[:2] == ["--cap-drop", "all"]
+    assert ["--cap-add", "CAP_BPF"] == flags[2:4] and ["--cap-add", "CAP_NET_ADMIN"] == flags[4:6]
+    assert "--read-only" in flags and "seccomp=unconfined" in flags
+    assert "--privileged" not in flags
+
+
+@pytest.mark.parametrize("sec,message", [
+    ({"privileged": True}, "privileged"),
+    ({"capabilities": {"add": ["BPF"]}}, "drop ALL"),
+    ({"capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "Localhost"}}, "Localhost"),
+])
+def test_what_the_lab_refuses(sec, message):
+    with pytest.raises(LabError, match=message):
+        ai.security_flags(sec)
+
+
+def test_host_paths_map_to_the_nodes_view(tmp_path):
+    assert ai.node_host_path("/sys/fs/cgroup", NODE) == NODE.cgroup
+    node = NodeInfo(**{**NODE.__dict__, "bpffs": str(tmp_path / "bpffs")})
+    assert ai.node_host_path("/sys/fs/bpf/", node) == node.bpffs
+    with pytest.raises(LabError, match="/lib/modules"):
+        ai.node_host_path("/lib/modules", NODE)
+
+
+def test_env_as_the_kubelet_builds_it():
+    s = spec(env=[{"name": "KPROXY_HOSTNAME_OVERRIDE",
+                   "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                  {"name": "KUBERNETES_SERVICE_HOST", "value": "10.250.0.1"},
+                  {"name": "GREETING", "value": "on $(KPROXY_HOSTNAME_OVERRIDE)"}])
+    env = ai.resolve_env(s, NODE, {"KUBERNETES_SERVICE_HOST": "10.96.0.1",
+                                   "KUBERNETES_SERVICE_PORT": "443"})
+    assert env == {"KUBERNETES_SERVICE_HOST": "10.250.0.1", "KUBERNETES_SERVICE_PORT": "443",
+                   "KPROXY_HOSTNAME_OVERRIDE": "node1", "GREETING": "on node1"}
+    with pytest.raises(LabError, match="fieldRef"):
+        ai.resolve_env(spec(env=[{"name": "X", "valueFrom": {"fieldRef": {
+            "fieldPath": "metadata.uid"}}}]), NODE, {})
+
+
+def test_volumes(tmp_path):
+    s = spec(mounts=[{"name": "cfg", "mountPath": "/etc/k", "readOnly": True},
+                     {"name": "cg", "mountPath": "/run/cg", "readOnly": True},
+                     {"name": "tmp", "mountPath": "/tmp"}],
+             volumes={"cfg": {"name": "cfg", "configMap": {"name": "c"}},
+                      "cg": {"name": "cg", "hostPath": {"path": "/sys/fs/cgroup"}},
+                      "tmp": {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}},
+             config_maps={"c": {"config.yaml": "logLevel: info\n"}})
+    flags = ai.mount_flags(s, NODE, tmp_path)
+    assert flags == ["-v", f"{tmp_path}/configmaps/c:/etc/k:ro",
+                     "-v", f"{NODE.cgroup}:/run/cg:ro", "--tmpfs", f"/tmp:size={64 << 20}"]
+    assert (tmp_path / "configmaps" / "c" / "config.yaml").read_text() == "logLevel: info\n"
