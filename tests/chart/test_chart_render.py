@@ -9,6 +9,8 @@ import subprocess
 import pytest
 import yaml
 
+from kproxy_ebpf.datapath.layout import MAPS
+
 from kproxy_ebpf.lab import agent_image
 from kproxy_ebpf.lab.binaries import k8s_bin_dir, missing_binaries
 from kproxy_ebpf.lab.nsutil import LabError
@@ -107,7 +109,10 @@ def test_config_follows_values(helm):
     (cm,) = by_kind(objects, "ConfigMap")
     cfg = yaml.safe_load(cm["data"]["config.yaml"])
     assert cfg["logLevel"] == "debug" and cfg["syncPeriod"] == "1m"
-    assert cfg["mapSizes"]["svc"] == 1024 and cfg["mapSizes"]["backend"] == 65536
+    assert cfg["mapSizes"]["svc"] == 1024
+    # The chart's defaults are the header's (bpf/kproxy.h KP_MAPS sizes).
+    assert {k: v for k, v in cfg["mapSizes"].items() if k != "svc"} == \
+        {k: MAPS[k].default_size for k in cfg["mapSizes"] if k != "svc"}
     assert cfg["metricsBindAddress"] == "127.0.0.1:10249"      # no Service: loopback only
     assert not [o for o in objects if o["kind"] == "Service"]
 
