@@ -9,7 +9,7 @@ export KPROXY_CACHE ?= /var/cache/kproxy-ebpf
 APT_PACKAGES := python3-bpfcc python3-venv linux-headers-cloud-amd64 bpftool clang llvm \
                 iproute2 iptables nftables openssl procps util-linux ca-certificates
 
-.PHONY: setup apt venv headers k8s test unit datapath integration e2e demo lab-down lint clean
+.PHONY: setup apt venv headers k8s test unit datapath integration e2e conformance demo lab-down lint clean
 
 setup: apt venv headers k8s
 
@@ -54,6 +54,12 @@ integration: setup
 
 e2e: setup
 	$(LOCK) $(PY) -m pytest -q tests/e2e
+
+# Differential Service tests: every scenario against kproxy, kube-proxy nftables and iptables,
+# printing the table test x proxy at the end (`make test` runs the kproxy and nftables columns).
+conformance: setup
+	KPROXY_CONFORMANCE_FULL=1 KPROXY_REQUIRE_ROOT=1 KPROXY_REQUIRE_CONTROLPLANE=1 \
+	  $(LOCK) $(PY) -m pytest -q tests/conformance
 
 # The main job on the built-in lab: control plane, two simulated nodes with an agent each,
 # pods, a Service, and a probe through its ClusterIP. `make demo ARGS=--keep` leaves it up.
