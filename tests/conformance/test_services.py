@@ -91,6 +91,9 @@ def test_topology_prefer_close(scenario):
     ip = scenario.service("topo", "topo", [HTTP], trafficDistribution="PreferClose")
     scenario.check("tcp pod (zone-a)", CLIENT, ip, 80, "topo-1 from pod")
     scenario.check("tcp host (zone-a)", HOST, ip, 80, "topo-1 from node")
+    # PreferSameNode (1.35): node-level hints; with one node per zone the outcome is the same.
+    ip = scenario.service("topo-node", "topo", [HTTP], trafficDistribution="PreferSameNode")
+    scenario.check("PreferSameNode, tcp pod", CLIENT, ip, 80, "topo-1 from pod")
 
 
 def test_session_affinity_client_ip(scenario):
@@ -132,5 +135,16 @@ def test_deleted_service(scenario):
     scenario.check("before", CLIENT, ip, 80, "gone-1 from pod")
     scenario.delete_service("gone")
     # Nothing answers in any mode; how it fails differs (see DIVERGENCES and iptables).
+    scenario.check("tcp pod", CLIENT, ip, 80, {"nftables": "TIMEOUT",
+                                               "iptables": "ERROR ENETUNREACH"}, count=2)
+
+
+def test_service_proxy_name_label(scenario):
+    """A Service labelled service.kubernetes.io/service-proxy-name belongs to another proxy:
+    kube-proxy does not program it at all (its informer filters the label out)."""
+    scenario.pods("other", {"other-1": "node2"})
+    ip = scenario.service("other", "other", [HTTP],
+                          labels={"service.kubernetes.io/service-proxy-name": "someone-else"})
+    scenario.wait_endpoints("other", 1)
     scenario.check("tcp pod", CLIENT, ip, 80, {"nftables": "TIMEOUT",
                                                "iptables": "ERROR ENETUNREACH"}, count=2)
