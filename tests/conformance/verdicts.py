@@ -32,6 +32,10 @@ class Divergence:
 
 # (scenario, check) -> what kproxy deliberately does instead of kube-proxy's cell. Keep in step
 # with docs/architecture.md ("Where kproxy differs from kube-proxy").
+SERVICE_CIDR_WORK = "the agent's ServiceCIDR handling (issue 7, in progress)"
+UNTRANSLATED = ("kproxy has no frontend for it, so the connect goes out untranslated and the lab "
+                "router answers network unreachable, as in iptables mode")
+
 DIVERGENCES: dict[tuple[str, str], Divergence] = {
     ("itp_local_no_local_endpoint", "tcp pod"): Divergence(
         "ERROR EHOSTUNREACH",
@@ -41,12 +45,23 @@ DIVERGENCES: dict[tuple[str, str], Divergence] = {
         "ERROR EHOSTUNREACH", "as for pod clients"),
     ("itp_local_no_local_endpoint", "udp pod"): Divergence(
         "ERROR EHOSTUNREACH", "as for TCP: sendto() fails at once instead of a silent drop"),
+    ("no_endpoints_refused", "udp host"): Divergence(
+        "REFUSED",
+        "UDP from a host process to a Service without endpoints: kube-proxy's REJECT runs in "
+        "the OUTPUT hook, so the datagram is dropped inside sendto(), which fails with EPERM; "
+        "the socket hook fails sendto() with ECONNREFUSED, as for pods and for TCP"),
     ("deleted_service", "tcp pod"): Divergence(
         "ERROR ENETUNREACH",
         "an address in the Service CIDR that no Service holds: kube-proxy nftables drops it; "
-        "kproxy has no frontend for it, so the connect goes out untranslated and the lab router "
-        "answers network unreachable (what iptables mode gives too). ServiceCIDR handling is "
-        "being added to the agent (issue 7); this row changes with it"),
+        + UNTRANSLATED, until=SERVICE_CIDR_WORK),
+    ("multiport_named_ports", "82 (no such port)"): Divergence(
+        "ERROR ENETUNREACH",
+        "a port the Service does not have on its ClusterIP: kube-proxy nftables rejects it; "
+        + UNTRANSLATED, until=SERVICE_CIDR_WORK),
+    ("service_proxy_name_label", "tcp pod"): Divergence(
+        "ERROR ENETUNREACH",
+        "both ignore a Service owned by another proxy; nftables then drops its ClusterIP as "
+        "unallocated; " + UNTRANSLATED, until=SERVICE_CIDR_WORK),
 }
 
 # RESULTS[(scenario, check)][proxy] = cell
