@@ -88,6 +88,7 @@ class Scenario:
         self.core = client.CoreV1Api(cluster.api())
         self._pods: list[str] = []
         self._services: list[str] = []
+        self._slices: list[str] = []
         self.roles = {cluster.lab.pod("client").ip: "pod", cluster.lab.node("node1").ip: "node"}
 
     # -- objects ---------------------------------------------------------------------------------
@@ -98,6 +99,10 @@ class Scenario:
                               port_names=port_names)
             self._pods.append(pod)
 
+    def delete_pod(self, pod: str) -> None:
+        self.c.delete_pod(pod)
+        self._pods.remove(pod)
+
     def service(self, name: str, app: str | None, ports: Sequence[dict[str, Any]],
                 labels: dict[str, str] | None = None, **spec: Any) -> str:
         body = {"apiVersion": "v1", "kind": "Service",
@@ -105,6 +110,23 @@ class Scenario:
                 "spec": {"selector": {"app": app} if app else None, "ports": list(ports), **spec}}
         self._services.append(name)
         return self.core.create_namespaced_service(NAMESPACE, body).spec.cluster_ip
+
+    def endpoint_slice(self, service: str, pods: Sequence[str], port: int,
+                       labels: dict[str, str] | None = None) -> None:
+        """A hand-made EndpointSlice (as a custom controller writes them) for a selector-less
+        Service; removed with the Service (no garbage collector runs in the lab)."""
+        body = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": f"{service}-manual", "labels": {
+                    kubeobjects.SERVICE_NAME_LABEL: service,
+                    "endpointslice.kubernetes.io/managed-by": "kproxy-conformance",
+                    **(labels or {})}},
+                "addressType": "IPv4",
+                "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+                "endpoints": [{"addresses": [self.c.lab.pod(p).ip], "nodeName":
+                               self.c.lab.pod(p).node, "conditions": {"ready": True}}
+                              for p in pods]}
+        client.DiscoveryV1Api(self.c.api()).create_namespaced_endpoint_slice(NAMESPACE, body)
+        self._slices.append(body["metadata"]["name"])
 
     def delete_service(self, name: str) -> None:
         self.core.delete_namespaced_service(name, NAMESPACE)
@@ -125,6 +147,8 @@ class Scenario:
     def cleanup(self) -> None:
         for name in list(self._services):
             self.delete_service(name)
+        for name in self._slices:
+            client.DiscoveryV1Api(self.c.api()).delete_namespaced_endpoint_slice(name, NAMESPACE)
         for pod in self._pods:
             self.c.delete_pod(pod)
 

@@ -115,17 +115,26 @@ def test_scale_without_failed_connections(scenario):
     ip = scenario.service("scale", "scale", [HTTP])
     scenario.check("3 backends", CLIENT, ip, 80, "scale-1,scale-2,scale-3 from pod", count=30)
     lines: list[str] = []
-    loop = threading.Thread(target=lambda: lines.extend(scenario.probe(
-        CLIENT, ip, 80, count=400, interval=0.01, timeout=2)))
+    stop = threading.Event()
+
+    def client_loop() -> None:  # connections one after another until the churn is over
+        while not stop.is_set():
+            lines.extend(scenario.probe(CLIENT, ip, 80, count=50, interval=0.01, timeout=2))
+
+    loop = threading.Thread(target=client_loop)
     loop.start()
     try:
         scenario.pods("scale", {n: node[n] for n in names[3:]})
         scenario.check("3 -> 5", CLIENT, ip, 80, ",".join(names) + " from pod", count=40)
-        for n in names[1:]:   # 5 -> 1 as a kubelet would: terminating and not ready first
+        for n in names[1:]:   # 5 -> 1 as a kubelet would: terminating and not ready first,
             scenario.terminating(n)
             scenario.ready(n, False)
         scenario.check("5 -> 1", CLIENT, ip, 80, "scale-1 from pod")
+        for n in names[1:]:   # then the pods go away
+            scenario.delete_pod(n)
+        scenario.check("after the pods left", CLIENT, ip, 80, "scale-1 from pod")
     finally:
+        stop.set()
         loop.join()
     failed = [x for x in lines if not x.startswith("scale-")]
     scenario.note("client loop during 3 -> 5 -> 1", f"{len(failed)} failed")
@@ -142,12 +151,22 @@ def test_deleted_service(scenario):
                                                "iptables": "ERROR ENETUNREACH"}, count=2)
 
 
-def test_service_proxy_name_label(scenario):
-    """A Service labelled service.kubernetes.io/service-proxy-name belongs to another proxy:
-    kube-proxy does not program it at all (its informer filters the label out)."""
+def test_labels_for_other_proxies(scenario):
+    """kube-proxy 1.36 (cmd/kube-proxy/app/server.go) watches Services without the
+    service.kubernetes.io/service-proxy-name label (others belong to another proxy) and
+    EndpointSlices without service.kubernetes.io/headless; the headless label on a Service
+    itself changes nothing."""
     scenario.pods("other", {"other-1": "node2"})
-    ip = scenario.service("other", "other", [HTTP],
-                          labels={"service.kubernetes.io/service-proxy-name": "someone-else"})
-    scenario.wait_endpoints("other", 1)
-    scenario.check("tcp pod", CLIENT, ip, 80, {"nftables": "TIMEOUT",
-                                               "iptables": "ERROR ENETUNREACH"}, count=2)
+    want_ignored = {"nftables": "TIMEOUT", "iptables": "ERROR ENETUNREACH"}
+    for check, label, want in (("service-proxy-name", "service-proxy-name", want_ignored),
+                               ("headless label on the Service", "headless",
+                                "other-1 from pod")):
+        ip = scenario.service(f"other-{label}", "other", [HTTP],
+                              labels={f"service.kubernetes.io/{label}": "someone-else"})
+        scenario.wait_endpoints(f"other-{label}", 1)
+        scenario.check(check, CLIENT, ip, 80, want, count=2)
+    # A selector-less Service whose only slice carries the headless label: no endpoints.
+    ip = scenario.service("other-slice", None, [HTTP])
+    scenario.endpoint_slice("other-slice", ["other-1"], 8080,
+                            labels={"service.kubernetes.io/headless": ""})
+    scenario.check("headless label on its EndpointSlice", CLIENT, ip, 80, "REFUSED", count=2)
