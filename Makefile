@@ -14,8 +14,8 @@ APT_PACKAGES := python3-bpfcc python3-venv linux-headers-cloud-amd64 bpftool cla
 IMAGE_APT_PACKAGES := podman runc mmdebstrap uidmap
 IMAGE ?= localhost/kproxy-ebpf:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
-.PHONY: setup apt venv headers k8s test unit datapath integration e2e demo lab-down lint clean \
-        image image-apt apt-install chart-test kind-up kind-down
+.PHONY: setup apt venv headers k8s test unit datapath integration e2e conformance demo lab-down \
+        lint clean image image-apt apt-install chart-test kind-up kind-down
 
 setup: apt venv headers k8s
 
@@ -67,6 +67,12 @@ integration: setup
 e2e: setup
 	$(LOCK) $(PY) -m pytest -q tests/e2e
 
+# Differential Service tests: every scenario against kproxy, kube-proxy nftables and iptables,
+# printing the table test x proxy at the end (`make test` runs the kproxy and nftables columns).
+conformance: setup
+	KPROXY_CONFORMANCE_FULL=1 KPROXY_REQUIRE_ROOT=1 KPROXY_REQUIRE_CONTROLPLANE=1 \
+	  $(LOCK) $(PY) -m pytest -q tests/conformance
+
 # The main job on the built-in lab: control plane, two simulated nodes with an agent each,
 # pods, a Service, and a probe through its ClusterIP. `make demo ARGS=--keep` leaves it up.
 demo: setup
@@ -81,7 +87,7 @@ image: image-apt
 chart-test: setup image
 	KPROXY_REQUIRE_ROOT=1 KPROXY_REQUIRE_CONTROLPLANE=1 $(LOCK) $(PY) -m pytest -q \
 	  tests/chart tests/integration/test_chart_api.py \
-	  tests/integration/test_lab_cluster.py -k "not kproxy and not iptables and not nftables"
+	  tests/integration/test_proxy_modes.py tests/conformance -k "image"
 
 # kind with kube-proxy disabled (needs Docker or podman as kind's provider, and kind itself:
 # neither runs on the development machine, see README "Install on kind").

@@ -242,12 +242,17 @@ class Cluster:
     # -- pods ----------------------------------------------------------------------------------
     def create_pod(self, name: str, node: str, labels: dict[str, str] | None = None,
                    ports: tuple[tuple[str, int], ...] = (("tcp", 8080), ("udp", 5353)),
-                   ready: bool = True) -> PodInfo:
+                   ready: bool = True,
+                   port_names: dict[tuple[str, int], str] | None = None) -> PodInfo:
+        """A lab pod with its echo server and its Pod object; container ports are named
+        `<proto>-<port>` unless `port_names` names them (for Services' named targetPorts)."""
         pod = self.lab.create_pod(name, node, ports=ports, labels=labels or {})
+        names = port_names or {}
         try:
             kubeobjects.create_pod(
                 self.api(), NAMESPACE, name, node, pod.ip, labels or {},
-                [(f"{proto}-{port}", port, proto.upper()) for proto, port in ports],
+                [(names.get((proto, port), f"{proto}-{port}"), port, proto.upper())
+                 for proto, port in ports],
                 ready=ready, host_ip=self.lab.node(node).ip)
         except BaseException:
             self.lab.delete_pod(name)

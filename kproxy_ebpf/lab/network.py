@@ -1,26 +1,36 @@
 """The lab's simulated cluster network: nodes and pods as network namespaces on one machine.
 
-Topology (every name carries the prefix kproxy-<lab>; no namespace has a default route, so no
-packet can leave the lab, and nothing is ever added to the host's own namespace):
+Topology (every name carries the prefix kproxy-<lab>; nothing is ever added to the host's own
+namespace, and no lab link leads out of the lab):
 
     netns kproxy-<lab>-net      bridge br0 10.250.0.1/24: the underlay and the control-plane
                                 endpoint; routes 10.244.<i>.0/24 via node i so the control
-                                plane can answer pods
+                                plane can answer pods; no default route, forwarding off
+    netns kproxy-<lab>-rtr      the lab router, eth0 10.250.0.254/24 (veth kpn-rtr on br0) and
+                                nothing else: no other link, no default route; routes only to
+                                the pod CIDRs via their nodes (to send ICMP errors back to
+                                pods). Forwarding is on, so a packet for any address outside
+                                the lab gets "network unreachable" from here at once.
     netns kproxy-<lab>-node<i>  eth0 10.250.0.(10+i)/24 (veth kpn-node<i> on br0); forwarding
-                                on; routes 10.244.<j>.0/24 via 10.250.0.(10+j) for every other
-                                node j; <podip>/32 dev kpv<id> for each local pod. No route
-                                for 10.96.0.0/16: resolving Service IPs is the proxy's job.
+                                on; default via the router (a real node has a gateway: routed
+                                first, then kube-proxy's DNAT/REJECT applies); routes
+                                10.244.<j>.0/24 via 10.250.0.(10+j) for every other node j;
+                                <podip>/32 dev kpv<id> for each local pod.
     netns kproxy-<lab>-p-<pod>  eth0 10.244.<i>.X/32 (X from 10), the peer of kpv<id> in the
-                                node; 10.244.0.0/16, 10.250.0.0/24 and 10.96.0.0/16 via
-                                169.254.1.1 onlink
+                                node; default via 169.254.1.1 onlink
     netns kproxy-<lab>-ext      the external client, eth0 10.250.0.250/24 (veth kpn-ext on br0);
-                                only 10.96.0.0/16 via node1, no route to pod CIDRs
+                                10.96.0.0/16 via node1, default via the router, and
+                                `unreachable 10.244.0.0/16`: pod IPs are not routed from outside
+
+Safety: the only links are veths whose both ends are lab namespaces, plus br0; the only way
+"out" of any namespace is the router, which leads nowhere (tests/datapath/test_lab_network.py
+proves a packet to a public address never shows up in the host namespace).
 
 Pod gateway: the host end of every pod veth carries 169.254.1.1/32 (scope link), so the pod's
-ARP for its gateway is answered as for any local address. proxy_arp on the host end would
-not work here: it answers only for targets the node can route via another interface, and a
-node has no route (no default route) to 169.254.1.1. Many veths holding the same /32 is fine
-for the kernel. Node routes to pods carry `src <node ip>` so that node processes talk to local
+ARP for its gateway is answered as for any local address (proxy_arp would make the answer
+depend on the node's routes to 169.254.1.1, which only the default route covers, towards the
+router). Many veths holding the same /32 is fine for the kernel; being scope link, that address
+is never picked as a source (not by MASQUERADE either). Node routes to pods carry `src <node ip>` so that node processes talk to local
 pods from the node address, not from 169.254.1.1.
 
 cgroups (v2, under /sys/fs/cgroup/unified/kproxy-<lab>): node<i> is where node i's agent
@@ -52,6 +62,7 @@ CONTROL_PLANE_IP = "10.250.0.1"
 UNDERLAY_PREFIXLEN = 24
 UNDERLAY_CIDR = "10.250.0.0/24"
 EXTERNAL_IP = "10.250.0.250"
+ROUTER_IP = "10.250.0.254"
 POD_SUPERNET = "10.244.0.0/16"
 SERVICE_CIDR = "10.96.0.0/16"
 POD_GATEWAY = "169.254.1.1"
@@ -149,6 +160,10 @@ class Lab:
     @property
     def ext_netns(self) -> str:
         return f"{self.prefix}-ext"
+
+    @property
+    def rtr_netns(self) -> str:
+        return f"{self.prefix}-rtr"
 
     def node_netns(self, node: str) -> str:
         return f"{self.prefix}-{node}"
@@ -256,6 +271,8 @@ class Lab:
             return Target("net", self.net_netns, os.path.join(self.cgroup, "net"))
         if target == "host":
             return Target("host", None, os.path.join(self.cgroup, "host"))
+        if target in ("rtr", "router"):
+            return Target("rtr", self.rtr_netns, os.path.join(self.cgroup, "rtr"))
         if target in ("ext", "external"):
             ext = self.external()
             return Target("ext", ext.netns, ext.cgroup)
@@ -312,30 +329,35 @@ class Lab:
         st.note(f"netns:{name}")  # noted first: a half-made netns is still cleaned up
         nsutil.add(name, sysctls)
 
-    def _link_exists(self, netns: str, dev: str) -> bool:
-        return nsutil.ip("link", "show", "dev", dev, netns=netns, check=False).returncode == 0
-
     def _underlay(self, st: LabState) -> None:
         net = self.net_netns
         # The underlay is a switch plus the control-plane endpoint, never a router.
         self._netns(st, net, {"net.ipv4.ip_forward": "0"})
-        if not self._link_exists(net, "br0"):
-            nsutil.ip("link", "add", "br0", "type", "bridge", netns=net)
-        nsutil.ip("addr", "replace", f"{CONTROL_PLANE_IP}/{UNDERLAY_PREFIXLEN}", "dev", "br0",
-                  netns=net)
-        nsutil.ip("link", "set", "br0", "up", netns=net)
+        nsutil.add_bridge(net, "br0")
+        nsutil.set_addr(net, "br0", f"{CONTROL_PLANE_IP}/{UNDERLAY_PREFIXLEN}")
+        nsutil.link_up(net, "br0")
         self._cg(st, os.path.join(self.cgroup, "net"))
         self._cg(st, os.path.join(self.cgroup, "host"))
+        self._router(st)
+
+    def _router(self, st: LabState) -> None:
+        """The lab's gateway: one port on br0 and nothing else. No link leaves the lab and it
+        has no default route, so a packet for an outside address ends here; forwarding is on
+        only so that it answers "network unreachable" at once (a real router without a route
+        does the same), instead of leaving the client to time out."""
+        ns = self.rtr_netns
+        self._netns(st, ns, {"net.ipv4.ip_forward": "1"})
+        self._attach_to_bridge("kpn-rtr", ns, ROUTER_IP)
+        self._cg(st, os.path.join(self.cgroup, "rtr"))
 
     def _attach_to_bridge(self, port: str, netns: str, ip: str) -> None:
         """veth `port` on br0 in the underlay, peer `eth0` with `ip` in `netns`."""
         net = self.net_netns
-        if not self._link_exists(net, port):
-            nsutil.ip("link", "add", port, "type", "veth", "peer", "name", "eth0",
-                      "netns", netns, netns=net)
-        nsutil.ip("link", "set", port, "master", "br0", "up", netns=net)
-        nsutil.ip("addr", "replace", f"{ip}/{UNDERLAY_PREFIXLEN}", "dev", "eth0", netns=netns)
-        nsutil.ip("link", "set", "eth0", "up", netns=netns)
+        if not nsutil.link_exists(net, port):
+            nsutil.add_veth(net, port, netns)
+        nsutil.link_up(net, port, master="br0")
+        nsutil.set_addr(netns, "eth0", f"{ip}/{UNDERLAY_PREFIXLEN}")
+        nsutil.link_up(netns, "eth0")
 
     def add_node(self) -> NodeInfo:
         """Add node<i> (i = highest index + 1) and the pod-CIDR routes between it and the
@@ -354,16 +376,17 @@ class Lab:
                                  "net.ipv4.conf.all.rp_filter": "0",
                                  "net.ipv4.conf.default.rp_filter": "0"})
             self._attach_to_bridge(f"kpn-{name}", ns, node_ip(index))
+            nsutil.set_route(ns, "default", "eth0", via=ROUTER_IP)
             st.nodes[name] = NodeRec(index=index, ip=node_ip(index))
             for other, rec in st.nodes.items():
                 if other == name:
                     continue
-                nsutil.ip("route", "replace", pod_cidr(rec.index), "via", rec.ip, "dev", "eth0",
-                          netns=ns)
-                nsutil.ip("route", "replace", pod_cidr(index), "via", node_ip(index), "dev",
-                          "eth0", netns=self.node_netns(other))
-            nsutil.ip("route", "replace", pod_cidr(index), "via", node_ip(index), "dev", "br0",
-                      netns=self.net_netns)
+                nsutil.set_route(ns, pod_cidr(rec.index), "eth0", via=rec.ip)
+                nsutil.set_route(self.node_netns(other), pod_cidr(index), "eth0",
+                                 via=node_ip(index))
+            # The underlay answers pods (control plane), the router sends them its ICMP errors.
+            nsutil.set_route(self.net_netns, pod_cidr(index), "br0", via=node_ip(index))
+            nsutil.set_route(self.rtr_netns, pod_cidr(index), "eth0", via=node_ip(index))
             self._cg(st, self.node_cgroup(name))
             self._cg(st, os.path.join(self.node_cgroup(name), "host"))
             return self._node_info(name, st.nodes[name])
@@ -374,8 +397,11 @@ class Lab:
         ns = self.ext_netns
         self._netns(st, ns)
         self._attach_to_bridge("kpn-ext", ns, EXTERNAL_IP)
-        nsutil.ip("route", "replace", SERVICE_CIDR, "via", st.nodes["node1"].ip, "dev", "eth0",
-                  netns=ns)
+        nsutil.set_route(ns, "default", "eth0", via=ROUTER_IP)
+        nsutil.set_route(ns, SERVICE_CIDR, "eth0", via=st.nodes["node1"].ip)
+        # Pod IPs are not routed from outside the cluster (the router knows them, to send
+        # ICMP errors to pods, but must not carry the external client's traffic to them).
+        nsutil.set_unreachable(ns, POD_SUPERNET)
         self._cg(st, os.path.join(self.cgroup, "ext"))
         st.external = EXTERNAL_IP
 
@@ -385,8 +411,7 @@ class Lab:
         with self._txn() as st:
             if node not in st.nodes:
                 raise LabError(f"no node {node!r}")
-            nsutil.ip("route", "replace", cidr, "via", st.nodes[node].ip, "dev", "eth0",
-                      netns=self.ext_netns)
+            nsutil.set_route(self.ext_netns, cidr, "eth0", via=st.nodes[node].ip)
 
     # ---- pods ------------------------------------------------------------------------------
 
@@ -409,7 +434,7 @@ class Lab:
         for salt in range(100):
             digest = hashlib.sha1(f"{pod}/{salt}".encode()).hexdigest()[:8]
             name = f"kpv{digest}"  # 11 chars, under IFNAMSIZ (15)
-            if name not in taken and not self._link_exists(self.node_netns(node), name):
+            if name not in taken and not nsutil.link_exists(self.node_netns(node), name):
                 return name
         raise LabError(f"no free veth name for pod {pod}")
 
@@ -447,19 +472,15 @@ class Lab:
     def _pod_network(self, st: LabState, name: str, rec: PodRec) -> None:
         ns, node_ns = self.pod_netns(name), self.node_netns(rec.node)
         self._netns(st, ns)
-        if not self._link_exists(node_ns, rec.veth):
-            nsutil.ip("link", "add", rec.veth, "type", "veth", "peer", "name", "eth0",
-                      "netns", ns, netns=node_ns)
-        nsutil.ip("addr", "replace", f"{rec.ip}/32", "dev", "eth0", netns=ns)
-        nsutil.ip("link", "set", "eth0", "up", netns=ns)
-        nsutil.ip("addr", "replace", f"{POD_GATEWAY}/32", "scope", "link", "dev", rec.veth,
-                  netns=node_ns)
-        nsutil.ip("link", "set", rec.veth, "up", netns=node_ns)
-        for cidr in (POD_SUPERNET, UNDERLAY_CIDR, SERVICE_CIDR):
-            nsutil.ip("route", "replace", cidr, "via", POD_GATEWAY, "dev", "eth0", "onlink",
-                      netns=ns)
-        nsutil.ip("route", "replace", f"{rec.ip}/32", "dev", rec.veth, "src",
-                  st.nodes[rec.node].ip, netns=node_ns)
+        if not nsutil.link_exists(node_ns, rec.veth):
+            nsutil.add_veth(node_ns, rec.veth, ns)
+        nsutil.set_addr(ns, "eth0", f"{rec.ip}/32")
+        nsutil.link_up(ns, "eth0")
+        nsutil.set_addr(node_ns, rec.veth, f"{POD_GATEWAY}/32", scope=nsutil.RT_SCOPE_LINK)
+        nsutil.link_up(node_ns, rec.veth)
+        # Everything goes to the node, as with Calico-style CNIs; the node routes it on.
+        nsutil.set_route(ns, "default", "eth0", via=POD_GATEWAY, onlink=True)
+        nsutil.set_route(node_ns, f"{rec.ip}/32", rec.veth, src=st.nodes[rec.node].ip)
 
     def _start_echo(self, st: LabState, name: str, rec: PodRec) -> None:
         argv = [self.python, "-I", "-S", ECHO_SCRIPT, "--name", name]
@@ -485,9 +506,9 @@ class Lab:
                                       [self.pod_cgroup(n, name) for n in nodes])
         if rec and nsutil.exists(self.node_netns(rec.node)):
             # Deleting one end removes the pair, the 169.254.1.1 address and the /32 route.
-            r = nsutil.ip("link", "del", rec.veth, netns=self.node_netns(rec.node), check=False)
-            if r.returncode != 0 and self._link_exists(self.node_netns(rec.node), rec.veth):
-                problems.append(f"veth {rec.veth}: {r.stderr.strip()}")
+            err = nsutil.del_link(self.node_netns(rec.node), rec.veth)
+            if err:
+                problems.append(err)
         ns = self.pod_netns(name)
         problems += _netns_holders(ns)
         err = nsutil.delete(ns)

@@ -1,59 +1,45 @@
-"""Network namespace primitives for the lab: the `ip` wrapper, setns, per-netns sysctls.
+"""Network namespace primitives for the lab: create/remove, netlink handles, per-netns sysctls.
 
-Every `ip` call here names its namespace (`ip -n NS ...`); nothing in the lab is ever created
-in the host's own namespace, which is what keeps lab traffic and routes off the real network.
-We drive iproute2 rather than pyroute2 because its commands read like the documentation of
-the topology and its errors are plain text; the lab is not on a hot path.
+Netlink work (links, addresses, routes) goes through pyroute2's IPRoute on a socket opened
+*inside* the lab namespace: a netlink socket acts on the namespace it was created in, for its
+whole life, whichever thread later uses it. Nothing here ever opens a netlink socket in the
+host's own namespace, which is what keeps lab traffic and routes off the real network.
 
-Python 3.11 has no os.setns, so setns(2) is called through ctypes. Entering a namespace is
-only ever done in a short-lived thread (for sysctls) or in a forked child before exec (see
-procs.py), never in the caller's own thread.
+No fork happens here. pyroute2's own `netns.create()` and `IPRoute(netns=...)` fork a child
+to enter the namespace; this module is called from threads (tests run probes in one while
+another creates pods), and a fork of a multi-threaded Python process may inherit a lock held
+by another thread. Instead a short-lived thread enters the namespace (setns acts on the
+calling thread only) and dies afterwards, so the namespace never leaks into other threads.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
-import subprocess
+import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
+
+from pyroute2 import IPRoute, netns as pr_netns
+from pyroute2.netlink import NETLINK_ROUTE
 
 NETNS_DIR = "/run/netns"
 CLONE_NEWNET = 0x40000000
 
 T = TypeVar("T")
 
+# unshare(2) only: Python 3.11 has no os.unshare, and pyroute2 offers thread-level unshare
+# only inside its forking netns.create().
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
 class LabError(RuntimeError):
-    """A lab operation failed; the message says which command and why."""
+    """A lab operation failed; the message says which operation and why."""
 
 
 def netns_path(name: str) -> str:
     return os.path.join(NETNS_DIR, name)
-
-
-def setns_net(name: str) -> None:
-    """Move the calling thread into netns `name` (safe in a forked child before exec)."""
-    fd = os.open(netns_path(name), os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        if _libc.setns(fd, CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns({name}): {os.strerror(err)}")
-    finally:
-        os.close(fd)
-
-
-def ip(*args: str, netns: str, check: bool = True) -> subprocess.CompletedProcess:
-    """Run `ip -n <netns> ARGS`; a netns is mandatory so the host namespace is never touched."""
-    if not netns:
-        raise ValueError("ip() needs a lab netns")
-    argv = ["ip", "-n", netns, *args]
-    r = subprocess.run(argv, capture_output=True, text=True)
-    if check and r.returncode != 0:
-        raise LabError(f"{' '.join(argv)}: {r.stderr.strip() or r.returncode}")
-    return r
 
 
 def list_netns() -> list[str]:
@@ -65,6 +51,159 @@ def list_netns() -> list[str]:
 
 def exists(name: str) -> bool:
     return os.path.exists(netns_path(name))
+
+
+def inode(name: str) -> int:
+    return os.stat(netns_path(name)).st_ino
+
+
+def _in_thread(fn: Callable[[], T], label: str) -> T:
+    box: dict[str, object] = {}
+
+    def body() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # re-raised in the caller
+            box["error"] = e
+
+    t = threading.Thread(target=body, name=f"kproxy-{label}")
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["value"]  # type: ignore[return-value]
+
+
+def run_in_thread(name: str, fn: Callable[[], T]) -> T:
+    """Call fn() in a fresh thread that has entered netns `name`; the caller is untouched."""
+    want = f"net:[{inode(name)}]"
+
+    def body() -> T:
+        pr_netns.setns(name, flags=0)  # flags=0: never create a missing namespace
+        # Guard: never let a failed switch act on the host's namespace.
+        if os.readlink("/proc/thread-self/ns/net") != want:
+            raise LabError(f"thread is not in netns {name}")
+        return fn()
+
+    return _in_thread(body, f"setns-{name}")
+
+
+def _create(name: str) -> None:
+    """unshare a new netns in a throwaway thread and bind-mount it at /run/netns/<name> (what
+    `ip netns add` does); the thread's own namespace is the new one, nobody else's."""
+
+    def body() -> None:
+        if _libc.unshare(CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"unshare(CLONE_NEWNET): {os.strerror(err)}")
+        pr_netns.attach(name, "thread-self")
+
+    _in_thread(body, f"create-{name}")
+
+
+@contextlib.contextmanager
+def iproute(name: str) -> Iterator[IPRoute]:
+    """An IPRoute acting on netns `name` (mandatory: the host namespace is never touched)."""
+    if not name:
+        raise ValueError("iproute() needs a lab netns")
+    fd = run_in_thread(name, lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM,
+                                                   NETLINK_ROUTE).detach())
+    try:
+        ipr = IPRoute(fileno=fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    with ipr:
+        yield ipr
+
+
+def link_index(ipr: IPRoute, dev: str) -> int | None:
+    found = ipr.link_lookup(ifname=dev)
+    return found[0] if found else None
+
+
+def need_link(ipr: IPRoute, dev: str, netns: str) -> int:
+    idx = link_index(ipr, dev)
+    if idx is None:
+        raise LabError(f"netns {netns}: no link {dev}")
+    return idx
+
+
+RTNH_F_ONLINK = 4  # the gateway is on the link even though no local prefix covers it
+RT_SCOPE_LINK = 253
+
+
+def link_exists(netns: str, dev: str) -> bool:
+    with iproute(netns) as ipr:
+        return link_index(ipr, dev) is not None
+
+
+def add_veth(netns: str, dev: str, peer_netns: str, peer: str = "eth0") -> None:
+    """veth `dev` in `netns` whose peer `peer` lands in `peer_netns` (both lab namespaces)."""
+    fd = os.open(netns_path(peer_netns), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        with iproute(netns) as ipr:
+            ipr.link("add", ifname=dev, kind="veth", peer={"ifname": peer, "net_ns_fd": fd})
+    finally:
+        os.close(fd)
+
+
+def add_bridge(netns: str, dev: str) -> None:
+    with iproute(netns) as ipr:
+        if link_index(ipr, dev) is None:
+            ipr.link("add", ifname=dev, kind="bridge")
+
+
+def link_up(netns: str, dev: str, master: str | None = None) -> None:
+    with iproute(netns) as ipr:
+        spec: dict[str, object] = {"state": "up"}
+        if master:
+            spec["master"] = need_link(ipr, master, netns)
+        ipr.link("set", index=need_link(ipr, dev, netns), **spec)
+
+
+def set_addr(netns: str, dev: str, cidr: str, scope: int | None = None) -> None:
+    """Add (or keep) address `cidr` on `dev`: `ip addr replace`."""
+    addr, _, plen = cidr.partition("/")
+    with iproute(netns) as ipr:
+        extra = {"scope": scope} if scope is not None else {}
+        ipr.addr("replace", index=need_link(ipr, dev, netns), address=addr,
+                 prefixlen=int(plen or 32), **extra)
+
+
+def set_route(netns: str, dst: str, dev: str, via: str | None = None, onlink: bool = False,
+              src: str | None = None) -> None:
+    """`ip route replace DST [via GW] dev DEV [onlink] [src SRC]`; dst may be "default"."""
+    with iproute(netns) as ipr:
+        spec: dict[str, object] = {"dst": "0.0.0.0/0" if dst == "default" else dst,
+                                   "oif": need_link(ipr, dev, netns)}
+        if via:
+            spec["gateway"] = via
+        if onlink:
+            spec["flags"] = RTNH_F_ONLINK
+        if src:
+            spec["prefsrc"] = src
+        ipr.route("replace", **spec)
+
+
+def set_unreachable(netns: str, dst: str) -> None:
+    """`ip route replace unreachable DST`: local senders get EHOSTUNREACH at once."""
+    with iproute(netns) as ipr:
+        ipr.route("replace", dst=dst, type="unreachable")
+
+
+def del_link(netns: str, dev: str) -> str | None:
+    """Delete `dev` (a veth takes its peer along); error text or None. Missing is fine."""
+    with iproute(netns) as ipr:
+        idx = link_index(ipr, dev)
+        if idx is None:
+            return None
+        try:
+            ipr.link("del", index=idx)
+        except OSError as e:
+            if link_index(ipr, dev) is not None:
+                return f"netns {netns}: delete {dev}: {e}"
+    return None
 
 
 # Set in every lab netns. ICMP errors are rate limited per netns (per peer: a burst of ~6-10,
@@ -80,25 +219,28 @@ LAB_SYSCTLS = {
 def add(name: str, sysctls_: dict[str, str] | None = None) -> None:
     """Create netns `name` with loopback up, LAB_SYSCTLS and `sysctls_` set; idempotent."""
     if not exists(name):
-        r = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
-        if r.returncode != 0 and not exists(name):
-            raise LabError(f"ip netns add {name}: {r.stderr.strip()}")
+        try:
+            _create(name)
+        except OSError as e:
+            if not exists(name):
+                raise LabError(f"create netns {name}: {e}") from e
     sysctls(name, {**LAB_SYSCTLS, **(sysctls_ or {})})
-    ip("link", "set", "lo", "up", netns=name)
+    with iproute(name) as ipr:
+        ipr.link("set", index=need_link(ipr, "lo", name), state="up")
 
 
 def delete(name: str) -> str | None:
-    """Delete netns `name`; returns an error text or None. Missing is not an error."""
+    """Delete netns `name`; returns an error text or None. Missing is not an error.
+
+    Like `ip netns del`: the mount goes, and the namespace itself dies with its last user."""
     if not exists(name):
         return None
-    r = subprocess.run(["ip", "netns", "del", name], capture_output=True, text=True)
-    if r.returncode != 0 and exists(name):
-        return f"ip netns del {name}: {r.stderr.strip()}"
+    try:
+        pr_netns.remove(name)
+    except OSError as e:
+        if exists(name):
+            return f"remove netns {name}: {e}"
     return None
-
-
-def inode(name: str) -> int:
-    return os.stat(netns_path(name)).st_ino
 
 
 def pids_in(name: str) -> list[int]:
@@ -118,33 +260,6 @@ def pids_in(name: str) -> list[int]:
     return found
 
 
-def run_in_thread(name: str, fn: Callable[[], T]) -> T:
-    """Call fn() in a fresh thread that has entered netns `name`; the caller is untouched.
-
-    setns(CLONE_NEWNET) acts on the calling thread only and the thread dies afterwards, so its
-    namespace never leaks into other threads of this process.
-    """
-    box: dict[str, object] = {}
-    want = f"net:[{inode(name)}]"
-
-    def body() -> None:
-        try:
-            setns_net(name)
-            # Guard: never let a failed switch write into the host's namespace.
-            if os.readlink("/proc/thread-self/ns/net") != want:
-                raise LabError(f"thread is not in netns {name}")
-            box["value"] = fn()
-        except BaseException as e:  # re-raised in the caller
-            box["error"] = e
-
-    t = threading.Thread(target=body, name=f"kproxy-setns-{name}")
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return box["value"]  # type: ignore[return-value]
-
-
 def _sysctl_path(key: str) -> str:
     # Dotted keys ("net.ipv4.ip_forward") are converted; keys with an interface name that
     # could contain a dot must be given slashed ("net/ipv4/conf/kpv1/proxy_arp").
@@ -157,7 +272,10 @@ def sysctl(name: str, key: str, value: str) -> None:
 
 
 def sysctls(name: str, values: dict[str, str]) -> None:
-    """Write several sysctls inside netns `name`, in order, from one thread."""
+    """Write several sysctls inside netns `name`, in order, from one thread.
+
+    /proc/sys/net shows the namespace of the thread that opens it (/proc/self is the thread
+    group leader's, but /proc/sys/net follows the opener's current namespace)."""
 
     def write() -> None:
         for key, value in values.items():
@@ -175,3 +293,4 @@ def read_sysctl(name: str, key: str) -> str:
             return f.read().strip()
 
     return run_in_thread(name, read)
+

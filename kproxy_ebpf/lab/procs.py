@@ -1,10 +1,18 @@
 """Start lab processes inside a (cgroup, netns) pair, and stop exactly those again.
 
-A child joins its cgroup first and its network namespace second, both between fork and exec:
-joining the cgroup needs the host's /sys/fs/cgroup/unified, which `ip netns exec` would hide
-by remounting /sys, and doing it before exec means the process never runs a single
-instruction outside its cgroup (so a socket hook attached there sees its first connect()).
-Only the network namespace is entered; mount, pid and uts stay the host's.
+The lab calls this from several threads at once (a probe loop while pods are created), so
+nothing Python runs between fork and exec (no preexec_fn: a forked copy of a multi-threaded
+process may inherit a lock another thread held). A child is started through a tiny exec
+trampoline instead, with subprocess's plain fork+exec:
+
+    sh -c 'echo $$ > <cgroup>/cgroup.procs && shift && exec "$@"' - nsenter --net=<netns> -- ARGV
+
+`sh` joins the cgroup with its own pid, then execs `nsenter`, which enters the network
+namespace and execs the target: one pid throughout, and the target never runs an instruction
+outside its cgroup or namespace (so a socket hook attached there sees its first connect()).
+The cgroup is joined before the namespace because joining needs the host's
+/sys/fs/cgroup/unified, which `ip netns exec` would hide by remounting /sys. Only the network
+namespace is entered; mount, pid and uts stay the host's.
 
 Pids are reused by the kernel, so a started process is recorded as (pid, start time, argv).
 kill_recorded() signals a pid only while all three still match, which makes a stale state file
@@ -13,10 +21,11 @@ harmless: it can never kill an unrelated process that inherited the number.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from . import cgroups, nsutil
@@ -26,31 +35,32 @@ from .state import ProcRec
 # ResourceWarning); processes started by an earlier CLI invocation are reaped by init.
 _children: dict[int, subprocess.Popen] = {}
 
+_JOIN_CGROUP = 'echo $$ >"$1" && shift && exec "$@"'
 
-def _entry(netns: str | None, cgroup: str | None) -> tuple[Callable[[], None], list[int]]:
-    """Open what the child needs in the parent (clear errors here, not in preexec_fn)."""
-    fds: list[int] = []
-    procs_fd = ns_fd = -1
-    try:
-        if cgroup:
-            procs_fd = os.open(os.path.join(cgroups.check(cgroup), "cgroup.procs"),
-                               os.O_WRONLY | os.O_CLOEXEC)
-            fds.append(procs_fd)
-        if netns:
-            ns_fd = os.open(nsutil.netns_path(netns), os.O_RDONLY | os.O_CLOEXEC)
-            fds.append(ns_fd)
-    except BaseException:
-        for fd in fds:
-            os.close(fd)
-        raise
 
-    def preexec() -> None:  # runs in the child after fork; the fds close at exec (CLOEXEC)
-        if procs_fd >= 0:
-            os.write(procs_fd, str(os.getpid()).encode())
-        if ns_fd >= 0 and nsutil._libc.setns(ns_fd, nsutil.CLONE_NEWNET) != 0:
-            raise OSError("setns failed")
+def _tool(name: str) -> str:
+    path = shutil.which(name) or shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin")
+    if not path:
+        raise nsutil.LabError(f"{name} not found (util-linux / a POSIX sh is needed)")
+    return path
 
-    return preexec, fds
+
+def trampoline(netns: str | None, cgroup: str | None, argv: Sequence[str]) -> list[str]:
+    """The argv that runs `argv` inside the cgroup and netns (checked here, so a bad target is
+    a clear error in the caller rather than a cryptic exit status of the child)."""
+    out = list(argv)
+    if not out:
+        raise ValueError("empty argv")
+    if netns:
+        if not nsutil.exists(netns):
+            raise nsutil.LabError(f"no netns {netns}")
+        out = [_tool("nsenter"), f"--net={nsutil.netns_path(netns)}", "--", *out]
+    if cgroup:
+        procs_file = os.path.join(cgroups.check(cgroup), "cgroup.procs")
+        if not os.path.exists(procs_file):
+            raise nsutil.LabError(f"no cgroup {cgroup}")
+        out = [_tool("sh"), "-c", _JOIN_CGROUP, "kproxy-trampoline", procs_file, *out]
+    return out
 
 
 def run_in(netns: str | None, cgroup: str | None, argv: Sequence[str],
@@ -60,12 +70,7 @@ def run_in(netns: str | None, cgroup: str | None, argv: Sequence[str],
     Without stdin/stdout/capture_output arguments the child inherits this process's stdio, so
     `lab exec` forwards the terminal, pipes and the exit code unchanged.
     """
-    preexec, fds = _entry(netns, cgroup)
-    try:
-        return subprocess.run(list(argv), preexec_fn=preexec, **kwargs)
-    finally:
-        for fd in fds:
-            os.close(fd)
+    return subprocess.run(trampoline(netns, cgroup, argv), **kwargs)
 
 
 def read_starttime(pid: int) -> int | None:
@@ -100,24 +105,31 @@ def spawn(argv: Sequence[str], *, netns: str | None, cgroup: str | None, log_pat
           cwd: str | None = None) -> ProcRec:
     """Start a long-running process in its own session; stdout+stderr append to log_path.
 
-    Popen returns only after exec succeeded (it waits on its CLOEXEC error pipe), so the
-    recorded argv is already what /proc/<pid>/cmdline shows.
+    Returns once the trampoline has exec'd the target (or died), so the recorded argv is
+    already what /proc/<pid>/cmdline shows and identify() never mistakes the trampoline for a
+    reused pid.
     """
-    preexec, fds = _entry(netns, cgroup)
+    full = trampoline(netns, cgroup, argv)
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
-    try:
-        with open(log_path, "ab") as log:
-            p = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                 preexec_fn=preexec, start_new_session=True, env=env, cwd=cwd)
-    finally:
-        for fd in fds:
-            os.close(fd)
+    with open(log_path, "ab") as log:
+        p = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                             start_new_session=True, env=env, cwd=cwd)
     _children[p.pid] = p
     start = read_starttime(p.pid)
     if start is None:  # died at once; still record it so the caller sees a dead pid
         start = -1
+    _wait_exec(p, list(argv))
     return ProcRec(pid=p.pid, argv=list(argv), starttime=start, target=target, log=log_path,
                    name=name)
+
+
+def _wait_exec(p: subprocess.Popen, argv: list[str], timeout: float = 10.0) -> None:
+    """Until the pid runs `argv` (sh and nsenter exec within milliseconds) or has exited."""
+    deadline = time.monotonic() + timeout
+    while cmdline(p.pid) != argv and p.poll() is None:
+        if time.monotonic() > deadline:
+            raise nsutil.LabError(f"pid {p.pid} did not exec {argv[0]} within {timeout:.0f}s")
+        time.sleep(0.002)
 
 
 def identify(rec: ProcRec) -> str:

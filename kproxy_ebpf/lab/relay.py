@@ -3,7 +3,7 @@
 The control plane listens on the host's 127.0.0.1 only (tests and the CLI reach it there, and no
 packet of ours ever leaves loopback in the host namespace). Lab nodes have no path to the host's
 loopback, so this relay opens its listening socket *inside* the underlay namespace (a socket
-belongs to the namespace it was created in; the process then returns to the host namespace) and
+belongs to the namespace it was created in; the process itself stays in the host namespace) and
 forwards each connection to 127.0.0.1:<port>. That gives the API server a lab address,
 10.250.0.1:6443, which is also what the `kubernetes` Service's endpoint says.
 
@@ -12,36 +12,19 @@ Run as: python3 -m kproxy_ebpf.lab.relay --netns NAME --listen IP:PORT --to 127.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import signal
 import socket
 import threading
 
-CLONE_NEWNET = 0x40000000
-
-
-def _setns(fd: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.setns(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
+from .nsutil import run_in_thread
 
 
 def listen_in(netns: str, host: str, port: int) -> socket.socket:
-    """A listening socket in `netns`; the calling thread ends up back in its own namespace."""
-    home = os.open("/proc/self/ns/net", os.O_RDONLY)
-    target = os.open(f"/run/netns/{netns}", os.O_RDONLY)
-    try:
-        _setns(target)
-        try:
-            sock = socket.create_server((host, port), reuse_port=False, backlog=128)
-        finally:
-            _setns(home)
-    finally:
-        os.close(home)
-        os.close(target)
-    return sock
+    """A listening socket in `netns`, made by a short-lived thread that entered it; this
+    process's own threads stay in the host namespace."""
+    return run_in_thread(netns, lambda: socket.create_server((host, port), reuse_port=False,
+                                                             backlog=128))
 
 
 def _pipe(src: socket.socket, dst: socket.socket) -> None:

@@ -2,17 +2,21 @@
 
 Conventions: lab "labnet-t", nodes 10.250.0.11/.12 (pod CIDRs 10.244.1.0/24, 10.244.2.0/24),
 pods a (node1, 10.244.1.10), c (node1, 10.244.1.11), b (node2, 10.244.2.10), external client
-10.250.0.250. All traffic is sent from inside the lab's namespaces.
+10.250.0.250, lab router 10.250.0.254. All traffic is sent from inside the lab's namespaces.
 """
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import threading
+from pathlib import Path
 
 import pytest
 
-from kproxy_ebpf.lab import Lab, LabError, procs
+from kproxy_ebpf.datapath.loader import ensure_bpffs
+from kproxy_ebpf.lab import Lab, LabError, nsutil, procs
 from kproxy_ebpf.lab.state import ProcRec
 
 pytestmark = pytest.mark.root
@@ -98,15 +102,17 @@ def test_topology_names_and_addresses(lab):
     node_routes = _ip(lab, "node1", "-4", "route")
     assert "10.244.2.0/24 via 10.250.0.12 dev eth0" in node_routes
     assert f"10.244.1.10 dev {a.veth}" in node_routes
-    assert "default" not in node_routes and "10.96." not in node_routes
-    pod_routes = _ip(lab, "a", "-4", "route")
-    for cidr in ("10.244.0.0/16", "10.250.0.0/24", "10.96.0.0/16"):
-        assert f"{cidr} via 169.254.1.1 dev eth0 onlink" in pod_routes
-    assert "default" not in pod_routes
+    assert "default via 10.250.0.254 dev eth0" in node_routes and "10.96." not in node_routes
+    pod_routes = _ip(lab, "a", "-4", "route").splitlines()
+    assert [r.split()[:5] for r in pod_routes] == [["default", "via", "169.254.1.1", "dev", "eth0"]]
+    assert "onlink" in pod_routes[0]
     ext_routes = _ip(lab, "ext", "-4", "route")
+    assert "default via 10.250.0.254 dev eth0" in ext_routes
     assert "10.96.0.0/16 via 10.250.0.11 dev eth0" in ext_routes
-    assert "10.244." not in ext_routes and "default" not in ext_routes
+    assert "unreachable 10.244.0.0/16" in ext_routes
     assert "default" not in _ip(lab, "net", "-4", "route")
+    rtr_routes = _ip(lab, "rtr", "-4", "route")
+    assert "default" not in rtr_routes and "10.244.1.0/24 via 10.250.0.11 dev eth0" in rtr_routes
     fwd = lab.exec("node1", ["cat", "/proc/sys/net/ipv4/ip_forward"], capture_output=True,
                    text=True).stdout.strip()
     assert fwd == "1"
@@ -145,14 +151,92 @@ def test_refused_and_unreachable(lab):
     assert lab.probe("a", b, 9999, udp=True, count=30) == ["REFUSED"] * 30
     # The underlay (control-plane endpoint) is reachable from pods and answers with a RST.
     assert lab.probe("a", "10.250.0.1", 6443) == ["REFUSED"]
-    # Nothing routes Service IPs yet (that is the proxy's job).
-    assert lab.probe("a", "10.96.0.10", 80, timeout=0.3)[0] in ("TIMEOUT", "ERROR EHOSTUNREACH",
-                                                                "ERROR ENETUNREACH")
+    # Nothing routes Service IPs yet (that is the proxy's job): the lab router says so.
+    assert lab.probe("a", "10.96.0.10", 80) == ["ERROR ENETUNREACH"]
 
 
 def test_external_client_is_isolated_from_pod_ips(lab):
-    assert lab.probe("ext", lab.pod("a").ip, 8080) == ["ERROR ENETUNREACH"]
+    assert lab.probe("ext", lab.pod("a").ip, 8080) == ["ERROR EHOSTUNREACH"]
     assert lab.probe("ext", "10.250.0.11", 8080) == ["REFUSED"]  # nodes are reachable
+
+
+OUTSIDE = "198.51.100.7"  # TEST-NET-2 (RFC 5737): never routed on the internet either
+ETH_P_ALL = 0x0003
+
+
+class _Sniffer:
+    """Receive-only AF_PACKET socket on every interface of one namespace (the host's, or a lab
+    namespace's when opened through nsutil.run_in_thread); collects IPv4 packets to OUTSIDE."""
+
+    def __init__(self, make=lambda f: f()):
+        self.sock = make(lambda: socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM,
+                                               socket.htons(ETH_P_ALL)))
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        self.sock.settimeout(0.05)
+        self.seen: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self) -> None:
+        want = socket.inet_aton(OUTSIDE)
+        while True:
+            try:
+                data, addr = self.sock.recvfrom(65536)
+            except TimeoutError:
+                if self.stop.is_set():  # drained: nothing queued any more
+                    return
+                continue
+            if addr[1] == 0x0800 and data[16:20] == want:
+                self.seen.append(addr[0])
+
+    def close(self) -> list[str]:
+        self.stop.set()
+        self.thread.join()
+        self.sock.close()
+        return self.seen
+
+
+def _counter(lab: Lab, target: str, table: str, key: str) -> int:
+    """A counter of /proc/net/snmp or /proc/net/netstat as the target's namespace sees it."""
+    rows = lab.exec(target, ["cat", f"/proc/net/{table}"], capture_output=True, text=True,
+                    check=True).stdout.splitlines()
+    group, _, name = key.partition(".")
+    for head, values in zip(rows[::2], rows[1::2]):
+        if head.startswith(group + ":"):
+            return int(dict(zip(head.split()[1:], values.split()[1:]))[name])
+    raise KeyError(key)
+
+
+def test_outside_addresses_end_at_the_lab_router(lab, host_before):
+    """Nodes, pods and the external client have a default route (as real machines have a
+    gateway), and it leads to the lab router, which leads nowhere: a packet to a public address
+    reaches the router, which answers "network unreachable", and never appears in the host's
+    namespace."""
+    rtr = lab.rtr_netns
+    with nsutil.iproute(rtr) as ipr:
+        links = {link.get("ifname"): link for link in ipr.get_links()}
+        routes = [r for r in ipr.get_routes(family=socket.AF_INET, table=254)]
+    assert set(links) == {"lo", "eth0"}, "the router has no link but its port on the bridge"
+    assert all(r.get("dst_len") > 0 for r in routes), "the router has no default route"
+    peer_ns = links["eth0"].get("IFLA_LINK_NETNSID")
+    assert peer_ns is not None, "eth0's peer lives in another namespace (the underlay)"
+    assert "kpn-rtr" in _ip(lab, "net", "-o", "link", "show", "master", "br0")
+
+    unreach = _counter(lab, "rtr", "snmp", "Icmp.OutDestUnreachs")
+    host = _Sniffer()
+    in_router = _Sniffer(lambda f: nsutil.run_in_thread(rtr, f))
+    try:
+        results = [lab.probe(src, OUTSIDE, 80, count=3) for src in ("a", "node1", "ext")]
+        results += [lab.probe(src, OUTSIDE, 53, udp=True, count=3) for src in ("b", "node2")]
+    finally:
+        on_host, on_router = host.close(), in_router.close()
+    assert results == [["ERROR ENETUNREACH"] * 3] * 5
+    assert len(on_router) >= 15 and set(on_router) == {"eth0"}, on_router
+    assert on_host == [], f"lab packets to {OUTSIDE} showed up on host links {set(on_host)}"
+    assert _counter(lab, "rtr", "snmp", "Icmp.OutDestUnreachs") >= unreach + 15
+    view = _host_view()
+    assert view["links"] == host_before["links"] and view["routes"] == host_before["routes"]
 
 
 def test_exec_runs_in_target_netns_and_cgroup(lab):
@@ -165,6 +249,26 @@ def test_exec_runs_in_target_netns_and_cgroup(lab):
     assert lab.exec("b", ["cat"], input="hi\n", capture_output=True, text=True).stdout == "hi\n"
     with pytest.raises(LabError):
         lab.target("nope")
+
+
+def test_exec_from_many_threads_at_once(lab):
+    """Processes are started through an exec trampoline (no Python between fork and exec), so
+    threads may start them concurrently, each landing in its own namespace and cgroup."""
+    from concurrent.futures import ThreadPoolExecutor
+    targets = ["a", "b", "c", "node1", "node2", "ext"] * 4
+    script = "cat /proc/self/cgroup | grep '^0::'; readlink /proc/self/ns/net"
+
+    def where(t: str) -> tuple[str, str]:
+        out = lab.exec(t, ["sh", "-c", script], capture_output=True, text=True, check=True)
+        cg, ns = out.stdout.split()
+        return cg, ns
+
+    with ThreadPoolExecutor(8) as pool:
+        seen = list(pool.map(where, targets))
+    for t, (cg, ns) in zip(targets, seen):
+        want = lab.target(t)
+        assert cg == "0::/" + os.path.relpath(want.cgroup, CGROOT)
+        assert ns == f"net:[{os.stat(f'/run/netns/{want.netns}').st_ino}]"
 
 
 def test_echo_serves_many_concurrent_connections(lab):
@@ -256,7 +360,7 @@ def test_up_failure_removes_the_partial_lab(monkeypatch):
 
 def test_down_removes_everything(lab, host_before):
     pins = f"/sys/fs/bpf/{PREFIX}-node1"
-    os.makedirs(pins, exist_ok=True)  # stands in for an agent's pinned maps
+    ensure_bpffs(Path(pins))  # stands in for an agent's pinned maps
     lab.spawn("net", ["sleep", "60"], "cp-standin")
     # An unrecorded child left in a pod cgroup (as `lab exec ... &` could leave) goes too.
     lab.exec("a", ["sh", "-c", "sleep 60 >/dev/null 2>&1 &"])

@@ -1,6 +1,6 @@
 """Our agent against API-server trouble: an outage (the datapath stays as it was, then the agent
 reconnects and converges) and a forced 410 Gone (a relist that neither duplicates nor loses an
-entry). Lab "it-api", kproxy on both nodes; conventions as in test_lab_cluster.py."""
+entry). Lab "it-api", kproxy on both nodes; conventions as in lab_services.py."""
 from __future__ import annotations
 
 import json
@@ -16,7 +16,7 @@ from kubernetes import client
 from kproxy_ebpf.lab.cluster import Cluster
 
 from ..support import require_controlplane, wait_until
-from .test_lab_cluster import delete_service, make_service, pods_of, served_by
+from .lab_services import delete_service, make_service, pods_of, served_by
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 

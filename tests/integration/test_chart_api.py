@@ -4,7 +4,7 @@ values and `helm uninstall`; and the agent's ServiceAccount, bound by the chart'
 read what it watches and post Events but cannot write Services or EndpointSlices.
 
 There is no kubelet and no DaemonSet controller: the DaemonSet's pods never run here, so the
-objects themselves are checked (the pods run in the lab: test_lab_cluster.py[image])."""
+objects themselves are checked (the pods run in the lab: tests/conformance and test_proxy_modes.py, image column)."""
 from __future__ import annotations
 
 import subprocess

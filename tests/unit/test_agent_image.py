@@ -1,5 +1,5 @@
 """The pod-spec -> podman translation of `lab up --agent image` (the real runs are in
-tests/integration/test_lab_cluster.py[image]): what the lab refuses, and what it maps."""
+tests/conformance and tests/integration/test_proxy_modes.py, image column): what the lab refuses, and what it maps."""
 import pytest
 
 from kproxy_ebpf.lab import agent_image as ai

@@ -1,0 +1,202 @@
+"""Differential Service tests: every scenario runs against kproxy and upstream kube-proxy
+(nftables, iptables), each in its own lab cluster (real kube-apiserver, EndpointSlice
+controller, one proxy per node), and the outcomes are compared (see verdicts.py).
+
+Conventions: labs "cf-<proxy>" (2 nodes: node1 10.250.0.11 zone-a, node2 10.250.0.12 zone-b),
+client pod "client" on node1, host client = node1's own namespace; backends named after their
+scenario; namespace default. One cluster per proxy per module.
+
+`make conformance` sets KPROXY_CONFORMANCE_FULL=1 and runs all three columns; otherwise (as in
+`make test`) the iptables column is left out (deselected, not skipped): it repeats what
+nftables proves and costs a cluster start plus iptables-restore runs.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from kproxy_ebpf.lab import kubeobjects
+from kproxy_ebpf.lab.cluster import NAMESPACE, Cluster
+
+from ..support import require_controlplane, wait_until
+from . import verdicts
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FULL_ENV = "KPROXY_CONFORMANCE_FULL"
+CLIENT = "pod/client"
+HOST = "node/node1"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get(FULL_ENV) == "1":
+        return
+    drop = [i for i in items if str(i.path).startswith(HERE + os.sep)
+            and getattr(i, "callspec", None) and i.callspec.params.get("cluster") == "iptables"]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [i for i in items if i not in drop]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if not verdicts.RESULTS:
+        return
+    lines, mismatches = verdicts.table()
+    tr = terminalreporter
+    tr.section("Service conformance: kproxy vs kube-proxy (cells: backends from source, or verdict)")
+    for line in lines:
+        tr.write_line(line)
+    for key, div in sorted(verdicts.DIVERGENCES.items()):
+        if key in verdicts.RESULTS:
+            until = f" (until {div.until})" if div.until else ""
+            tr.write_line(f"listed{until}: {key[0]} / {key[1]}: {div.reason}")
+    if mismatches:
+        tr.write_line(f"{mismatches} kproxy cell(s) differ from nftables without being listed",
+                      red=True)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if verdicts.RESULTS and verdicts.table()[1] and session.exitstatus == 0:
+        session.exitstatus = 1
+
+
+@pytest.fixture(scope="module", params=verdicts.PROXIES)
+def cluster(request) -> Iterator[Cluster]:
+    require_controlplane()
+    c = Cluster(f"cf-{request.param}")
+    c.down()
+    if request.param == "image":
+        c.up(nodes=2, proxy="kproxy", agent="image")
+    else:
+        c.up(nodes=2, proxy=request.param)
+    try:
+        c.create_pod("client", "node1", ports=(("tcp", 8080),))
+        yield c
+    finally:
+        problems = c.down()
+        assert not problems, problems
+
+
+class Scenario:
+    """One scenario against one proxy: makes pods and Services, probes, records and asserts
+    cells; removes what it made afterwards."""
+
+    def __init__(self, cluster: Cluster, name: str):
+        self.c = cluster
+        self.name = name
+        self.proxy = "image" if cluster.info.agent == "image" else cluster.info.proxy
+        self.core = client.CoreV1Api(cluster.api())
+        self._pods: list[str] = []
+        self._services: list[str] = []
+        self._slices: list[str] = []
+        self.roles = {cluster.lab.pod("client").ip: "pod", cluster.lab.node("node1").ip: "node"}
+
+    # -- objects ---------------------------------------------------------------------------------
+    def pods(self, app: str, placement: dict[str, str], ports=(("tcp", 8080), ("udp", 5353)),
+             port_names: dict[tuple[str, int], str] | None = None) -> None:
+        for pod, node in placement.items():
+            self.c.create_pod(pod, node, labels={"app": app}, ports=tuple(ports),
+                              port_names=port_names)
+            self._pods.append(pod)
+
+    def delete_pod(self, pod: str) -> None:
+        self.c.delete_pod(pod)
+        self._pods.remove(pod)
+
+    def service(self, name: str, app: str | None, ports: Sequence[dict[str, Any]],
+                labels: dict[str, str] | None = None, **spec: Any) -> str:
+        body = {"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": name, "labels": labels or {}},
+                "spec": {"selector": {"app": app} if app else None, "ports": list(ports), **spec}}
+        self._services.append(name)
+        return self.core.create_namespaced_service(NAMESPACE, body).spec.cluster_ip
+
+    def endpoint_slice(self, service: str, pods: Sequence[str], port: int,
+                       labels: dict[str, str] | None = None) -> None:
+        """A hand-made EndpointSlice (as a custom controller writes them) for a selector-less
+        Service; removed with the Service (no garbage collector runs in the lab)."""
+        body = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": f"{service}-manual", "labels": {
+                    kubeobjects.SERVICE_NAME_LABEL: service,
+                    "endpointslice.kubernetes.io/managed-by": "kproxy-conformance",
+                    **(labels or {})}},
+                "addressType": "IPv4",
+                "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+                "endpoints": [{"addresses": [self.c.lab.pod(p).ip], "nodeName":
+                               self.c.lab.pod(p).node, "conditions": {"ready": True}}
+                              for p in pods]}
+        client.DiscoveryV1Api(self.c.api()).create_namespaced_endpoint_slice(NAMESPACE, body)
+        self._slices.append(body["metadata"]["name"])
+
+    def delete_service(self, name: str) -> None:
+        self.core.delete_namespaced_service(name, NAMESPACE)
+        self._services.remove(name)
+
+    def terminating(self, pod: str) -> None:
+        """As a kubelet starts a graceful deletion: deletionTimestamp set, still Ready (so the
+        endpoint is serving and terminating, not ready)."""
+        kubeobjects.mark_pod_terminating(self.c.api(), NAMESPACE, pod)
+
+    def ready(self, pod: str, ready: bool) -> None:
+        kubeobjects.set_pod_ready(self.c.api(), NAMESPACE, pod, ready)
+
+    def wait_endpoints(self, service: str, count: int, **kw: Any) -> None:
+        kubeobjects.wait_for_slice_endpoints(self.c.api(), NAMESPACE, service, count,
+                                             timeout=30, **kw)
+
+    def cleanup(self) -> None:
+        for name in list(self._services):
+            self.delete_service(name)
+        for name in self._slices:
+            client.DiscoveryV1Api(self.c.api()).delete_namespaced_endpoint_slice(name, NAMESPACE)
+        for pod in self._pods:
+            self.c.delete_pod(pod)
+
+    # -- probes ----------------------------------------------------------------------------------
+    def probe(self, src: str, ip: str, port: int, udp: bool = False, count: int = 20,
+              timeout: float = 1.0, **kw: Any) -> list[str]:
+        return self.c.lab.probe(src, ip, port, udp=udp, count=count, timeout=timeout, **kw)
+
+    def check(self, check: str, src: str, ip: str, port: int, want: str | dict[str, str],
+              udp: bool = False, count: int = 20, converge: float = 30,
+              reduce: Callable[[list[str], dict[str, str]], str] = verdicts.cell) -> str:
+        """Probes until the cell equals what this proxy must give (the proxies program
+        asynchronously: kube-proxy's minSyncPeriod is 1 s), records the cell, asserts it."""
+        target = verdicts.expected(self.name, check, self.proxy, want)
+        # Where only failures are expected, wait past TCP's first SYN retransmission (1 s): on
+        # these sub-millisecond paths an ICMP error can come back while connect() still holds
+        # the socket lock, and the kernel then keeps it as a soft error until the next try.
+        timeout = 1.0 if any(" from " in t for t in target) else 1.5
+        seen: list[str] = []
+
+        def matches() -> bool:
+            seen.append(reduce(self.probe(src, ip, port, udp=udp, count=count,
+                                          timeout=timeout), self.roles))
+            return seen[-1] in target
+
+        try:
+            wait_until(matches, converge, f"{check}: {sorted(target)}", step=0.1)
+        except AssertionError:
+            raise AssertionError(f"{self.proxy}: {self.name} / {check}: wanted {sorted(target)}, "
+                                 f"still {seen[-1]!r} after {converge}s") from None
+        finally:
+            if seen:
+                verdicts.record(self.name, check, self.proxy, seen[-1])
+        return seen[-1]
+
+    def note(self, check: str, value: str) -> None:
+        """Record a cell that the scenario asserts itself."""
+        verdicts.record(self.name, check, self.proxy, value)
+
+
+@pytest.fixture
+def scenario(cluster: Cluster, request) -> Iterator[Scenario]:
+    name = request.node.originalname.removeprefix("test_")
+    s = Scenario(cluster, name)
+    try:
+        yield s
+    finally:
+        s.cleanup()

@@ -1,0 +1,156 @@
+"""Outcomes of a Service scenario, reduced to text that can be compared across proxies.
+
+A *cell* is what one client saw over a batch of attempts: the set of backends reached and the
+source address they saw ("a1,b1 from pod"), or the failure verdict ("REFUSED", "TIMEOUT",
+"ERROR ENETUNREACH"), or both joined by " + " when a batch mixed them. Source addresses are
+named by role (pod: the client pod's own IP; node: the client node's IP), so cells of two labs
+compare equal when the behaviour is the same.
+
+Every cell is recorded (RESULTS) and printed as a table test x proxy at the end of the run
+(conftest.py). kube-proxy nftables is the reference: a kproxy cell that differs from it must be
+listed in DIVERGENCES, with the reason, and the scenario asserts that listed difference.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from kproxy_ebpf.lab.probe import is_reply
+
+PROXIES = ("kproxy", "image", "nftables", "iptables")
+# Our agent as a host process, and from the container image with the Helm chart's pod spec
+# (capabilities, mounts, token: `lab up --agent image`); both must give the same cells.
+OURS = ("kproxy", "image")
+REFERENCE = "nftables"
+
+
+@dataclass(frozen=True)
+class Divergence:
+    kproxy: str  # the cell kproxy gives
+    reason: str
+    # Set when other work in progress will make kproxy match nftables: until then either cell
+    # is accepted (the table says which one it was), and the row goes once that work lands.
+    until: str = ""
+
+
+# (scenario, check) -> what kproxy deliberately does instead of kube-proxy's cell. Keep in step
+# with docs/architecture.md ("Where kproxy differs from kube-proxy").
+SERVICE_CIDR_WORK = "the agent's ServiceCIDR handling (issue 7, in progress)"
+UNTRANSLATED = ("kproxy has no frontend for it, so the connect goes out untranslated and the lab "
+                "router answers network unreachable, as in iptables mode")
+
+DIVERGENCES: dict[tuple[str, str], Divergence] = {
+    ("itp_local_no_local_endpoint", "tcp pod"): Divergence(
+        "ERROR EHOSTUNREACH",
+        "internalTrafficPolicy Local with no local endpoint: kube-proxy drops the packets and "
+        "the client waits for its own timeout; the socket hook fails connect() at once"),
+    ("itp_local_no_local_endpoint", "tcp host"): Divergence(
+        "ERROR EHOSTUNREACH", "as for pod clients"),
+    ("itp_local_no_local_endpoint", "udp pod"): Divergence(
+        "ERROR EHOSTUNREACH", "as for TCP: sendto() fails at once instead of a silent drop"),
+    ("no_endpoints_refused", "udp host"): Divergence(
+        "REFUSED",
+        "UDP from a host process to a Service without endpoints: kube-proxy's REJECT runs in "
+        "the OUTPUT hook, so the datagram is dropped inside sendto(), which fails with EPERM; "
+        "the socket hook fails sendto() with ECONNREFUSED, as for pods and for TCP"),
+    ("deleted_service", "tcp pod"): Divergence(
+        "ERROR ENETUNREACH",
+        "an address in the Service CIDR that no Service holds: kube-proxy nftables drops it; "
+        + UNTRANSLATED, until=SERVICE_CIDR_WORK),
+    ("multiport_named_ports", "82 (no such port)"): Divergence(
+        "ERROR ENETUNREACH",
+        "a port the Service does not have on its ClusterIP: kube-proxy nftables rejects it; "
+        + UNTRANSLATED, until=SERVICE_CIDR_WORK),
+    ("labels_for_other_proxies", "service-proxy-name"): Divergence(
+        "ERROR ENETUNREACH",
+        "both ignore a Service owned by another proxy; nftables then drops its ClusterIP as "
+        "unallocated; " + UNTRANSLATED, until=SERVICE_CIDR_WORK),
+    ("labels_for_other_proxies", "headless label on the Service"): Divergence(
+        "ERROR ENETUNREACH",
+        "kube-proxy 1.36 filters service.kubernetes.io/headless on EndpointSlices only and "
+        "programs a ClusterIP Service carrying it; the agent drops such a Service",
+        until="the label handling in kube/ (issue 7, in progress)"),
+}
+
+# RESULTS[(scenario, check)][proxy] = cell
+RESULTS: dict[tuple[str, str], dict[str, str]] = defaultdict(dict)
+
+
+def cell(lines: list[str], roles: dict[str, str]) -> str:
+    """Summarise probe lines (`<pod> <ip>:<port>` or a failure) into one cell; `roles` names
+    client source IPs ({"10.244.1.10": "pod", "10.250.0.11": "node"})."""
+    backends, sources, failures = set(), set(), set()
+    for line in lines:
+        if is_reply(line):
+            pod, peer = line.split()[:2]
+            backends.add(pod)
+            ip = peer.rpartition(":")[0]
+            sources.add(roles.get(ip, ip))
+        else:
+            failures.add(line)
+    parts = []
+    if backends:
+        parts.append(f"{','.join(sorted(backends))} from {','.join(sorted(sources))}")
+    parts += sorted(failures)
+    return " + ".join(parts) or "-"
+
+
+def sticky_cell(lines: list[str], roles: dict[str, str]) -> str:
+    """Like cell(), but counts the backends instead of naming them (for affinity, where which
+    backend a client sticks to is random): "1 backend from pod"."""
+    text = cell(lines, roles)
+    head, sep, rest = text.partition(" from ")
+    if not sep or "+" in text:
+        return text
+    n = len(head.split(","))
+    return f"{n} backend{'s' if n > 1 else ''} from {rest}"
+
+
+def expected(scenario: str, check: str, proxy: str, want: str | dict[str, str]) -> set[str]:
+    """The cells `proxy` may give. `want` is kube-proxy's behaviour (one cell, or one per mode
+    where iptables and nftables differ); kproxy must give the nftables cell unless the row is a
+    listed divergence (or a pending one: then either)."""
+    reference = want if isinstance(want, str) else want[REFERENCE]
+    if proxy in OURS:
+        div = DIVERGENCES.get((scenario, check))
+        if div:
+            return {div.kproxy, reference} if div.until else {div.kproxy}
+        return {reference}
+    return {want if isinstance(want, str) else want[proxy]}
+
+
+def record(scenario: str, check: str, proxy: str, value: str) -> None:
+    RESULTS[(scenario, check)][proxy] = value
+
+
+def compare_row(row: dict[str, str], key: tuple[str, str]) -> str:
+    """'=' (kproxy matches nftables), 'listed' (a listed divergence, as listed), 'pending' (a
+    divergence other work will remove), 'MISMATCH', or '' when the row lacks one of the two."""
+    if "image" in row and "kproxy" in row and row["image"] != row["kproxy"]:
+        return "MISMATCH"               # the chart's pod spec changed what the agent does
+    if "kproxy" not in row or REFERENCE not in row:
+        return ""
+    if row["kproxy"] == row[REFERENCE]:
+        return "="
+    div = DIVERGENCES.get(key)
+    if div and div.kproxy == row["kproxy"]:
+        return "pending" if div.until else "listed"
+    return "MISMATCH"
+
+
+def table() -> tuple[list[str], int]:
+    """The matrix as text lines, and the number of unlisted kproxy/nftables mismatches."""
+    proxies = [p for p in PROXIES if any(p in row for row in RESULTS.values())]
+    head = ["scenario", "check", *proxies, "kproxy vs nftables"]
+    rows = []
+    mismatches = 0
+    for key in sorted(RESULTS):
+        row = RESULTS[key]
+        verdict = compare_row(row, key)
+        mismatches += verdict == "MISMATCH"
+        rows.append([key[0], key[1], *(row.get(p, "") for p in proxies), verdict])
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    out = [fmt.format(*head), fmt.format(*("-" * w for w in widths))]
+    out += [fmt.format(*r) for r in rows]
+    return out, mismatches

@@ -1,0 +1,36 @@
+"""Helpers for integration tests on a lab cluster (tests/conformance has the differential
+Service scenarios that used to live in test_lab_cluster.py).
+
+Conventions: node1 10.250.0.11 (zone-a), node2 10.250.0.12 (zone-b), client pod "client" on
+node1; namespace default; Service IPs allocated by the API server from 10.96.0.0/16.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from kubernetes import client
+
+from kproxy_ebpf.lab.cluster import Cluster
+from kproxy_ebpf.lab.probe import is_reply
+
+
+def make_service(c: Cluster, name: str, app: str, udp: bool = False) -> str:
+    ports = [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]
+    if udp:
+        ports.append({"name": "dns", "port": 53, "targetPort": 5353, "protocol": "UDP"})
+    body = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+            "spec": {"selector": {"app": app}, "ports": ports}}
+    return client.CoreV1Api(c.api()).create_namespaced_service("default", body).spec.cluster_ip
+
+
+def delete_service(c: Cluster, name: str) -> None:
+    client.CoreV1Api(c.api()).delete_namespaced_service(name, "default")
+
+
+def pods_of(lines: list[str]) -> Counter:
+    return Counter(line.split()[0] for line in lines)
+
+
+def served_by(c: Cluster, ip: str, count: int = 1, port: int = 80, udp: bool = False) -> set[str]:
+    return set(pods_of([x for x in c.lab.probe("pod/client", ip, port, udp=udp, count=count,
+                                               timeout=0.5) if is_reply(x)]))
