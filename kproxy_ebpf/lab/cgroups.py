@@ -10,7 +10,9 @@ remove anything else, in particular not the machine's root cgroup.
 """
 from __future__ import annotations
 
+import errno
 import os
+import time
 
 ROOT = "/sys/fs/cgroup/unified"
 PREFIX = "kproxy-"
@@ -75,9 +77,31 @@ def remove_tree(path: str, root: str = ROOT) -> list[str]:
     problems = []
     for d in walk(path, root):
         try:
-            os.rmdir(d)
+            _rmdir_when_empty(d, root)
         except FileNotFoundError:
             pass
         except OSError as e:
             problems.append(f"rmdir {d}: {e.strerror} (pids {pids(d, root)})")
     return problems
+
+
+def _rmdir_when_empty(d: str, root: str, timeout: float = 3.0) -> None:
+    """rmdir, waiting out tasks that were killed but are still exiting: they are no longer
+    in cgroup.procs, yet keep the cgroup populated (EBUSY) until the kernel releases them.
+    cgroup.events says when that has happened."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            os.rmdir(d)
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY or time.monotonic() > deadline or pids(d, root):
+                raise
+        try:
+            with open(os.path.join(d, "cgroup.events")) as f:
+                populated = "populated 1" in f.read()
+        except FileNotFoundError:
+            return
+        if not populated:
+            continue
+        time.sleep(0.02)
