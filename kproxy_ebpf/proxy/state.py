@@ -18,9 +18,10 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..desired import Frontend, Problem, ServicePortName
-from ..model import EndpointSlice, Node, Protocol, Service
+from ..desired import Frontend, Problem, ServiceCIDRSet, ServicePortName
+from ..model import EndpointSlice, Node, Protocol, Service, ServiceCIDR
 from .frontends import service_frontends, service_port_endpoints
+from .servicecidr import ClusterIPIndex, service_cidr_set
 from .topology import PortEndpoints
 
 ServiceKey = tuple[str, str]                 # (namespace, name)
@@ -68,6 +69,11 @@ class ProxyState:
         # Claimants of each frontend key, sorted: owners[k][0] wins.
         self._owners: dict[FrontendKey, list[ServiceKey]] = {}
         self._merged: dict[FrontendKey, Frontend] = {}
+        # ServiceCIDRs and allocated ClusterIPs (proxy/servicecidr.py), with a cached result.
+        self._service_cidrs: dict[str, ServiceCIDR] = {}
+        self._cluster_ips = ClusterIPIndex()
+        self._cidr_set: tuple[tuple[int, int], ServiceCIDRSet] | None = None
+        self._cidr_version = 0
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -90,6 +96,7 @@ class ProxyState:
         return changed
 
     def upsert_service(self, svc: Service) -> bool:
+        self._cluster_ips.update(svc.key, svc)
         old = self._services.get(svc.key)
         self._services[svc.key] = svc
         if old is not None and _same(old, svc):
@@ -100,6 +107,7 @@ class ProxyState:
     def delete_service(self, namespace: str, name: str) -> bool:
         if self._services.pop((namespace, name), None) is None:
             return False
+        self._cluster_ips.update((namespace, name), None)
         self._dirty.add((namespace, name))
         return True
 
@@ -132,6 +140,28 @@ class ProxyState:
                 del self._slices_by_svc[key]
         self._dirty.add(key)
         return True
+
+    def upsert_service_cidr(self, sc: ServiceCIDR) -> bool:
+        old = self._service_cidrs.get(sc.name)
+        self._service_cidrs[sc.name] = sc
+        if old is not None and old.cidrs == sc.cidrs:
+            return False
+        self._cidr_version += 1
+        return True
+
+    def delete_service_cidr(self, name: str) -> bool:
+        if self._service_cidrs.pop(name, None) is None:
+            return False
+        self._cidr_version += 1
+        return True
+
+    def service_cidr_set(self) -> ServiceCIDRSet:
+        """Service ranges and allocated ClusterIPs, for addresses no frontend matched."""
+        version = (self._cidr_version, self._cluster_ips.version)
+        if self._cidr_set is None or self._cidr_set[0] != version:
+            self._cidr_set = (version, service_cidr_set(self._service_cidrs.values(),
+                                                        self._cluster_ips))
+        return self._cidr_set[1]
 
     # -- reads ----------------------------------------------------------------------------------
 
