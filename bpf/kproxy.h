@@ -24,6 +24,8 @@
 #define KP_MAP_FLOW    kp_flow_v1
 #define KP_MAP_META    kp_meta_v1
 #define KP_MAP_STATS   kp_stats_v1
+#define KP_MAP_SVCCIDR4 kp_svccidr4_v1
+#define KP_MAP_CIP4     kp_cip4_v1
 
 /* Default map sizes; the agent passes its configured sizes with -D at compile time. */
 #ifndef KP_SVC4_SIZE
@@ -43,6 +45,12 @@
 #endif
 #ifndef KP_META_SIZE
 #define KP_META_SIZE   16384
+#endif
+#ifndef KP_SVCCIDR4_SIZE
+#define KP_SVCCIDR4_SIZE 256
+#endif
+#ifndef KP_CIP4_SIZE
+#define KP_CIP4_SIZE   65536
 #endif
 
 /* How long an unconnected UDP socket keeps the backend it was given for a service, like the
@@ -83,6 +91,8 @@
 #define KP_STAT_BACKEND_MISS 3   /* a slot or backend row missing: should never happen */
 #define KP_STAT_AFFINITY_HIT 4   /* affinity (or a UDP flow) reused its backend */
 #define KP_STAT_REVNAT       5   /* a reply source or peer name rewritten back to the VIP */
+#define KP_STAT_CIP_REJECT   6   /* refused: an allocated ClusterIP, a port it does not have */
+#define KP_STAT_CIDR_DROP    7   /* unallocated address inside a ServiceCIDR: EHOSTUNREACH */
 #define KP_STAT_MAX          8
 
 /* Service rows: slot 0 describes the frontend, slots 1..count name its backends.
@@ -156,6 +166,22 @@ struct kp_svc_meta {
 	__u8  pad[7];
 };
 
+/* Addresses that matched no frontend (lib/servicecidr.h), kube-proxy nftables' cluster-ips
+ * set and service-CIDR rule. kp_cip4_v1: allocated ClusterIP (__be32) -> what it gets;
+ * kp_svccidr4_v1 (LPM trie): the ServiceCIDRs, an address inside one fails at once. */
+#define KP_CIP_REJECT 1   /* a ClusterIP we program, on a port the Service does not have */
+#define KP_CIP_PASS   2   /* a ClusterIP of a Service another proxy owns: left untouched */
+
+struct kp_cip4_val {
+	__u8 action;      /* KP_CIP_* */
+	__u8 pad[3];
+};
+
+struct kp_cidr4_key {
+	__u32  prefixlen; /* LPM trie key: prefix length in bits, then the address */
+	__be32 addr;
+};
+
 _Static_assert(sizeof(struct kp_svc4_key) == 12, "kp_svc4_key");
 _Static_assert(sizeof(struct kp_svc_val) == 16, "kp_svc_val");
 _Static_assert(sizeof(struct kp_backend4) == 8, "kp_backend4");
@@ -164,5 +190,7 @@ _Static_assert(sizeof(struct kp_sknat4_val) == 12, "kp_sknat4_val");
 _Static_assert(sizeof(struct kp_aff_key) == 16, "kp_aff_key");
 _Static_assert(sizeof(struct kp_aff_val) == 16, "kp_aff_val");
 _Static_assert(sizeof(struct kp_svc_meta) == 152, "kp_svc_meta");
+_Static_assert(sizeof(struct kp_cip4_val) == 4, "kp_cip4_val");
+_Static_assert(sizeof(struct kp_cidr4_key) == 8, "kp_cidr4_key");
 
 #endif /* KPROXY_H */

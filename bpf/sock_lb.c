@@ -17,6 +17,7 @@
 #include <uapi/linux/errno.h>
 #include "kproxy.h"
 #include "lib/maps.h"
+#include "lib/servicecidr.h"
 
 #define SYS_REJECT  0
 #define SYS_PROCEED 1
@@ -115,6 +116,18 @@ sock_select_backend(struct bpf_sock_addr *ctx, struct kp_svc4_key *key,
 	return be;
 }
 
+/* An address no frontend matched: refused, unreachable or untouched (lib/servicecidr.h). */
+static __always_inline int sock_unmatched(__be32 addr)
+{
+	struct kp_cidr4_key ckey = kp_servicecidr_key(addr);
+	struct kp_cip4_val *cip = kp_cip4_v1.lookup(&addr);
+	int err = kp_servicecidr_verdict(cip, cip ? NULL : kp_svccidr4_v1.lookup(&ckey));
+
+	if (err)
+		kp_count(err == -ECONNREFUSED ? KP_STAT_CIP_REJECT : KP_STAT_CIDR_DROP);
+	return err;
+}
+
 /* Translates (*addr, *port) if it is a service frontend. Returns 1 when translated, 0 when it
  * is no service (the socket proceeds untouched), or a negative errno to report. */
 static __always_inline int sock_xlate_fwd(struct bpf_sock_addr *ctx, __be32 *addr,
@@ -137,7 +150,7 @@ static __always_inline int sock_xlate_fwd(struct bpf_sock_addr *ctx, __be32 *add
 		key.slot = 0;
 		row = kp_svc4_v1.lookup(&key);
 		if (!row)
-			return 0;
+			return sock_unmatched(key.addr);
 		svc = *row;
 		if (svc.action == KP_ACTION_DROP) {
 			kp_count(KP_STAT_DROP);

@@ -23,6 +23,7 @@ from prometheus_client import start_http_server
 from . import health
 from .config import AgentConfig
 from .datapath import reader
+from .datapath.cidr_writer import CidrWriter
 from .datapath.loader import Datapath
 from .datapath.writer import ApplyResult, MapWriter
 from .desired import Problem
@@ -46,10 +47,12 @@ class Agent:
         self.state = ProxyState(Node(cfg.node_name), prefer_same_node=cfg.prefer_same_node)
         self.datapath = Datapath(Path(cfg.bpffs_dir), Path(cfg.cgroup), cfg.map_sizes)
         self.writer: MapWriter | None = None
+        self.cidrs: CidrWriter | None = None   # ServiceCIDR rows (datapath/cidr_writer.py)
         self.source: ApiSource | ManifestSource | None = None
         self.events = None
         self._lock = threading.Lock()        # guards state and _known
-        self._known: dict[str, set[tuple[str, str]]] = {"Service": set(), "EndpointSlice": set()}
+        self._known: dict[str, set[tuple[str, str]]] = {"Service": set(), "EndpointSlice": set(),
+                                                          "ServiceCIDR": set()}
         self._retry: set = set()              # frontend keys a failed write left behind
         self._triggers: list[float] = []      # trigger times of slice changes not yet synced
         self._started_at = time.time()
@@ -71,6 +74,8 @@ class Agent:
         self.datapath.load()
         self.writer = MapWriter(self.datapath.maps)
         adopted = self.writer.restore()
+        self.cidrs = CidrWriter(self.datapath.maps)
+        self.cidrs.restore()
         log.info("adopted %d frontends from %s", adopted, self.cfg.bpffs_dir)
         # Programs that would read empty maps (a fresh node, a cleanup, maps of a new layout
         # version) are attached only after the first sync has filled them: until then the
@@ -175,6 +180,8 @@ class Agent:
     def _upsert(self, kind: str, obj: Any) -> bool:
         if kind == "Service":
             return self.state.upsert_service(obj)
+        if kind == "ServiceCIDR":
+            return self.state.upsert_service_cidr(obj)
         changed = self.state.upsert_slice(obj)
         # As kube-proxy: changes older than this agent are not its programming latency.
         if changed and obj.trigger_time and obj.trigger_time >= self._started_at:
@@ -188,6 +195,8 @@ class Agent:
     def _delete(self, kind: str, ns: str, name: str) -> bool:
         if kind == "Service":
             return self.state.delete_service(ns, name)
+        if kind == "ServiceCIDR":
+            return self.state.delete_service_cidr(name)
         return self.state.delete_slice(ns, name)
 
     def _changed(self, changed: bool) -> None:
@@ -226,10 +235,12 @@ class Agent:
             self._full_syncs += 1
             if self._full_syncs % KERNEL_CHECK_EVERY == 0 or self._retry or self._recheck_kernel:
                 self.writer.restore()
+                self.cidrs.restore()
                 self._recheck_kernel = False
             result = self.writer.apply(changes.frontends)
         else:
             result = self.writer.apply(changes.frontends, changes.changed_keys | self._retry)
+        self._apply_service_cidrs(result)
         self._retry = set(result.failed)
         elapsed = time.monotonic() - t0
         if self._attach_pending:
@@ -252,6 +263,12 @@ class Agent:
         self._record(full, elapsed, len(changes.frontends), result)
         return result.ok
 
+    def _apply_service_cidrs(self, result: ApplyResult) -> None:
+        """After the frontends (a new Service's frontend exists before its ClusterIP row)."""
+        with self._lock:
+            wanted = self.state.service_cidr_set()
+        self.cidrs.apply(wanted, result)
+
     def _record(self, full: bool, elapsed: float, desired: int, result: ApplyResult) -> None:
         """Metrics and the log line of one sync."""
         self.metrics.sync_duration.labels("full" if full else "partial").observe(elapsed)
@@ -260,7 +277,7 @@ class Agent:
         stats = self.writer.stats()
         self.metrics.frontends.set(stats["frontends"])
         self.metrics.backends.set(stats["backends"])
-        for name, count in self.writer.row_counts().items():
+        for name, count in {**self.writer.row_counts(), **self.cidrs.row_counts()}.items():
             self.metrics.map_entries.labels(name).set(count)
             self.metrics.map_capacity.labels(name).set(self.datapath.maps[name].max_entries)
         if result.updated or result.deleted or not result.ok or not self._synced_once:

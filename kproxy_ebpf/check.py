@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from .desired import Frontend
 from .kube.convert import node_from_api, service_from_api, slice_from_api
-from .kube.sources import PROXY_LABEL_SELECTOR
+from .kube.sources import SLICE_LABEL_SELECTOR
 from .model import Node
 from .proxy.state import ProxyState
 
@@ -73,12 +73,12 @@ def desired_from_api(api_client, node_name: str, prefer_same_node: bool = True) 
 
     state = ProxyState(node_from_api(json.loads(core.read_node(
         node_name, _preload_content=False).data)), prefer_same_node=prefer_same_node)
-    for raw in items(core.list_service_for_all_namespaces, label_selector=PROXY_LABEL_SELECTOR):
+    for raw in items(core.list_service_for_all_namespaces):
         svc, _ = service_from_api(raw)
         if svc:
             state.upsert_service(svc)
     for raw in items(disc.list_endpoint_slice_for_all_namespaces,
-                     label_selector=PROXY_LABEL_SELECTOR):
+                     label_selector=SLICE_LABEL_SELECTOR):
         sl, _ = slice_from_api(raw)
         if sl:
             state.upsert_slice(sl)

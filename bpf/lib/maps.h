@@ -26,5 +26,10 @@ BPF_TABLE_PINNED("hash", __u32, struct kp_svc_meta, kp_meta_v1,
 		 KP_META_SIZE, KP_PIN(kp_meta_v1));
 BPF_TABLE_PINNED("percpu_array", __u32, __u64, kp_stats_v1,
 		 KP_STAT_MAX, KP_PIN(kp_stats_v1));
+BPF_TABLE_PINNED("hash", __be32, struct kp_cip4_val, kp_cip4_v1,
+		 KP_CIP4_SIZE, KP_PIN(kp_cip4_v1));
+/* An LPM trie must be created without preallocation. */
+BPF_TABLE_PINNED("lpm_trie", struct kp_cidr4_key, __u32, kp_svccidr4_v1,
+		 KP_SVCCIDR4_SIZE, KP_PIN(kp_svccidr4_v1), BPF_F_NO_PREALLOC);
 
 #endif

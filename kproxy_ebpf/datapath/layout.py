@@ -91,11 +91,22 @@ class SvcMeta(ctypes.Structure):
                 ("pad", ctypes.c_uint8 * 7)]
 
 
+class CipVal(ctypes.Structure):
+    """struct kp_cip4_val"""
+    _fields_ = [("action", ctypes.c_uint8), ("pad", ctypes.c_uint8 * 3)]
+
+
+class Cidr4Key(ctypes.Structure):
+    """struct kp_cidr4_key (LPM trie key)"""
+    _fields_ = [("prefixlen", ctypes.c_uint32), ("addr", ctypes.c_uint32)]
+
+
 # C struct name -> mirror; the layout test walks this table.
 STRUCTS: dict[str, type[ctypes.Structure]] = {
     "kp_svc4_key": SvcKey, "kp_svc_val": SvcVal, "kp_backend4": Backend4,
     "kp_sknat4_key": SknatKey, "kp_sknat4_val": SknatVal, "kp_aff_key": AffKey,
-    "kp_aff_val": AffVal, "kp_svc_meta": SvcMeta,
+    "kp_aff_val": AffVal, "kp_svc_meta": SvcMeta, "kp_cip4_val": CipVal,
+    "kp_cidr4_key": Cidr4Key,
 }
 
 U32 = ctypes.c_uint32
@@ -123,6 +134,9 @@ MAPS: dict[str, MapSpec] = {
     "flow": MapSpec("KP_MAP_FLOW", AffKey, AffVal, "KP_FLOW_SIZE", lru=True),
     "meta": MapSpec("KP_MAP_META", U32, SvcMeta, "KP_META_SIZE"),
     "stats": MapSpec("KP_MAP_STATS", U32, U64, None, percpu=True),
+    # Addresses no frontend matched (datapath/cidr_writer.py): allocated ClusterIPs, ServiceCIDRs.
+    "clusterip": MapSpec("KP_MAP_CIP4", U32, CipVal, "KP_CIP4_SIZE"),
+    "servicecidr": MapSpec("KP_MAP_SVCCIDR4", Cidr4Key, U32, "KP_SVCCIDR4_SIZE"),
 }
 
 # IANA protocol numbers, the kernel's sk_protocol.
