@@ -44,6 +44,7 @@ class Agent:
         self.cfg = cfg
         self.metrics = Metrics()
         self.health = health.ProxyHealth(cfg.health_timeout)
+        self.health.on_response = self.metrics.health_response
         self.state = ProxyState(Node(cfg.node_name), prefer_same_node=cfg.prefer_same_node)
         self.datapath = Datapath(Path(cfg.bpffs_dir), Path(cfg.cgroup), cfg.map_sizes)
         self.writer: MapWriter | None = None
@@ -202,6 +203,7 @@ class Agent:
     def _changed(self, changed: bool) -> None:
         if changed:
             self.health.queued_update()
+            self.metrics.sync_queued.set_to_current_time()
             with self._lock:               # reflector threads mutate the state
                 self.metrics.pending.set(len(self.state.dirty))
             self.runner.run()
@@ -271,7 +273,7 @@ class Agent:
 
     def _record(self, full: bool, elapsed: float, desired: int, result: ApplyResult) -> None:
         """Metrics and the log line of one sync."""
-        self.metrics.sync_duration.labels("full" if full else "partial").observe(elapsed)
+        self.metrics.observe_sync(full, elapsed)
         with self._lock:
             self.metrics.pending.set(len(self.state.dirty))
         stats = self.writer.stats()
