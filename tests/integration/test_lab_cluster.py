@@ -9,6 +9,7 @@ server from 10.96.0.0/16.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -25,18 +26,25 @@ pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 MODES = ["kproxy", "iptables", "nftables"]
 
 
-@pytest.fixture(scope="module", params=MODES)
-def cluster(request):
+@contextlib.contextmanager
+def lab_cluster(name: str, proxy: str):
+    """A 2-node lab cluster running `proxy`, with the client pod on node1; removed after."""
     require_controlplane()
-    c = Cluster(f"it-{request.param}")
+    c = Cluster(name)
     c.down()
-    c.up(nodes=2, proxy=request.param)
+    c.up(nodes=2, proxy=proxy)
     try:
         c.create_pod("client", "node1", ports=(("tcp", 8080),))
         yield c
     finally:
         problems = c.down()
         assert not problems, problems
+
+
+@pytest.fixture(scope="module", params=MODES)
+def cluster(request):
+    with lab_cluster(f"it-{request.param}", request.param) as c:
+        yield c
 
 
 def make_service(c: Cluster, name: str, app: str, udp: bool = False) -> str:

@@ -19,9 +19,9 @@ from kubernetes.client.rest import ApiException
 
 from kproxy_ebpf.lab.cluster import Cluster
 
-from ..support import require_controlplane, wait_until
+from ..support import wait_until
 from .test_agent_api import metric, services_on
-from .test_lab_cluster import delete_service, make_service, served_by
+from .test_lab_cluster import delete_service, lab_cluster, make_service, served_by
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 
@@ -39,16 +39,8 @@ NEEDS_ROUTER = pytest.mark.parametrize("cluster", ["kproxy"], indirect=True)
 
 @pytest.fixture(scope="module", params=["kproxy", "nftables"])
 def cluster(request):
-    require_controlplane()
-    c = Cluster(f"it-sem-{request.param[:3]}")
-    c.down()
-    c.up(nodes=2, proxy=request.param)
-    try:
-        c.create_pod("client", "node1", ports=(("tcp", 8080),))
+    with lab_cluster(f"it-sem-{request.param[:3]}", request.param) as c:
         yield c
-    finally:
-        problems = c.down()
-        assert not problems, problems
 
 
 def probe(c: Cluster, ip: str, port: int = 80) -> str:
