@@ -63,7 +63,14 @@ enum kp_stat {                  /* index into the per-CPU counter array kp_stats
 	KP_STAT_AFFINITY_HIT = 4, /* affinity (or a UDP flow) reused its backend */
 	KP_STAT_REVNAT       = 5, /* a reply source or peer name rewritten back to the VIP */
 	KP_STAT_RETRY        = 6, /* a lookup raced a writer and read slot 0 again */
-	KP_STAT_MAX          = 8,
+	KP_STAT_CIP_REJECT   = 7, /* refused: an allocated ClusterIP, a port it does not have */
+	KP_STAT_CIDR_DROP    = 8, /* unallocated address inside a ServiceCIDR: EHOSTUNREACH */
+	KP_STAT_MAX          = 16,
+};
+
+enum kp_cip_action {            /* kp_cip4_val.action (lib/servicecidr.h) */
+	KP_CIP_REJECT = 1,      /* a ClusterIP we program, on a port the Service does not have */
+	KP_CIP_PASS   = 2,      /* a ClusterIP of a Service another proxy owns: left untouched */
 };
 
 enum kp_meta_flags {            /* kp_svc_meta.flags: the Service's traffic policies */
@@ -171,6 +178,19 @@ struct kp_svc_meta {
 	__u8  pad[2];
 };
 
+/* Addresses that matched no frontend (lib/servicecidr.h), kube-proxy nftables' cluster-ips
+ * set and service-CIDR rule: kp_cip4 maps an allocated ClusterIP (__be32) to what it gets;
+ * kp_svccidr4 (LPM trie) holds the ServiceCIDRs, and an address inside one fails at once. */
+struct kp_cip4_val {
+	__u8 action;      /* enum kp_cip_action */
+	__u8 pad[3];
+};
+
+struct kp_cidr4_key {
+	__u32  prefixlen; /* LPM trie key: prefix length in bits, then the address */
+	__be32 addr;
+};
+
 /* ---- The lookup interface of lib/lb.h (a request and its answer) ----------------------------
  * Context-free so every program type shares it; tests pass these through BPF_PROG_TEST_RUN. */
 enum kp_lb_verdict {
@@ -208,21 +228,26 @@ _Static_assert(sizeof(struct kp_sknat4_val) == 12, "kp_sknat4_val");
 _Static_assert(sizeof(struct kp_aff_key) == 16, "kp_aff_key");
 _Static_assert(sizeof(struct kp_aff_val) == 16, "kp_aff_val");
 _Static_assert(sizeof(struct kp_svc_meta) == 152, "kp_svc_meta");
+_Static_assert(sizeof(struct kp_cip4_val) == 4, "kp_cip4_val");
+_Static_assert(sizeof(struct kp_cidr4_key) == 8, "kp_cidr4_key");
 _Static_assert(sizeof(struct kp_lb_req) == 48, "kp_lb_req");
 _Static_assert(sizeof(struct kp_lb_res) == 24, "kp_lb_res");
 
 /* ---- Maps ----------------------------------------------------------------------------------
- * X(id, name, version, type, key, value, size): `name` is the identifier the programs use,
- * name_v<version> the pin (and the name the CLI shows), `size` the -D knob whose default is
- * below; the agent passes its configured sizes. */
+ * X(id, name, version, type, key, value, size, flags): `name` is the identifier the programs
+ * use, name_v<version> the pin (and the name the CLI shows), `size` the -D knob whose default is
+ * below (the agent passes its configured sizes), `flags` the map_flags at creation. */
+#define KP_NO_PREALLOC 1   /* BPF_F_NO_PREALLOC: an LPM trie must be created without it */
 #define KP_MAPS(X)                                                                            \
-	X(svc,      kp_svc4,   2, hash,         struct kp_svc4_key,   struct kp_svc_val,    KP_SVC4_SIZE)   \
-	X(backend,  kp_be4,    2, hash,         __u32,                struct kp_backend4,   KP_BE4_SIZE)    \
-	X(sknat,    kp_sknat4, 1, lru_hash,     struct kp_sknat4_key, struct kp_sknat4_val, KP_SKNAT4_SIZE) \
-	X(affinity, kp_aff,    1, lru_hash,     struct kp_aff_key,    struct kp_aff_val,    KP_AFF_SIZE)    \
-	X(flow,     kp_flow,   1, lru_hash,     struct kp_aff_key,    struct kp_aff_val,    KP_FLOW_SIZE)   \
-	X(meta,     kp_meta,   2, hash,         __u32,                struct kp_svc_meta,   KP_META_SIZE)   \
-	X(stats,    kp_stats,  1, percpu_array, __u32,                __u64,                KP_STAT_MAX)
+	X(svc,         kp_svc4,     2, hash,         struct kp_svc4_key,   struct kp_svc_val,    KP_SVC4_SIZE,     0) \
+	X(backend,     kp_be4,      2, hash,         __u32,                struct kp_backend4,   KP_BE4_SIZE,      0) \
+	X(sknat,       kp_sknat4,   1, lru_hash,     struct kp_sknat4_key, struct kp_sknat4_val, KP_SKNAT4_SIZE,   0) \
+	X(affinity,    kp_aff,      1, lru_hash,     struct kp_aff_key,    struct kp_aff_val,    KP_AFF_SIZE,      0) \
+	X(flow,        kp_flow,     1, lru_hash,     struct kp_aff_key,    struct kp_aff_val,    KP_FLOW_SIZE,     0) \
+	X(meta,        kp_meta,     2, hash,         __u32,                struct kp_svc_meta,   KP_META_SIZE,     0) \
+	X(stats,       kp_stats,    2, percpu_array, __u32,                __u64,                KP_STAT_MAX,      0) \
+	X(clusterip,   kp_cip4,     1, hash,         __be32,               struct kp_cip4_val,   KP_CIP4_SIZE,     0) \
+	X(servicecidr, kp_svccidr4, 1, lpm_trie,     struct kp_cidr4_key,  __u32,                KP_SVCCIDR4_SIZE, KP_NO_PREALLOC)
 
 #ifndef KP_SVC4_SIZE
 #define KP_SVC4_SIZE   262144  /* frontends plus one row per backend slot (10k x 10: 110k) */
@@ -242,11 +267,18 @@ _Static_assert(sizeof(struct kp_lb_res) == 24, "kp_lb_res");
 #ifndef KP_META_SIZE
 #define KP_META_SIZE   16384   /* service-port names for the CLI */
 #endif
+#ifndef KP_CIP4_SIZE
+#define KP_CIP4_SIZE   65536   /* allocated ClusterIPs (ours and other proxies') */
+#endif
+#ifndef KP_SVCCIDR4_SIZE
+#define KP_SVCCIDR4_SIZE 256   /* ServiceCIDR ranges */
+#endif
 
 /* Enums that reach the BTF through layoutgen's anchor struct (a type no variable uses is
  * not emitted). */
 #define KP_ENUMS(X) X(kp_scope) X(kp_action) X(kp_kind) X(kp_be_flags) X(kp_aff_type) \
-	X(kp_stat) X(kp_tunables) X(kp_lb_verdict) X(kp_meta_flags) X(kp_traffic_distribution)
+	X(kp_stat) X(kp_tunables) X(kp_lb_verdict) X(kp_meta_flags) X(kp_traffic_distribution) \
+	X(kp_cip_action)
 
 /* Structs that are no map's key or value but cross the kernel boundary (test runs). */
 #define KP_EXTRA_STRUCTS(X) X(kp_lb_req) X(kp_lb_res)

@@ -30,6 +30,7 @@ from prometheus_client import start_http_server
 from . import health
 from .config import AgentConfig
 from .datapath import reader
+from .datapath.cidr_writer import CidrWriter
 from .datapath.loader import Datapath
 from .datapath.writer import ApplyResult, MapWriter
 from .desired import Problem
@@ -68,9 +69,11 @@ class Agent:
         self.cfg = cfg
         self.metrics = Metrics()
         self.health = health.ProxyHealth(cfg.health_timeout)
+        self.health.on_response = self.metrics.health_response
         self.state = ProxyState(Node(cfg.node_name), prefer_same_node=cfg.prefer_same_node)
         self.datapath = Datapath(Path(cfg.bpffs_dir), Path(cfg.cgroup), cfg.map_sizes)
         self.writer: MapWriter | None = None
+        self.cidrs: CidrWriter | None = None   # ServiceCIDR rows (datapath/cidr_writer.py)
         self.source: ApiSource | ManifestSource | None = None
         self.events = None
         self._lock = threading.Lock()        # guards state
@@ -83,6 +86,7 @@ class Agent:
         self._reported: dict[tuple[str, str], set[tuple]] = {}
         self._rows_counted = 0.0              # monotonic time of the last row gauge refresh
         self._recompute = False               # a sync failed: recompute every Service
+        self._cidrs_incomplete = False        # a ServiceCIDR row failed: write them all next
         self._stop = threading.Event()
         self._synced_once = False
         self._full_syncs = 0
@@ -101,6 +105,8 @@ class Agent:
         release_heap()
         self.writer = MapWriter(self.datapath.maps)
         adopted = self.writer.restore()
+        self.cidrs = CidrWriter(self.datapath.maps)
+        self.cidrs.restore()
         log.info("adopted %d frontends from %s", adopted, self.cfg.bpffs_dir)
         # Programs that would read empty maps (a fresh node, a cleanup, maps of a new layout
         # version) are attached only after the first sync has filled them: until then the
@@ -168,7 +174,8 @@ class Agent:
                 changed = bool(objs) and self._set_node(objs[0])
             else:
                 new = {o.key for o in objs}
-                held = self.state.service_keys() if kind == "Service" else self.state.slice_keys()
+                held = {"Service": self.state.service_keys, "EndpointSlice": self.state.slice_keys,
+                        "ServiceCIDR": self.state.service_cidr_keys}[kind]()
                 changed = False
                 # An object that failed conversion keeps its last good version, as on a watch.
                 for ns, name in [k for k in held if k not in new and k not in keep]:
@@ -203,6 +210,8 @@ class Agent:
     def _upsert(self, kind: str, obj: Any) -> bool:
         if kind == "Service":
             return self.state.upsert_service(obj)
+        if kind == "ServiceCIDR":
+            return self.state.upsert_service_cidr(obj)
         changed = self.state.upsert_slice(obj)
         # As kube-proxy: changes older than this agent are not its programming latency.
         if changed and obj.trigger_time and obj.trigger_time >= self._started_at:
@@ -216,11 +225,14 @@ class Agent:
     def _delete(self, kind: str, ns: str, name: str) -> bool:
         if kind == "Service":
             return self.state.delete_service(ns, name)
+        if kind == "ServiceCIDR":
+            return self.state.delete_service_cidr(name)
         return self.state.delete_slice(ns, name)
 
     def _changed(self, changed: bool) -> None:
         if changed:
             self.health.queued_update()
+            self.metrics.sync_queued.set_to_current_time()
             with self._lock:               # reflector threads mutate the state
                 self.metrics.pending.set(self.state.pending)
             self.runner.run()
@@ -260,6 +272,7 @@ class Agent:
             if self._full_syncs % KERNEL_CHECK_EVERY == 0 or self._recheck_kernel or (
                     self._retry and not self._retry_map_full):
                 self.writer.restore()
+                self.cidrs.restore()
                 self._recheck_kernel = False
             result = self.writer.apply(changes.frontends)
             retried = True
@@ -267,6 +280,7 @@ class Agent:
             retried = time.monotonic() >= self._retry_at
             result = self.writer.apply(changes.frontends, changes.changed_keys | (
                 self._retry if retried else set()))
+        self._apply_service_cidrs(result, full)
         self._retry = set(result.failed) | (set() if retried else self._retry)
         self._retry_map_full = bool(result.full_maps) or (not retried and self._retry_map_full)
         if retried:
@@ -295,9 +309,25 @@ class Agent:
             release_heap()      # the first LIST's JSON, or a relist's: a few ms at 10k Services
         return result.ok
 
+    def _apply_service_cidrs(self, result: ApplyResult, full: bool) -> None:
+        """After the frontends (a new Service's frontend exists before its ClusterIP row). A
+        partial sync writes only the ClusterIPs touched since the last one; after a failed
+        write the next sync writes the whole set."""
+        full = full or self._cidrs_incomplete
+        with self._lock:
+            if full:
+                wanted = self.state.service_cidr_set()
+            else:
+                cidrs, touched = self.state.service_cidr_changes()
+        if full:
+            done = self.cidrs.apply(wanted, result)
+        else:
+            done = self.cidrs.apply_changes(cidrs, touched, result)
+        self._cidrs_incomplete = not done
+
     def _record(self, full: bool, elapsed: float, desired: int, result: ApplyResult) -> None:
         """Metrics and the log line of one sync."""
-        self.metrics.sync_duration.labels("full" if full else "partial").observe(elapsed)
+        self.metrics.observe_sync(full, elapsed)
         with self._lock:
             self.metrics.pending.set(self.state.pending)
         stats = self.writer.stats()
@@ -306,7 +336,7 @@ class Agent:
         now = time.monotonic()
         if full or now - self._rows_counted >= ROW_COUNT_EVERY:
             self._rows_counted = now
-            for name, count in self.writer.row_counts().items():
+            for name, count in {**self.writer.row_counts(), **self.cidrs.row_counts()}.items():
                 self.metrics.map_entries.labels(name).set(count)
                 self.metrics.map_capacity.labels(name).set(self.datapath.maps[name].max_entries)
         if result.updated or result.deleted or not result.ok or not self._synced_once:

@@ -232,10 +232,11 @@ def status(bpffs_dir: str, output: str, healthz: str) -> None:
            "warnings": _attach_warnings(hooks)}
     if healthz:
         try:
+            # The body has a "status" of its own (kube-proxy's per-family health): kept apart.
             with urllib.request.urlopen(healthz, timeout=2) as r:
-                out["agent"] = {"status": r.status, **json.loads(r.read())}
+                out["agent"] = {"status": r.status, "healthz": json.loads(r.read())}
         except urllib.error.HTTPError as exc:
-            out["agent"] = {"status": exc.code, **json.loads(exc.read() or b"{}")}
+            out["agent"] = {"status": exc.code, "healthz": json.loads(exc.read() or b"{}")}
         except (OSError, ValueError) as exc:
             out["agent"] = {"status": None, "error": str(exc)}
     if output == "json":
@@ -255,7 +256,8 @@ def status(bpffs_dir: str, output: str, healthz: str) -> None:
     if "agent" in out:
         agent = out["agent"]
         state = {200: "healthy", 503: "UNHEALTHY"}.get(agent["status"], "unreachable")
-        click.echo(f"  agent: {state} {json.dumps({k: v for k, v in agent.items() if k != 'status'})}")
+        detail = agent.get("healthz") or {k: v for k, v in agent.items() if k != "status"}
+        click.echo(f"  agent: {state} {json.dumps(detail)}")
 
 
 @main.command()

@@ -36,6 +36,8 @@ class MapSizes:
     affinity: int = _default_size("affinity")  # ClientIP affinity (LRU)
     flow: int = _default_size("flow")          # unconnected-UDP flows (LRU)
     meta: int = _default_size("meta")          # service-port names for the CLI
+    clusterip: int = _default_size("clusterip")  # allocated ClusterIPs (ServiceCIDR checks)
+    servicecidr: int = _default_size("servicecidr")  # ServiceCIDR ranges (LPM trie)
 
 
 @dataclass

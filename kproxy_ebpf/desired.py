@@ -93,3 +93,19 @@ class Problem:
     kind: str          # "Service" or "EndpointSlice"
     reason: str        # CamelCase, used as the metric label and the Event reason
     message: str
+
+
+@dataclass(frozen=True)
+class ServiceCIDRSet:
+    """What the node does with an address that matched no frontend (kube-proxy nftables'
+    cluster-ips set and service CIDR rules, semantics 1.2 / nftables proxier.go v1.36).
+
+    An address in cluster_ips (a ClusterIP this proxy programs) on a port the Service does not
+    have is refused (ECONNREFUSED, kube-proxy's reject). Any other address inside one of cidrs
+    fails at once with EHOSTUNREACH (kube-proxy drops it; see docs/architecture.md for why we
+    fail fast), except foreign_ips: ClusterIPs of Services another proxy owns (label
+    service.kubernetes.io/service-proxy-name), left untouched so that proxy can serve them.
+    """
+    cidrs: frozenset[str] = frozenset()        # IPv4 networks, canonical ("10.96.0.0/16")
+    cluster_ips: frozenset[str] = frozenset()
+    foreign_ips: frozenset[str] = frozenset()

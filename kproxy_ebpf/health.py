@@ -1,21 +1,36 @@
-"""/healthz and /livez with kube-proxy's semantics (pkg/proxy/healthcheck/proxier_health.go):
-unhealthy (503) when a change has waited for a sync longer than the health timeout; /healthz is
-also 503 while the Node is being deleted, /livez ignores the Node. Bodies are JSON with
-lastUpdated and currentTime, as kube-proxy's, so the same probes and dashboards work.
+"""/healthz and /livez with kube-proxy v1.36's semantics (pkg/proxy/healthcheck/proxy_health.go).
+
+Unhealthy (503) when a change has waited for a sync longer than the health timeout. /healthz
+is also 503 while the Node is not eligible: not seen yet, being deleted (deletionTimestamp) or
+tainted ToBeDeletedByClusterAutoscaler, so that load balancers drain the node first; /livez
+ignores the Node (a draining node's proxy must not be restarted for it).
+
+Bodies are kube-proxy's JSON, field for field, so the same probes and dashboards work:
+  {"lastUpdated": T, "currentTime": T, "nodeEligible": bool (/healthz only), "healthy": bool,
+   "status": {"IPv4": {"lastUpdated": T, "healthy": bool}}}
+"healthy" is the proxier's own health (not the node's); "lastUpdated" reads as now while the
+response is 200, as kube-proxy keeps it for old clients; times are Go's RFC 3339 in UTC.
 """
 from __future__ import annotations
 
 import json
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+IP_FAMILY = "IPv4"       # the one family this proxier serves (kube-proxy's per-family status)
 
-def _iso(ts: float | None) -> str:
+
+def go_time(ts: float | None) -> str:
+    """A timestamp as Go's time.Time marshals to JSON (RFC 3339, trailing zeros trimmed);
+    unset is Go's zero time."""
     if not ts:
-        return ""
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds")
+        return "0001-01-01T00:00:00Z"
+    dt = datetime.fromtimestamp(ts, timezone.utc)
+    frac = f"{dt.microsecond:06d}".rstrip("0")
+    return dt.strftime("%Y-%m-%dT%H:%M:%S") + (f".{frac}" if frac else "") + "Z"
 
 
 class ProxyHealth:
@@ -25,7 +40,9 @@ class ProxyHealth:
         self._lock = threading.Lock()
         self.last_updated: float | None = None
         self.oldest_pending: float | None = None
-        self.node_eligible = True
+        # None until the Node is seen: kube-proxy's NodeEligible() is false without a Node.
+        self.node_eligible: bool | None = None
+        self.on_response: Callable[[str, int], None] | None = None   # (path, code): metrics
 
     def queued_update(self) -> None:
         """A change arrived that the datapath does not hold yet."""
@@ -43,11 +60,17 @@ class ProxyHealth:
     def status(self, with_node: bool) -> tuple[int, dict]:
         with self._lock:
             now = self._clock()
-            healthy = self.oldest_pending is None or now - self.oldest_pending < self.timeout
-            body = {"lastUpdated": _iso(self.last_updated), "currentTime": _iso(now)}
+            proxier_ok = self.oldest_pending is None or now - self.oldest_pending < self.timeout
+            healthy = proxier_ok
+            body: dict = {"lastUpdated": None, "currentTime": go_time(now)}
             if with_node:
-                body["nodeEligible"] = self.node_eligible
-                healthy = healthy and self.node_eligible
+                body["nodeEligible"] = self.node_eligible is True
+                healthy = healthy and self.node_eligible is True
+            body["lastUpdated"] = go_time(now if healthy else self.last_updated)
+            body["healthy"] = proxier_ok
+            if self.last_updated is not None:
+                body["status"] = {IP_FAMILY: {"lastUpdated": go_time(self.last_updated),
+                                              "healthy": proxier_ok}}
         return (200 if healthy else 503), body
 
 
@@ -62,6 +85,8 @@ def serve(health: ProxyHealth, address: str) -> ThreadingHTTPServer:
                 self.send_error(404)
                 return
             code, body = health.status(with_node=path == "/healthz")
+            if health.on_response:
+                health.on_response(path, code)
             data = json.dumps(body).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")

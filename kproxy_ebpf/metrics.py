@@ -2,6 +2,12 @@
 (pkg/proxy/metrics: sync_proxy_rules_duration_seconds, sync_proxy_rules_last_timestamp_seconds,
 ..._changes_pending) with our own prefix, plus what only a BPF datapath has: map fill, map-full
 errors and the programs' own counters (read from the per-CPU stats map at scrape time).
+
+Labels follow kube-proxy v1.36 (pkg/proxy/metrics/metrics.go): the per-proxier metrics (sync
+durations, full and partial, last sync and last queued timestamps, network programming latency,
+sync failures) carry `ip_family` ("IPv4": this proxier's family, as kube-proxy's
+v1.IPFamily); the node-wide ones (changes pending, healthz/livez answers) do not. The children
+for our family are bound here, so callers just observe/set/inc.
 """
 from __future__ import annotations
 
@@ -12,25 +18,45 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 P = "kproxy_"
+IP_FAMILY = "IPv4"
+SYNC_BUCKETS = [0.001 * 2 ** i for i in range(15)]           # 1 ms .. 16 s, as kube-proxy's
+# kube-proxy's network programming buckets: 0.25 s, 0.5 s, 1..59 s, 60..115 s, 2..5 min.
+PROGRAMMING_BUCKETS = ([0.25, 0.5] + [float(i) for i in range(1, 60)]
+                       + [60.0 + 5 * i for i in range(12)] + [120.0 + 30 * i for i in range(7)])
 
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        fam = ["ip_family"]
         self.sync_duration = Histogram(
-            P + "sync_proxy_rules_duration_seconds", "Time a sync took, by kind (full or partial).",
-            ["kind"], registry=r,
-            buckets=[0.001 * 2 ** i for i in range(15)])   # 1 ms .. 16 s, as kube-proxy's
+            P + "sync_proxy_rules_duration_seconds", "Time a sync took (full or partial).",
+            fam, registry=r, buckets=SYNC_BUCKETS).labels(IP_FAMILY)
+        self.sync_full_duration = Histogram(
+            P + "sync_full_proxy_rules_duration_seconds", "Time a full sync took.",
+            fam, registry=r, buckets=SYNC_BUCKETS).labels(IP_FAMILY)
+        self.sync_partial_duration = Histogram(
+            P + "sync_partial_proxy_rules_duration_seconds", "Time a partial sync took.",
+            fam, registry=r, buckets=SYNC_BUCKETS).labels(IP_FAMILY)
         self.programming = Histogram(
             P + "network_programming_duration_seconds",
             "From the change that triggered an EndpointSlice update (its last-change-trigger-"
             "time) to the datapath holding it; kube-proxy's network programming latency SLI.",
-            registry=r, buckets=[0.005 * 2 ** i for i in range(15)])   # 5 ms .. 82 s
+            fam, registry=r, buckets=PROGRAMMING_BUCKETS).labels(IP_FAMILY)
         self.sync_last = Gauge(P + "sync_proxy_rules_last_timestamp_seconds",
-                               "When the last successful sync finished.", registry=r)
+                               "When the last successful sync finished.", fam,
+                               registry=r).labels(IP_FAMILY)
+        self.sync_queued = Gauge(P + "sync_proxy_rules_last_queued_timestamp_seconds",
+                                 "When a sync was last asked for (a change arrived).", fam,
+                                 registry=r).labels(IP_FAMILY)
         self.sync_failures = Counter(P + "sync_proxy_rules_failures_total",
-                                     "Syncs that left something unprogrammed.", registry=r)
+                                     "Syncs that left something unprogrammed.", fam,
+                                     registry=r).labels(IP_FAMILY)
+        self.healthz = Counter(P + "proxy_healthz_total", "/healthz answers, by HTTP code.",
+                               ["code"], registry=r)
+        self.livez = Counter(P + "proxy_livez_total", "/livez answers, by HTTP code.",
+                             ["code"], registry=r)
         self.pending = Gauge(P + "service_changes_pending",
                              "Services changed since the last sync.", registry=r)
         self.frontends = Gauge(P + "frontends", "Frontends programmed.", registry=r)
@@ -48,6 +74,14 @@ class Metrics:
                                 registry=r)
         self.problems = Gauge(P + "service_problems", "Current problems with Services.",
                               ["reason"], registry=r)
+
+    def observe_sync(self, full: bool, seconds: float) -> None:
+        self.sync_duration.observe(seconds)
+        (self.sync_full_duration if full else self.sync_partial_duration).observe(seconds)
+
+    def health_response(self, path: str, code: int) -> None:
+        """health.ProxyHealth.on_response: count /healthz and /livez answers."""
+        (self.healthz if path == "/healthz" else self.livez).labels(str(code)).inc()
 
     def watch_datapath(self, read_counters: Callable[[], dict[str, int]]) -> None:
         """Exports the BPF programs' per-CPU counters (summed) at every scrape."""

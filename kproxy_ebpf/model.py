@@ -54,7 +54,6 @@ class Service:
     load_balancer_source_ranges: tuple[str, ...] = ()
     traffic_distribution: str | None = None
     proxy_name: str | None = None          # label service.kubernetes.io/service-proxy-name
-    headless_label: bool = False           # label service.kubernetes.io/headless present
     resource_version: str = ""
 
     @property
@@ -90,6 +89,9 @@ class EndpointSlice:
     ports: tuple[EndpointPort, ...] = ()
     endpoints: tuple[Endpoint, ...] = ()
     resource_version: str = ""
+    # label service.kubernetes.io/headless present: the slice belongs to a headless Service (or
+    # was marked so by hand), and kube-proxy's EndpointSlice informer never sees it.
+    headless_label: bool = False
     # annotation endpoints.kubernetes.io/last-change-trigger-time (epoch seconds): when the
     # change this slice carries began (a pod or Service change), for programming latency.
     trigger_time: float | None = field(default=None, compare=False)
@@ -108,3 +110,19 @@ class Node:
     # deletionTimestamp set, or tainted ToBeDeletedByClusterAutoscaler: /healthz turns 503 so
     # load balancers drain the node first (kube-proxy's nodeEligible).
     deleting: bool = False
+
+
+@dataclass(frozen=True)
+class ServiceCIDR:
+    """networking.k8s.io/v1 ServiceCIDR: a range ClusterIPs are allocated from (GA in 1.33).
+
+    kube-proxy (nftables) rejects traffic to an allocated ClusterIP on a port the Service does
+    not have and drops traffic to any other address inside these ranges.
+    """
+    name: str
+    cidrs: tuple[str, ...] = ()        # IPv4 ranges of spec.cidrs, canonical (network address)
+    resource_version: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return ("", self.name)          # cluster-scoped

@@ -11,8 +11,8 @@
 #error "KP_PIN_DIR must name the bpffs directory for the pinned maps"
 #endif
 
-#define KP_DECLARE_MAP(id, name, version, type, key, value, size) \
-	BPF_TABLE_PINNED(#type, key, value, name, size, KP_PIN_DIR "/" #name "_v" #version);
+#define KP_DECLARE_MAP(id, name, version, type, key, value, size, flags) \
+	BPF_TABLE_PINNED(#type, key, value, name, size, KP_PIN_DIR "/" #name "_v" #version, flags);
 
 KP_MAPS(KP_DECLARE_MAP)
 

@@ -99,6 +99,8 @@ SknatVal = STRUCTS["kp_sknat4_val"]
 AffKey = STRUCTS["kp_aff_key"]
 AffVal = STRUCTS["kp_aff_val"]
 SvcMeta = STRUCTS["kp_svc_meta"]
+CipVal = STRUCTS["kp_cip4_val"]
+Cidr4Key = STRUCTS["kp_cidr4_key"]
 LbReq = STRUCTS["kp_lb_req"]
 LbRes = STRUCTS["kp_lb_res"]
 

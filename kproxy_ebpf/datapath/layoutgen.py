@@ -21,7 +21,7 @@ from .paths import bpf_dir
 OUT = Path(__file__).with_name("layout_gen.py")
 
 _ANCHOR = """#include "kproxy.h"
-#define KP_GEN_MAP(id, name, version, type, key, value, size) key id##_key; value id##_value;
+#define KP_GEN_MAP(id, name, version, type, key, value, size, flags) key id##_key; value id##_value;
 #define KP_GEN_ENUM(e) enum e e##_anchor;
 #define KP_GEN_STRUCT(s) struct s s##_anchor;
 struct kp_layout_anchor {
@@ -31,8 +31,8 @@ struct kp_layout_anchor kp_layout_anchor;
 """
 
 _TABLE = """#include "kproxy.h"
-#define KP_GEN_ROW(id, name, version, type, key, value, size) \
-	@kpmap|id|name|version|type|key|value|#size|size|
+#define KP_GEN_ROW(id, name, version, type, key, value, size, flags) \
+	@kpmap|id|name|version|type|key|value|#size|size|flags|
 KP_MAPS(KP_GEN_ROW)
 """
 
@@ -93,14 +93,16 @@ def generate() -> str:
 
     maps: dict[str, dict] = {}
     for row in table.split("@kpmap|")[1:]:
-        mid, name, version, mtype, key, value, knob, size = (x.strip() for x in row.split("|")[:8])
+        mid, name, version, mtype, key, value, knob, size, flags = (
+            x.strip() for x in row.split("|")[:9])
         knob = knob.strip('"')
         maps[mid] = {"name": name, "version": int(version), "type": mtype,
                      "key": key.removeprefix("struct ").strip(),
                      "value": value.removeprefix("struct ").strip(),
                      "size_macro": knob if knob.startswith("KP_") and knob.endswith("_SIZE")
                      else None,
-                     "size": int(size) if size.isdigit() else enums[size]}
+                     "size": int(size) if size.isdigit() else enums[size],
+                     "flags": int(flags)}
 
     body = "\n\n".join(f"{name} = {pprint.pformat(value, width=96, sort_dicts=True)}"
                        for name, value in (("ENUMS", enums), ("STRUCTS", structs),

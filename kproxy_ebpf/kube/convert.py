@@ -36,6 +36,7 @@ from ..model import (
     Node,
     Protocol,
     Service,
+    ServiceCIDR,
     ServicePort,
     ServiceType,
 )
@@ -118,6 +119,15 @@ def _is_ipv6(value: Any) -> bool:
         return True
     except ValueError:
         return False
+
+
+def _network(value: Any) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    """A CIDR string as a network (host bits tolerated: "10.0.0.1/8" is 10.0.0.0/8), or None."""
+    text = value.strip() if isinstance(value, str) else None
+    try:
+        return ipaddress.ip_network(text, strict=False) if text else None
+    except ValueError:
+        return None
 
 
 def _short(value: Any, limit: int = 60) -> str:
@@ -234,7 +244,6 @@ def service_from_api(obj: Any) -> tuple[Service | None, list[Rejection]]:
         load_balancer_source_ranges=_source_ranges(spec.get("loadBalancerSourceRanges"), col),
         traffic_distribution=_str(spec.get("trafficDistribution")),
         proxy_name=labels.get(LABEL_PROXY_NAME),
-        headless_label=LABEL_HEADLESS in labels,
         resource_version=_str(meta.get("resourceVersion")) or "",
     )
     return svc, col.items
@@ -372,11 +381,7 @@ def _source_ranges(raw: Any, col: _Collector) -> tuple[str, ...]:
         return ()
     out: list[str] = []
     for i, value in enumerate(_list(raw)):
-        text = value.strip() if isinstance(value, str) else None
-        try:
-            net = ipaddress.ip_network(text, strict=False) if text else None
-        except ValueError:
-            net = None
+        net = _network(value)
         if net is None:
             col.add("InvalidSourceRange", f"spec.loadBalancerSourceRanges[{i}]: {_short(value)} is not "
                     "a CIDR, ignored")
@@ -402,7 +407,8 @@ def slice_from_api(obj: Any) -> tuple[EndpointSlice | None, list[Rejection]]:
         col.add("InvalidAddressType", f"addressType is missing or not a string: {_short(address_type)}")
         return None, col.items
 
-    service_name = _labels(meta).get(LABEL_SERVICE_NAME)
+    labels = _labels(meta)
+    service_name = labels.get(LABEL_SERVICE_NAME)
     eps = EndpointSlice(
         namespace=col.namespace,
         name=col.name,
@@ -411,6 +417,7 @@ def slice_from_api(obj: Any) -> tuple[EndpointSlice | None, list[Rejection]]:
         ports=_slice_ports(obj.get("ports"), col),
         endpoints=_endpoints(obj.get("endpoints"), address_type, col),
         resource_version=_str(meta.get("resourceVersion")) or "",
+        headless_label=LABEL_HEADLESS in labels,
         trigger_time=_timestamp(_dict(meta.get("annotations")).get(ANNOTATION_TRIGGER_TIME)),
     )
     return eps, col.items
@@ -518,3 +525,31 @@ def node_from_api(obj: Any) -> Node:
             _dict(t).get("key") == TAINT_TO_BE_DELETED for t in taints),
     )
 
+
+# ---------------------------------------------------------------------------------------------
+# ServiceCIDR
+
+def service_cidr_from_api(obj: Any) -> tuple[ServiceCIDR | None, list[Rejection]]:
+    """Convert a networking.k8s.io/v1 ServiceCIDR: its IPv4 spec.cidrs, canonical.
+
+    Like kube-proxy (pkg/proxy/config ServiceCIDRConfig), every object counts whatever its
+    status: a range being deleted still holds allocated ClusterIPs. IPv6 ranges are left out
+    quietly (the other family); a range that does not parse is rejected.
+    """
+    meta, col, ok = _identity(obj, "ServiceCIDR")
+    if not ok:
+        return None, col.items
+    col.namespace = ""                   # cluster-scoped: no kubectl default namespace
+    raw = _dict(obj.get("spec")).get("cidrs")
+    if raw is not None and not isinstance(raw, list):
+        col.add("InvalidCIDR", f"spec.cidrs is not a list: {_short(raw)}")
+        raw = []
+    cidrs: list[str] = []
+    for i, value in enumerate(_list(raw)):
+        net = _network(value)
+        if net is None:
+            col.add("InvalidCIDR", f"spec.cidrs[{i}]: {_short(value)} is not a CIDR, ignored")
+        elif net.version == 4 and str(net) not in cidrs:
+            cidrs.append(str(net))
+    return ServiceCIDR(name=col.name, cidrs=tuple(cidrs),
+                       resource_version=_str(meta.get("resourceVersion")) or ""), col.items

@@ -32,8 +32,9 @@ log = logging.getLogger("kproxy_ebpf.kube.events")
 
 # Kinds we can point an Event at, with their apiVersion; other rejections (a manifest file
 # that does not parse) have no API object and are only logged by the caller.
-_API_VERSIONS = {"Service": "v1", "EndpointSlice": "discovery.k8s.io/v1", "Node": "v1"}
-_CLUSTER_SCOPED = {"Node"}
+_API_VERSIONS = {"Service": "v1", "EndpointSlice": "discovery.k8s.io/v1", "Node": "v1",
+                 "ServiceCIDR": "networking.k8s.io/v1"}
+_CLUSTER_SCOPED = {"Node", "ServiceCIDR"}
 _MAX_MESSAGE = 1024     # the API server's limit for Event.message
 
 _Key = tuple[str, str, str, str, str]   # kind, namespace, name, reason, message

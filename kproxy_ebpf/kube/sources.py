@@ -15,13 +15,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..model import EndpointSlice, Node, Service
-from .convert import Rejection, node_from_api, service_from_api, slice_from_api
+from .convert import (Rejection, node_from_api, service_cidr_from_api, service_from_api,
+                      slice_from_api)
 from .manifests import load_manifests
 
 log = logging.getLogger(__name__)
 
-# kube-proxy's own informer selector: such objects are not ours to program.
-PROXY_LABEL_SELECTOR = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"
+# kube-proxy v1.36 (cmd/kube-proxy/app/server.go) lists EndpointSlices with
+# "!service.kubernetes.io/headless" and Services with "!service.kubernetes.io/service-proxy-name".
+# We list every Service instead: proxy/ skips the labelled ones just the same, but it must know
+# their ClusterIPs so that the ServiceCIDR check leaves them to the proxy that owns them.
+SLICE_LABEL_SELECTOR = "!service.kubernetes.io/headless"
 
 
 class Sink(Protocol):
@@ -37,6 +41,7 @@ _CONVERT: dict[str, Callable[[dict], tuple[Any, list[Rejection]]]] = {
     "Service": service_from_api,
     "EndpointSlice": slice_from_api,
     "Node": lambda obj: (node_from_api(obj), []),
+    "ServiceCIDR": service_cidr_from_api,
 }
 
 
@@ -44,7 +49,9 @@ def _selection(resource: str, node_name: str) -> dict[str, Any]:
     """What of a resource the agent reads: its own Node; Services and slices for this proxy."""
     if resource == "node":
         return {"node_name": node_name}
-    return {"label_selector": PROXY_LABEL_SELECTOR}
+    # kube-proxy 1.36 lists every Service (proxy/ skips those another proxy owns, whose
+    # ClusterIPs the ServiceCIDR check still needs) and drops headless-labelled slices.
+    return {"label_selector": SLICE_LABEL_SELECTOR} if resource == "endpointslices" else {}
 
 
 def list_cluster(api_client: Any, node_name: str
@@ -83,9 +90,15 @@ def _listed(kind: str) -> Callable[[dict], tuple[tuple[str, str], Any, list[Reje
 
 
 class ApiSource:
-    """One reflector per resource; `synced` once each has delivered its first list."""
+    """One reflector per resource; `synced` once each required one has delivered its first list.
+
+    ServiceCIDRs are optional, as in kube-proxy (its proxier waits for Services and
+    EndpointSlices only): until they are listed, or on an API server without
+    networking.k8s.io/v1 ServiceCIDR, no address is treated as an unallocated ClusterIP.
+    """
 
     RESOURCES = {"services": "Service", "endpointslices": "EndpointSlice", "node": "Node"}
+    OPTIONAL = {"servicecidrs": "ServiceCIDR"}
 
     def __init__(self, api_client: Any, node_name: str, sink: Sink):
         from .reflector import reflector_for
@@ -96,6 +109,9 @@ class ApiSource:
             self.reflectors[resource] = reflector_for(
                 api_client, resource, self._handler(kind), on_contact=self._wake_all,
                 transform=_listed(kind), **_selection(resource, node_name))
+        self.reflectors["servicecidrs"] = service_cidr_reflector(
+            api_client, self._handler("ServiceCIDR"), on_contact=self._wake_all,
+            transform=_listed("ServiceCIDR"))
 
     def _wake_all(self) -> None:
         """One reflector got through after failures: the API server is back, so the others
@@ -131,11 +147,11 @@ class ApiSource:
 
     @property
     def synced(self) -> bool:
-        return all(r.synced.is_set() for r in self.reflectors.values())
+        return all(self.reflectors[name].synced.is_set() for name in self.RESOURCES)
 
     def wait_synced(self, timeout: float | None = None) -> bool:
-        for r in self.reflectors.values():
-            if not r.synced.wait(timeout):
+        for name in self.RESOURCES:
+            if not self.reflectors[name].synced.wait(timeout):
                 return False
         return True
 
@@ -150,6 +166,17 @@ class ApiSource:
     def counters(self) -> dict[str, tuple[int, int, bool]]:
         return {name: (r.relists, r.restarts, r.synced.is_set())
                 for name, r in self.reflectors.items()}
+
+
+def service_cidr_reflector(api_client: Any, on_event: Callable[[str, Any], None], **options: Any):
+    """A Reflector for networking.k8s.io/v1 ServiceCIDRs (cluster-scoped). The agent needs RBAC
+    list and watch on servicecidrs.networking.k8s.io, as kube-proxy's ClusterRole has."""
+    from kubernetes import client
+
+    from .reflector import Reflector
+
+    fn = client.NetworkingV1Api(api_client).list_service_cidr
+    return Reflector("servicecidrs", fn, fn, on_event, **options)
 
 
 class ManifestSource:

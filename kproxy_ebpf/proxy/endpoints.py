@@ -54,7 +54,9 @@ def endpoints_by_port(slices: Iterable[EndpointSlice],
     """
     merged: dict[PortKey, dict[tuple[str, int], EndpointInfo]] = {}
     for sl in sorted(slices, key=lambda s: (s.namespace, s.name)):
-        if sl.service_name is None or sl.address_type != "IPv4":
+        # A slice labelled service.kubernetes.io/headless is outside kube-proxy's informer
+        # (its label selector, cmd/kube-proxy/app/server.go): its endpoints do not count.
+        if sl.service_name is None or sl.address_type != "IPv4" or sl.headless_label:
             continue
         for sport in sl.ports:
             if sport.name is None or not _valid_port(sport.port):

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..desired import Action, Backend, Frontend, FrontendKind, Problem, ServiceInfo, ServicePortName
-from ..model import EndpointSlice, Node, Service, ServicePort, ServiceType
+from ..model import EndpointSlice, LoadBalancerIngress, Node, Service, ServicePort, ServiceType
 from .endpoints import EndpointInfo, endpoints_by_port
 from .topology import PortEndpoints, categorize
 
@@ -25,13 +25,25 @@ from .topology import PortEndpoints, categorize
 def is_proxied(svc: Service) -> bool:
     """Whether this proxy handles the Service at all (semantics 1.2).
 
-    Headless (clusterIP None or the service.kubernetes.io/headless label), ExternalName, a
-    Service claimed by another proxy (service.kubernetes.io/service-proxy-name; we have no
-    name), and a Service without an IPv4 ClusterIP (kube-proxy's ShouldSkipService plus its
-    per-family ClusterIP check: no ClusterIP means no NodePort/ExternalIP rules either).
+    Not: headless (clusterIP None), ExternalName, a Service claimed by another proxy (label
+    service.kubernetes.io/service-proxy-name, any value: we have no name), and a Service
+    without an IPv4 ClusterIP (kube-proxy's ShouldSkipService plus its per-family ClusterIP
+    check: no ClusterIP means no NodePort/ExternalIP rules either). kube-proxy v1.36 filters
+    the proxy-name label in its Service informer (cmd/kube-proxy/app/server.go); the
+    service.kubernetes.io/headless label matters on EndpointSlices only (proxy/endpoints.py).
     """
-    return not (svc.headless or svc.headless_label or svc.type is ServiceType.EXTERNAL_NAME
+    return not (svc.headless or svc.type is ServiceType.EXTERNAL_NAME
                 or svc.proxy_name is not None or not svc.cluster_ips)
+
+
+def is_vip_ingress(ing: LoadBalancerIngress) -> bool:
+    """A load balancer that delivers packets still addressed to its IP (ipMode VIP or unset).
+
+    Any other ipMode (Proxy, or a value newer than us) means the load balancer proxies the
+    traffic itself, so kube-proxy v1.36 programs nothing for that IP (pkg/proxy/util IsVIPMode,
+    serviceport.go) and traffic from the node must really go to the load balancer.
+    """
+    return ing.ip_mode is None or ing.ip_mode == "VIP"
 
 
 @dataclass(frozen=True)
@@ -160,7 +172,7 @@ def service_frontends(svc: Service, slices: Iterable[EndpointSlice], node: Node,
     """Frontends of one Service for node-originated traffic, plus problems with its input.
 
     Order: ports in spec order; per port ClusterIPs, external IPs, LoadBalancer ingress IPs
-    (except ipMode Proxy: such traffic must really go to the load balancer), node addresses
+    (only ipMode VIP or unset: see is_vip_ingress), node addresses
     at the nodePort. A key (ip, port, protocol) produced twice keeps its first frontend: silently
     within one service port (e.g. an IP listed as both externalIP and LB ingress), with a
     FrontendConflict problem across ports.
@@ -172,7 +184,7 @@ def service_frontends(svc: Service, slices: Iterable[EndpointSlice], node: Node,
                        svc.traffic_distribution)
     ext_ips = [ip for ip in svc.external_ips if _ipv4(svc, ip, "externalIP", problems)]
     lb_ips = [ing.ip for ing in svc.load_balancer_ingress
-              if ing.ip and ing.ip_mode != "Proxy"
+              if ing.ip and is_vip_ingress(ing)
               and _ipv4(svc, ing.ip, "loadBalancer ingress IP", problems)]
     for plan in plans:
         sp, pe = plan.port, plan.endpoints

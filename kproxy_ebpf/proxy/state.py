@@ -21,9 +21,10 @@ from collections.abc import Iterable, KeysView, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from ..desired import Frontend, Problem, ServicePortName
-from ..model import EndpointSlice, Node, Protocol, Service
+from ..desired import Frontend, Problem, ServiceCIDRSet, ServicePortName
+from ..model import EndpointSlice, Node, Protocol, Service, ServiceCIDR
 from .frontends import service_frontends, service_port_endpoints
+from .servicecidr import ClusterIPIndex, service_cidr_set
 from .topology import PortEndpoints
 
 ServiceKey = tuple[str, str]                 # (namespace, name)
@@ -84,6 +85,11 @@ class ProxyState:
         # by compute() for the Services it touched, and their number by reason.
         self._problems: dict[ServiceKey, list[Problem]] = {}
         self._problem_counts: Counter[str] = Counter()
+        # ServiceCIDRs and allocated ClusterIPs (proxy/servicecidr.py), with a cached result.
+        self._service_cidrs: dict[str, ServiceCIDR] = {}
+        self._cluster_ips = ClusterIPIndex()
+        self._cidr_set: tuple[tuple[int, int], ServiceCIDRSet] | None = None
+        self._cidr_version = 0
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -111,6 +117,10 @@ class ProxyState:
         """The EndpointSlices held (a live view)."""
         return self._slices.keys()
 
+    def service_cidr_keys(self) -> set[tuple[str, str]]:
+        """The ServiceCIDRs held, keyed as their model objects are (cluster-scoped)."""
+        return {("", name) for name in self._service_cidrs}
+
     def set_node(self, node: Node) -> bool:
         changed = _node_view(self._node) != _node_view(node)
         self._node = node
@@ -119,6 +129,7 @@ class ProxyState:
         return changed
 
     def upsert_service(self, svc: Service) -> bool:
+        self._cluster_ips.update(svc.key, svc)
         old = self._services.get(svc.key)
         self._services[svc.key] = svc
         if old is not None and _same(old, svc):
@@ -129,6 +140,7 @@ class ProxyState:
     def delete_service(self, namespace: str, name: str) -> bool:
         if self._services.pop((namespace, name), None) is None:
             return False
+        self._cluster_ips.update((namespace, name), None)
         self._dirty.add((namespace, name))
         return True
 
@@ -161,6 +173,35 @@ class ProxyState:
                 del self._slices_by_svc[key]
         self._dirty.add(key)
         return True
+
+    def upsert_service_cidr(self, sc: ServiceCIDR) -> bool:
+        old = self._service_cidrs.get(sc.name)
+        self._service_cidrs[sc.name] = sc
+        if old is not None and old.cidrs == sc.cidrs:
+            return False
+        self._cidr_version += 1
+        return True
+
+    def delete_service_cidr(self, name: str) -> bool:
+        if self._service_cidrs.pop(name, None) is None:
+            return False
+        self._cidr_version += 1
+        return True
+
+    def service_cidr_changes(self) -> tuple[frozenset[str], dict[str, str | None]]:
+        """The ranges, and the ClusterIPs whose action ("reject", "pass" or None: gone) may have
+        changed since the last call: what a partial sync writes, in O(changes)."""
+        cidrs = frozenset(c for sc in self._service_cidrs.values() for c in sc.cidrs)
+        return cidrs, self._cluster_ips.drain()
+
+    def service_cidr_set(self) -> ServiceCIDRSet:
+        """Service ranges and allocated ClusterIPs, for addresses no frontend matched."""
+        self._cluster_ips.drain()         # a full set covers whatever was touched
+        version = (self._cidr_version, self._cluster_ips.version)
+        if self._cidr_set is None or self._cidr_set[0] != version:
+            self._cidr_set = (version, service_cidr_set(self._service_cidrs.values(),
+                                                        self._cluster_ips))
+        return self._cidr_set[1]
 
     # -- reads ----------------------------------------------------------------------------------
 

@@ -6,12 +6,30 @@ node1; namespace default; Service IPs allocated by the API server from 10.96.0.0
 """
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 
 from kubernetes import client
 
 from kproxy_ebpf.lab.cluster import Cluster
 from kproxy_ebpf.lab.probe import is_reply
+
+from ..support import require_controlplane
+
+
+@contextlib.contextmanager
+def lab_cluster(name: str, proxy: str, agent: str = "process"):
+    """A 2-node lab cluster running `proxy`, with the client pod on node1; removed after."""
+    require_controlplane()
+    c = Cluster(name)
+    c.down()
+    c.up(nodes=2, proxy=proxy, agent=agent)
+    try:
+        c.create_pod("client", "node1", ports=(("tcp", 8080),))
+        yield c
+    finally:
+        problems = c.down()
+        assert not problems, problems
 
 
 def make_service(c: Cluster, name: str, app: str, udp: bool = False) -> str:

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import os
 import sys
-from collections import Counter
 
 import pytest
 from kubernetes import client
 
-from kproxy_ebpf.lab.cluster import Cluster
-
-from ..support import require_controlplane, wait_until
+from ..support import wait_until
+from .lab_services import delete_service, lab_cluster, make_service, served_by
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 
@@ -31,40 +29,9 @@ MODES = {"kproxy": ("kproxy", "process"), "image": ("kproxy", "image"),
 
 @pytest.fixture(scope="module", params=list(MODES))
 def cluster(request):
-    require_controlplane()
     proxy, agent = MODES[request.param]
-    c = Cluster(f"it-{request.param}")
-    c.down()
-    c.up(nodes=2, proxy=proxy, agent=agent)
-    try:
-        c.create_pod("client", "node1", ports=(("tcp", 8080),))
+    with lab_cluster(f"it-{request.param}", proxy, agent) as c:
         yield c
-    finally:
-        problems = c.down()
-        assert not problems, problems
-
-
-def make_service(c: Cluster, name: str, app: str, udp: bool = False) -> str:
-    ports = [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]
-    if udp:
-        ports.append({"name": "dns", "port": 53, "targetPort": 5353, "protocol": "UDP"})
-    body = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
-            "spec": {"selector": {"app": app}, "ports": ports}}
-    return client.CoreV1Api(c.api()).create_namespaced_service("default", body).spec.cluster_ip
-
-
-def delete_service(c: Cluster, name: str) -> None:
-    client.CoreV1Api(c.api()).delete_namespaced_service(name, "default")
-
-
-def pods_of(lines: list[str]) -> Counter:
-    return Counter(line.split()[0] for line in lines)
-
-
-def served_by(c: Cluster, ip: str, count: int = 1, port: int = 80, udp: bool = False) -> set[str]:
-    return set(pods_of([x for x in c.lab.probe("pod/client", ip, port, udp=udp, count=count,
-                                               timeout=0.5)
-                        if not x.startswith(("REFUSED", "TIMEOUT", "ERROR", "WRONG"))]))
 
 
 def test_the_charts_helm_test_pod_reaches_the_kubernetes_clusterip(cluster):

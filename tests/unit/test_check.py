@@ -6,7 +6,7 @@ from click.testing import CliRunner
 
 from kproxy_ebpf.check import compare, desired_for
 from kproxy_ebpf.config import AgentConfig
-from kproxy_ebpf.kube.sources import PROXY_LABEL_SELECTOR
+from kproxy_ebpf.kube.sources import SLICE_LABEL_SELECTOR
 from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, ServicePortName
 from kproxy_ebpf.model import Protocol
 
@@ -117,8 +117,8 @@ def test_check_lists_through_kube_with_pagination_and_the_agent_selectors(cluste
                      ("endpointslices", None), ("endpointslices", "2"), ("endpointslices", "4"),
                      ("nodes", None)]
     by_what = {what: kw for what, kw in cluster.calls}
-    assert by_what["services"]["label_selector"] == PROXY_LABEL_SELECTOR
-    assert by_what["endpointslices"]["label_selector"] == PROXY_LABEL_SELECTOR
+    assert "label_selector" not in by_what["services"]      # kube-proxy 1.36: every Service
+    assert by_what["endpointslices"]["label_selector"] == SLICE_LABEL_SELECTOR
     assert by_what["nodes"]["field_selector"] == "metadata.name=node-a"
 
 

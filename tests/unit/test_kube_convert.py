@@ -14,6 +14,7 @@ from kproxy_ebpf.kube.convert import (
     DEFAULT_AFFINITY_TIMEOUT,
     Rejection,
     node_from_api,
+    service_cidr_from_api,
     service_from_api,
     slice_from_api,
 )
@@ -23,6 +24,7 @@ from kproxy_ebpf.model import (
     LoadBalancerIngress,
     Node,
     Protocol,
+    ServiceCIDR,
     ServicePort,
     ServiceType,
 )
@@ -113,7 +115,7 @@ SERVICE_CASES = [
      dict(traffic_distribution="PreferClose"), []),
     ("labels", svc(labels={"service.kubernetes.io/service-proxy-name": "other",
                            "service.kubernetes.io/headless": ""}),
-     dict(proxy_name="other", headless_label=True), []),
+     dict(proxy_name="other"), []),
     ("port 0 dropped, others kept", svc({"ports": [{"name": "a", "port": 0}, {"name": "b", "port": 81}]}),
      dict(ports=(ServicePort("b", Protocol.TCP, 81),)), ["InvalidPort"]),
     ("port 70000 dropped", svc({"ports": [{"name": "a", "port": 70000}, {"name": "b", "port": 81}]}),
@@ -208,6 +210,9 @@ SLICE_CASES = [
         endpoints=(Endpoint(("10.0.1.5",), ready=True, serving=True, terminating=False, node_name="node-a",
                             zone="zone-1"),)), []),
     ("no service-name label", eps(labels={}), dict(service_name=None), []),
+    ("headless label", eps(labels={"kubernetes.io/service-name": "web",
+                                   "service.kubernetes.io/headless": ""}),
+     dict(service_name="web", headless_label=True), []),
     ("unnamed port keeps name None, protocol defaults", eps(ports=[{"port": 8080}]),
      dict(ports=(EndpointPort(None, Protocol.TCP, 8080),)), []),
     ("named and unnamed ports", eps(ports=[{"name": "", "port": 80, "protocol": "UDP"},
@@ -328,7 +333,10 @@ def _mutations(obj: Any, path: tuple = ()):
                            "zone": "z", "hints": {"forZones": [{"name": "z"}], "forNodes": [{"name": "n"}]}}])),
     (node_from_api, {"metadata": {"name": "n", "labels": {"a": "b"}},
                      "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.2"}]}}),
-], ids=["service", "slice", "node"])
+    (service_cidr_from_api, {"metadata": {"name": "kubernetes", "resourceVersion": "1"},
+                             "spec": {"cidrs": ["10.96.0.0/16", "fd00::/108", "10.97.0.0/24"]},
+                             "status": {"conditions": [{"type": "Ready", "status": "True"}]}}),
+], ids=["service", "slice", "node", "servicecidr"])
 def test_garbage_anywhere_never_raises(convert, template):
     count = 0
     for path, mutated in _mutations(template):
@@ -358,3 +366,37 @@ def test_node_being_deleted():
     assert node_from_api({"metadata": {"name": "n", "deletionTimestamp": "2026-01-01T00:00:00Z"}}).deleting
     assert node_from_api({"metadata": {"name": "n"}, "spec": {"taints": [
         {"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]}}).deleting
+
+
+SERVICE_CIDR_CASES = [
+    ("default object of a dual-stack API server",
+     {"metadata": {"name": "kubernetes", "resourceVersion": "3"},
+      "spec": {"cidrs": ["10.96.0.0/16", "fd00:10:96::/108"]},
+      "status": {"conditions": [{"type": "Ready", "status": "True"}]}},
+     ServiceCIDR("kubernetes", ("10.96.0.0/16",), "3"), []),
+    ("host bits tolerated, duplicates dropped",
+     {"metadata": {"name": "extra"}, "spec": {"cidrs": ["10.97.0.9/24", "10.97.0.0/24"]}},
+     ServiceCIDR("extra", ("10.97.0.0/24",)), []),
+    ("a range being deleted still counts (kube-proxy reads spec only)",
+     {"metadata": {"name": "old", "deletionTimestamp": "2026-01-01T00:00:00Z"},
+      "spec": {"cidrs": ["10.98.0.0/16"]}},
+     ServiceCIDR("old", ("10.98.0.0/16",)), []),
+    ("garbage range reported, good one kept",
+     {"metadata": {"name": "x"}, "spec": {"cidrs": ["10.99.0.0/33", 7, "10.99.0.0/16"]}},
+     ServiceCIDR("x", ("10.99.0.0/16",)), ["InvalidCIDR", "InvalidCIDR"]),
+    ("no spec", {"metadata": {"name": "x"}}, ServiceCIDR("x"), []),
+]
+
+
+@pytest.mark.parametrize("obj,expected,want_reasons", [c[1:] for c in SERVICE_CIDR_CASES],
+                         ids=[c[0] for c in SERVICE_CIDR_CASES])
+def test_service_cidr_from_api(obj, expected, want_reasons):
+    got, rejections = service_cidr_from_api(obj)
+    assert got == expected
+    assert reasons(rejections) == want_reasons
+    assert all(r.kind == "ServiceCIDR" and r.namespace == "" for r in rejections)
+
+
+def test_service_cidr_without_a_name_is_rejected():
+    got, rejections = service_cidr_from_api({"metadata": {}, "spec": {"cidrs": ["10.96.0.0/16"]}})
+    assert got is None and reasons(rejections) == ["InvalidMetadata"]

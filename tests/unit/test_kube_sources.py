@@ -1,10 +1,13 @@
-"""ApiSource: listed objects are converted page by page, bad ones keep their last good version."""
+"""ApiSource: listed objects are converted page by page, bad ones keep their last good version;
+its wiring (selectors, ServiceCIDRs) with reflectors built but never started."""
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from kproxy_ebpf.kube.sources import ApiSource
+from kubernetes import client
+
+from kproxy_ebpf.kube.sources import ApiSource, _listed
 
 
 class Sink:
@@ -51,3 +54,39 @@ def test_list_is_converted_and_bad_objects_are_kept_not_deleted():
         ("replace", "Service", ["a", "c"], {("ns", "bad"), ("ns", "")}),
     ]
     assert refl.synced.is_set()
+
+
+def source() -> ApiSource:
+    return ApiSource(client.ApiClient(), "node1", Sink())
+
+
+def test_selectors_are_kube_proxys_where_we_can():
+    """kube-proxy v1.36: slices without the headless label; Services without the proxy-name
+    label, which we list anyway (proxy/ skips them) to know the ClusterIPs other proxies own."""
+    r = source().reflectors
+    assert r["endpointslices"]._list_fn.keywords == {"label_selector": "!service.kubernetes.io/headless"}
+    assert not getattr(r["services"]._list_fn, "keywords", None)
+    assert r["node"]._list_fn.keywords == {"field_selector": "metadata.name=node1"}
+    assert r["servicecidrs"]._list_fn.__name__ == "list_service_cidr"
+
+
+def test_service_cidrs_do_not_hold_back_the_first_sync():
+    s = source()
+    assert not s.synced
+    for name in ("services", "endpointslices", "node"):
+        s.reflectors[name].synced.set()
+    assert s.synced and s.wait_synced(timeout=0)
+    assert not s.reflectors["servicecidrs"].synced.is_set()
+
+
+def test_service_cidr_events_reach_the_sink_converted():
+    s = source()
+    handler = s.reflectors["servicecidrs"]._on_event
+    listed = [{"metadata": {"name": "kubernetes"}, "spec": {"cidrs": ["10.96.0.0/16"]}},
+              {"metadata": {"name": "bad"}, "spec": {"cidrs": ["nope"]}}]
+    handler("SYNC", [_listed("ServiceCIDR")(raw) for raw in listed])   # as the LIST delivers
+    handler("DELETED", {"metadata": {"name": "kubernetes"}})
+    calls = s.sink.calls
+    assert calls[0] == ("rejected", [("bad", "InvalidCIDR")])
+    assert calls[1] == ("replace", "ServiceCIDR", ["kubernetes", "bad"], set())
+    assert calls[2] == ("delete", "ServiceCIDR", "", "kubernetes")

@@ -63,15 +63,18 @@ def test_a_version_bump_is_one_edit(tmp_path, monkeypatch):
     header = copy / "kproxy.h"
     text = header.read_text()
     version = layout_gen.MAPS["backend"]["version"]
-    header.write_text(text.replace(f"X(backend,  kp_be4,    {version},",
-                                   f"X(backend,  kp_be4,    {version + 1},"))
+    row = next(line for line in text.splitlines() if line.strip().startswith("X(backend,"))
+    bumped = row.replace(f"kp_be4,{row.split('kp_be4,')[1].split(',')[0]},",
+                         f"kp_be4,{row.split('kp_be4,')[1].split(',')[0].replace(str(version), str(version + 1))},")
+    assert bumped != row
+    header.write_text(text.replace(row, bumped))
     monkeypatch.setattr(layoutgen, "bpf_dir", lambda: copy)
     table = {}
     exec(layoutgen.generate(), table)
     assert table["MAPS"]["backend"]["version"] == version + 1
     # bcc's declaration (lib/maps.h) derives the pin path from the same row.
     out = subprocess.run(["clang", "-E", "-P", f"-I{copy}", "-DKP_PIN_DIR=\"/x\"",
-                          "-DBPF_TABLE_PINNED(t,k,v,n,s,p)=@pin p@", str(copy / "lib/maps.h")],
+                          "-DBPF_TABLE_PINNED(t,k,v,n,s,p,f)=@pin p@", str(copy / "lib/maps.h")],
                          check=True, capture_output=True, text=True).stdout
     assert f'"/x" "/" "kp_be4" "_v" "{version + 1}"' in out
 

@@ -6,6 +6,8 @@ are 172.30.0.x, externalIPs 203.0.113.x, LoadBalancer IPs 198.51.100.x, pods 10.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kproxy_ebpf.desired import Action, FrontendKind, ServicePortName
@@ -53,7 +55,6 @@ def summary(fronts):
 
 @pytest.mark.parametrize("service", [
     pytest.param(svc(headless=True, cluster_ips=()), id="headless-clusterip-none"),
-    pytest.param(svc(headless_label=True), id="headless-label"),
     pytest.param(svc(type=ServiceType.EXTERNAL_NAME), id="externalname-even-with-clusterip"),
     pytest.param(svc(proxy_name="other-proxy"), id="service-proxy-name-label"),
     pytest.param(svc(proxy_name=""), id="service-proxy-name-label-empty"),
@@ -63,6 +64,41 @@ def test_skipped_services(service):
     assert not is_proxied(service)
     assert service_frontends(service, [sl(ep("10.0.2.1"))], NODE) == ([], [])
     assert service_port_endpoints(service, [sl(ep("10.0.2.1"))], NODE) == {}
+
+
+def test_headless_label_on_the_service_is_not_a_filter():
+    """kube-proxy v1.36 reads service.kubernetes.io/headless on EndpointSlices only (its
+    Service informer filters the proxy-name label and clusterIP None, nothing else)."""
+    fronts, _ = run(svc(), sl(ep("10.0.2.1")))
+    assert is_proxied(svc()) and summary(fronts) == {(CIP, 80, K.CLUSTER_IP): (Action.FORWARD, ["10.0.2.1"])}
+
+
+def test_slice_with_the_headless_label_is_ignored():
+    """e2e "should implement service.kubernetes.io/headless": the label on the slice takes its
+    endpoints away; with no other slice the Service has no endpoints and is rejected."""
+    labelled = dataclasses.replace(sl(ep("10.0.2.1")), headless_label=True)
+    fronts, _ = run(svc(), labelled)
+    assert summary(fronts) == {(CIP, 80, K.CLUSTER_IP): (Action.REJECT, [])}
+    other = dataclasses.replace(sl(ep("10.0.2.2")), name="svc-2")
+    fronts, _ = run(svc(), labelled, other)
+    assert summary(fronts) == {(CIP, 80, K.CLUSTER_IP): (Action.FORWARD, ["10.0.2.2"])}
+
+
+@pytest.mark.parametrize("ip_mode,programmed", [
+    pytest.param(None, True, id="unset-means-VIP"),
+    pytest.param("VIP", True, id="VIP"),
+    pytest.param("Proxy", False, id="Proxy"),
+    pytest.param("Tunnel", False, id="unknown-mode-is-not-VIP"),
+])
+def test_load_balancer_ip_mode(ip_mode, programmed):
+    """kube-proxy v1.36 IsVIPMode: only unset or VIP gets rules; otherwise traffic from the
+    node to that IP goes to the load balancer itself (no short-circuit)."""
+    s = svc(type=ServiceType.LOAD_BALANCER,
+            load_balancer_ingress=(LoadBalancerIngress("198.51.100.7", ip_mode=ip_mode),))
+    fronts, problems = run(s, sl(ep("10.0.2.1")))
+    assert problems == []
+    assert (("198.51.100.7", 80, K.LOAD_BALANCER) in summary(fronts)) is programmed
+    assert (CIP, 80, K.CLUSTER_IP) in summary(fronts)
 
 
 # -- basic shape ----------------------------------------------------------------------------------

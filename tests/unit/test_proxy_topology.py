@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import pytest
 
+from kproxy_ebpf.model import (Endpoint, EndpointPort, EndpointSlice, Node, Protocol, Service,
+                               ServicePort)
 from kproxy_ebpf.proxy.endpoints import EndpointInfo
+from kproxy_ebpf.proxy.frontends import service_port_endpoints
 from kproxy_ebpf.proxy.topology import TopologyMode, categorize, topology_mode
 
 NODE, ZONE = "node-a", "zone-a"
@@ -139,3 +142,60 @@ def test_categorize(eps, kwargs, cluster, local, has_any):
 ])
 def test_topology_mode(eps, kwargs, mode):
     assert topology_mode(eps, NODE, ZONE, **kwargs) is mode
+
+
+# -- trafficDistribution end to end: hints as the v1.36 EndpointSlice controller writes them ----
+#
+# kube-proxy v1.36 never reads Service.spec.trafficDistribution: the EndpointSlice controller
+# (k8s.io/endpointslice trafficdist.go) turns it into hints on Ready endpoints (PreferClose and
+# PreferSameZone: forZones = the endpoint's zone; PreferSameNode: that plus forNodes = its
+# node), and the proxy reads the hints (pkg/proxy/topology.go; PreferSameTrafficDistribution
+# is GA and locked on since 1.35).
+
+PODS = [("10.0.1.1", "node-a", "zone-a"), ("10.0.2.1", "node-b", "zone-a"),
+        ("10.0.3.1", "node-c", "zone-b")]
+
+
+def controller_slice(distribution: str | None, ready=True) -> EndpointSlice:
+    node_hints = distribution == "PreferSameNode"
+    zone_hints = distribution in ("PreferClose", "PreferSameZone", "PreferSameNode")
+    eps = tuple(Endpoint((ip,), ready=ready, node_name=node, zone=zone,
+                         hint_zones=(zone,) if zone_hints and ready else (),
+                         hint_nodes=(node,) if node_hints and ready else ())
+                for ip, node, zone in PODS)
+    return EndpointSlice("ns", "web-1", "web", "IPv4", (EndpointPort("", Protocol.TCP, 80),), eps)
+
+
+@pytest.mark.parametrize("distribution, node, gate, want", [
+    pytest.param(None, "node-a", True, {"10.0.1.1", "10.0.2.1", "10.0.3.1"}, id="unset"),
+    pytest.param("PreferClose", "node-a", True, {"10.0.1.1", "10.0.2.1"}, id="PreferClose"),
+    pytest.param("PreferSameZone", "node-a", True, {"10.0.1.1", "10.0.2.1"},
+                 id="PreferSameZone-alias"),
+    pytest.param("PreferSameNode", "node-a", True, {"10.0.1.1"}, id="PreferSameNode"),
+    pytest.param("PreferSameNode", "node-d", True, {"10.0.1.1", "10.0.2.1"},
+                 id="PreferSameNode-no-endpoint-here-falls-back-to-zone"),
+    pytest.param("PreferSameNode", "node-a", False, {"10.0.1.1", "10.0.2.1"},
+                 id="PreferSameNode-gate-off-means-zone"),
+    pytest.param("PreferSameZone", "node-e", True, {"10.0.1.1", "10.0.2.1", "10.0.3.1"},
+                 id="zone-without-endpoints-no-filtering"),
+])
+def test_traffic_distribution_through_controller_hints(distribution, node, gate, want):
+    zone = {"node-a": "zone-a", "node-d": "zone-a", "node-e": "zone-c"}[node]
+    svc = Service("ns", "web", cluster_ips=("172.30.0.1",), ports=(ServicePort("", Protocol.TCP, 80),),
+                  traffic_distribution=distribution)
+    (pe,) = service_port_endpoints(svc, [controller_slice(distribution)], Node(node, zone=zone),
+                                   prefer_same_node=gate).values()
+    assert {e.ip for e in pe.cluster} == want
+
+
+@pytest.mark.parametrize("field, hinted_by", [
+    pytest.param("PreferSameNode", None, id="field-set-but-no-hints-yet"),
+    pytest.param(None, "PreferSameNode", id="hints-left-after-the-field-was-cleared"),
+])
+def test_the_service_field_is_not_read_only_hints_are(field, hinted_by):
+    svc = Service("ns", "web", cluster_ips=("172.30.0.1",), ports=(ServicePort("", Protocol.TCP, 80),),
+                  traffic_distribution=field)
+    (pe,) = service_port_endpoints(svc, [controller_slice(hinted_by)],
+                                   Node("node-a", zone="zone-a")).values()
+    want = {"10.0.1.1"} if hinted_by else {"10.0.1.1", "10.0.2.1", "10.0.3.1"}
+    assert {e.ip for e in pe.cluster} == want

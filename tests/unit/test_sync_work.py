@@ -28,12 +28,13 @@ from kproxy_ebpf import agent as agent_mod
 from kproxy_ebpf.agent import Agent
 from kproxy_ebpf.config import AgentConfig
 from kproxy_ebpf.datapath import layout as L
+from kproxy_ebpf.datapath.cidr_writer import CidrWriter
 from kproxy_ebpf.datapath.writer import MapWriter
 from kproxy_ebpf.model import (Endpoint, EndpointPort, EndpointSlice, Node, Protocol, Service,
                                ServicePort)
 from kproxy_ebpf.proxy import state as state_mod
 
-from .test_writer import FakeMap
+from .fakemaps import FakeMap
 
 TCP = Protocol.TCP
 NODE = "node-a"
@@ -82,9 +83,10 @@ class Harness:
                           metrics_bind_address="")  # never loaded: the writer gets fake maps
         self.agent = Agent(cfg)
         self.maps = {name: FakeMap(spec, max_entries=100_000) for name, spec in L.MAPS.items()
-                     if name in ("svc", "backend", "meta")}
+                     if name in ("svc", "backend", "meta", "clusterip", "servicecidr")}
         self.agent.datapath.maps = self.maps
         self.agent.writer = MapWriter(self.maps)
+        self.agent.cidrs = CidrWriter(self.maps)
         self.counts = dict.fromkeys(("recomputed", "frontends", "problem_evals", "table_reads",
                                      "table_walks"), 0)
         self._spy(monkeypatch)
@@ -225,9 +227,11 @@ def test_a_full_map_is_retried_by_time_not_on_every_sync(monkeypatch, caplog):
     h.agent = Agent(AgentConfig(hostname_override=NODE, cgroup="/nonexistent/kproxy-unit",
                                 bpffs_dir="/nonexistent/kproxy-unit"))
     h.maps = {name: FakeMap(spec, max_entries=5 * 4 if name == "svc" else 1000)
-              for name, spec in L.MAPS.items() if name in ("svc", "backend", "meta")}
+              for name, spec in L.MAPS.items()
+              if name in ("svc", "backend", "meta", "clusterip", "servicecidr")}
     h.agent.datapath.maps = h.maps
     h.agent.writer = MapWriter(h.maps)
+    h.agent.cidrs = CidrWriter(h.maps)
     h.agent.replace("Service", [service(i) for i in range(20)])
     h.agent.replace("EndpointSlice", [endpoint_slice(i) for i in range(20)])
     assert not h.agent._sync(True)                 # 5 of 20 fit (4 rows each)

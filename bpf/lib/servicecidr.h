@@ -1,0 +1,39 @@
+/* lib/servicecidr.h: what a connect/sendmsg to an address that is no frontend gets.
+ *
+ * kube-proxy's nftables mode (v1.36 pkg/proxy/nftables/proxier.go, chain cluster-ips-check)
+ * rejects new connections to an allocated ClusterIP on a port the Service does not have, and
+ * drops those to any other address inside a ServiceCIDR. The agent fills kp_cip4 with the
+ * ClusterIPs it programs (KP_CIP_REJECT) and those of Services another proxy owns (KP_CIP_PASS),
+ * and kp_svccidr4 with the ServiceCIDRs. An empty trie (no ServiceCIDR listed) drops nothing.
+ *
+ * bcc rewrites map operations only in the main source file, so the caller (sock_lb.c,
+ * sock_unmatched) does the two lookups and this header decides.
+ */
+#ifndef KPROXY_LIB_SERVICECIDR_H
+#define KPROXY_LIB_SERVICECIDR_H
+
+#include <uapi/linux/errno.h>
+#include "../kproxy.h"
+
+/* The trie key that finds the ServiceCIDR holding addr. */
+static __always_inline struct kp_cidr4_key kp_servicecidr_key(__be32 addr)
+{
+	struct kp_cidr4_key key = { .prefixlen = 32, .addr = addr };
+
+	return key;
+}
+
+/* cip: addr's kp_cip4 row or NULL; in_cidr: its kp_svccidr4 match or NULL (looked up
+ * only when cip is NULL). 0: not ours to judge (the socket proceeds untouched); else the
+ * negative errno: ECONNREFUSED for a port an allocated ClusterIP does not have (kube-proxy:
+ * reject), EHOSTUNREACH at once for an unallocated address of a ServiceCIDR (kube-proxy: drop,
+ * where the client waits for its own timeout; see docs/architecture.md). */
+static __always_inline int kp_servicecidr_verdict(const struct kp_cip4_val *cip,
+						  const void *in_cidr)
+{
+	if (cip)
+		return cip->action == KP_CIP_PASS ? 0 : -ECONNREFUSED;
+	return in_cidr ? -EHOSTUNREACH : 0;
+}
+
+#endif

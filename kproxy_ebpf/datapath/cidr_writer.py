@@ -1,0 +1,101 @@
+"""Applies a ServiceCIDRSet to the two maps of bpf/lib/servicecidr.h: kp_cip4 (allocated
+ClusterIP -> reject or pass) and kp_svccidr4 (LPM trie of the ServiceCIDRs).
+
+Kept apart from writer.py on purpose: these rows never reference frontends or backends, so the
+two writers share nothing but the ApplyResult they report into. Writes are O(changes): the
+writer diffs against what it wrote (rebuilt from the maps by restore()).
+
+Order, so that no lookup sees a range without the exceptions it needs: ClusterIP rows are
+written before new ranges are added (a foreign ClusterIP is never dropped for an instant), and
+removed ranges go before the ClusterIP rows they covered.
+"""
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+
+from ..desired import ServiceCIDRSet
+from . import layout as L
+from .pinned import MapFull, PinnedMap
+from .writer import ApplyResult
+
+CIP_REJECT, CIP_PASS = L.const("KP_CIP_REJECT"), L.const("KP_CIP_PASS")
+ACTIONS = {"reject": CIP_REJECT, "pass": CIP_PASS, None: None}
+
+
+def _cidr_key(cidr: str) -> L.Cidr4Key:
+    net = ipaddress.IPv4Network(cidr)
+    return L.Cidr4Key(prefixlen=net.prefixlen, addr=L.ip_be(str(net.network_address)))
+
+
+class CidrWriter:
+    def __init__(self, maps: Mapping[str, PinnedMap]):
+        self.cip, self.cidr = maps["clusterip"], maps["servicecidr"]
+        self.cluster_ips: dict[str, int] = {}     # ip -> KP_CIP_* as written
+        self.cidrs: set[str] = set()
+
+    def restore(self) -> None:
+        """Rebuilds the bookkeeping from the maps (a restarted agent rewrites nothing)."""
+        self.cluster_ips = {L.ip_str(k.value): v.action for k, v in self.cip.items()}
+        self.cidrs = {f"{L.ip_str(k.addr)}/{k.prefixlen}" for k in self.cidr.keys()}
+
+    def row_counts(self) -> dict[str, int]:
+        return {"clusterip": len(self.cluster_ips), "servicecidr": len(self.cidrs)}
+
+    def apply(self, want: ServiceCIDRSet, res: ApplyResult) -> bool:
+        """Writes the whole difference (full syncs); failures go into `res`. True when all
+        was written."""
+        actions: dict[str, str | None] = {ip: "pass" for ip in want.foreign_ips}
+        actions.update((ip, "reject") for ip in want.cluster_ips)
+        gone = {ip: None for ip in self.cluster_ips.keys() - actions.keys()}
+        return self.apply_changes(want.cidrs, {**actions, **gone}, res)
+
+    def apply_changes(self, cidrs: frozenset[str], wanted: Mapping[str, str | None],
+                      res: ApplyResult) -> bool:
+        """Writes the ranges and the rows of the ClusterIPs in `wanted` ("reject", "pass", or
+        None: no longer allocated), the others untouched: a partial sync costs what changed.
+        True when all was written (else the caller retries with a full apply)."""
+        actions = {ip: ACTIONS[a] for ip, a in wanted.items()}
+        complete = True
+        for ip in sorted(ip for ip, a in actions.items() if a is not None):
+            if self.cluster_ips.get(ip) != actions[ip]:
+                complete &= self._try(res, f"ClusterIP {ip}",
+                                      lambda ip=ip: self._put_ip(ip, actions[ip]))
+        # A range added while one of its ClusterIP rows is missing would drop that address.
+        for cidr in sorted(cidrs - self.cidrs) if complete else ():
+            complete &= self._try(res, f"ServiceCIDR {cidr}", lambda c=cidr: self._put_cidr(c))
+        for cidr in sorted(self.cidrs - cidrs):
+            complete &= self._try(res, f"ServiceCIDR {cidr}", lambda c=cidr: self._delete_cidr(c))
+        for ip in sorted(ip for ip, a in actions.items() if a is None and ip in self.cluster_ips):
+            complete &= self._try(res, f"ClusterIP {ip}", lambda ip=ip: self._delete_ip(ip))
+        return complete
+
+    def _put_ip(self, ip: str, action: int) -> None:
+        self.cip.put(L.U32(L.ip_be(ip)), L.CipVal(action=action))
+        self.cluster_ips[ip] = action
+
+    def _delete_ip(self, ip: str) -> None:
+        self.cip.delete(L.U32(L.ip_be(ip)))
+        del self.cluster_ips[ip]
+
+    def _put_cidr(self, cidr: str) -> None:
+        self.cidr.put(_cidr_key(cidr), L.U32(0))
+        self.cidrs.add(cidr)
+
+    def _delete_cidr(self, cidr: str) -> None:
+        self.cidr.delete(_cidr_key(cidr))
+        self.cidrs.discard(cidr)
+
+    @staticmethod
+    def _try(res: ApplyResult, what: str, fn) -> bool:
+        try:
+            fn()
+        except MapFull as exc:
+            res.full_maps.add(exc.map_name)
+            res.errors.append(f"{what}: {exc}")
+            return False
+        except OSError as exc:
+            res.errors.append(f"{what}: {exc}")
+            return False
+        res.writes += 1
+        return True

@@ -1,0 +1,86 @@
+"""CidrWriter against in-memory maps keyed by encoded bytes (as the kernel keys them): the rows
+bpf/lib/servicecidr.h reads, written in an order where no address is dropped by mistake."""
+from __future__ import annotations
+
+import ipaddress
+
+from kproxy_ebpf.datapath import layout as L
+from kproxy_ebpf.datapath.cidr_writer import CIP_PASS, CIP_REJECT, CidrWriter
+from kproxy_ebpf.datapath.writer import ApplyResult
+from kproxy_ebpf.desired import ServiceCIDRSet
+
+from .test_writer import FakeMap
+
+
+def maps(on_op=None, cip_size=1000):
+    return {"clusterip": FakeMap(L.MAPS["clusterip"], cip_size, on_op),
+            "servicecidr": FakeMap(L.MAPS["servicecidr"], 1000, on_op)}
+
+
+def verdict(m, ip: str) -> str:
+    """What lib/servicecidr.h decides for `ip` (no frontend matched), from the raw rows."""
+    row = m["clusterip"].get(L.U32(L.ip_be(ip)))
+    if row is not None:
+        return "pass" if row.action == CIP_PASS else "refused"
+    for key in m["servicecidr"].keys():
+        net = ipaddress.IPv4Network(f"{L.ip_str(key.addr)}/{key.prefixlen}")
+        if ipaddress.IPv4Address(ip) in net:
+            return "unreachable"
+    return "pass"
+
+
+def want(cidrs=(), ours=(), foreign=()):
+    return ServiceCIDRSet(frozenset(cidrs), frozenset(ours), frozenset(foreign))
+
+
+def test_rows_and_verdicts():
+    m = maps()
+    w = CidrWriter(m)
+    res = ApplyResult()
+    w.apply(want(["10.96.0.0/16"], ["10.96.0.10"], ["10.96.0.20"]), res)
+    assert res.ok and res.writes == 3
+    assert verdict(m, "10.96.0.10") == "refused"
+    assert verdict(m, "10.96.0.20") == "pass"
+    assert verdict(m, "10.96.5.5") == "unreachable"
+    assert verdict(m, "10.97.0.1") == "pass"
+    key = m["servicecidr"].keys()[0]
+    assert (key.prefixlen, L.raw(key)[4:]) == (16, bytes([10, 96, 0, 0]))   # network order
+
+
+def test_unchanged_set_writes_nothing_and_restore_adopts_the_maps():
+    m = maps()
+    w = CidrWriter(m)
+    w.apply(want(["10.96.0.0/16"], ["10.96.0.10"]), ApplyResult())
+    res = ApplyResult()
+    w.apply(want(["10.96.0.0/16"], ["10.96.0.10"]), res)
+    assert res.writes == 0
+    fresh = CidrWriter(m)
+    fresh.restore()
+    assert fresh.cluster_ips == {"10.96.0.10": CIP_REJECT} and fresh.cidrs == {"10.96.0.0/16"}
+    res = ApplyResult()
+    fresh.apply(want(["10.96.0.0/16"], ["10.96.0.10"]), res)
+    assert res.writes == 0
+
+
+def test_a_foreign_clusterip_is_never_dropped_in_between():
+    """After every single map operation, the foreign ClusterIP still passes."""
+    seen = []
+    m = maps(on_op=lambda: seen.append(verdict(m, "10.96.0.20")))
+    w = CidrWriter(m)
+    w.apply(want(["10.96.0.0/16"], [], ["10.96.0.20"]), ApplyResult())
+    w.apply(want(["10.96.0.0/16", "10.97.0.0/24"], ["10.96.0.10"], ["10.96.0.20"]), ApplyResult())
+    w.apply(want([], [], []), ApplyResult())
+    assert seen and set(seen) == {"pass"}
+
+
+def test_full_clusterip_map_holds_back_new_ranges_and_is_retried():
+    m = maps(cip_size=1)
+    w = CidrWriter(m)
+    res = ApplyResult()
+    w.apply(want(["10.96.0.0/16"], ["10.96.0.10"], ["10.96.0.20"]), res)
+    assert not res.ok and res.full_maps == {L.MAPS["clusterip"].name}
+    assert m["servicecidr"].rows == {}, "a range without its exceptions would drop 10.96.0.20"
+    m["clusterip"].max_entries = 10
+    res = ApplyResult()
+    w.apply(want(["10.96.0.0/16"], ["10.96.0.10"], ["10.96.0.20"]), res)
+    assert res.ok and verdict(m, "10.96.0.20") == "pass" and verdict(m, "10.96.0.10") == "refused"
