@@ -58,9 +58,9 @@ MANAGED = [{"manager": "kproxy-scale", "operation": "Update", "apiVersion": "v1"
                 "f:selector": {}, "f:sessionAffinity": {}, "f:type": {}}}}]
 
 
-def rss_mib() -> float:
+def rss_mib(field: str = "VmRSS") -> float:
     for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return 0.0
 
@@ -319,7 +319,8 @@ def main() -> None:
 
     import kubernetes.client  # noqa: F401  the real agent holds it: count it in the baseline
     base = rss_mib()
-    out: dict = {"services": n, "endpoints": e, "rss_imports_mib": round(base, 1)}
+    out: dict = {"services": n, "endpoints": e, "rss_imports_mib": round(base, 1),
+                 "rss_anon_imports_mib": round(rss_mib("RssAnon"), 1)}
     prof = cProfile.Profile()
     if args.tracemalloc:
         tracemalloc.start(8)
@@ -343,6 +344,7 @@ def main() -> None:
         out.update(res)
         gc.collect()
         out["rss_after_fill_mib"] = round(rss_mib(), 1)
+        out["rss_anon_after_fill_mib"] = round(rss_mib("RssAnon"), 1)
         if args.tracemalloc:
             snap = tracemalloc.take_snapshot()
             print(f"tracemalloc: {sum(s.size for s in snap.statistics('filename')) / 2**20:.1f} "
