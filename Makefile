@@ -6,7 +6,7 @@ PY    := $(VENV)/bin/python
 KP    := $(VENV)/bin/kproxy-ebpf
 export KPROXY_CACHE ?= /var/cache/kproxy-ebpf
 
-APT_PACKAGES := python3-bpfcc python3-venv linux-headers-cloud-amd64 bpftool clang llvm gcc libc6-dev \
+APT_PACKAGES := python3-bpfcc python3-venv linux-headers-cloud-amd64 bpftool clang llvm gcc libc6-dev conntrack \
                 iproute2 iptables nftables openssl procps util-linux ca-certificates
 
 .PHONY: setup apt venv headers k8s test unit datapath integration e2e demo lab-down lint clean \

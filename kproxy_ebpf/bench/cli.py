@@ -72,6 +72,10 @@ class _TestLock:
               help="Scale run: the idle window after the fill, seconds.")
 @click.option("--scale-n", type=click.IntRange(1, MAX_N), default=10000, show_default=True,
               help="Scale run: Services to fill.")
+@click.option("--scale-change-ns", default="1000,10000", show_default=True,
+              help="Scale run: the N at which CPU per single change is measured.")
+@click.option("--scale-changes", type=click.IntRange(1), default=30, show_default=True,
+              help="Scale run: single changes per measurement.")
 @click.option("--lab", "lab_name", default=None, help="Lab name (default bench / bench-scale).")
 @click.option("--tools-dir", default="build/bench", show_default=True,
               help="Where `make bench-tools` put kpbench-client and kpbench-server.")
@@ -79,8 +83,8 @@ class _TestLock:
               type=click.Path(file_okay=False))
 @click.option("--no-readme", is_flag=True, help="Do not rewrite README.md's generated section.")
 @click.option("--no-pin", is_flag=True, help="Do not pin client and servers to CPUs 0 and 1.")
-def bench(quick, modes, sizes, repeats, m5_changes, scale, idle, scale_n, lab_name, tools_dir,
-          out_dir, no_readme, no_pin) -> None:
+def bench(quick, modes, sizes, repeats, m5_changes, scale, idle, scale_n, scale_change_ns,
+          scale_changes, lab_name, tools_dir, out_dir, no_readme, no_pin) -> None:
     """Benchmark kproxy against kube-proxy iptables/nftables and the direct path, in the lab."""
     if os.geteuid() != 0:
         raise click.ClickException("the benchmark needs root (namespaces, BPF, iptables)")
@@ -93,7 +97,10 @@ def bench(quick, modes, sizes, repeats, m5_changes, scale, idle, scale_n, lab_na
             from .scale import ScaleConfig, run_scale
 
             cfg = ScaleConfig(n=scale_n, idle_seconds=idle, lab_name=lab_name or "bench-scale",
-                              tools_dir=tools_dir, modes=_modes(modes) or None)
+                              change_ns=tuple(n for n in _ints(scale_change_ns) or ()
+                                              if n <= scale_n),
+                              changes=scale_changes, tools_dir=tools_dir,
+                              modes=_modes(modes) or None)
             doc = run_scale(cfg, _log)
             paths = report.write_scale(doc, out, readme)
         else:

@@ -115,6 +115,11 @@ def _at(doc, n, fn) -> tuple[str, str]:
     return (MET if ok else MISSED), f"N={n}: {text}"
 
 
+def _at_largest(doc, fn) -> tuple[str, str]:
+    ns = sizes(doc)
+    return _at(doc, ns[-1], fn) if ns else (NOT_MEASURED, "no data")
+
+
 def _fmt(x, nd=2) -> str:
     return "n/a" if x is None else f"{x:.{nd}f}"
 
@@ -125,7 +130,8 @@ def _m1_direct(doc):
         o99, d99 = value(doc, OURS, n, "m1_connect_p99"), value(doc, "direct", n, "m1_connect_p99")
         if None in (o50, d50, o99, d99):
             return None, "missing"
-        return (o50 - d50 <= 2 and o99 - d99 <= 5), f"+{_fmt(o50 - d50)}/+{_fmt(o99 - d99)} us"
+        return (o50 - d50 <= 2 and o99 - d99 <= 5), \
+            f"p50 {o50 - d50:+.2f} us, p99 {o99 - d99:+.2f} us"
     return _all_sizes(doc, one)
 
 
@@ -173,10 +179,6 @@ def _both(a, b):
 
 
 def _m3_direct(doc):
-    ns = sizes(doc)
-    if not ns:
-        return NOT_MEASURED, "no data"
-
     def one(n):
         rr = ratio(value(doc, OURS, n, "m3_rr_rate"), value(doc, "direct", n, "m3_rr_rate"))
         gb = ratio(value(doc, OURS, n, "m3_gbit_s"), value(doc, "direct", n, "m3_gbit_s"))
@@ -184,8 +186,8 @@ def _m3_direct(doc):
         if None in (rr, gb, o99, d99):
             return None, "missing"
         return (rr >= 0.98 and gb >= 0.98 and o99 - d99 <= 2), \
-            f"req/s {_fmt(rr)}x, Gbit/s {_fmt(gb)}x, p99 +{_fmt(o99 - d99)} us"
-    return _at(doc, ns[-1], one)
+            f"req/s {_fmt(rr)}x, Gbit/s {_fmt(gb)}x, p99 {o99 - d99:+.2f} us"
+    return _at_largest(doc, one)
 
 
 def _m5_abs(doc):
@@ -205,23 +207,15 @@ def _m6_abs(doc):
 
 
 def _m7_rss(doc):
-    ns = sizes(doc)
-    if not ns:
-        return NOT_MEASURED, "no data"
-
     def one(n):
         o, i = value(doc, OURS, n, "m7_rss"), value(doc, "iptables", n, "m7_rss")
         if None in (o, i):
             return None, "missing"
         return (o <= 200 and o <= i), f"{_fmt(o, 1)} MiB (kube-proxy iptables {_fmt(i, 1)} MiB)"
-    return _at(doc, ns[-1], one)
+    return _at_largest(doc, one)
 
 
 def _m8(doc):
-    ns = sizes(doc)
-    if not ns:
-        return NOT_MEASURED, "no data"
-
     def one(n):
         infl = _get(doc["results"].get(OURS, {}).get(str(n)), "M8", "inflation")
         failed = value(doc, OURS, n, "m8_failed")
@@ -229,20 +223,16 @@ def _m8(doc):
             return None, "missing"
         return (infl <= 0.10 and failed == 0), \
             f"p99 inflation {_fmt(infl * 100, 1)} %, {failed} failed connections"
-    return _at(doc, ns[-1], one)
+    return _at_largest(doc, one)
 
 
 def _m8_direct(doc):
-    ns = sizes(doc)
-    if not ns:
-        return NOT_MEASURED, "no data"
-
     def one(n):
         o = value(doc, OURS, n, "m8_p99")
         d = value(doc, "direct", n, "m1_connect_p99")
         r = ratio(o, d)
         return (None, "missing") if r is None else (r <= 1.1, f"{_fmt(r)}x direct no-churn p99")
-    return _at(doc, ns[-1], one)
+    return _at_largest(doc, one)
 
 
 def _m10(doc):

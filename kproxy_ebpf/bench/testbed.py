@@ -204,7 +204,17 @@ class Testbed:
                                           capture_output=True, text=True, timeout=300)
                 if r.returncode != 0:
                     raise LabError(f"kube-proxy --cleanup on {node}: {r.stderr[-500:]}")
+        self.flush_conntrack()
         self.mode = "none"
+
+    def flush_conntrack(self) -> None:
+        """Forget the flows of the last mode in every node: an iptables DNAT entry for
+        client:port -> VIP has the reply tuple pod -> client:port, and a later direct-to-pod
+        connection from the same port would clash with it (the SYN is dropped) for the two
+        minutes a TIME_WAIT entry lives."""
+        for node in self.cluster.lab.nodes():
+            self.cluster.lab.exec(f"node/{node.name}", ["conntrack", "-F"],
+                                  capture_output=True, timeout=60)
 
     def metrics(self, node: str = "node1") -> dict[str, float]:
         """The proxy's /metrics, fetched from inside the node's namespace."""
