@@ -3,7 +3,7 @@
  * A compiled client, because a Python loop costs tens of microseconds per connection and
  * would hide exactly what is measured (a connect4 hook or an iptables walk costs ns to us).
  *
- *   crr     connect, send 'c', read the reply until the server closes, close; repeated for
+ *   crr     connect, send 'c', read the one-line reply, close (RST); repeated for
  *           --duration seconds or --count transactions per thread. Records connect()
  *           latency (the SYN/SYN-ACK round trip plus whatever the proxy adds on the way) and
  *           the whole transaction, and counts which backend answered (its name).
@@ -115,6 +115,20 @@ static int tcp_socket(void)
 	return fd;
 }
 
+/* Close with RST (SO_LINGER 0) once the reply is in: neither side keeps a TIME_WAIT (the
+ * server closes too, and its FIN_WAIT ends at our RST) and conntrack drops the flow after
+ * 10 s instead of 120. Thousands of short connections per second otherwise leave a server
+ * TIME_WAIT per client port; a later SYN from that port whose sequence number comes from a
+ * different hash (e.g. a ClusterIP instead of the pod IP after a mode switch) is refused by
+ * it and retransmitted 1 s later, which would measure the previous run, not this one. */
+static void abort_close(int fd)
+{
+	struct linger lg = {.l_onoff = 1, .l_linger = 0};
+
+	setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+	close(fd);
+}
+
 /* One connect/request/close transaction. Returns 0 and fills name on success, else an
  * errno. t0 gets the monotonic start, conn_ns the connect() latency. */
 static int transaction(const struct sockaddr_in *to, char *name, uint64_t *conn_ns, uint64_t *t0)
@@ -142,20 +156,20 @@ static int transaction(const struct sockaddr_in *to, char *name, uint64_t *conn_
 
 		if (n > 0) {
 			got += (size_t)n;
-			if (got < sizeof(buf) - 1)
+			if (got < sizeof(buf) - 1 && !memchr(buf, '\n', got))
 				continue;
 		} else if (n < 0) {
 			err = errno == EAGAIN ? ETIMEDOUT : errno;
 		}
 		break;
 	}
-	close(fd);
+	abort_close(fd);
 	if (err)
 		return err;
 	buf[got] = 0;
+	if (!memchr(buf, '\n', got))
+		return ENODATA; /* closed without a whole reply */
 	buf[strcspn(buf, "\n")] = 0;
-	if (!got || !buf[0])
-		return ENODATA; /* closed without a reply */
 	snprintf(name, NAME_LEN, "%.*s", NAME_LEN - 1, buf);
 	return 0;
 }

@@ -39,7 +39,8 @@ def iptables_info() -> dict:
     if version:
         backend = "nft" if "nf_tables" in version else "legacy" if "legacy" in version else None
     return {"version": version, "backend": backend,
-            "binary": os.path.realpath(_which("iptables") or "") or None}
+            "binary": os.path.realpath(_which("iptables") or "") or None,
+            "legacy_version": _run(["iptables-legacy", "-V"])}
 
 
 def _which(name: str) -> str | None:

@@ -19,7 +19,8 @@ PLOTS = (
      ("m7_steady", "m7_churn")),
     ("m8_p99", "M8 connect p99 during 50 changes/s", "us", ("m8_p99",)),
 )
-STYLE = {"direct": "k", "iptables": "tab:red", "nftables": "tab:orange", "kproxy": "tab:blue"}
+STYLE = {"direct": "k", "iptables": "tab:red", "iptables-legacy": "tab:purple",
+         "nftables": "tab:orange", "kproxy": "tab:blue"}
 LOG_Y = {"m5_change", "m6_cold", "m7_cpu"}
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from . import goals
 
 RESULTS_DIR = Path("bench/results")
-MODE_ORDER = ("direct", "iptables", "nftables", "kproxy", "kproxy-tc")
+MODE_ORDER = ("direct", "iptables", "iptables-legacy", "nftables", "kproxy", "kproxy-tc")
 
 
 def _cell(v) -> str:
@@ -95,14 +95,15 @@ def render_markdown(doc: dict, plots: list[str]) -> str:
     out.append("")
     for n in goals.sizes(doc):
         out += [f"## N = {n} Services", ""] + render_table(doc, n) + [""]
-        pos = [(doc["results"].get("iptables", {}).get(str(n), {}).get(k)) for k in
-               ("kube_services_before", "kube_services_after")]
-        pos = [p for p in pos if p]
-        if pos:
-            out += ["iptables: the target's rule sat at position "
-                    + " then ".join(f"{p['position']} of {p['rules']}" for p in pos)
-                    + " in KUBE-SERVICES (kube-proxy writes that chain in Go map order, "
-                      "random on every sync).", ""]
+        for mode in ("iptables", "iptables-legacy"):
+            pos = [(doc["results"].get(mode, {}).get(str(n), {}).get(k)) for k in
+                   ("kube_services_before", "kube_services_after")]
+            pos = [p for p in pos if p]
+            if pos:
+                out += [f"{mode}: the target's rule sat at position "
+                        + " then ".join(f"{p['position']} of {p['rules']}" for p in pos)
+                        + " in KUBE-SERVICES (kube-proxy writes that chain in Go map order, "
+                          "random on every sync).", ""]
     out += ["## Goals", ""] + render_goals(doc.get("goals", [])) + [""]
     if plots:
         out += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots] + [""]

@@ -20,7 +20,7 @@ from .fill import SERVICE_PORT, SINK_PORT, SINK_SERVICE_PORT, TARGET_PORT, Churn
 from .procstat import CpuSample, cpu_between
 from .testbed import M5_SERVICE, MIN_SYNC_S, TARGET, Testbed
 
-ALL_MODES = ("direct", "iptables", "nftables", "kproxy", "kproxy-tc")
+ALL_MODES = ("direct", "iptables", "iptables-legacy", "nftables", "kproxy", "kproxy-tc")
 NOT_RUN = {"kproxy-tc": "not run (north-south TC path not built)"}
 M9_NOT_RUN = "not run (the TC path, north-south issue, is not built)"
 MIB = 1024 * 1024
@@ -89,10 +89,10 @@ class ModeRun:
         if not self.direct:
             self.cold_start()
         try:
-            if self.mode == "iptables":
+            if self.mode.startswith("iptables"):
                 self.out["kube_services_before"] = self.tb.kube_services_position()
             self.m1_m2_m10()
-            if self.mode == "iptables":
+            if self.mode.startswith("iptables"):
                 self.out["kube_services_after"] = self.tb.kube_services_position()
             if not self.direct:
                 self.m5()

@@ -31,13 +31,18 @@ from .rawapi import RawApi
 TARGET = "kpbench-target"
 M5_SERVICE = "kpbench-m5"
 CLIENT_POD = "kpbench-client"
-PROXY_MODES = ("iptables", "nftables", "kproxy")
+PROXY_MODES = ("iptables", "iptables-legacy", "nftables", "kproxy")
+# The bench mode -> kube-proxy's own mode name (iptables-legacy is kube-proxy iptables mode
+# running the legacy xtables binaries instead of the host's default nft-based ones).
+KUBE_PROXY_MODE = {"iptables": "iptables", "iptables-legacy": "iptables", "nftables": "nftables"}
+LEGACY_TOOLS = ("iptables", "iptables-save", "iptables-restore",
+                "ip6tables", "ip6tables-save", "ip6tables-restore")
 METRICS_PORT = 10249
 # Each proxy's minimum time between two syncs in the lab: kube-proxy's from the lab's
 # KubeProxyConfiguration (lab/cluster.py: iptables/nftables minSyncPeriod 1s, kube-proxy's own
 # default), kproxy's default (config.py). M5 spaces its changes by more than this, so each
 # change is measured alone rather than waiting out the rate limit of the one before.
-MIN_SYNC_S = {"iptables": 1.0, "nftables": 1.0, "kproxy": 0.2}
+MIN_SYNC_S = {"iptables": 1.0, "iptables-legacy": 1.0, "nftables": 1.0, "kproxy": 0.2}
 
 
 def backend_name(i: int) -> str:
@@ -169,8 +174,23 @@ class Testbed:
             raise LabError(f"a proxy ({self.mode}) is still running")
         self.mode = mode
         for node in self.proxy_nodes:
-            self.pids[node] = self.cluster.start_proxy(node, mode)
+            self.pids[node] = self.cluster.start_proxy(
+                node, KUBE_PROXY_MODE.get(mode, mode), env=self.proxy_env(mode))
         return dict(self.pids)
+
+    def proxy_env(self, mode: str) -> dict[str, str] | None:
+        """For iptables-legacy: PATH starts with a directory whose iptables* are the legacy
+        binaries (kube-proxy runs whatever `iptables` PATH gives; the host's alternative
+        stays untouched)."""
+        if mode != "iptables-legacy":
+            return None
+        d = Path(self.cluster.lab.state_dir) / "iptables-legacy-bin"
+        d.mkdir(exist_ok=True)
+        for tool in LEGACY_TOOLS:
+            link = d / tool
+            if not link.exists():
+                link.symlink_to(f"/usr/sbin/{tool.replace('tables', 'tables-legacy', 1)}")
+        return {**os.environ, "PATH": f"{d}:{os.environ.get('PATH', '/usr/sbin:/usr/bin')}"}
 
     def _cgroup(self, node: str) -> str | None:
         """The node's host cgroup (the proxy and its children run there, nothing else while
@@ -198,10 +218,11 @@ class Testbed:
                 subprocess.run([sys.executable, "-m", "kproxy_ebpf.cli", "cleanup",
                                 "--bpffs-dir", info.bpffs, "--yes"], check=True,
                                capture_output=True, text=True)
-            elif mode in ("iptables", "nftables"):
+            elif mode in KUBE_PROXY_MODE:
                 kp = str(ensure_binaries(build=False) / "kube-proxy")
                 r = self.cluster.lab.exec(f"node/{node}", [kp, "--cleanup"],
-                                          capture_output=True, text=True, timeout=300)
+                                          capture_output=True, text=True, timeout=300,
+                                          env=self.proxy_env(mode))
                 if r.returncode != 0:
                     raise LabError(f"kube-proxy --cleanup on {node}: {r.stderr[-500:]}")
         self.flush_conntrack()
@@ -255,7 +276,8 @@ class Testbed:
         """Where the target's ClusterIP rule sits in iptables KUBE-SERVICES (kube-proxy
         iptables mode writes that chain in Go map order, so the position is random per sync:
         pkg/proxy/iptables/proxier.go, `for svcName, svc := range proxier.svcPortMap`)."""
-        r = self.cluster.lab.exec(f"node/{node}", ["iptables-save", "-t", "nat"],
+        save = "iptables-legacy-save" if self.mode == "iptables-legacy" else "iptables-save"
+        r = self.cluster.lab.exec(f"node/{node}", [save, "-t", "nat"],
                                   capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             return None

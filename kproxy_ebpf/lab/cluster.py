@@ -169,7 +169,9 @@ class Cluster:
     def proxy_name(self, node: str) -> str:
         return f"proxy-{node}"
 
-    def start_proxy(self, node: str, mode: str | None = None) -> int:
+    def start_proxy(self, node: str, mode: str | None = None,
+                    env: dict[str, str] | None = None) -> int:
+        """env: the proxy's whole environment (the bench points PATH at iptables-legacy)."""
         mode = mode or self.info.proxy
         if mode == "none":
             return 0
@@ -183,7 +185,7 @@ class Cluster:
         else:
             argv = [str(ensure_binaries(build=False) / "kube-proxy"),
                     f"--config={self._kube_proxy_config(node, mode)}"]
-        return self.lab.spawn(f"node/{node}", argv, self.proxy_name(node)).pid
+        return self.lab.spawn(f"node/{node}", argv, self.proxy_name(node), env=env).pid
 
     def stop_proxy(self, node: str, hard: bool = False) -> None:
         """Stops the node's proxy (SIGTERM, or SIGKILL with hard=True)."""
