@@ -51,9 +51,9 @@ class BenchConfig:
         base = cls(sizes=[100, 1000] if quick else [100, 1000, 10000],
                    modes=list(ALL_MODES), quick=quick)
         if quick:
-            base.repeats, base.crr_seconds, base.m3_seconds = 3, 1.0, 2.0
-            base.m5_changes, base.m10_connections = 10, 10_000
-            base.steady_seconds = base.churn_seconds = 3.0
+            base.repeats, base.crr_seconds, base.m3_seconds = 2, 1.0, 1.5
+            base.m5_changes, base.m10_connections = 5, 10_000
+            base.steady_seconds = base.churn_seconds = 2.0
         for k, v in kw.items():
             if v is not None:
                 setattr(base, k, v)
@@ -141,7 +141,7 @@ class ModeRun:
     def m1_m2_m10(self) -> None:
         self.log(f"{self.mode} N={self.n}: M1/M2 crr x{self.cfg.repeats}")
         one = self._crr(1, self.cfg.repeats)
-        two = self._crr(2, max(3, (self.cfg.repeats + 1) // 2))
+        two = self._crr(2, max(2, (self.cfg.repeats + 1) // 2))
         self.out["M1"] = {
             "connect_us": _us(stats.median_of_runs([r["connect_ns"] for r in one])),
             "txn_us": _us(stats.median_of_runs([r["txn_ns"] for r in one])),
@@ -242,7 +242,7 @@ class ModeRun:
         cfg = self.cfg
         addrs, port, sink = self.addrs()
         self.log(f"{self.mode} N={self.n}: M3 rr and stream")
-        runs = max(3, cfg.repeats // 2 + 1)
+        runs = max(2, cfg.repeats // 2 + 1)
         rr = [self.tb.client.run("rr", addrs[:1], port, duration=cfg.m3_seconds)
               for _ in range(runs)]
         st = [self.tb.client.run("stream", addrs[:1], sink, duration=cfg.m3_seconds)
