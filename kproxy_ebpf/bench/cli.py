@@ -76,6 +76,9 @@ class _TestLock:
               help="Scale run: the N at which CPU per single change is measured.")
 @click.option("--scale-changes", type=click.IntRange(1), default=30, show_default=True,
               help="Scale run: single changes per measurement.")
+@click.option("--scale-change-window", type=click.FloatRange(1), default=40.0, show_default=True,
+              help="Scale run: seconds the single changes are spread over (and the idle "
+                   "reference window before them).")
 @click.option("--lab", "lab_name", default=None, help="Lab name (default bench / bench-scale).")
 @click.option("--tools-dir", default="build/bench", show_default=True,
               help="Where `make bench-tools` put kpbench-client and kpbench-server.")
@@ -84,7 +87,7 @@ class _TestLock:
 @click.option("--no-readme", is_flag=True, help="Do not rewrite README.md's generated section.")
 @click.option("--no-pin", is_flag=True, help="Do not pin client and servers to CPUs 0 and 1.")
 def bench(quick, modes, sizes, repeats, m5_changes, scale, idle, scale_n, scale_change_ns,
-          scale_changes, lab_name, tools_dir, out_dir, no_readme, no_pin) -> None:
+          scale_changes, scale_change_window, lab_name, tools_dir, out_dir, no_readme, no_pin) -> None:
     """Benchmark kproxy against kube-proxy iptables/nftables and the direct path, in the lab."""
     if os.geteuid() != 0:
         raise click.ClickException("the benchmark needs root (namespaces, BPF, iptables)")
@@ -99,7 +102,8 @@ def bench(quick, modes, sizes, repeats, m5_changes, scale, idle, scale_n, scale_
             cfg = ScaleConfig(n=scale_n, idle_seconds=idle, lab_name=lab_name or "bench-scale",
                               change_ns=tuple(n for n in _ints(scale_change_ns) or ()
                                               if n <= scale_n),
-                              changes=scale_changes, tools_dir=tools_dir,
+                              changes=scale_changes, change_window=scale_change_window,
+                              tools_dir=tools_dir,
                               modes=_modes(modes) or None)
             doc = run_scale(cfg, _log)
             paths = report.write_scale(doc, out, readme)
