@@ -92,6 +92,7 @@ class Testbed:
     mode: str = "none"
     pids: dict[str, int] = field(default_factory=dict)      # node -> proxy pid
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _churn_seq: int = 0
 
     # -- lab ---------------------------------------------------------------------------------
     def up(self) -> None:
@@ -307,8 +308,12 @@ class Testbed:
             idx, self.pods[new])
 
     def filler_change(self, k: int) -> tuple[str, list]:
-        """Endpoint churn over the fillers: one endpoint of one filler moves to a new
-        (unreachable) address."""
-        i = (k * 7919) % max(1, self.filled)
+        """Endpoint churn over the fillers: one endpoint of one filler moves to an address
+        never used before in this lab (so every filler endpoint stays distinct and the
+        count a proxy must hold stays N x E)."""
+        with self._lock:
+            seq = self._churn_seq
+            self._churn_seq += 1
+        i = (seq * 7919) % max(1, self.filled)
         return (fill.slices_path(f"{fill.filler_name(i)}-kpbench"),
-                fill.replace_endpoint_op(k % self.endpoints, fill.churn_address(k)))
+                fill.replace_endpoint_op(seq % self.endpoints, fill.churn_address(seq)))
