@@ -111,10 +111,17 @@ def render_markdown(doc: dict, plots: list[str]) -> str:
 
 
 def render_readme_section(md_name: str, goal_rows: list[dict], table_md: str,
-                          plots: list[str], scale_md: str | None) -> str:
+                          plots: list[str], scale_md: str | None, quick: bool = False,
+                          env: dict | None = None) -> str:
     met = sum(g["status"] == "met" for g in goal_rows)
     missed = [g for g in goal_rows if g["status"] == "missed"]
-    lines = [f"Results of the last committed run, written by `kproxy-ebpf bench` "
+    env = env or {}
+    kind = ("a **quick** run (reduced sizes and repeats: a smoke proof, not the benchmark's "
+            "figures)" if quick else "a full run")
+    lines = [f"Stored: {kind} of {env.get('date')}, load average at its start "
+             f"{tuple(round(x, 1) for x in env.get('loadavg_at_start') or ())} on "
+             f"{env.get('cpus')} CPUs.", "",
+             f"Results of the last committed run, written by `kproxy-ebpf bench` "
              f"(details, environment and every goal: [{md_name}](bench/results/{md_name}); "
              f"raw figures: bench/results/latest.json). `make bench` runs it "
              f"(`ARGS=--quick` for a short smoke run), `make scale` the 10,000-Service "
@@ -185,7 +192,8 @@ def update_readme(readme: Path, out_dir: Path = RESULTS_DIR) -> None:
         scale_md = "\n".join(line.replace("](plots/", "](bench/results/plots/")
                              for line in scale_path.read_text().splitlines()
                              if not line.startswith("# "))
-    section = render_readme_section("latest.md", doc.get("goals", []), table, pngs, scale_md)
+    section = render_readme_section("latest.md", doc.get("goals", []), table, pngs, scale_md,
+                                    quick=bool(doc.get("quick")), env=doc.get("environment"))
     readme.write_text(replace_section(readme.read_text(), "bench", section))
 
 
