@@ -46,8 +46,10 @@ class ScaleRun:
     def __init__(self, cfg: ScaleConfig, mode: str, log: Callable[[str], None]):
         self.cfg, self.mode, self.log = cfg, mode, log
         self.tb = Testbed(cfg.lab_name, cfg.tools_dir, endpoints=cfg.endpoints, live=2,
-                          proxy_nodes=NODES, log=log)
+                          proxy_nodes=NODES, log=log, max_services=cfg.n)
         self.out: dict = {"per_change": {}}
+        if mode == "kproxy":
+            self.out["kproxy_map_sizes"] = self.tb.kproxy_map_sizes()
 
     def _samples(self) -> dict:
         return {node: self.tb.meter(node).sample() for node in NODES}

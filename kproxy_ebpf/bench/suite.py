@@ -269,7 +269,9 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
         doc["modes"][m] = ({"status": "not run", "reason": NOT_RUN[m]} if m in NOT_RUN
                            else {"status": "run"})
     doc["not_run"]["M9"] = M9_NOT_RUN
-    tb = Testbed(cfg.lab_name, cfg.tools_dir, endpoints=cfg.endpoints, pin=cfg.pin, log=log)
+    tb = Testbed(cfg.lab_name, cfg.tools_dir, endpoints=cfg.endpoints, pin=cfg.pin, log=log,
+                 max_services=sizes[-1])
+    doc["kproxy_map_sizes"] = tb.kproxy_map_sizes()
     t_start = time.monotonic()
     tb.up()
     try:

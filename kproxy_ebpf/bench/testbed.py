@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from ..lab import nsutil
 from ..lab.binaries import ensure_binaries
 from ..lab.cluster import Cluster
@@ -86,6 +88,7 @@ class Testbed:
     pods: dict[str, str] = field(default_factory=dict)      # backend name -> pod IP
     vips: dict[str, str] = field(default_factory=dict)      # service -> ClusterIP
     filled: int = 0
+    max_services: int = 0                                  # the largest fill of the run
     target_set: list[str] = field(default_factory=list)     # backends in the target's slice
     m5_current: str = ""
     client: Client | None = None
@@ -174,10 +177,27 @@ class Testbed:
         if self.pids:
             raise LabError(f"a proxy ({self.mode}) is still running")
         self.mode = mode
+        extra = ["--config", str(self.kproxy_config())] if mode == "kproxy" else None
         for node in self.proxy_nodes:
             self.pids[node] = self.cluster.start_proxy(
-                node, KUBE_PROXY_MODE.get(mode, mode), env=self.proxy_env(mode))
+                node, KUBE_PROXY_MODE.get(mode, mode), env=self.proxy_env(mode),
+                extra_args=extra)
         return dict(self.pids)
+
+    def kproxy_map_sizes(self) -> dict[str, int]:
+        """Map sizes for the largest fill of the run. kproxy's defaults (65,536 rows) hold
+        about 6,000 Services of 10 endpoints: a Service costs 1 + E rows in the service map.
+        Everything else (sync periods) stays at its default."""
+        n = max(self.max_services, self.filled) + 16
+        def fit(rows: int, default: int) -> int:
+            return max(default, 1 << (int(rows * 1.25) - 1).bit_length())
+        return {"svc": fit(n * (self.endpoints + 1) + 64, 65536),
+                "backend": fit(n * self.endpoints + 64, 65536), "meta": fit(n * 2, 16384)}
+
+    def kproxy_config(self) -> Path:
+        path = Path(self.cluster.lab.state_dir) / "kproxy-bench.yaml"
+        path.write_text(yaml.safe_dump({"mapSizes": self.kproxy_map_sizes()}))
+        return path
 
     def proxy_env(self, mode: str) -> dict[str, str] | None:
         """For iptables-legacy: PATH starts with a directory whose iptables* are the legacy

@@ -170,8 +170,10 @@ class Cluster:
         return f"proxy-{node}"
 
     def start_proxy(self, node: str, mode: str | None = None,
-                    env: dict[str, str] | None = None) -> int:
-        """env: the proxy's whole environment (the bench points PATH at iptables-legacy)."""
+                    env: dict[str, str] | None = None,
+                    extra_args: list[str] | None = None) -> int:
+        """env: the proxy's whole environment (the bench points PATH at iptables-legacy);
+        extra_args are appended to its command line (the bench's kproxy map sizes)."""
         mode = mode or self.info.proxy
         if mode == "none":
             return 0
@@ -185,7 +187,8 @@ class Cluster:
         else:
             argv = [str(ensure_binaries(build=False) / "kube-proxy"),
                     f"--config={self._kube_proxy_config(node, mode)}"]
-        return self.lab.spawn(f"node/{node}", argv, self.proxy_name(node), env=env).pid
+        return self.lab.spawn(f"node/{node}", argv + list(extra_args or ()),
+                              self.proxy_name(node), env=env).pid
 
     def stop_proxy(self, node: str, hard: bool = False) -> None:
         """Stops the node's proxy (SIGTERM, or SIGKILL with hard=True)."""
