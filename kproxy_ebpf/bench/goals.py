@@ -163,7 +163,7 @@ def _ratio_goal(doc, n_pick, key, base, threshold, higher=True):
         r = ratio(value(doc, OURS, n, key), value(doc, base, n, key))
         if r is None:
             return None, "missing"
-        return (r >= threshold if higher else r <= threshold), f"{_fmt(r)}x {base}"
+        return (r >= threshold if higher else r <= threshold), f"ours/{base} {r:.3g}x"
     if n_pick == "all":
         return _all_sizes(doc, one)
     ns = sizes(doc)
