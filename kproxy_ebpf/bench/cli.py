@@ -82,8 +82,8 @@ class _TestLock:
 @click.option("--lab", "lab_name", default=None, help="Lab name (default bench / bench-scale).")
 @click.option("--tools-dir", default="build/bench", show_default=True,
               help="Where `make bench-tools` put kpbench-client and kpbench-server.")
-@click.option("--out", "out_dir", default="bench/results", show_default=True,
-              type=click.Path(file_okay=False))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False),
+              help="Results directory [the checkout's bench/results].")
 @click.option("--no-readme", is_flag=True, help="Do not rewrite README.md's generated section.")
 @click.option("--no-pin", is_flag=True, help="Do not pin client and servers to CPUs 0 and 1.")
 def bench(quick, modes, sizes, repeats, m5_changes, scale, idle, scale_n, scale_change_ns,
@@ -92,9 +92,10 @@ def bench(quick, modes, sizes, repeats, m5_changes, scale, idle, scale_n, scale_
     if os.geteuid() != 0:
         raise click.ClickException("the benchmark needs root (namespaces, BPF, iptables)")
     from . import report
+    from .env import REPO
 
-    out = Path(out_dir)
-    readme = None if no_readme else Path("README.md")
+    out = Path(out_dir) if out_dir else REPO / "bench" / "results"
+    readme = None if no_readme else REPO / "README.md"
     with _TestLock():
         if scale:
             from .scale import ScaleConfig, run_scale
