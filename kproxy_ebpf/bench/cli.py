@@ -80,8 +80,8 @@ class _TestLock:
               help="Scale run: seconds the single changes are spread over (and the idle "
                    "reference window before them).")
 @click.option("--lab", "lab_name", default=None, help="Lab name (default bench / bench-scale).")
-@click.option("--tools-dir", default="build/bench", show_default=True,
-              help="Where `make bench-tools` put kpbench-client and kpbench-server.")
+@click.option("--tools-dir", help="Where `make bench-tools` put kpbench-client and "
+                                  "kpbench-server [the checkout's build/bench].")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False),
               help="Results directory [the checkout's bench/results].")
 @click.option("--no-readme", is_flag=True, help="Do not rewrite README.md's generated section.")
@@ -95,6 +95,7 @@ def bench(quick, modes, sizes, repeats, m5_changes, scale, idle, scale_n, scale_
     from .env import REPO
 
     out = Path(out_dir) if out_dir else REPO / "bench" / "results"
+    tools_dir = str(Path(tools_dir).resolve()) if tools_dir else str(REPO / "build" / "bench")
     readme = None if no_readme else REPO / "README.md"
     with _TestLock():
         if scale:
