@@ -76,7 +76,7 @@ class _TestLock:
               help="Scale run: the N at which CPU per single change is measured.")
 @click.option("--scale-changes", type=click.IntRange(1), default=30, show_default=True,
               help="Scale run: single changes per measurement.")
-@click.option("--scale-change-window", type=click.FloatRange(1), default=40.0, show_default=True,
+@click.option("--scale-change-window", type=click.FloatRange(1), default=60.0, show_default=True,
               help="Scale run: seconds the single changes are spread over (and the idle "
                    "reference window before them).")
 @click.option("--lab", "lab_name", default=None, help="Lab name (default bench / bench-scale).")
