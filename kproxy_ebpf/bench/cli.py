@@ -67,6 +67,8 @@ class _TestLock:
                               "(quick: 100,1000).")
 @click.option("--repeats", type=click.IntRange(1), help="crr runs per percentile (median).")
 @click.option("--m5-changes", type=click.IntRange(1), help="Changes measured for M5.")
+@click.option("--cold-timeout", type=click.FloatRange(1), help="Seconds a proxy may take to "
+              "program N x E before it is recorded as not finished [150].")
 @click.option("--scale", is_flag=True, help="The scale run of issue 11 instead of the benchmark.")
 @click.option("--idle", type=click.FloatRange(0), default=600.0, show_default=True,
               help="Scale run: the idle window after the fill, seconds.")
@@ -86,7 +88,7 @@ class _TestLock:
               help="Results directory [the checkout's bench/results].")
 @click.option("--no-readme", is_flag=True, help="Do not rewrite README.md's generated section.")
 @click.option("--no-pin", is_flag=True, help="Do not pin client and servers to CPUs 0 and 1.")
-def bench(quick, modes, sizes, repeats, m5_changes, scale, idle, scale_n, scale_change_ns,
+def bench(quick, modes, sizes, repeats, m5_changes, cold_timeout, scale, idle, scale_n, scale_change_ns,
           scale_changes, scale_change_window, lab_name, tools_dir, out_dir, no_readme, no_pin) -> None:
     """Benchmark kproxy against kube-proxy iptables/nftables and the direct path, in the lab."""
     if os.geteuid() != 0:
@@ -114,6 +116,7 @@ def bench(quick, modes, sizes, repeats, m5_changes, scale, idle, scale_n, scale_
 
             cfg = BenchConfig.make(quick, sizes=_ints(sizes), modes=_modes(modes),
                                    repeats=repeats, m5_changes=m5_changes,
+                                   cold_timeout=cold_timeout,
                                    lab_name=lab_name or "bench", tools_dir=tools_dir,
                                    pin=not no_pin)
             doc = run_bench(cfg, _log)

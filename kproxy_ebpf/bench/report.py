@@ -55,6 +55,8 @@ def render_table(doc: dict, n: int) -> list[str]:
         for m in modes:
             if doc["modes"][m]["status"] != "run":
                 vals.append("not run")
+            elif f.key == "m6_cold" and goals.did_not_finish(doc, m, n):
+                vals.append(f"> {goals.did_not_finish(doc, m, n):.0f} (did not finish)")
             else:
                 vals.append(_cell(goals.value(doc, m, n, f.key)))
         if all(v in ("–", "not run") for v in vals):
@@ -92,6 +94,10 @@ def render_markdown(doc: dict, plots: list[str]) -> str:
             out.append(f"- {m}: {st['reason']}")
     for metric, why in doc.get("not_run", {}).items():
         out.append(f"- {metric}: {why}")
+    for m in MODE_ORDER:
+        for n, r in sorted(doc.get("results", {}).get(m, {}).items(), key=lambda kv: int(kv[0])):
+            if r.get("skipped"):
+                out.append(f"- {m} at N={n}: {r['skipped']}")
     out.append("")
     for n in goals.sizes(doc):
         out += [f"## N = {n} Services", ""] + render_table(doc, n) + [""]

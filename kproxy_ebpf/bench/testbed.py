@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from ..lab import nsutil
+from ..lab import cgroups, nsutil, procs
 from ..lab.binaries import ensure_binaries
 from ..lab.cluster import Cluster
 from ..lab.nsutil import LabError
@@ -235,6 +235,10 @@ class Testbed:
             self.cluster.stop_proxy(node)
             del self.pids[node]
             info = self.cluster.lab.node(node)
+            # Children the proxy left running (an iptables-restore still busy when a cold
+            # start was given up) would hold the xtables lock against the cleanup below.
+            for pid in cgroups.pids_recursive(info.host_cgroup):
+                procs.kill_pid(pid)
             if mode == "kproxy":
                 subprocess.run([sys.executable, "-m", "kproxy_ebpf.cli", "cleanup",
                                 "--bpffs-dir", info.bpffs, "--yes"], check=True,

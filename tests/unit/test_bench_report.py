@@ -148,3 +148,17 @@ def test_scale_goals_and_render(tmp_path):
     md = (tmp_path / "scale-latest.md").read_text()
     assert "CPU per endpoint change at N=1000" in md and "0.09x" in md   # 20/230
     assert any(p.name == "scale_cpu_per_change.png" for p in paths)
+
+
+def test_a_proxy_that_did_not_finish_is_shown_and_bounds_the_goal():
+    doc = make_doc(ours_m6=0.8)
+    doc["results"]["iptables"]["10000"] = {"M6": {"cold_start_s": None,
+                                                  "did_not_finish_s": 150.0},
+                                           "skipped": "did not finish within 150s"}
+    rows = goals.evaluate(doc)
+    row = by_goal(rows, ">= 10x faster than iptables")
+    assert row["status"] == "met" and "did not finish in 150 s" in row["measured"]
+    doc["ratios"], doc["goals"] = goals.ratios(doc), rows
+    md = report.render_markdown(doc, [])
+    assert "> 150 (did not finish)" in md
+    assert "- iptables at N=10000: did not finish within 150s" in md
