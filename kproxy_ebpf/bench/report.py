@@ -206,7 +206,8 @@ def update_readme(readme: Path, out_dir: Path = RESULTS_DIR) -> None:
 # -- the scale run ---------------------------------------------------------------------------
 
 def render_scale_markdown(doc: dict, plot: str | None) -> str:
-    modes = [m for m in ("kproxy", "nftables", "iptables") if m in doc.get("results", {})]
+    modes = [m for m in ("kproxy", "nftables", "iptables", "iptables-legacy")
+             if m in doc.get("results", {})]
     cfg = doc.get("config", {})
     out = ["# kproxy-ebpf scale run", "",
            f"### Scale run: {cfg.get('n')} Services x {cfg.get('endpoints')} endpoints, "
@@ -215,6 +216,8 @@ def render_scale_markdown(doc: dict, plot: str | None) -> str:
            "all modes from one run, each in a fresh lab. CPU counts the proxy's children "
            f"(source: cgroup cpu.stat). Idle window: {cfg.get('idle_seconds')} s.", ""]
     out += env_lines(doc.get("environment", {}))
+    out += [f"- {m}: {doc['results'][m]['did_not_finish']}" for m in modes
+            if doc["results"][m].get("did_not_finish")]
     out += ["", "| figure | " + " | ".join(modes) + " | kproxy/nftables | kproxy/iptables |",
             "|---" * (len(modes) + 3) + "|"]
     for key, label, unit in goals.scale_keys(doc):
