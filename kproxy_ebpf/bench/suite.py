@@ -105,7 +105,7 @@ class ModeRun:
             try:
                 self.cold_start()
             except ColdStartTimeout as e:
-                self.log(str(e))
+                self.log(f"{self.mode} N={self.n}: {e}")
                 self.tb.stop_proxy()
                 self.out["M6"] = {"cold_start_s": None, "did_not_finish_s": e.seconds,
                                   "backends_expected": self.tb.expected_backends()}
@@ -141,7 +141,7 @@ class ModeRun:
             seen = w.result()
         if not seen.get("ok"):
             raise ColdStartTimeout(self.cfg.cold_timeout,
-                                   f"{self.mode} N={self.n}: did not finish programming within "
+                                   f"did not finish programming within "
                                    f"{self.cfg.cold_timeout:.0f}s; other metrics skipped")
         answer_s = (seen["seen_realtime_ns"] - t0_wall) / 1e9
         # The first sync of every proxy comes after it listed everything, so the rest follows
