@@ -6,7 +6,7 @@ PY    := $(VENV)/bin/python
 KP    := $(VENV)/bin/kproxy-ebpf
 export KPROXY_CACHE ?= /var/cache/kproxy-ebpf
 
-APT_PACKAGES := python3-bpfcc python3-venv linux-headers-cloud-amd64 bpftool clang llvm \
+APT_PACKAGES := python3-bpfcc python3-venv linux-headers-cloud-amd64 bpftool clang llvm gcc libc6-dev conntrack \
                 iproute2 iptables nftables openssl procps util-linux ca-certificates
 
 # The agent image (`make image`) and `lab up --agent image` run it with podman; the base image
@@ -15,7 +15,7 @@ IMAGE_APT_PACKAGES := podman runc mmdebstrap uidmap
 IMAGE ?= localhost/kproxy-ebpf:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
 .PHONY: setup apt venv headers k8s test unit datapath integration e2e conformance demo lab-down \
-        lint clean image image-apt apt-install chart-test kind-up kind-down
+        lint clean image image-apt apt-install chart-test kind-up kind-down bench scale bench-tools
 
 setup: apt venv headers k8s
 
@@ -36,7 +36,7 @@ apt-install:
 # is an unrelated package and is never installed.
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@test -x $(PY) || /usr/bin/python3 -m venv --system-site-packages $(VENV)
-	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,bench]'
 	@touch $@
 
 venv: apt $(VENV)/.installed
@@ -96,6 +96,27 @@ kind-up:
 
 kind-down:
 	hack/kind-down.sh
+
+# Benchmarks (not tests: they print and store numbers, nothing is asserted). Both need root,
+# run in labs named bench-*, take the test lock themselves and write bench/results/.
+# `make bench ARGS=--quick` is the reduced run; `make scale ARGS="--idle 120"` shortens the
+# idle window (the run records which was used).
+BENCH_BUILD := build/bench
+BENCH_BINS  := $(BENCH_BUILD)/kpbench-client $(BENCH_BUILD)/kpbench-server
+CC          ?= cc
+BENCH_CFLAGS := -O2 -Wall -Wextra -pthread
+
+$(BENCH_BUILD)/kpbench-%: bench/kpbench_%.c
+	@mkdir -p $(BENCH_BUILD)
+	$(CC) $(BENCH_CFLAGS) -o $@ $<
+
+bench-tools: $(BENCH_BINS)
+
+bench: setup bench-tools
+	$(KP) bench --tools-dir $(BENCH_BUILD) $(ARGS)
+
+scale: setup bench-tools
+	$(KP) bench --scale --tools-dir $(BENCH_BUILD) $(ARGS)
 
 lab-down: venv
 	$(KP) lab down

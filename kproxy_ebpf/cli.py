@@ -338,7 +338,16 @@ def _register_lab() -> None:
     main.add_command(lab)
 
 
+def _register_bench() -> None:
+    try:
+        from .bench.cli import bench
+    except ImportError:     # like the lab: not part of an agent-only image
+        return
+    main.add_command(bench)
+
+
 _register_lab()
+_register_bench()
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -177,12 +177,15 @@ class Cluster:
     def proxy_name(self, node: str) -> str:
         return f"proxy-{node}"
 
-    def start_proxy(self, node: str, mode: str | None = None) -> int:
+    def start_proxy(self, node: str, mode: str | None = None,
+                    env: dict[str, str] | None = None,
+                    extra_args: list[str] | None = None) -> int:
+        """env: the proxy's whole environment (the bench points PATH at iptables-legacy);
+        extra_args are appended to its command line (the bench's kproxy map sizes)."""
         mode = mode or self.info.proxy
         if mode == "none":
             return 0
         info = self.lab.node(node)
-        env = None
         if mode == "kproxy" and self.info.agent == "image":
             argv, env = agent_image.start_command(self, node)
         elif mode == "kproxy":
@@ -194,7 +197,8 @@ class Cluster:
         else:
             argv = [str(ensure_binaries(build=False) / "kube-proxy"),
                     f"--config={self._kube_proxy_config(node, mode)}"]
-        return self.lab.spawn(f"node/{node}", argv, self.proxy_name(node), env=env).pid
+        return self.lab.spawn(f"node/{node}", argv + list(extra_args or ()),
+                              self.proxy_name(node), env=env).pid
 
     def stop_proxy(self, node: str, hard: bool = False) -> None:
         """Stops the node's proxy (SIGTERM, or SIGKILL with hard=True)."""

@@ -1,0 +1,129 @@
+"""`kproxy-ebpf bench`: the benchmark (issue 9) and, with --scale, the scale run (issue 11).
+
+Needs root and the control-plane binaries; runs in labs named bench*; takes the machine's
+test lock for the whole run so it never shares the machine's CPUs with a root test suite."""
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from .suite import ALL_MODES
+
+LOCK_PATH = "/run/lock/kproxy-ebpf-tests.lock"
+MAX_N = 30000
+
+
+def _ints(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        out = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError as e:
+        raise click.BadParameter(f"{text!r}: a comma-separated list of integers") from e
+    if not out or any(n < 1 or n > MAX_N for n in out):
+        raise click.BadParameter(f"sizes must be in 1..{MAX_N}")
+    return out
+
+
+def _modes(text: str | None) -> list[str] | None:
+    if not text:
+        return None
+    out = [m for m in text.replace(" ", "").split(",") if m]
+    bad = [m for m in out if m not in ALL_MODES]
+    if bad:
+        raise click.BadParameter(f"unknown mode(s) {bad}; choose from {', '.join(ALL_MODES)}")
+    return out
+
+
+def _log(msg: str) -> None:
+    click.echo(f"{time.strftime('%H:%M:%S')} bench: {msg}", err=True)
+
+
+class _TestLock:
+    """flock on the machine's test lock (the Makefile's root suites take the same one)."""
+
+    def __enter__(self):
+        self.fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _log(f"waiting for {LOCK_PATH} (a root test run holds it)")
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)
+
+
+@click.command()
+@click.option("--quick", is_flag=True, help="Reduced sizes and repeats (< 5 minutes): a smoke run.")
+@click.option("--modes", help=f"Comma-separated subset of {','.join(ALL_MODES)}.")
+@click.option("--sizes", help=f"Comma-separated N values (<= {MAX_N}); default 100,1000,10000 "
+                              "(quick: 100,1000).")
+@click.option("--repeats", type=click.IntRange(1), help="crr runs per percentile (median).")
+@click.option("--m5-changes", type=click.IntRange(1), help="Changes measured for M5.")
+@click.option("--cold-timeout", type=click.FloatRange(1), help="Seconds a proxy may take to "
+              "program N x E before it is recorded as not finished [150].")
+@click.option("--scale", is_flag=True, help="The scale run of issue 11 instead of the benchmark.")
+@click.option("--idle", type=click.FloatRange(0), default=600.0, show_default=True,
+              help="Scale run: the idle window after the fill, seconds.")
+@click.option("--scale-n", type=click.IntRange(1, MAX_N), default=10000, show_default=True,
+              help="Scale run: Services to fill.")
+@click.option("--scale-change-ns", default="1000,10000", show_default=True,
+              help="Scale run: the N at which CPU per single change is measured.")
+@click.option("--scale-changes", type=click.IntRange(1), default=30, show_default=True,
+              help="Scale run: single changes per measurement.")
+@click.option("--scale-change-window", type=click.FloatRange(1), default=60.0, show_default=True,
+              help="Scale run: seconds the single changes are spread over (and the idle "
+                   "reference window before them).")
+@click.option("--lab", "lab_name", default=None, help="Lab name (default bench / bench-scale).")
+@click.option("--tools-dir", help="Where `make bench-tools` put kpbench-client and "
+                                  "kpbench-server [the checkout's build/bench].")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False),
+              help="Results directory [the checkout's bench/results].")
+@click.option("--no-readme", is_flag=True, help="Do not rewrite README.md's generated section.")
+@click.option("--no-pin", is_flag=True, help="Do not pin client and servers to CPUs 0 and 1.")
+def bench(quick, modes, sizes, repeats, m5_changes, cold_timeout, scale, idle, scale_n, scale_change_ns,
+          scale_changes, scale_change_window, lab_name, tools_dir, out_dir, no_readme, no_pin) -> None:
+    """Benchmark kproxy against kube-proxy iptables/nftables and the direct path, in the lab."""
+    if os.geteuid() != 0:
+        raise click.ClickException("the benchmark needs root (namespaces, BPF, iptables)")
+    from . import report
+    from .env import REPO
+
+    out = Path(out_dir) if out_dir else REPO / "bench" / "results"
+    tools_dir = str(Path(tools_dir).resolve()) if tools_dir else str(REPO / "build" / "bench")
+    readme = None if no_readme else REPO / "README.md"
+    with _TestLock():
+        if scale:
+            from .scale import ScaleConfig, run_scale
+
+            cfg = ScaleConfig(n=scale_n, idle_seconds=idle, lab_name=lab_name or "bench-scale",
+                              change_ns=tuple(n for n in _ints(scale_change_ns) or ()
+                                              if n <= scale_n),
+                              changes=scale_changes, change_window=scale_change_window,
+                              tools_dir=tools_dir,
+                              modes=_modes(modes) or None)
+            doc = run_scale(cfg, _log)
+            paths = report.write_scale(doc, out, readme)
+        else:
+            from .suite import BenchConfig, run_bench
+
+            cfg = BenchConfig.make(quick, sizes=_ints(sizes), modes=_modes(modes),
+                                   repeats=repeats, m5_changes=m5_changes,
+                                   cold_timeout=cold_timeout,
+                                   lab_name=lab_name or "bench", tools_dir=tools_dir,
+                                   pin=not no_pin)
+            doc = run_bench(cfg, _log)
+            paths = report.write_bench(doc, out, readme)
+    for p in paths:
+        click.echo(f"wrote {p}")
+    if not scale:
+        for g in doc["goals"]:
+            click.echo(f"{g['metric']:4} {g['status']:13} {g['goal']}: {g['measured']}")
+    sys.exit(0)

@@ -1,0 +1,376 @@
+"""The headline figures of a benchmark run, the ratios ours / iptables, ours / nftables and
+ours / direct from that same run, and each goal of performance.md section 10 marked met,
+missed or not measured. Pure functions over the results document (no I/O), so they are unit
+tested and the report never holds a number the run did not produce."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+OURS = "kproxy"
+BASES = ("iptables", "nftables", "direct")
+GOAL_N = 10000          # the goals' reference size ("at 10k svc")
+MET, MISSED, NOT_MEASURED, NOT_RUN = "met", "missed", "not measured", "not run"
+
+
+def _get(d: dict | None, *path):
+    for key in path:
+        if not isinstance(d, dict) or key not in d:
+            return None
+        d = d[key]
+    return d
+
+
+@dataclass(frozen=True)
+class Figure:
+    key: str
+    label: str
+    unit: str
+    path: tuple
+    better: str              # "lower" or "higher"
+
+
+FIGURES = (
+    Figure("m1_connect_p50", "M1 connect p50", "us", ("M1", "connect_us", "p50"), "lower"),
+    Figure("m1_connect_p99", "M1 connect p99", "us", ("M1", "connect_us", "p99"), "lower"),
+    Figure("m1_connect_p999", "M1 connect p99.9", "us", ("M1", "connect_us", "p999"), "lower"),
+    Figure("m1_txn_p50", "M1 connect+request p50", "us", ("M1", "txn_us", "p50"), "lower"),
+    Figure("m1_txn_p99", "M1 connect+request p99", "us", ("M1", "txn_us", "p99"), "lower"),
+    Figure("m2_rate_1", "M2 new conn/s, 1 client", "conn/s", ("M2", "rate_1"), "higher"),
+    Figure("m2_rate_2", "M2 new conn/s, 2 clients", "conn/s", ("M2", "rate_2"), "higher"),
+    Figure("m3_rr_rate", "M3 keepalive req/s", "req/s", ("M3", "rr_rate"), "higher"),
+    Figure("m3_rr_p99", "M3 keepalive p99", "us", ("M3", "rr_us", "p99"), "lower"),
+    Figure("m3_gbit_s", "M3 bulk stream", "Gbit/s", ("M3", "gbit_s"), "higher"),
+    Figure("m5_p50", "M5 one change p50", "ms", ("M5", "p50_ms"), "lower"),
+    Figure("m5_p99", "M5 one change p99", "ms", ("M5", "p99_ms"), "lower"),
+    Figure("m6_cold", "M6 cold start", "s", ("M6", "cold_start_s"), "lower"),
+    Figure("m6_cpu", "M6 cold start CPU", "s", ("M6", "cpu_s"), "lower"),
+    Figure("m7_rss", "M7 RSS (peak, churn)", "MiB", ("M7", "churn", "rss_mib"), "lower"),
+    Figure("m7_steady", "M7 CPU at rest", "mCPU", ("M7", "steady", "mcpu"), "lower"),
+    Figure("m7_churn", "M7 CPU, 100 changes/s", "mCPU", ("M7", "churn", "mcpu"), "lower"),
+    Figure("m8_p99", "M8 connect p99, 50 changes/s", "us", ("M8", "connect_p99_us"), "lower"),
+    Figure("m8_failed", "M8 failed connections", "", ("M8", "failed"), "lower"),
+    Figure("m10_p", "M10 spread chi-square p", "", ("M10", "p_value"), "higher"),
+    Figure("m10_dev", "M10 max deviation from uniform", "", ("M10", "max_deviation"), "lower"),
+)
+FIGURE_BY_KEY = {f.key: f for f in FIGURES}
+
+
+def sizes(doc: dict) -> list[int]:
+    return sorted({int(n) for per in doc.get("results", {}).values() for n in per})
+
+
+def value(doc: dict, mode: str, n: int, key: str):
+    return _get(doc.get("results", {}).get(mode, {}).get(str(n)), *FIGURE_BY_KEY[key].path)
+
+
+def ratio(a, b):
+    if a is None or b is None or not isinstance(a, (int, float)) or not b:
+        return None
+    return a / b
+
+
+def ratios(doc: dict) -> dict:
+    """{N: {figure: {base: ours/base}}} for every figure both sides have."""
+    out: dict = {}
+    for n in sizes(doc):
+        per: dict = {}
+        for f in FIGURES:
+            ours = value(doc, OURS, n, f.key)
+            r = {b: ratio(ours, value(doc, b, n, f.key)) for b in BASES}
+            r = {b: float(f"{v:.4g}") for b, v in r.items() if v is not None}
+            if r:
+                per[f.key] = r
+        out[str(n)] = per
+    return out
+
+
+# -- goals -------------------------------------------------------------------------------------
+
+@dataclass
+class Goal:
+    metric: str
+    goal: str                 # as performance.md section 10 states it
+    check: Callable[[dict], tuple[str, str]]   # doc -> (status, what was measured)
+
+
+def _all_sizes(doc, fn) -> tuple[str, str]:
+    """fn(n) -> (ok or None if not measurable, text); met only if every N is measured+ok."""
+    parts, oks = [], []
+    for n in sizes(doc):
+        ok, text = fn(n)
+        parts.append(f"N={n}: {text}")
+        oks.append(ok)
+    if not oks or any(o is None for o in oks):
+        return NOT_MEASURED, "; ".join(parts) or "no data"
+    return (MET if all(oks) else MISSED), "; ".join(parts)
+
+
+def _at(doc, n, fn) -> tuple[str, str]:
+    if n not in sizes(doc):
+        return NOT_MEASURED, f"N={n} not in this run"
+    ok, text = fn(n)
+    if ok is None:
+        return NOT_MEASURED, f"N={n}: {text}"
+    return (MET if ok else MISSED), f"N={n}: {text}"
+
+
+def _at_largest(doc, fn) -> tuple[str, str]:
+    ns = sizes(doc)
+    return _at(doc, ns[-1], fn) if ns else (NOT_MEASURED, "no data")
+
+
+def _fmt(x, nd=2) -> str:
+    return "n/a" if x is None else f"{x:.{nd}f}"
+
+
+def _m1_direct(doc):
+    def one(n):
+        o50, d50 = value(doc, OURS, n, "m1_connect_p50"), value(doc, "direct", n, "m1_connect_p50")
+        o99, d99 = value(doc, OURS, n, "m1_connect_p99"), value(doc, "direct", n, "m1_connect_p99")
+        if None in (o50, d50, o99, d99):
+            return None, "missing"
+        return (o50 - d50 <= 2 and o99 - d99 <= 5), \
+            f"p50 {o50 - d50:+.2f} us, p99 {o99 - d99:+.2f} us"
+    return _all_sizes(doc, one)
+
+
+def _m1_vs_iptables(doc):
+    def one(n):
+        d = value(doc, "direct", n, "m1_connect_p99")
+        o, i = value(doc, OURS, n, "m1_connect_p99"), value(doc, "iptables", n, "m1_connect_p99")
+        if None in (d, o, i):
+            return None, "missing"
+        ours_added, ipt_added = o - d, i - d
+        ok = ipt_added > 0 and ours_added * 10 <= ipt_added
+        return ok, f"added p99 ours {_fmt(ours_added)} us, iptables {_fmt(ipt_added)} us"
+    return _at(doc, GOAL_N, one)
+
+
+def _m1_flat(doc):
+    ns = sizes(doc)
+    if len(ns) < 2:
+        return NOT_MEASURED, "needs two sizes"
+    lo, hi = value(doc, OURS, ns[0], "m1_connect_p99"), value(doc, OURS, ns[-1], "m1_connect_p99")
+    if None in (lo, hi):
+        return NOT_MEASURED, "missing"
+    return (MET if hi <= lo * 1.05 else MISSED), \
+        f"p99 {_fmt(lo)} us at N={ns[0]}, {_fmt(hi)} us at N={ns[-1]} ({_fmt((hi / lo - 1) * 100, 1)} %)"
+
+
+def _ratio_goal(doc, n_pick, key, base, threshold, higher=True):
+    def one(n):
+        r = ratio(value(doc, OURS, n, key), value(doc, base, n, key))
+        if r is None:
+            return None, "missing"
+        return (r >= threshold if higher else r <= threshold), f"ours/{base} {r:.3g}x"
+    if n_pick == "all":
+        return _all_sizes(doc, one)
+    ns = sizes(doc)
+    n = {"smallest": ns[0] if ns else None, "largest": ns[-1] if ns else None}.get(n_pick, n_pick)
+    return _at(doc, n, one) if n is not None else (NOT_MEASURED, "no data")
+
+
+def _both(a, b):
+    sa, ta = a
+    sb, tb = b
+    status = NOT_MEASURED if NOT_MEASURED in (sa, sb) else MET if sa == sb == MET else MISSED
+    return status, f"{ta}; {tb}"
+
+
+def _m3_direct(doc):
+    def one(n):
+        rr = ratio(value(doc, OURS, n, "m3_rr_rate"), value(doc, "direct", n, "m3_rr_rate"))
+        gb = ratio(value(doc, OURS, n, "m3_gbit_s"), value(doc, "direct", n, "m3_gbit_s"))
+        o99, d99 = value(doc, OURS, n, "m3_rr_p99"), value(doc, "direct", n, "m3_rr_p99")
+        if None in (rr, gb, o99, d99):
+            return None, "missing"
+        return (rr >= 0.98 and gb >= 0.98 and o99 - d99 <= 2), \
+            f"req/s {_fmt(rr)}x, Gbit/s {_fmt(gb)}x, p99 {o99 - d99:+.2f} us"
+    return _at_largest(doc, one)
+
+
+def _m5_abs(doc):
+    def one(n):
+        p50, p99 = value(doc, OURS, n, "m5_p50"), value(doc, OURS, n, "m5_p99")
+        if None in (p50, p99):
+            return None, "missing"
+        return (p50 <= 10 and p99 <= 50), f"p50 {_fmt(p50)} ms, p99 {_fmt(p99)} ms"
+    return _all_sizes(doc, one)
+
+
+def _m6_abs(doc):
+    def one(n):
+        v = value(doc, OURS, n, "m6_cold")
+        return (None, "missing") if v is None else (v <= 1.0, f"{_fmt(v)} s")
+    return _at(doc, GOAL_N, one)
+
+
+def did_not_finish(doc: dict, mode: str, n: int) -> float | None:
+    """The cold-start cap (s) a mode hit at N, if it did not finish programming."""
+    return _get(doc.get("results", {}).get(mode, {}).get(str(n)), "M6", "did_not_finish_s")
+
+
+def _m6_vs_iptables(doc):
+    def one(n):
+        ours = value(doc, OURS, n, "m6_cold")
+        base = value(doc, "iptables", n, "m6_cold")
+        cap = did_not_finish(doc, "iptables", n)
+        if ours is None or (base is None and cap is None):
+            return None, "missing"
+        if base is None:        # iptables had not finished at the cap: a lower bound
+            return ours * 10 <= cap, f"ours {_fmt(ours)} s, iptables did not finish in {cap:.0f} s"
+        return ours * 10 <= base, f"ours/iptables {ours / base:.3g}x"
+    return _at_largest(doc, one)
+
+
+def _m7_rss(doc):
+    def one(n):
+        o, i = value(doc, OURS, n, "m7_rss"), value(doc, "iptables", n, "m7_rss")
+        if None in (o, i):
+            return None, "missing"
+        return (o <= 200 and o <= i), f"{_fmt(o, 1)} MiB (kube-proxy iptables {_fmt(i, 1)} MiB)"
+    return _at_largest(doc, one)
+
+
+def _m8(doc):
+    def one(n):
+        infl = _get(doc["results"].get(OURS, {}).get(str(n)), "M8", "inflation")
+        failed = value(doc, OURS, n, "m8_failed")
+        if None in (infl, failed):
+            return None, "missing"
+        return (infl <= 0.10 and failed == 0), \
+            f"p99 inflation {_fmt(infl * 100, 1)} %, {failed} failed connections"
+    return _at_largest(doc, one)
+
+
+def _m8_direct(doc):
+    def one(n):
+        o = value(doc, OURS, n, "m8_p99")
+        d = value(doc, "direct", n, "m1_connect_p99")
+        r = ratio(o, d)
+        return (None, "missing") if r is None else (r <= 1.1, f"{_fmt(r)}x direct no-churn p99")
+    return _at_largest(doc, one)
+
+
+def _m10(doc):
+    def one(n):
+        p = value(doc, OURS, n, "m10_p")
+        dev = value(doc, OURS, n, "m10_dev")
+        if p is None:
+            return None, "missing"
+        return p >= 0.01, f"p={_fmt(p, 3)}, max deviation {_fmt((dev or 0) * 100, 1)} %"
+    return _all_sizes(doc, one)
+
+
+GOALS = (
+    Goal("M1", "connect latency <= +2 us at p50 and <= +5 us at p99 over direct, every N",
+         _m1_direct),
+    Goal("M1", "at 10k services the added p99 (minus direct) >= 10x lower than iptables",
+         _m1_vs_iptables),
+    Goal("M1", "flat in N: p99 at the largest N within +5 % of the smallest", _m1_flat),
+    Goal("M2", ">= 0.98x direct new connections/s at every N",
+         lambda d: _ratio_goal(d, "all", "m2_rate_1", "direct", 0.98)),
+    Goal("M2", ">= 1.0x iptables at the smallest N",
+         lambda d: _ratio_goal(d, "smallest", "m2_rate_1", "iptables", 1.0)),
+    Goal("M2", ">= 5x iptables and >= 1.2x nftables at 10k x 10",
+         lambda d: _both(_ratio_goal(d, GOAL_N, "m2_rate_1", "iptables", 5.0),
+                         _ratio_goal(d, GOAL_N, "m2_rate_1", "nftables", 1.2))),
+    Goal("M3", ">= 0.98x direct req/s and Gbit/s, p99 within +2 us (largest N)", _m3_direct),
+    Goal("M3", ">= 1.0x iptables keepalive req/s (largest N)",
+         lambda d: _ratio_goal(d, "largest", "m3_rr_rate", "iptables", 1.0)),
+    Goal("M5", "one change: p50 <= 10 ms and p99 <= 50 ms at every N", _m5_abs),
+    Goal("M5", ">= 50x faster than iptables and >= 10x faster than nftables (p50, largest N)",
+         lambda d: _both(_ratio_goal(d, "largest", "m5_p50", "iptables", 1 / 50, higher=False),
+                         _ratio_goal(d, "largest", "m5_p50", "nftables", 1 / 10,
+                                     higher=False))),
+    Goal("M6", "cold start <= 1 s for 10k x 10", _m6_abs),
+    Goal("M6", ">= 10x faster than iptables (largest N)", lambda d: _m6_vs_iptables(d)),
+    Goal("M7", "RSS <= 200 MiB and <= 1.0x kube-proxy (largest N)", _m7_rss),
+    Goal("M7", "CPU under 100 changes/s <= 0.5x kube-proxy iptables (largest N)",
+         lambda d: _ratio_goal(d, "largest", "m7_churn", "iptables", 0.5, higher=False)),
+    Goal("M8", "connect p99 inflation during 50 changes/s <= 10 %, zero failed connections "
+               "(largest N)", _m8),
+    Goal("M8", "p99 during churn within 1.1x the no-churn direct p99 (largest N)", _m8_direct),
+    Goal("M9", ">= 1.5x iptables NodePort pps at 1 core, <= 0.6x CPU per packet",
+         lambda d: (NOT_RUN, d.get("not_run", {}).get("M9", "not run"))),
+    Goal("M10", "spread no worse than iptables, uniform over backends (criterion: chi-square "
+                "p >= 0.01 at every N)", _m10),
+)
+
+
+def evaluate(doc: dict) -> list[dict]:
+    out = []
+    for g in GOALS:
+        status, measured = g.check(doc)
+        out.append({"metric": g.metric, "goal": g.goal, "status": status, "measured": measured})
+    return out
+
+
+# -- the scale run (issue 11) -------------------------------------------------------------------
+
+SCALE_FIGURES = (
+    ("rss_after_fill", "RSS after the fill, max over nodes", "MiB",
+     lambda r: max((r.get("rss_mib_after_fill") or {}).values(), default=None)),
+    ("fill_cpu", "CPU during the fill, per node (mean)", "s",
+     lambda r: _get(r, "fill", "cpu_s_mean")),
+    ("fill_wall", "fill until caught up", "s", lambda r: _get(r, "fill", "wall_s")),
+    ("idle_mcpu", "CPU during the idle window, per node", "mCPU",
+     lambda r: _get(r, "idle", "mcpu_mean")),
+    ("last_answer", "fill start until the last Service answers", "s",
+     lambda r: r.get("last_answer_s")),
+    ("last_after_write", "last slice written until it answers", "s",
+     lambda r: r.get("last_answer_after_last_write_s")),
+)
+
+
+def scale_per_change(r: dict) -> dict[int, float]:
+    return {int(n): v["cpu_ms_per_change"] for n, v in (r.get("per_change") or {}).items()
+            if isinstance(v.get("cpu_ms_per_change"), (int, float))}
+
+
+def scale_value(doc: dict, mode: str, key: str):
+    r = doc.get("results", {}).get(mode)
+    if r is None:
+        return None
+    if key.startswith("per_change_"):
+        return scale_per_change(r).get(int(key.rsplit("_", 1)[1]))
+    return next(fn(r) for k, _l, _u, fn in SCALE_FIGURES if k == key)
+
+
+def scale_keys(doc: dict) -> list[tuple[str, str, str]]:
+    ns = sorted({n for r in doc.get("results", {}).values() for n in scale_per_change(r)})
+    return [(k, label, unit) for k, label, unit, _fn in SCALE_FIGURES] + \
+        [(f"per_change_{n}", f"CPU per endpoint change at N={n}", "ms") for n in ns]
+
+
+def scale_goals(doc: dict) -> list[dict]:
+    out = []
+
+    def add(goal, status, measured):
+        out.append({"metric": "scale", "goal": goal, "status": status, "measured": measured})
+
+    rss = scale_value(doc, OURS, "rss_after_fill")
+    add("agent RSS <= 200 MiB at 10k x 10", NOT_MEASURED if rss is None else
+        MET if rss <= 200 else MISSED, f"{_fmt(rss, 1)} MiB")
+    ours, nft = scale_value(doc, OURS, "fill_cpu"), scale_value(doc, "nftables", "fill_cpu")
+    r = ratio(ours, nft)
+    add("CPU during the fill <= 0.3x kube-proxy nftables (children counted)",
+        NOT_MEASURED if r is None else MET if r <= 0.3 else MISSED,
+        f"{_fmt(ours, 1)} s vs {_fmt(nft, 1)} s = {_fmt(r)}x")
+    pc = scale_per_change(doc.get("results", {}).get(OURS, {}))
+    if len(pc) >= 2:
+        lo, hi = pc[min(pc)], pc[max(pc)]
+        rel = abs(hi - lo) / lo if lo else None
+        add("CPU per single change independent of N (within 20 % between 1k and 10k)",
+            NOT_MEASURED if rel is None else MET if rel <= 0.2 else MISSED,
+            f"{_fmt(lo)} ms at N={min(pc)}, {_fmt(hi)} ms at N={max(pc)} "
+            f"({_fmt((rel or 0) * 100, 1)} %)")
+    else:
+        add("CPU per single change independent of N (within 20 % between 1k and 10k)",
+            NOT_MEASURED, "needs two sizes")
+    ours, nft = scale_value(doc, OURS, "last_answer"), scale_value(doc, "nftables", "last_answer")
+    add("the last Service answers no later than under kube-proxy nftables",
+        NOT_MEASURED if None in (ours, nft) else MET if ours <= nft else MISSED,
+        f"{_fmt(ours)} s vs {_fmt(nft)} s")
+    return out

@@ -1,0 +1,103 @@
+"""PNG plots of each metric against N, one line per mode, so flatness (or its absence) is
+seen rather than claimed. matplotlib with the Agg backend (no display)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import goals
+
+PLOTS = (
+    ("m1_connect", "M1 connect latency through the ClusterIP", "us",
+     ("m1_connect_p50", "m1_connect_p99")),
+    ("m2_rate", "M2 new connections per second (1 client)", "conn/s", ("m2_rate_1",)),
+    ("m5_change", "M5 one EndpointSlice change until a connection sees it", "ms",
+     ("m5_p50", "m5_p99")),
+    ("m6_cold", "M6 cold start until all N x E are programmed and answering", "s",
+     ("m6_cold",)),
+    ("m7_rss", "M7 proxy resident memory (peak under churn)", "MiB", ("m7_rss",)),
+    ("m7_cpu", "M7 proxy CPU at rest and under 100 changes/s (children included)", "mCPU",
+     ("m7_steady", "m7_churn")),
+    ("m8_p99", "M8 connect p99 during 50 changes/s", "us", ("m8_p99",)),
+)
+STYLE = {"direct": "k", "iptables": "tab:red", "iptables-legacy": "tab:purple",
+         "nftables": "tab:orange", "kproxy": "tab:blue"}
+LOG_Y = {"m5_change", "m6_cold", "m7_cpu"}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def bench_plots(doc: dict, out_dir: Path) -> list[Path]:
+    ns = goals.sizes(doc)
+    if not ns:
+        return []
+    plt = _pyplot()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, title, unit, keys in PLOTS:
+        fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+        drew = False
+        for mode, color in STYLE.items():
+            for key, dash in zip(keys, ("-", "--")):
+                pts = [(n, goals.value(doc, mode, n, key)) for n in ns]
+                pts = [(n, v) for n, v in pts if isinstance(v, (int, float))]
+                if not pts:
+                    continue
+                label = mode if len(keys) == 1 else f"{mode} {goals.FIGURE_BY_KEY[key].label.split()[-1]}"
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], dash, color=color,
+                        marker="o", label=label)
+                drew = True
+        if not drew:
+            plt.close(fig)
+            continue
+        ax.set_xscale("log")
+        if name in LOG_Y:
+            ax.set_yscale("log")
+        ax.set_xlabel("Services (N), 10 endpoints each")
+        ax.set_ylabel(unit)
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out_dir / f"{name}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def scale_plot(doc: dict, out_dir: Path) -> Path | None:
+    """CPU per single endpoint change against N, one line per proxy (issue 11)."""
+    plt = _pyplot()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    drew = False
+    for mode, per in doc.get("results", {}).items():
+        pts = sorted((int(n), v.get("cpu_ms_per_change")) for n, v in
+                     per.get("per_change", {}).items())
+        pts = [(n, v) for n, v in pts if isinstance(v, (int, float))]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o",
+                    color=STYLE.get(mode), label=mode)
+            drew = True
+    if not drew:
+        plt.close(fig)
+        return None
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("Services (N), 10 endpoints each")
+    ax.set_ylabel("CPU ms per endpoint change (children included)")
+    ax.set_title("Scale run: CPU per single endpoint change", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out_dir / "scale_cpu_per_change.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -1,0 +1,92 @@
+"""CPU and memory of a proxy, its children included, read from the kernel (never `ps`).
+
+kube-proxy does much of its work in short-lived iptables-restore / nft children. Two sources
+count them: the cgroup the lab runs the node's processes in (cpu.stat usage_usec covers every
+process that ran there, live or exited), and /proc/<pid>/stat, whose cutime/cstime add the
+children once the parent has reaped them. The cgroup figure is used when the kernel provides
+it; /proc is always recorded beside it.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def parse_stat(text: str) -> dict[str, float]:
+    """utime, stime, cutime, cstime (seconds) from a /proc/<pid>/stat line."""
+    fields = text.rsplit(")", 1)[1].split()
+    # fields[0] is field 3 (state); utime is field 14
+    ut, st, cut, cst = (int(fields[i]) / CLK_TCK for i in (11, 12, 13, 14))
+    return {"utime": ut, "stime": st, "cutime": cut, "cstime": cst}
+
+
+def parse_cpu_stat(text: str) -> dict[str, int]:
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if value.strip().isdigit():
+            out[key] = int(value)
+    return out
+
+
+def rss_bytes(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+@dataclass
+class CpuSample:
+    at: float                     # monotonic seconds
+    proc: float | None            # utime+stime+cutime+cstime of the pid
+    cgroup: float | None          # cpu.stat usage of the cgroup, seconds
+
+    def best(self) -> float | None:
+        return self.cgroup if self.cgroup is not None else self.proc
+
+
+class ProxyMeter:
+    """Samples one proxy process (pid) and the cgroup it runs in."""
+
+    def __init__(self, pid: int, cgroup: str | None):
+        self.pid = pid
+        self.cgroup = cgroup
+
+    def sample(self) -> CpuSample:
+        proc = cg = None
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                s = parse_stat(f.read())
+            proc = s["utime"] + s["stime"] + s["cutime"] + s["cstime"]
+        except OSError:
+            pass
+        if self.cgroup:
+            try:
+                with open(os.path.join(self.cgroup, "cpu.stat")) as f:
+                    usage = parse_cpu_stat(f.read()).get("usage_usec")
+                cg = usage / 1e6 if usage is not None else None
+            except OSError:
+                pass
+        return CpuSample(time.monotonic(), proc, cg)
+
+    def rss(self) -> int | None:
+        return rss_bytes(self.pid)
+
+
+def cpu_between(a: CpuSample, b: CpuSample) -> dict:
+    """CPU seconds from a to b by both sources, the wall time, and the best figure's rate."""
+    wall = b.at - a.at
+    cg = b.cgroup - a.cgroup if a.cgroup is not None and b.cgroup is not None else None
+    proc = b.proc - a.proc if a.proc is not None and b.proc is not None else None
+    best = cg if cg is not None else proc
+    return {"wall_s": wall, "cpu_s": best, "cpu_s_cgroup": cg, "cpu_s_proc": proc,
+            "cores": best / wall if best is not None and wall > 0 else None,
+            "source": "cgroup" if cg is not None else "proc"}

@@ -1,0 +1,214 @@
+"""The scale run (issue 11): a 2-node lab, one proxy per node, N (10,000) Services x 10
+endpoints created through the API while the proxies run; for kproxy, kube-proxy nftables and
+kube-proxy iptables in turn, each in a fresh lab:
+
+- CPU seconds per node during the fill (from its first write until the proxy has caught up),
+  children included (cgroup cpu.stat, /proc beside it);
+- resident memory per node after the fill;
+- time from the fill's start until the last Service answers (its EndpointSlice is the fill's
+  last API write; the Service itself exists from the start so the client knows its address),
+  not counting the per-change measurement at 1k in between;
+- CPU seconds during an idle window (default 10 minutes, as the issue says; configurable);
+- CPU per single endpoint change at N = 1k and at N (changes of one live Service, each
+  awaited until a connection sees it, spread over a window; minus the same window's idle
+  CPU measured just before).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from . import fill
+from .procstat import cpu_between
+from .testbed import M5_SERVICE, MIN_SYNC_S, Testbed, metric
+
+LAST = "kpbench-last"
+MIB = 1024 * 1024
+NODES = ("node1", "node2")
+
+
+@dataclass
+class ScaleConfig:
+    n: int = 10000
+    endpoints: int = 10
+    idle_seconds: float = 600.0
+    change_ns: tuple[int, ...] = (1000, 10000)
+    changes: int = 30
+    # A multiple of the proxies' 30 s syncPeriod: the reference window and the change window
+    # then hold the same number of periodic full syncs, which cancel out.
+    change_window: float = 60.0
+    catch_up_timeout: float = 600.0
+    lab_name: str = "bench-scale"
+    tools_dir: str = "build/bench"
+    modes: list[str] | None = None
+    all_modes: tuple[str, ...] = field(default=("kproxy", "nftables", "iptables",
+                                                "iptables-legacy"))
+
+
+class CatchUpTimeout(Exception):
+    """The proxy did not program what was written within catch_up_timeout: recorded as
+    "did not finish" for that mode (kube-proxy iptables on the nft backend at 10k x 10)."""
+
+
+class ScaleRun:
+    def __init__(self, cfg: ScaleConfig, mode: str, log: Callable[[str], None]):
+        self.cfg, self.mode, self.log = cfg, mode, log
+        self.tb = Testbed(cfg.lab_name, cfg.tools_dir, endpoints=cfg.endpoints, live=2,
+                          proxy_nodes=NODES, log=log, max_services=cfg.n)
+        self.out: dict = {"per_change": {}}
+        if mode == "kproxy":
+            self.out["kproxy_map_sizes"] = self.tb.kproxy_map_sizes()
+
+    def _samples(self) -> dict:
+        return {node: self.tb.meter(node).sample() for node in NODES}
+
+    def _cpu(self, a: dict, b: dict) -> dict:
+        per = {node: cpu_between(a[node], b[node]) for node in NODES}
+        return {"cpu_s": {n: round(c["cpu_s"], 3) for n, c in per.items()},
+                "cpu_s_proc": {n: round(c["cpu_s_proc"], 3) for n, c in per.items()
+                               if c["cpu_s_proc"] is not None},
+                "source": per["node1"]["source"],
+                "cpu_s_mean": round(sum(c["cpu_s"] for c in per.values()) / len(per), 3),
+                "wall_s": round(per["node1"]["wall_s"], 2)}
+
+    def _caught_up(self, since_wall: float) -> float:
+        """Monotonic time when every node's proxy holds everything written so far."""
+        deadline = time.monotonic() + self.cfg.catch_up_timeout
+        while time.monotonic() < deadline:
+            if all(self._node_done(node, since_wall) for node in NODES):
+                return time.monotonic()
+            time.sleep(0.1)
+        raise CatchUpTimeout(f"{self.mode} did not catch up within "
+                             f"{self.cfg.catch_up_timeout:.0f}s")
+
+    def _node_done(self, node: str, since_wall: float) -> bool:
+        if not self.tb.programmed(node):
+            return False
+        if self.mode == "kproxy":
+            return True
+        return metric(self.tb.metrics(node),
+                      "kubeproxy_sync_proxy_rules_last_timestamp_seconds") > since_wall
+
+    def run(self) -> dict:
+        try:
+            return self._run()
+        except CatchUpTimeout as e:
+            self.log(str(e))
+            self.out["did_not_finish"] = f"{e}; at {self.tb.filled} services"
+            return self.out
+
+    def _run(self) -> dict:
+        tb, cfg = self.tb, self.cfg
+        tb.up()
+        try:
+            api = tb.api
+            # The last Service exists (no endpoints) before the fill, so the client can
+            # watch its ClusterIP; its slice is the fill's last write.
+            svc = api.create(fill.services_path(), fill.service_obj(LAST))
+            last_vip = svc["spec"]["clusterIP"]
+            tb.start_proxy(self.mode)
+            t0_wall = time.time()
+            self._caught_up(t0_wall - 3600)
+            self.out["start_rss_mib"] = self._rss()
+            fill_cpu: list[dict] = []
+            fill_wall = 0.0
+            for stop in sorted({n for n in cfg.change_ns if n < cfg.n} | {cfg.n}):
+                a, t_seg, seg_wall = self._samples(), time.monotonic(), time.time()
+                tb.fill_to(stop)
+                if stop == cfg.n:
+                    with tb.client.watch([last_vip], fill.SERVICE_PORT, interval_us=5000,
+                                         timeout_ms=100) as w:
+                        w.send("*", cfg.catch_up_timeout)
+                        t_last_write = time.time_ns()
+                        api.create(fill.slices_path(), fill.slice_obj(
+                            LAST, [tb.pods[n] for n in tb.target_set]))
+                        seen = w.result()
+                    if not seen.get("ok"):
+                        raise RuntimeError(f"{self.mode}: the last Service never answered")
+                    # fill time so far, without the per-change pauses between segments
+                    self.out["last_answer_s"] = round(
+                        fill_wall + seen["seen_realtime_ns"] / 1e9 - seg_wall, 2)
+                    self.out["last_answer_after_last_write_s"] = round(
+                        (seen["seen_realtime_ns"] - t_last_write) / 1e9, 3)
+                done = self._caught_up(seg_wall)
+                fill_wall += done - t_seg
+                fill_cpu.append(self._cpu(a, self._samples()))
+                self.log(f"{self.mode}: {stop} services, caught up after {done - t_seg:.1f}s")
+                if stop in cfg.change_ns and stop != cfg.n:
+                    self.out["per_change"][str(stop)] = self._per_change(stop)
+            self.out["fill"] = {
+                "services": cfg.n, "endpoints": cfg.endpoints, "wall_s": round(fill_wall, 1),
+                "cpu_s": {node: round(sum(c["cpu_s"][node] for c in fill_cpu), 3)
+                          for node in NODES},
+                "cpu_s_mean": round(sum(c["cpu_s_mean"] for c in fill_cpu), 3),
+                "source": fill_cpu[0]["source"], "segments": fill_cpu}
+            self.out["rss_mib_after_fill"] = self._rss()
+            self.log(f"{self.mode}: idle {cfg.idle_seconds:.0f}s")
+            a = self._samples()
+            time.sleep(cfg.idle_seconds)        # the measured idle window
+            idle = self._cpu(a, self._samples())
+            idle["mcpu_mean"] = round(idle["cpu_s_mean"] / max(idle["wall_s"], 1e-9) * 1000, 1)
+            self.out["idle"] = idle
+            self.out["rss_mib_after_idle"] = self._rss()
+            if cfg.n in cfg.change_ns:
+                self.out["per_change"][str(cfg.n)] = self._per_change(cfg.n)
+        finally:
+            tb.down()
+        return self.out
+
+    def _rss(self) -> dict:
+        return {node: round((self.tb.meter(node).rss() or 0) / MIB, 1) for node in NODES}
+
+    def _per_change(self, n: int) -> dict:
+        """CPU per change: K changes spread over the window, minus the idle CPU of an equal
+        window just before (periodic full syncs land in both)."""
+        tb, cfg = self.tb, self.cfg
+        spacing = max(cfg.change_window / cfg.changes, MIN_SYNC_S[self.mode] * 1.2)
+        window = spacing * cfg.changes
+        self.log(f"{self.mode} N={n}: {cfg.changes} single changes over {window:.0f}s "
+                 f"(+ the same idle window before)")
+        a = self._samples()
+        time.sleep(window)                      # the idle reference window
+        idle = self._cpu(a, self._samples())
+        seen = 0
+        with tb.client.watch([tb.vips[M5_SERVICE]], fill.SERVICE_PORT, interval_us=2000,
+                             timeout_ms=200) as w:
+            w.expect(tb.m5_current, 60)
+            b = self._samples()
+            t_end = time.monotonic() + window
+            for k in range(cfg.changes):
+                t_next = time.monotonic() + spacing
+                new, path, ops = tb.m5_change()
+                w.send(new, 60)
+                tb.api.json_patch(path, ops)
+                seen += bool(w.result().get("ok"))
+                tb.m5_current = new
+                time.sleep(max(0.0, t_next - time.monotonic()))
+            time.sleep(max(0.0, t_end - time.monotonic()))
+            busy = self._cpu(b, self._samples())
+        net = {node: busy["cpu_s"][node] - idle["cpu_s"][node] * busy["wall_s"] / idle["wall_s"]
+               for node in NODES}
+        mean = sum(net.values()) / len(net)
+        return {"changes": cfg.changes, "seen": seen, "window_s": round(window, 1),
+                "cpu_s_changes": busy["cpu_s"], "cpu_s_idle_reference": idle["cpu_s"],
+                "cpu_ms_per_change_node": {k: round(v / cfg.changes * 1000, 2)
+                                           for k, v in net.items()},
+                "cpu_ms_per_change": round(mean / cfg.changes * 1000, 2)}
+
+
+def run_scale(cfg: ScaleConfig, log: Callable[[str], None]) -> dict:
+    from ..lab.binaries import ensure_binaries
+    from . import env
+
+    modes = [m for m in cfg.all_modes if m in (cfg.modes or cfg.all_modes)]
+    doc: dict = {"kind": "scale", "config": asdict(cfg),
+                 "environment": env.collect(ensure_binaries(build=False)), "results": {}}
+    t0 = time.monotonic()
+    for mode in modes:
+        log(f"scale: {mode}, {cfg.n} services x {cfg.endpoints} endpoints")
+        t = time.monotonic()
+        doc["results"][mode] = ScaleRun(cfg, mode, log).run()
+        doc["results"][mode]["mode_seconds"] = round(time.monotonic() - t, 1)
+    doc["run_seconds"] = round(time.monotonic() - t0, 1)
+    return doc

@@ -1,0 +1,343 @@
+"""The benchmark's lab: a Cluster (real API server) with no proxy at first, live backend pods
+on node2 running kpbench-server, a client pod on node1, the measured Services, and the
+switching of node proxies between modes (each one started cold and cleaned away after).
+
+The measured Service `kpbench-target` has E live endpoints out of `live` pods (the spare pods
+let M8's rolling update replace endpoints while every address keeps answering, so a failed
+connection is the proxy's doing). `kpbench-m5` has one endpoint that M5 moves between two
+pods: a connection that sees the change is then unambiguous.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ..lab import cgroups, nsutil, procs
+from ..lab.binaries import ensure_binaries
+from ..lab.cluster import Cluster
+from ..lab.nsutil import LabError
+from . import fill
+from .loadgen import CLIENT, SERVER, Client, find_tools, start_server, wait_answers
+from .procstat import ProxyMeter
+from .rawapi import RawApi
+
+TARGET = "kpbench-target"
+M5_SERVICE = "kpbench-m5"
+CLIENT_POD = "kpbench-client"
+PROXY_MODES = ("iptables", "iptables-legacy", "nftables", "kproxy")
+# The bench mode -> kube-proxy's own mode name (iptables-legacy is kube-proxy iptables mode
+# running the legacy xtables binaries instead of the host's default nft-based ones).
+KUBE_PROXY_MODE = {"iptables": "iptables", "iptables-legacy": "iptables", "nftables": "nftables"}
+LEGACY_TOOLS = ("iptables", "iptables-save", "iptables-restore",
+                "ip6tables", "ip6tables-save", "ip6tables-restore")
+METRICS_PORT = 10249
+# Each proxy's minimum time between two syncs in the lab: kube-proxy's from the lab's
+# KubeProxyConfiguration (lab/cluster.py: iptables/nftables minSyncPeriod 1s, kube-proxy's own
+# default), kproxy's default (config.py). M5 spaces its changes by more than this, so each
+# change is measured alone rather than waiting out the rate limit of the one before.
+MIN_SYNC_S = {"iptables": 1.0, "iptables-legacy": 1.0, "nftables": 1.0, "kproxy": 0.2}
+
+
+def backend_name(i: int) -> str:
+    return f"kpbench-be-{i:02d}"
+
+
+def metric(samples: dict[str, float], name: str, default: float = 0.0) -> float:
+    """The largest value of metric `name` over its label sets (kube-proxy labels some of its
+    gauges by ip_family)."""
+    vals = [v for k, v in samples.items() if k == name or k.startswith(name + "{")]
+    return max(vals) if vals else default
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """name{labels} -> value for the sample lines of a /metrics page."""
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.rpartition(" ")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
+@dataclass
+class Testbed:
+    lab_name: str
+    tools_dir: str
+    endpoints: int = 10
+    live: int = 12
+    nodes: int = 2
+    proxy_nodes: tuple[str, ...] = ("node1",)
+    pin: bool = True
+    log: Callable[[str], None] = print
+    cluster: Cluster | None = None
+    api: RawApi | None = None
+    tools: dict = field(default_factory=dict)
+    pods: dict[str, str] = field(default_factory=dict)      # backend name -> pod IP
+    vips: dict[str, str] = field(default_factory=dict)      # service -> ClusterIP
+    filled: int = 0
+    max_services: int = 0                                  # the largest fill of the run
+    target_set: list[str] = field(default_factory=list)     # backends in the target's slice
+    m5_current: str = ""
+    client: Client | None = None
+    mode: str = "none"
+    pids: dict[str, int] = field(default_factory=dict)      # node -> proxy pid
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _churn_seq: int = 0
+
+    # -- lab ---------------------------------------------------------------------------------
+    def up(self) -> None:
+        self.tools = find_tools(self.tools_dir)
+        self.cluster = Cluster(self.lab_name)
+        if self.cluster.lab.exists():
+            self.log(f"removing a leftover lab {self.lab_name}")
+            self.cluster.down()
+        self.cluster.up(nodes=self.nodes, proxy="none", log=lambda m: self.log(f"lab: {m}"))
+        try:
+            self._populate()
+        except BaseException:
+            self.down()
+            raise
+
+    def _populate(self) -> None:
+        lab = self.cluster.lab
+        self.api = RawApi(self.cluster.info.admin_kubeconfig)
+        fill.ensure_namespace(self.api)
+        client_cpu, server_cpu = (0, 1) if self.pin and (os.cpu_count() or 1) > 1 else (None, None)
+        lab.create_pod(CLIENT_POD, "node1", ports=(), echo=False)
+        # Short-lived connections by the thousand: the widest port range, so a run never
+        # waits for a free port.
+        nsutil.sysctl(lab.pod_netns(CLIENT_POD), "net.ipv4.ip_local_port_range", "1024 65000")
+        self.client = Client(lab, self.tools[CLIENT], CLIENT_POD, client_cpu)
+        backend_node = f"node{min(2, self.nodes)}"
+        for i in range(self.live):
+            name = backend_name(i)
+            pod = lab.create_pod(name, backend_node, ports=(), echo=False)
+            start_server(lab, self.tools[SERVER], name, fill.TARGET_PORT, fill.SINK_PORT,
+                         server_cpu)
+            self.pods[name] = pod.ip
+        for name, ip in self.pods.items():
+            wait_answers(self.client, ip, fill.TARGET_PORT, name)
+        self.target_set = [backend_name(i) for i in range(min(self.endpoints, self.live))]
+        # The target has a request port and a sink port (M3's bulk stream).
+        self.vips[TARGET] = fill.create_service(
+            self.api, TARGET, [self.pods[n] for n in self.target_set],
+            ports=(("req", fill.SERVICE_PORT, fill.TARGET_PORT),
+                   ("sink", fill.SINK_SERVICE_PORT, fill.SINK_PORT)))
+        self.m5_current = backend_name(0)
+        self.vips[M5_SERVICE] = fill.create_service(self.api, M5_SERVICE,
+                                                    [self.pods[self.m5_current]])
+        self.log(f"testbed: {self.live} live backends on {backend_node}, target "
+                 f"{self.vips[TARGET]}, m5 {self.vips[M5_SERVICE]}")
+
+    def down(self) -> None:
+        if self.cluster is None:
+            return
+        for node in list(self.pids):
+            try:
+                self.stop_proxy()
+            except Exception as e:              # down() must go on whatever happened
+                self.log(f"stopping the proxy: {e}")
+                break
+        problems = self.cluster.down()
+        for p in problems:
+            self.log(f"lab down: {p}")
+        self.cluster = None
+
+    def fill_to(self, n: int, workers: int = 12) -> dict | None:
+        if n <= self.filled:
+            return None
+        self.log(f"fill: services {self.filled}..{n - 1} ({self.endpoints} endpoints each)")
+        r = fill.fill(self.api, self.filled, n, self.endpoints, workers=workers,
+                      progress=lambda k: self.log(f"fill: +{k}"))
+        self.filled = n
+        self.log(f"fill: {r.created} services in {r.seconds:.1f}s ({r.rate:.0f}/s)")
+        return {"created": r.created, "seconds": r.seconds, "per_s": r.rate}
+
+    def expected_backends(self) -> int:
+        """Distinct backends a proxy must hold: every filler endpoint plus the live pods the
+        measured Services use."""
+        live = set(self.target_set) | {self.m5_current}
+        return self.filled * self.endpoints + len(live)
+
+    # -- proxies -----------------------------------------------------------------------------
+    def start_proxy(self, mode: str) -> dict[str, int]:
+        if self.pids:
+            raise LabError(f"a proxy ({self.mode}) is still running")
+        self.mode = mode
+        extra = ["--config", str(self.kproxy_config())] if mode == "kproxy" else None
+        for node in self.proxy_nodes:
+            self.pids[node] = self.cluster.start_proxy(
+                node, KUBE_PROXY_MODE.get(mode, mode), env=self.proxy_env(mode),
+                extra_args=extra)
+        return dict(self.pids)
+
+    def kproxy_map_sizes(self) -> dict[str, int]:
+        """Map sizes for the largest fill of the run. kproxy's defaults (65,536 rows) hold
+        about 6,000 Services of 10 endpoints: a Service costs 1 + E rows in the service map.
+        Everything else (sync periods) stays at its default."""
+        n = max(self.max_services, self.filled) + 16
+        def fit(rows: int, default: int) -> int:
+            return max(default, 1 << (int(rows * 1.25) - 1).bit_length())
+        return {"svc": fit(n * (self.endpoints + 1) + 64, 65536),
+                "backend": fit(n * self.endpoints + 64, 65536), "meta": fit(n * 2, 16384)}
+
+    def kproxy_config(self) -> Path:
+        path = Path(self.cluster.lab.state_dir) / "kproxy-bench.yaml"
+        path.write_text(yaml.safe_dump({"mapSizes": self.kproxy_map_sizes()}))
+        return path
+
+    def proxy_env(self, mode: str) -> dict[str, str] | None:
+        """For iptables-legacy: PATH starts with a directory whose iptables* are the legacy
+        binaries (kube-proxy runs whatever `iptables` PATH gives; the host's alternative
+        stays untouched)."""
+        if mode != "iptables-legacy":
+            return None
+        d = Path(self.cluster.lab.state_dir) / "iptables-legacy-bin"
+        d.mkdir(exist_ok=True)
+        for tool in LEGACY_TOOLS:
+            link = d / tool
+            if not link.exists():
+                link.symlink_to(f"/usr/sbin/{tool.replace('tables', 'tables-legacy', 1)}")
+        return {**os.environ, "PATH": f"{d}:{os.environ.get('PATH', '/usr/sbin:/usr/bin')}"}
+
+    def _cgroup(self, node: str) -> str | None:
+        """The node's host cgroup (the proxy and its children run there, nothing else while
+        the bench measures), if the kernel gives it a cpu.stat."""
+        cg = self.cluster.lab.node(node).host_cgroup
+        return cg if os.path.exists(os.path.join(cg, "cpu.stat")) else None
+
+    def meter(self, node: str = "node1") -> ProxyMeter:
+        return ProxyMeter(self.pids[node], self._cgroup(node))
+
+    def meter_cgroup_usage(self, node: str = "node1") -> float | None:
+        """CPU seconds the node's host cgroup has used so far (None without cpu.stat)."""
+        return ProxyMeter(0, self._cgroup(node)).sample().cgroup
+
+    def stop_proxy(self) -> None:
+        """Stops the proxies and removes what they programmed, so the next mode starts cold
+        and is not served by leftovers (kproxy's hooks stay attached through pinned links;
+        kube-proxy's rules stay in the node's tables)."""
+        mode = self.mode
+        for node in list(self.pids):
+            self.cluster.stop_proxy(node)
+            del self.pids[node]
+            info = self.cluster.lab.node(node)
+            # Children the proxy left running (an iptables-restore still busy when a cold
+            # start was given up) would hold the xtables lock against the cleanup below.
+            for pid in cgroups.pids_recursive(info.host_cgroup):
+                procs.kill_pid(pid)
+            if mode == "kproxy":
+                subprocess.run([sys.executable, "-m", "kproxy_ebpf.cli", "cleanup",
+                                "--bpffs-dir", info.bpffs, "--yes"], check=True,
+                               capture_output=True, text=True)
+            elif mode in KUBE_PROXY_MODE:
+                kp = str(ensure_binaries(build=False) / "kube-proxy")
+                r = self.cluster.lab.exec(f"node/{node}", [kp, "--cleanup"],
+                                          capture_output=True, text=True, timeout=300,
+                                          env=self.proxy_env(mode))
+                if r.returncode != 0:
+                    raise LabError(f"kube-proxy --cleanup on {node}: {r.stderr[-500:]}")
+        self.flush_conntrack()
+        self.mode = "none"
+
+    def flush_conntrack(self) -> None:
+        """Forget the flows of the last mode in every node: an iptables DNAT entry for
+        client:port -> VIP has the reply tuple pod -> client:port, and a later direct-to-pod
+        connection from the same port would clash with it (the SYN is dropped) for the two
+        minutes a TIME_WAIT entry lives."""
+        for node in self.cluster.lab.nodes():
+            self.cluster.lab.exec(f"node/{node.name}", ["conntrack", "-F"],
+                                  capture_output=True, timeout=60)
+
+    def metrics(self, node: str = "node1") -> dict[str, float]:
+        """The proxy's /metrics, fetched from inside the node's namespace."""
+        def get() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics",
+                                        timeout=2) as r:
+                return r.read().decode()
+
+        return parse_prometheus(nsutil.run_in_thread(self.cluster.lab.node_netns(node), get))
+
+    def programmed(self, node: str = "node1") -> bool:
+        """Whether the proxy reports everything listed as programmed: kproxy's backend gauge
+        covers all N x E (+ live) endpoints with nothing pending; kube-proxy has finished a
+        sync (its first sync runs only once its informers have listed everything)."""
+        try:
+            m = self.metrics(node)
+        except OSError:
+            return False
+        if self.mode == "kproxy":
+            return (metric(m, "kproxy_backends") >= self.expected_backends()
+                    and metric(m, "kproxy_service_changes_pending", 1) == 0)
+        return (metric(m, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") > 0
+                and metric(m, "kubeproxy_sync_proxy_rules_endpoint_changes_pending") == 0
+                and metric(m, "kubeproxy_sync_proxy_rules_service_changes_pending") == 0)
+
+    def wait_programmed(self, timeout: float, node: str = "node1") -> float:
+        """Monotonic time at which programmed() first held."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.programmed(node):
+                return time.monotonic()
+            time.sleep(0.05)
+        raise LabError(f"{self.mode} on {node} did not program {self.expected_backends()} "
+                       f"backends within {timeout:.0f}s; see "
+                       f"{self.cluster.lab.log_path(self.cluster.proxy_name(node))}")
+
+    def kube_services_position(self, node: str = "node1") -> dict | None:
+        """Where the target's ClusterIP rule sits in iptables KUBE-SERVICES (kube-proxy
+        iptables mode writes that chain in Go map order, so the position is random per sync:
+        pkg/proxy/iptables/proxier.go, `for svcName, svc := range proxier.svcPortMap`)."""
+        save = "iptables-legacy-save" if self.mode == "iptables-legacy" else "iptables-save"
+        r = self.cluster.lab.exec(f"node/{node}", [save, "-t", "nat"],
+                                  capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            return None
+        rules = [line for line in r.stdout.splitlines() if line.startswith("-A KUBE-SERVICES ")]
+        want = f"-d {self.vips[TARGET]}/32"
+        pos = next((i + 1 for i, line in enumerate(rules) if want in line), None)
+        return {"position": pos, "rules": len(rules)}
+
+    # -- changes -------------------------------------------------------------------------------
+    def m5_change(self) -> tuple[str, str, list]:
+        """The next M5 change: the single endpoint of kpbench-m5 moves to the other pod."""
+        new = backend_name(1) if self.m5_current == backend_name(0) else backend_name(0)
+        return new, fill.slices_path(f"{M5_SERVICE}-kpbench"), fill.replace_endpoint_op(
+            0, self.pods[new])
+
+    def rolling_change(self, k: int) -> tuple[str, list]:
+        """Rolling update of the target: endpoint k mod E is replaced by a spare live pod, so
+        the target always has E answering endpoints."""
+        with self._lock:        # the churner calls this from several threads
+            spares = [n for n in self.pods if n not in self.target_set]
+            if not spares:
+                raise LabError("a rolling update needs more live pods than endpoints")
+            idx = k % len(self.target_set)
+            new = spares[0]
+            self.target_set[idx] = new
+        return fill.slices_path(f"{TARGET}-kpbench"), fill.replace_endpoint_op(
+            idx, self.pods[new])
+
+    def filler_change(self, k: int) -> tuple[str, list]:
+        """Endpoint churn over the fillers: one endpoint of one filler moves to an address
+        never used before in this lab (so every filler endpoint stays distinct and the
+        count a proxy must hold stays N x E)."""
+        with self._lock:
+            seq = self._churn_seq
+            self._churn_seq += 1
+        i = (seq * 7919) % max(1, self.filled)
+        return (fill.slices_path(f"{fill.filler_name(i)}-kpbench"),
+                fill.replace_endpoint_op(seq % self.endpoints, fill.churn_address(seq)))

@@ -1,0 +1,164 @@
+"""Ratios, goal marking and report rendering of the benchmark, on made-up documents (the
+numbers here are fixtures, not measurements)."""
+import json
+
+import pytest
+
+from kproxy_ebpf.bench import goals, report
+
+
+def _mode(connect_p50, connect_p99, rate, m5=None, m6=None, rss=None, churn_mcpu=None,
+          m8=None, p_value=None, m3=None):
+    r = {"M1": {"connect_us": {"p50": connect_p50, "p99": connect_p99, "p999": connect_p99 * 2},
+                "txn_us": {"p50": connect_p50 * 2, "p99": connect_p99 * 2}},
+         "M2": {"rate_1": rate, "rate_2": rate * 1.5}}
+    if m5:
+        r["M5"] = {"p50_ms": m5[0], "p99_ms": m5[1]}
+    if m6 is not None:
+        r["M6"] = {"cold_start_s": m6, "cpu_s": m6}
+    if rss is not None:
+        r["M7"] = {"steady": {"mcpu": 5.0}, "churn": {"rss_mib": rss, "mcpu": churn_mcpu}}
+    if m8:
+        r["M8"] = {"connect_p99_us": m8[0], "inflation": m8[1], "failed": m8[2]}
+    if p_value is not None:
+        r["M10"] = {"p_value": p_value, "max_deviation": 0.01}
+    if m3:
+        r["M3"] = {"rr_rate": m3[0], "rr_us": {"p50": 20, "p99": m3[1]}, "gbit_s": m3[2]}
+    return r
+
+
+def make_doc(ours_p99_10k=31.0, ours_m5=(4.0, 20.0), ours_m6=0.8, failed=0):
+    return {
+        "kind": "bench", "quick": False, "config": {"endpoints": 10},
+        "modes": {"direct": {"status": "run"}, "iptables": {"status": "run"},
+                  "nftables": {"status": "run"}, "kproxy": {"status": "run"},
+                  "kproxy-tc": {"status": "not run",
+                                "reason": "not run (north-south TC path not built)"}},
+        "not_run": {"M9": "not run (TC path not built)"},
+        "environment": {"date": "2026-11-30T12:00:00Z", "kernel": "6.18", "git": {"dirty": False}},
+        "results": {
+            "direct": {"100": _mode(30, 30, 10000.0),
+                       "10000": _mode(30, 30, 10000.0, m3=(20000.0, 40.0, 10.0))},
+            "iptables": {"100": _mode(35, 40, 9000.0, m5=(900, 1100), m6=1.0, rss=60),
+                         "10000": _mode(300, 330, 2000.0, m5=(2000, 3000), m6=20.0,
+                                        rss=200.0, churn_mcpu=400.0,
+                                        m3=(19000.0, 45.0, 9.0))},
+            "nftables": {"100": _mode(33, 35, 9500.0, m5=(900, 1100), m6=2.0),
+                         "10000": _mode(40, 45, 8000.0, m5=(1000, 1200), m6=60.0)},
+            "kproxy": {"100": _mode(30.5, 31, 9900.0, m5=ours_m5, m6=0.5, p_value=0.5),
+                       "10000": _mode(30.5, ours_p99_10k, 9950.0, m5=ours_m5, m6=ours_m6,
+                                      rss=120.0, churn_mcpu=100.0,
+                                      m8=(32.0, 0.03, failed), p_value=0.4,
+                                      m3=(19900.0, 41.0, 9.9))},
+        },
+    }
+
+
+def by_goal(rows, text):
+    [row] = [g for g in rows if text in g["goal"]]
+    return row
+
+
+def test_ratios_come_from_the_same_run():
+    doc = make_doc()
+    r = goals.ratios(doc)
+    assert r["10000"]["m2_rate_1"]["iptables"] == pytest.approx(9950 / 2000, rel=1e-3)
+    assert r["10000"]["m2_rate_1"]["direct"] == pytest.approx(0.995, rel=1e-3)
+    assert r["10000"]["m6_cold"]["nftables"] == pytest.approx(0.8 / 60, rel=1e-3)
+    assert "direct" not in r["10000"]["m5_p50"]        # direct has no controller
+
+
+def test_goals_marked_met_and_missed():
+    rows = goals.evaluate(make_doc())
+    assert by_goal(rows, "+2 us at p50")["status"] == "met"
+    assert by_goal(rows, "10x lower than iptables")["status"] == "met"
+    assert by_goal(rows, "cold start <= 1 s")["status"] == "met"
+    assert by_goal(rows, "p50 <= 10 ms")["status"] == "met"
+    assert by_goal(rows, ">= 5x iptables")["status"] == "missed"     # 9950/8000 > 1.2 but
+    # 9950/2000 = 4.98 < 5
+    assert by_goal(rows, "NodePort")["status"] == "not run"
+    rows = goals.evaluate(make_doc(ours_p99_10k=40.0, ours_m5=(12.0, 20.0), ours_m6=1.5,
+                                   failed=3))
+    assert by_goal(rows, "+2 us at p50")["status"] == "missed"       # +10 us at p99
+    assert by_goal(rows, "p50 <= 10 ms")["status"] == "missed"
+    assert by_goal(rows, "cold start <= 1 s")["status"] == "missed"
+    assert by_goal(rows, "zero failed")["status"] == "missed"
+
+
+def test_goals_at_10k_not_measured_without_10k():
+    doc = make_doc()
+    for mode in doc["results"].values():
+        mode.pop("10000")
+    rows = goals.evaluate(doc)
+    assert by_goal(rows, "cold start <= 1 s")["status"] == "not measured"
+    assert by_goal(rows, "flat in N")["status"] == "not measured"
+
+
+def test_markdown_lists_not_run_modes_and_every_goal():
+    doc = make_doc()
+    doc["ratios"], doc["goals"] = goals.ratios(doc), goals.evaluate(doc)
+    md = report.render_markdown(doc, ["plots/m1_connect.png"])
+    assert "kproxy-tc: not run (north-south TC path not built)" in md
+    assert "| not run |" in md                  # its table column says so too
+    assert md.count("**met**") + md.count("**missed**") + md.count("| not ") >= len(goals.GOALS)
+    assert "![m1_connect](plots/m1_connect.png)" in md
+    assert f"| {9950 / 2000:.3g}x |" in md       # M2 ours/iptables at 10k
+
+
+def test_readme_section_is_replaced_between_markers(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\nintro\n")
+    once = report.replace_section(readme.read_text(), "bench", "first")
+    assert "## Benchmark" in once and "first" in once
+    twice = report.replace_section(once, "bench", "second")
+    assert "first" not in twice and twice.count("## Benchmark") == 1 and "intro" in twice
+
+
+def test_write_bench_end_to_end(tmp_path):
+    doc = make_doc()
+    readme = tmp_path / "README.md"
+    readme.write_text("# project\n")
+    paths = report.write_bench(doc, tmp_path / "results", readme)
+    names = {p.name for p in paths}
+    assert {"latest.json", "latest.md", "README.md", "m1_connect.png"} <= names
+    stored = json.loads((tmp_path / "results" / "latest.json").read_text())
+    assert stored["goals"] and stored["ratios"]["10000"]
+    assert list((tmp_path / "results").glob("latest-2026-11-30T120000Z.json"))
+    text = readme.read_text()
+    assert "Goals met:" in text and "bench/results/plots/m1_connect.png" in text
+
+
+def test_scale_goals_and_render(tmp_path):
+    doc = {"kind": "scale", "config": {"n": 10000, "endpoints": 10, "idle_seconds": 60},
+           "environment": {"date": "2026-11-30T12:00:00Z"},
+           "results": {
+               "kproxy": {"rss_mib_after_fill": {"node1": 150.0, "node2": 160.0},
+                          "fill": {"cpu_s_mean": 20.0, "wall_s": 100.0},
+                          "idle": {"mcpu_mean": 10.0}, "last_answer_s": 90.0,
+                          "per_change": {"1000": {"cpu_ms_per_change": 5.0},
+                                         "10000": {"cpu_ms_per_change": 5.5}}},
+               "nftables": {"rss_mib_after_fill": {"node1": 470.0, "node2": 480.0},
+                            "fill": {"cpu_s_mean": 230.0}, "last_answer_s": 300.0,
+                            "per_change": {"1000": {"cpu_ms_per_change": 50.0}}}}}
+    rows = goals.scale_goals(doc)
+    assert [r["status"] for r in rows] == ["met", "met", "met", "met"]
+    doc["results"]["kproxy"]["per_change"]["10000"]["cpu_ms_per_change"] = 9.0
+    assert goals.scale_goals(doc)[2]["status"] == "missed"
+    paths = report.write_scale(doc, tmp_path, None)
+    md = (tmp_path / "scale-latest.md").read_text()
+    assert "CPU per endpoint change at N=1000" in md and "0.09x" in md   # 20/230
+    assert any(p.name == "scale_cpu_per_change.png" for p in paths)
+
+
+def test_a_proxy_that_did_not_finish_is_shown_and_bounds_the_goal():
+    doc = make_doc(ours_m6=0.8)
+    doc["results"]["iptables"]["10000"] = {"M6": {"cold_start_s": None,
+                                                  "did_not_finish_s": 150.0},
+                                           "skipped": "did not finish within 150s"}
+    rows = goals.evaluate(doc)
+    row = by_goal(rows, ">= 10x faster than iptables")
+    assert row["status"] == "met" and "did not finish in 150 s" in row["measured"]
+    doc["ratios"], doc["goals"] = goals.ratios(doc), rows
+    md = report.render_markdown(doc, [])
+    assert "> 150 (did not finish)" in md
+    assert "- iptables at N=10000: did not finish within 150s" in md
