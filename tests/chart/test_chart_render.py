@@ -94,6 +94,7 @@ def test_rbac_only_reads_and_reports(rendered):
     assert verbs == {("", "services"): {"get", "list", "watch"},
                      ("", "nodes"): {"get", "list", "watch"},
                      ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch"},
+                     ("networking.k8s.io", "servicecidrs"): {"get", "list", "watch"},
                      ("", "events"): {"create", "patch"},
                      ("events.k8s.io", "events"): {"create", "patch"}}
     (binding,) = by_kind(rendered, "ClusterRoleBinding")

@@ -35,10 +35,6 @@ class Divergence:
 
 # (scenario, check) -> what kproxy deliberately does instead of kube-proxy's cell. Keep in step
 # with docs/architecture.md ("Where kproxy differs from kube-proxy").
-SERVICE_CIDR_WORK = "the agent's ServiceCIDR handling (issue 7, in progress)"
-UNTRANSLATED = ("kproxy has no frontend for it, so the connect goes out untranslated and the lab "
-                "router answers network unreachable, as in iptables mode")
-
 DIVERGENCES: dict[tuple[str, str], Divergence] = {
     ("itp_local_no_local_endpoint", "tcp pod"): Divergence(
         "ERROR EHOSTUNREACH",
@@ -54,22 +50,16 @@ DIVERGENCES: dict[tuple[str, str], Divergence] = {
         "the OUTPUT hook, so the datagram is dropped inside sendto(), which fails with EPERM; "
         "the socket hook fails sendto() with ECONNREFUSED, as for pods and for TCP"),
     ("deleted_service", "tcp pod"): Divergence(
-        "ERROR ENETUNREACH",
-        "an address in the Service CIDR that no Service holds: kube-proxy nftables drops it; "
-        + UNTRANSLATED, until=SERVICE_CIDR_WORK),
-    ("multiport_named_ports", "82 (no such port)"): Divergence(
-        "ERROR ENETUNREACH",
-        "a port the Service does not have on its ClusterIP: kube-proxy nftables rejects it; "
-        + UNTRANSLATED, until=SERVICE_CIDR_WORK),
+        "ERROR EHOSTUNREACH",
+        "an address inside a ServiceCIDR that no Service holds: kube-proxy nftables drops it and "
+        "the client waits for its own timeout; the socket hook fails connect() at once, as for "
+        "internalTrafficPolicy Local"),
     ("labels_for_other_proxies", "service-proxy-name"): Divergence(
         "ERROR ENETUNREACH",
-        "both ignore a Service owned by another proxy; nftables then drops its ClusterIP as "
-        "unallocated; " + UNTRANSLATED, until=SERVICE_CIDR_WORK),
-    ("labels_for_other_proxies", "headless label on the Service"): Divergence(
-        "ERROR ENETUNREACH",
-        "kube-proxy 1.36 filters service.kubernetes.io/headless on EndpointSlices only and "
-        "programs a ClusterIP Service carrying it; the agent drops such a Service",
-        until="the label handling in kube/ (issue 7, in progress)"),
+        "both ignore a Service owned by another proxy, but nftables then drops its ClusterIP as "
+        "unallocated while kproxy leaves it untouched for that proxy to translate (a connect "
+        "failed in the socket hook would never reach it); with no other proxy in the lab the "
+        "connect goes out untranslated and the lab router answers network unreachable"),
 }
 
 # RESULTS[(scenario, check)][proxy] = cell
