@@ -22,7 +22,8 @@ from kubernetes import client
 from kproxy_ebpf.lab import kubeobjects
 from kproxy_ebpf.lab.cluster import NAMESPACE, Cluster
 
-from ..support import require_controlplane, wait_until
+from ..integration.lab_services import lab_cluster
+from ..support import wait_until
 from . import verdicts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -65,19 +66,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 @pytest.fixture(scope="module", params=verdicts.PROXIES)
 def cluster(request) -> Iterator[Cluster]:
-    require_controlplane()
-    c = Cluster(f"cf-{request.param}")
-    c.down()
-    if request.param == "image":
-        c.up(nodes=2, proxy="kproxy", agent="image")
-    else:
-        c.up(nodes=2, proxy=request.param)
-    try:
-        c.create_pod("client", "node1", ports=(("tcp", 8080),))
+    image = request.param == "image"
+    with lab_cluster(f"cf-{request.param}", "kproxy" if image else request.param,
+                     "image" if image else "process") as c:
         yield c
-    finally:
-        problems = c.down()
-        assert not problems, problems
 
 
 class Scenario:
