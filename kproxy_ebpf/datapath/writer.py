@@ -16,6 +16,10 @@ Slots are filled stably: a backend that stays keeps its slot, a new one takes a 
 only the tail moves into the holes. That keeps writes proportional to what changed and lets
 session affinity (which remembers the slot) survive most scale events.
 
+Both scopes of the svc map are written here (sockets, and packets from outside the node): a
+frontend key (ip, port, proto) or (ip, port, proto, Scope.EXT) names its rows, backends and
+service ids are shared. The order above holds per frontend, whatever its scope.
+
 The writer restores its bookkeeping from the maps, so a new agent process adopts what the last
 one programmed and rewrites only what differs. It never decides policy.
 """
@@ -35,7 +39,7 @@ from .pinned import MapFull, PinnedMap
 log = logging.getLogger(__name__)
 
 BackendKey = tuple[str, int, Protocol]
-FrontendKey = tuple[str, int, Protocol]
+FrontendKey = tuple          # desired.Frontend.key: (ip, port, proto[, Scope.EXT])
 Slot = tuple[BackendKey, int]            # the backend a slot names, and its be_flags
 
 MAX_ID = 2**31
@@ -124,19 +128,21 @@ class MapWriter:
             bkey = (L.ip_str(be.addr), L.port_host(be.port), L.PROTO_BY_NUM[be.proto])
             backends[key.value] = bkey
             self.backend_ids.restore(bkey, key.value)
-        # Only the socket scope is written today; other scopes belong to other writers.
-        rows = [(k, v) for k, v in self.svc.items() if k.scope == L.SCOPE_SOCK]
+        # Both scopes (sockets, and packets from outside the node) are this writer's; rows of
+        # a scope it does not know belong to some other writer and are left alone.
+        rows = [(k, v) for k, v in self.svc.items() if k.scope in L.SCOPE_BY_NUM]
         for key, val in rows:
             if key.slot == 0:
-                self.programmed[L.key_tuple(key)] = Programmed(
+                fkey = L.frontend_key(key)
+                self.programmed[fkey] = Programmed(
                     kind=L.KIND_BY_NUM.get(val.kind, FrontendKind.CLUSTER_IP),
                     service=None, action=L.ACTION_BY_NUM.get(val.action, Action.REJECT),
                     affinity=val.affinity_timeout, count=val.count)
-                self._set_service(self.programmed[L.key_tuple(key)], names.get(val.svc_id))
+                self._set_service(self.programmed[fkey], names.get(val.svc_id))
         for key, val in rows:
             if key.slot == 0:
                 continue
-            fkey = L.key_tuple(key)
+            fkey = L.frontend_key(key)
             prog = self.programmed.setdefault(fkey, Programmed(
                 FrontendKind.CLUSTER_IP, None, Action.REJECT, 0, None))
             bkey = backends.get(val.backend_id)
@@ -233,11 +239,11 @@ class MapWriter:
             bid = self._ensure_backend(bkey, res)
             row = (bkey, wanted[bkey])
             if prog.rows.get(slot) != row:
-                self.svc.put(L.svc_key(*key, slot=slot), L.SvcVal(backend_id=bid, be_flags=row[1]))
+                self.svc.put(L.frontend_svc_key(key, slot), L.SvcVal(backend_id=bid, be_flags=row[1]))
                 self._ref(prog, slot, row)
                 res.writes += 1
         # Only now may slot 0 announce the new count.
-        self.svc.put(L.svc_key(*key), L.SvcVal(
+        self.svc.put(L.frontend_svc_key(key), L.SvcVal(
             svc_id=svc_id, affinity_timeout=fe.affinity_timeout, count=len(order),
             action=L.ACTION_NUM[fe.action], kind=L.KIND_NUM[fe.kind]))
         res.writes += 1
@@ -245,19 +251,19 @@ class MapWriter:
         prog.kind, prog.action = fe.kind, fe.action
         prog.affinity, prog.count = fe.affinity_timeout, len(order)
         for slot in sorted(s for s in prog.rows if s > len(order)):
-            self.svc.delete(L.svc_key(*key, slot=slot))
+            self.svc.delete(L.frontend_svc_key(key, slot))
             self._ref(prog, slot, None)
             res.writes += 1
         res.updated += 1
 
     def _delete_frontend(self, key: FrontendKey, res: ApplyResult) -> None:
         prog = self.programmed[key]
-        self.svc.delete(L.svc_key(*key))        # first: the frontend disappears at once
+        self.svc.delete(L.frontend_svc_key(key))        # first: the frontend disappears at once
         prog.count = None
         self._set_service(prog, None)
         res.writes += 1
         for slot in sorted(prog.rows):
-            self.svc.delete(L.svc_key(*key, slot=slot))
+            self.svc.delete(L.frontend_svc_key(key, slot))
             self._ref(prog, slot, None)
             res.writes += 1
         del self.programmed[key]

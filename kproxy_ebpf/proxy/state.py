@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from ..desired import Frontend, Problem, ServicePortName
 from ..model import EndpointSlice, Node, Protocol, Service
+from .external import service_ext_frontends
 from .frontends import service_frontends, service_port_endpoints
 from .topology import PortEndpoints
 
@@ -54,8 +55,12 @@ class ProxyState:
     is nameless and has no addresses: nothing is local and there are no NodePort frontends.
     """
 
-    def __init__(self, node: Node | None = None, *, prefer_same_node: bool = True) -> None:
+    def __init__(self, node: Node | None = None, *, prefer_same_node: bool = True,
+                 node_port_addresses: tuple[str, ...] | None = None) -> None:
         self.prefer_same_node = prefer_same_node
+        # Not None: also compute the frontends for traffic from outside the node (scope EXT,
+        # the TC path), with NodePorts on these addresses (see external.node_port_ips).
+        self.node_port_addresses = node_port_addresses
         self._node = node
         self._services: dict[ServiceKey, Service] = {}
         self._slices: dict[SliceKey, EndpointSlice] = {}
@@ -171,7 +176,7 @@ class ProxyState:
         out = list(self._own_problems.get(key, ()))
         for fkey, fe in sorted(self._raw.get(key, {}).items()):
             winner = self._owners[fkey][0]
-            if winner != key:
+            if winner != key and len(fkey) == 3:   # scope EXT keys mirror a socket key
                 ip, port, proto = fkey
                 out.append(Problem(key[0], key[1], "Service", "FrontendConflict",
                                    f"{fe.kind.value} {ip}:{port}/{proto.value} is also claimed "
@@ -199,6 +204,10 @@ class ProxyState:
             else:
                 fronts, probs = service_frontends(svc, self.slices_of(*key), node,
                                                   prefer_same_node=self.prefer_same_node)
+                if self.node_port_addresses is not None:
+                    fronts += service_ext_frontends(
+                        svc, self.slices_of(*key), node, prefer_same_node=self.prefer_same_node,
+                        node_port_addresses=self.node_port_addresses)
             if probs:
                 self._own_problems[key] = probs
             else:
