@@ -36,6 +36,8 @@ class MapSizes:
     affinity: int = _default_size("affinity")  # ClientIP affinity (LRU)
     flow: int = _default_size("flow")          # unconnected-UDP flows (LRU)
     meta: int = _default_size("meta")          # service-port names for the CLI
+    ct: int = _default_size("ct")              # TC connection tracking (LRU)
+    rnat: int = _default_size("rnat")          # TC reply tuple -> original tuple (LRU)
 
 
 @dataclass
