@@ -24,6 +24,8 @@ from . import health
 from .config import AgentConfig
 from .datapath import reader
 from .datapath.loader import Datapath
+from .datapath import tc
+from .datapath.tc import TcDatapath
 from .datapath.writer import ApplyResult, MapWriter
 from .desired import Problem
 from .kube.convert import Rejection
@@ -43,8 +45,11 @@ class Agent:
         self.cfg = cfg
         self.metrics = Metrics()
         self.health = health.ProxyHealth(cfg.health_timeout)
-        self.state = ProxyState(Node(cfg.node_name), prefer_same_node=cfg.prefer_same_node)
+        self.state = ProxyState(Node(cfg.node_name), prefer_same_node=cfg.prefer_same_node,
+                                node_port_addresses=tuple(cfg.node_port_addresses)
+                                if cfg.north_south else None)
         self.datapath = Datapath(Path(cfg.bpffs_dir), Path(cfg.cgroup), cfg.map_sizes)
+        self.tc: TcDatapath | None = None
         self.writer: MapWriter | None = None
         self.source: ApiSource | ManifestSource | None = None
         self.events = None
@@ -69,6 +74,8 @@ class Agent:
         # within the health timeout (say the API server is unreachable), /healthz says so.
         self.health.queued_update()
         self.datapath.load()
+        if self.cfg.north_south:
+            self.tc = self._load_tc()
         self.writer = MapWriter(self.datapath.maps)
         adopted = self.writer.restore()
         log.info("adopted %d frontends from %s", adopted, self.cfg.bpffs_dir)
@@ -77,13 +84,34 @@ class Agent:
         # previous programs, if any, keep serving from their own maps.
         self._attach_pending = adopted == 0
         if not self._attach_pending:
-            self.datapath.attach()
+            self._attach()
         self.metrics.watch_datapath(lambda: reader.counters(self.datapath.maps["stats"]))
         self._serve()
         self.source = self._make_source()
         self.metrics.watch_api(self.source.counters)
         self.source.start()
         threading.Thread(target=self._start_runner, name="wait-synced", daemon=True).start()
+
+    def _load_tc(self) -> TcDatapath | None:
+        """tc_lb.c for the external devices; none found is logged, not fatal (the socket
+        path still serves everything that starts on this node)."""
+        devices = self.cfg.devices or tc.detect_devices()
+        snat = next((a for a in map(tc.device_address, devices) if a), None)
+        if not devices or snat is None:
+            log.error("north-south datapath off: no external device with an IPv4 address "
+                      "(devices %s); set `devices`", devices or "none found")
+            return None
+        dp = TcDatapath(Path(self.cfg.bpffs_dir), devices, snat, self.cfg.snat_ports,
+                        self.cfg.map_sizes)
+        dp.load()
+        log.info("north-south on %s, SNAT to %s ports %d-%d", ", ".join(devices), snat,
+                 *self.cfg.snat_ports)
+        return dp
+
+    def _attach(self) -> None:
+        self.datapath.attach()
+        if self.tc is not None:
+            self.tc.attach()
 
     def _make_source(self) -> ApiSource | ManifestSource:
         if self.cfg.manifests:
@@ -121,6 +149,8 @@ class Agent:
             self.events.stop()
         with self._sync_lock:          # never close map fds under a sync still writing
             self.datapath.close()
+            if self.tc is not None:
+                self.tc.close()
 
     def run_until_signalled(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -235,7 +265,7 @@ class Agent:
         if self._attach_pending:
             # The maps hold what could be written (a full map must not keep every other
             # service of the node untranslated): now the hooks may read them.
-            self.datapath.attach()
+            self._attach()
             self._attach_pending = False
         if result.ok:
             self.health.updated(started)

@@ -61,6 +61,13 @@ def main() -> None:
 @click.option("--manifests", multiple=True,
               help="Read Services/EndpointSlices from these YAML files or directories instead "
                    "of the API server (re-read when they change).")
+@click.option("--north-south/--no-north-south", default=None,
+              help="Serve NodePort/ExternalIP/LoadBalancer traffic from outside the node (TC).")
+@click.option("--devices", multiple=True,
+              help="External devices for the TC programs (default: from the routes).")
+@click.option("--node-port-addresses", multiple=True,
+              help="CIDRs (or 'primary') whose node addresses serve NodePorts [primary].")
+@click.option("--snat-port-range", help="SNAT source ports for remote backends [61000-65535].")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 def run(config_file, **flags) -> None:
     """Run the agent: watch the cluster and program this node's datapath."""
@@ -255,7 +262,8 @@ def check(bpffs_dir, kubeconfig, master, node, manifests) -> None:
 @_bpffs_option
 @click.option("--yes", is_flag=True, help="Do not ask.")
 def cleanup(bpffs_dir: str, yes: bool) -> None:
-    """Detach the socket hooks and remove the pinned maps (services stop being translated)."""
+    """Detach the socket hooks and this netns's TC programs and remove the pinned maps
+    (services stop being translated)."""
     from .datapath.loader import remove_pins
 
     if not Path(bpffs_dir).exists():
@@ -263,6 +271,10 @@ def cleanup(bpffs_dir: str, yes: bool) -> None:
         return
     if not yes:
         click.confirm(f"Detach kproxy from this node and remove {bpffs_dir}?", abort=True)
+    from .datapath.tc import detach_all
+
+    for what in detach_all():
+        click.echo(f"removed {what}")
     for path in remove_pins(Path(bpffs_dir)):
         click.echo(f"removed {path}")
 

@@ -62,17 +62,6 @@ def device_address(dev: str) -> str | None:
     return None
 
 
-def parse_port_range(text: str) -> tuple[int, int]:
-    lo, sep, hi = text.partition("-")
-    try:
-        a, b = int(lo), int(hi if sep else lo)
-    except ValueError:
-        raise ValueError(f"port range {text!r} is not MIN-MAX") from None
-    if not 1 <= a <= b <= 65535:
-        raise ValueError(f"port range {text!r} is not within 1-65535")
-    return a, b
-
-
 @dataclass
 class TcDatapath:
     """Loads tc_lb.c against the pinned maps and attaches it to `devices`."""
