@@ -24,7 +24,7 @@ from . import health
 from .config import AgentConfig
 from .datapath import reader
 from .datapath.loader import Datapath
-from .datapath import tc
+from .datapath import conntrack, tc
 from .datapath.tc import TcDatapath
 from .datapath.writer import ApplyResult, MapWriter
 from .desired import Problem
@@ -85,7 +85,9 @@ class Agent:
         self._attach_pending = adopted == 0
         if not self._attach_pending:
             self._attach()
-        self.metrics.watch_datapath(lambda: reader.counters(self.datapath.maps["stats"]))
+        self.metrics.watch_datapath(lambda: {
+            **reader.counters(self.datapath.maps["stats"]),
+            **{f"tc_{k}": v for k, v in reader.tc_counters(self.datapath.maps["tcstats"]).items()}})
         self._serve()
         self.source = self._make_source()
         self.metrics.watch_api(self.source.counters)
@@ -107,6 +109,15 @@ class Agent:
         log.info("north-south on %s, SNAT to %s ports %d-%d", ", ".join(devices), snat,
                  *self.cfg.snat_ports)
         return dp
+
+    def _purge_conntrack(self) -> None:
+        """Flows whose backend left their frontend lose their TC conntrack entries."""
+        removed = conntrack.purge(self.datapath.maps, self.writer.programmed)
+        if removed:
+            log.info("purged %d conntrack entries of removed backends", removed)
+        ct = self.datapath.maps["ct"]
+        self.metrics.map_entries.labels("ct").set(len(ct))
+        self.metrics.map_capacity.labels("ct").set(ct.max_entries)
 
     def _attach(self) -> None:
         self.datapath.attach()
@@ -261,6 +272,8 @@ class Agent:
         else:
             result = self.writer.apply(changes.frontends, changes.changed_keys | self._retry)
         self._retry = set(result.failed)
+        if self.tc is not None and (full or any(len(k) == 4 for k in changes.changed_keys)):
+            self._purge_conntrack()
         elapsed = time.monotonic() - t0
         if self._attach_pending:
             # The maps hold what could be written (a full map must not keep every other

@@ -258,6 +258,37 @@ def check(bpffs_dir, kubeconfig, master, node, manifests) -> None:
     sys.exit(1 if drifts else 0)
 
 
+@main.group()
+def ct() -> None:
+    """The TC path's connection tracking (north-south flows)."""
+
+
+@ct.command("list")
+@_bpffs_option
+@_output_option
+@click.option("--service", "service_filter", metavar="NS/NAME",
+              help="Only flows of this service (any of its ports).")
+def ct_list(bpffs_dir: str, output: str, service_filter: str | None) -> None:
+    """Every tracked flow: client, frontend, backend, SNAT, state and time left."""
+    from .datapath import conntrack
+
+    rows = conntrack.entries(_open_maps(bpffs_dir))
+    if service_filter:
+        rows = [r for r in rows if (r["service"] or "").split(":")[0] == service_filter]
+    if output == "json":
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("no flows tracked")
+        return
+    header = ("SERVICE", "PROTO", "CLIENT", "FRONTEND", "BACKEND", "SNAT", "STATE", "EXPIRES")
+    lines = [(r["service"] or "?", r["protocol"], r["client"], r["frontend"], r["backend"],
+              r["snat"] or "-", r["state"], f"{r['expires_in_seconds']}s") for r in rows]
+    widths = [max(len(str(x[i])) for x in [header, *lines]) for i in range(len(header))]
+    for line in [header, *lines]:
+        click.echo("  ".join(str(v).ljust(w) for v, w in zip(line, widths)).rstrip())
+
+
 @main.command()
 @_bpffs_option
 @click.option("--yes", is_flag=True, help="Do not ask.")

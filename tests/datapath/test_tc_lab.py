@@ -10,11 +10,16 @@ the external client via node1 (10.250.100.0/24).
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
+from click.testing import CliRunner
+
+from kproxy_ebpf.cli import main
+from kproxy_ebpf.datapath import conntrack
 from kproxy_ebpf.datapath.loader import open_pinned_maps, remove_pins
 from kproxy_ebpf.datapath.tc import TcDatapath, attached, detach_all
 from kproxy_ebpf.datapath.writer import MapWriter
@@ -171,3 +176,21 @@ def test_ext_keep_alive_connection_survives_many_requests(lab, nodes):
     program(nodes, lab, nodeport("np-keep"), ["b1"])
     lines = lab.probe("ext", "10.250.0.11", 30080, count=20, keep=True)
     assert len({ln.split()[1] for ln in lines}) == 1 and seen(lines) == {("b1", "10.250.0.11")}
+
+
+def test_removed_backend_answers_no_more_and_its_entries_are_gone(lab, nodes):
+    node1 = nodes[0]
+    b1 = lab.pod("b1").ip
+    program(nodes, lab, nodeport("np-purge"), ["b1"])
+    lines = lab.probe("ext", "10.250.0.11", 30053, udp=True, count=3)
+    assert seen(lines) == {("b1", "10.250.0.11")}, lines
+    out = CliRunner().invoke(main, ["ct", "list", "--bpffs-dir", str(node1.bpffs), "-o", "json",
+                                    "--service", "default/np-purge"])
+    assert out.exit_code == 0, out.output
+    assert any(r["backend"] == f"{b1}:5353" and r["snat"] for r in json.loads(out.output))
+
+    program(nodes, lab, nodeport("np-purge"), ["a1"])
+    assert conntrack.purge(node1.maps, node1.writer.programmed) >= 3
+    assert not any(r["backend"].startswith(b1 + ":") for r in conntrack.entries(node1.maps))
+    lines = lab.probe("ext", "10.250.0.11", 30053, udp=True, count=3)
+    assert seen(lines) == {("a1", CLIENT)}, lines

@@ -314,3 +314,24 @@ def test_drop_drops(tc):
     before = tc.stat("drop")
     ret, _ = tc.ingress(packet(CLIENT, 40008, NODE, NP_DROP))
     assert ret == TC_ACT_SHOT and tc.stat("drop") == before + 1
+
+
+def test_purge_removes_flows_of_a_backend_that_left_their_frontend(tc):
+    from kproxy_ebpf.datapath import conntrack
+
+    tc.ingress(packet(CLIENT, 40009, NODE, NP_REMOTE))
+    tc.ingress(packet(CLIENT, 40010, NODE, NP_LOCAL))
+    key, ct = tc.ct(40009, NP_REMOTE)
+    reply = L.CtKey(saddr=ct.be_addr, daddr=ct.nat_addr, sport=ct.be_port, dport=ct.nat_port,
+                    proto=6)
+    assert tc.maps["rnat"].get(reply) is not None
+    assert conntrack.purge(tc.maps, tc.writer.programmed) == 0, "nothing changed yet"
+    # The remote backend leaves NP_REMOTE (it still exists: NP_UDP uses it).
+    moved = ext(NP_REMOTE, [(LOCAL_BE, True)])
+    assert tc.writer.apply({moved.key: moved}, candidates=[moved.key]).ok
+    assert conntrack.purge(tc.maps, tc.writer.programmed) == 1
+    assert tc.ct(40009, NP_REMOTE)[1] is None and tc.maps["rnat"].get(reply) is None
+    assert tc.ct(40010, NP_LOCAL)[1] is not None
+    rows = conntrack.entries(tc.maps)
+    assert [(r["client"], r["backend"], r["snat"], r["state"], r["service"]) for r in rows] == [
+        (f"{CLIENT}:40010", f"{LOCAL_BE}:8080", None, "new", f"t/np{NP_LOCAL}")]
