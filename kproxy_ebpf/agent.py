@@ -34,6 +34,7 @@ from .metrics import Metrics
 from .model import Node
 from .proxy.state import ProxyState
 from .runner import Runner, Schedule
+from .service_health import ServiceHealthServers
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ class Agent:
                                 if cfg.north_south else None)
         self.datapath = Datapath(Path(cfg.bpffs_dir), Path(cfg.cgroup), cfg.map_sizes)
         self.tc: TcDatapath | None = None
+        self.svc_health = ServiceHealthServers(
+            lambda: self.health.status(with_node=False)[0] == 200)
         self.writer: MapWriter | None = None
         self.source: ApiSource | ManifestSource | None = None
         self.events = None
@@ -160,6 +163,7 @@ class Agent:
             self.events.stop()
         with self._sync_lock:          # never close map fds under a sync still writing
             self.datapath.close()
+            self.svc_health.close()
             if self.tc is not None:
                 self.tc.close()
 
@@ -259,6 +263,7 @@ class Agent:
         t0 = time.monotonic()
         with self._lock:
             changes = self.state.compute(full=full)
+            checks = self.state.health_checks() if full or changes.changed_services else None
             triggers, self._triggers = self._triggers, []
             every_problem = self.state.problems()
         if full:
@@ -272,6 +277,8 @@ class Agent:
         else:
             result = self.writer.apply(changes.frontends, changes.changed_keys | self._retry)
         self._retry = set(result.failed)
+        if checks is not None:
+            self.svc_health.sync(checks)
         if self.tc is not None and (full or any(len(k) == 4 for k in changes.changed_keys)):
             self._purge_conntrack()
         elapsed = time.monotonic() - t0

@@ -51,6 +51,17 @@ class ProxyHealth:
         return (200 if healthy else 503), body
 
 
+def json_response(handler: BaseHTTPRequestHandler, code: int, body: dict) -> None:
+    """A JSON answer with the headers kube-proxy's health servers send."""
+    data = json.dumps(body).encode()
+    handler.send_response(code)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("X-Content-Type-Options", "nosniff")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 def serve(health: ProxyHealth, address: str) -> ThreadingHTTPServer:
     """Starts the health server on host:port in a daemon thread."""
     host, _, port = address.rpartition(":")
@@ -61,14 +72,7 @@ def serve(health: ProxyHealth, address: str) -> ThreadingHTTPServer:
             if path not in ("/healthz", "/livez"):
                 self.send_error(404)
                 return
-            code, body = health.status(with_node=path == "/healthz")
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("X-Content-Type-Options", "nosniff")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            json_response(self, *health.status(with_node=path == "/healthz"))
 
         def log_message(self, *args):   # probes every few seconds would flood the log
             pass

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from ..desired import Frontend, Problem, ServicePortName
 from ..model import EndpointSlice, Node, Protocol, Service
 from .external import service_ext_frontends
+from .healthcheck import HealthCheck, health_check
 from .frontends import service_frontends, service_port_endpoints
 from .topology import PortEndpoints
 
@@ -155,6 +156,17 @@ class ProxyState:
             return {}
         return service_port_endpoints(svc, self.slices_of(namespace, name), self._node_or_blank(),
                                       prefer_same_node=self.prefer_same_node)
+
+    def health_checks(self) -> dict[int, HealthCheck]:
+        """healthCheckNodePort -> what its server reports (the first Service in
+        namespace/name order keeps a port two Services claim)."""
+        node = self._node_or_blank()
+        out: dict[int, HealthCheck] = {}
+        for key in sorted(self._services):
+            hc = health_check(self._services[key], self.slices_of(*key), node)
+            if hc is not None:
+                out.setdefault(hc.port, hc)
+        return out
 
     def frontends_by_service(self) -> dict[ServiceKey, list[Frontend]]:
         """The effective (post-conflict) frontends of the last compute(), per Service."""
