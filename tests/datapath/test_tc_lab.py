@@ -27,6 +27,7 @@ from kproxy_ebpf.lab import Lab
 from kproxy_ebpf.lab import nsutil
 from kproxy_ebpf.model import EndpointSlice, Node, Protocol, Service, ServicePort, ServiceType
 from kproxy_ebpf.proxy.state import ProxyState
+from kproxy_ebpf.service_health import ServiceHealthServers
 
 from .conftest import endpoints
 
@@ -81,6 +82,7 @@ class TcNode:
                    [o for o in objs if isinstance(o, EndpointSlice)])
         result = self.writer.apply(state.compute(full=True).frontends)
         assert result.ok, result.errors
+        self.state = state
 
     def close(self) -> None:
         nsutil.run_in_thread(self.netns, detach_all)
@@ -194,3 +196,39 @@ def test_removed_backend_answers_no_more_and_its_entries_are_gone(lab, nodes):
     assert not any(r["backend"].startswith(b1 + ":") for r in conntrack.entries(node1.maps))
     lines = lab.probe("ext", "10.250.0.11", 30053, udp=True, count=3)
     assert seen(lines) == {("a1", CLIENT)}, lines
+
+
+HTTP_GET = ("import json, sys, urllib.request, urllib.error\n"
+            "try:\n"
+            "    r = urllib.request.urlopen(sys.argv[1], timeout=5)\n"
+            "except urllib.error.HTTPError as e:\n"
+            "    r = e\n"
+            "print(r.status if hasattr(r, 'status') else r.code, json.dumps(json.loads(r.read())))\n")
+
+
+def test_health_check_node_port_answers_on_each_node(lab, nodes):
+    svc = Service("default", "lb-local", type=ServiceType.LOAD_BALANCER,
+                  cluster_ips=("10.96.0.51",), external_traffic_local=True,
+                  health_check_node_port=32100,
+                  ports=(ServicePort("tcp", Protocol.TCP, 80, node_port=30081),))
+    eps = endpoints(lab, "lb-local", ["b1"], ("tcp", "TCP", 8080))
+    servers = []
+    try:
+        for n in nodes:
+            n.program(svc, eps)
+            hc = ServiceHealthServers(lambda: True)
+            servers.append(hc)
+            # The listening socket is made in the node's netns, as the agent's would be.
+            nsutil.run_in_thread(n.netns, lambda hc=hc, n=n: hc.sync(n.state.health_checks()))
+        answers = {}
+        for node, ip in (("node1", "10.250.0.11"), ("node2", "10.250.0.12")):
+            r = lab.exec("ext", [lab.python, "-c", HTTP_GET, f"http://{ip}:32100/healthz"],
+                         capture_output=True, text=True, timeout=30)
+            code, body = r.stdout.split(" ", 1)
+            answers[node] = (int(code), json.loads(body)["localEndpoints"])
+        assert answers == {"node1": (503, 0), "node2": (200, 1)}
+        # NodePort traffic for it goes only to the node with the endpoint.
+        assert seen(lab.probe("ext", "10.250.0.12", 30081, count=3)) == {("b1", CLIENT)}
+    finally:
+        for hc in servers:
+            hc.close()
