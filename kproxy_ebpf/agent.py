@@ -48,7 +48,9 @@ class Agent:
         self.health = health.ProxyHealth(cfg.health_timeout)
         self.state = ProxyState(Node(cfg.node_name), prefer_same_node=cfg.prefer_same_node,
                                 node_port_addresses=tuple(cfg.node_port_addresses)
-                                if cfg.north_south else None)
+                                if cfg.north_south else None,
+                                external_ip_allowlist=None if cfg.external_ip_allowlist is None
+                                else tuple(cfg.external_ip_allowlist))
         self.datapath = Datapath(Path(cfg.bpffs_dir), Path(cfg.cgroup), cfg.map_sizes)
         self.tc: TcDatapath | None = None
         self.svc_health = ServiceHealthServers(

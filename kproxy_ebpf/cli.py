@@ -67,6 +67,8 @@ def main() -> None:
               help="External devices for the TC programs (default: from the routes).")
 @click.option("--node-port-addresses", multiple=True,
               help="CIDRs (or 'primary') whose node addresses serve NodePorts [primary].")
+@click.option("--external-ip-allowlist", multiple=True,
+              help="Program only ExternalIPs inside these CIDRs (CVE-2020-8554) [all].")
 @click.option("--snat-port-range", help="SNAT source ports for remote backends [61000-65535].")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 def run(config_file, **flags) -> None:

@@ -61,6 +61,8 @@ class AgentConfig:
     devices: list[str] = field(default_factory=list)   # external devices; []: from the routes
     node_port_addresses: list[str] = field(default_factory=list)  # CIDRs or "primary"; []: primary
     snat_port_range: str = "61000-65535"  # above Linux's ephemeral range (32768-60999)
+    # ExternalIPs outside these CIDRs are not programmed (CVE-2020-8554); None: all allowed.
+    external_ip_allowlist: list[str] | None = None
     log_level: str = "info"
 
     @property
@@ -86,9 +88,10 @@ class AgentConfig:
             raise ConfigError(f"cgroup {self.cgroup} does not exist")
         if self.min_sync_period < 0 or self.sync_period <= 0:
             raise ConfigError("sync periods must be positive")
-        from .proxy.external import validate_node_port_addresses
+        from .proxy.external import validate_cidrs, validate_node_port_addresses
 
         errors = validate_node_port_addresses(self.node_port_addresses)
+        errors += validate_cidrs(self.external_ip_allowlist or [], "externalIpAllowlist")
         if errors:
             raise ConfigError("; ".join(errors))
         self.snat_ports  # noqa: B018 (raises ConfigError)
@@ -122,7 +125,7 @@ def _coerce(name: str, value: object) -> object:
         return parse_duration(value)
     if name in ("prefer_same_node", "north_south"):
         return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
-    if name in ("manifests", "devices", "node_port_addresses"):
+    if name in ("manifests", "devices", "node_port_addresses", "external_ip_allowlist"):
         return [str(v) for v in value] if isinstance(value, list) else [
             p for p in str(value).split(",") if p]
     if name == "map_sizes":

@@ -41,17 +41,21 @@ def node_port_ips(node: Node, node_port_addresses: Sequence[str] = ()) -> tuple[
                  if any(ipaddress.ip_address(ip) in net for net in nets))
 
 
-def validate_node_port_addresses(values: Iterable[str]) -> list[str]:
-    """Error messages for entries that are neither "primary" nor a CIDR."""
+def validate_cidrs(values: Iterable[str], what: str, primary_ok: bool = False) -> list[str]:
+    """Error messages for entries that are not CIDRs (or "primary" where that is allowed)."""
     errors = []
     for v in values:
-        if v == PRIMARY:
+        if primary_ok and v == PRIMARY:
             continue
         try:
             ipaddress.ip_network(v, strict=False)
         except ValueError:
-            errors.append(f"nodePortAddresses: {v!r} is neither a CIDR nor \"primary\"")
+            errors.append(f"{what}: {v!r} is not a CIDR" + (' nor "primary"' if primary_ok else ""))
     return errors
+
+
+def validate_node_port_addresses(values: Iterable[str]) -> list[str]:
+    return validate_cidrs(values, "nodePortAddresses", primary_ok=True)
 
 
 def service_ext_frontends(svc: Service, slices: Iterable[EndpointSlice], node: Node, *,
@@ -81,3 +85,22 @@ def service_ext_frontends(svc: Service, slices: Iterable[EndpointSlice], node: N
                           affinity_timeout=svc.session_affinity_timeout, scope=Scope.EXT)
             out.setdefault(fe.key, fe)     # clashes are reported by the socket scope
     return list(out.values())
+
+
+def allow_external_ips(fronts: list[Frontend], allowlist: Sequence[str]
+                       ) -> tuple[list[Frontend], list[Problem]]:
+    """Drops ExternalIP frontends (both scopes) outside `allowlist` (CIDRs), the mitigation of
+    CVE-2020-8554: without it any user who may create a Service can capture traffic to any
+    address by naming it in spec.externalIPs. Each refused IP is one problem."""
+    nets = [ipaddress.ip_network(c, strict=False) for c in allowlist]
+    kept, refused = [], {}
+    for fe in fronts:
+        if fe.kind is FrontendKind.EXTERNAL_IP and not any(
+                ipaddress.ip_address(fe.ip) in n for n in nets):
+            refused[(fe.service.namespace, fe.service.name, fe.ip)] = fe
+            continue
+        kept.append(fe)
+    problems = [Problem(ns, name, "Service", "ExternalIPNotAllowed",
+                        f"externalIP {ip} is outside externalIpAllowlist; not programmed")
+                for ns, name, ip in sorted(refused)]
+    return kept, problems

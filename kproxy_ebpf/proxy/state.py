@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ..desired import Frontend, Problem, ServicePortName
 from ..model import EndpointSlice, Node, Protocol, Service
-from .external import service_ext_frontends
+from .external import allow_external_ips, service_ext_frontends
 from .healthcheck import HealthCheck, health_check
 from .frontends import service_frontends, service_port_endpoints
 from .topology import PortEndpoints
@@ -57,8 +57,11 @@ class ProxyState:
     """
 
     def __init__(self, node: Node | None = None, *, prefer_same_node: bool = True,
-                 node_port_addresses: tuple[str, ...] | None = None) -> None:
+                 node_port_addresses: tuple[str, ...] | None = None,
+                 external_ip_allowlist: tuple[str, ...] | None = None) -> None:
         self.prefer_same_node = prefer_same_node
+        # Not None: ExternalIPs outside these CIDRs are not programmed (CVE-2020-8554).
+        self.external_ip_allowlist = external_ip_allowlist
         # Not None: also compute the frontends for traffic from outside the node (scope EXT,
         # the TC path), with NodePorts on these addresses (see external.node_port_ips).
         self.node_port_addresses = node_port_addresses
@@ -220,6 +223,9 @@ class ProxyState:
                     fronts += service_ext_frontends(
                         svc, self.slices_of(*key), node, prefer_same_node=self.prefer_same_node,
                         node_port_addresses=self.node_port_addresses)
+            if self.external_ip_allowlist is not None:
+                fronts, refused = allow_external_ips(fronts, self.external_ip_allowlist)
+                probs = probs + refused
             if probs:
                 self._own_problems[key] = probs
             else:

@@ -144,3 +144,35 @@ def test_conflicts_are_reported_once():
     cs = state.compute()
     assert [p.reason for p in cs.problems] == ["FrontendConflict"]
     assert cs.frontends[("203.0.113.9", 80, TCP, Scope.EXT)].service.name == "a"
+
+
+def test_external_ip_allowlist_drops_other_external_ips_in_both_scopes():
+    service = svc(external_ips=("203.0.113.1", "198.51.100.7"))
+    state = ProxyState(NODE, node_port_addresses=(), external_ip_allowlist=("203.0.113.0/24",))
+    state.load([service], [slice_of(REMOTE_EP)])
+    cs = state.compute()
+    eips = sorted(k for k, f in cs.frontends.items() if f.kind is K.EXTERNAL_IP)
+    assert eips == [("203.0.113.1", 80, TCP), ("203.0.113.1", 80, TCP, Scope.EXT)]
+    assert [(p.reason, "198.51.100.7" in p.message) for p in cs.problems] == [
+        ("ExternalIPNotAllowed", True)]
+    # No allowlist: every ExternalIP is programmed.
+    open_state = ProxyState(NODE, node_port_addresses=())
+    open_state.load([service], [slice_of(REMOTE_EP)])
+    assert sum(f.kind is K.EXTERNAL_IP for f in open_state.compute().frontends.values()) == 4
+
+
+def test_config_validates_the_new_keys():
+    from kproxy_ebpf.config import AgentConfig, ConfigError, load
+
+    cfg = load(None, env={}, overrides={"devices": ("eth0", "eth1"),
+                                        "node_port_addresses": ("primary", "10.0.0.0/8"),
+                                        "external_ip_allowlist": ("203.0.113.0/24",),
+                                        "north_south": "false"})
+    assert (cfg.devices, cfg.north_south, cfg.snat_ports) == (["eth0", "eth1"], False,
+                                                               (61000, 65535))
+    assert cfg.external_ip_allowlist == ["203.0.113.0/24"]
+    for bad in ({"node_port_addresses": ["eth0"]}, {"external_ip_allowlist": ["primary"]},
+                {"snat_port_range": "70000-80000"}, {"snat_port_range": "61000"}):
+        c = AgentConfig(cgroup="/", **bad)
+        with pytest.raises(ConfigError):
+            c.validate()
