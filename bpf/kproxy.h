@@ -44,7 +44,8 @@ enum kp_kind {                  /* kp_svc_val.kind (slot 0): for the CLI and the
 };
 
 enum kp_be_flags {              /* kp_svc_val.be_flags (slot > 0): the endpoint's state as this
-				 * frontend uses it, for the CLI (the datapath uses every slot) */
+				 * frontend uses it, for the CLI (the datapath uses every slot;
+				 * the TC path reads KP_BE_F_LOCAL: a remote backend gets SNAT) */
 	KP_BE_F_LOCAL       = 0x01, /* runs on this node */
 	KP_BE_F_TERMINATING = 0x02,
 	KP_BE_F_NOT_READY   = 0x04, /* serving but not ready: a terminating fallback */
@@ -217,7 +218,8 @@ struct kp_lb_res {
 	__u8  verdict;          /* enum kp_lb_verdict */
 	__u8  attempts;         /* reads of slot 0: 2 means a writer raced the first */
 	__u8  affinity_hit;
-	__u8  pad[3];
+	__u8  be_flags;         /* the slot's enum kp_be_flags (TC: KP_BE_F_LOCAL decides SNAT) */
+	__u8  pad[2];
 };
 
 _Static_assert(sizeof(struct kp_svc4_key) == 12, "kp_svc4_key");
@@ -233,6 +235,82 @@ _Static_assert(sizeof(struct kp_cidr4_key) == 8, "kp_cidr4_key");
 _Static_assert(sizeof(struct kp_lb_req) == 48, "kp_lb_req");
 _Static_assert(sizeof(struct kp_lb_res) == 24, "kp_lb_res");
 
+/* ---- North-south (TC): connection tracking and NAT ---------------------------------------
+ * A flow from outside the node is tracked by its original tuple (client -> frontend) in kp_ct4,
+ * and its reply tuple (backend -> client, or backend -> SNAT address:port when the backend is on
+ * another node) maps back to that original tuple in kp_rnat4. Both are LRU maps written only by
+ * the programs; the agent reads them for `ct list` and deletes entries of removed backends. */
+enum kp_ct_state {              /* kp_ct4_val.state */
+	KP_CT_NEW         = 0,  /* TCP: SYN seen, no reply yet; UDP: no reply yet */
+	KP_CT_ESTABLISHED = 1,  /* TCP: a reply seen; UDP: seen both ways ("stream") */
+	KP_CT_CLOSING     = 2,  /* TCP: FIN seen in either direction */
+	KP_CT_CLOSED      = 3,  /* TCP: RST seen */
+};
+
+enum kp_ct_flags {              /* kp_ct4_val.flags */
+	KP_CT_F_SNAT = 0x01,    /* source rewritten to nat_addr:nat_port (a remote backend) */
+};
+
+enum kp_ct_timeouts {           /* seconds; references are the kernel's nf_conntrack defaults */
+	KP_CT_TCP_NEW_S     = 120,   /* nf_conntrack_tcp_timeout_syn_sent */
+	/* Established: the kernel keeps 5 days, which in an LRU map only means idle entries
+	 * crowd out live ones. 6 h (Cilium's default lifetime for TCP) outlives every keepalive
+	 * default (2 h) yet frees a dead client's entry the same day. */
+	KP_CT_TCP_EST_S     = 21600,
+	KP_CT_TCP_CLOSING_S = 120,   /* nf_conntrack_tcp_timeout_fin_wait / time_wait */
+	KP_CT_TCP_CLOSED_S  = 10,    /* nf_conntrack_tcp_timeout_close */
+	KP_CT_UDP_S         = 30,    /* nf_conntrack_udp_timeout */
+	KP_CT_UDP_STREAM_S  = 120,   /* nf_conntrack_udp_timeout_stream */
+	KP_CT_REFRESH_S     = 1,     /* an entry's expiry is rewritten at most once a second */
+	KP_SNAT_TRIES       = 8,     /* source ports tried before a flow counts as exhausted */
+};
+
+enum kp_tc_stat {               /* index into the per-CPU counter array kp_tcstats */
+	KP_TC_FORWARD     = 0,  /* a new flow translated to a backend */
+	KP_TC_SNAT        = 1,  /* ... with SNAT (remote backend) */
+	KP_TC_REPLY       = 2,  /* a reply translated back */
+	KP_TC_DROP        = 3,  /* no endpoint in the Local set */
+	KP_TC_REJECT      = 4,  /* no usable endpoint: answered with an ICMP port unreachable */
+	KP_TC_SNAT_FULL   = 5,  /* no free SNAT port after KP_SNAT_TRIES attempts: dropped */
+	KP_TC_CT_EXPIRED  = 6,  /* a packet found its entry expired and was load-balanced anew */
+	KP_TC_FIB_FAIL    = 7,  /* no route for a translated packet: dropped */
+	KP_TC_MISS        = 8,  /* a slot or backend vanished twice under the lookup */
+	KP_TC_STAT_MAX    = 16,
+};
+
+struct kp_ct4_key {             /* a direction of a flow: src -> dst */
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8   proto;
+	__u8   pad[3];
+};
+
+struct kp_ct4_val {             /* keyed by the original tuple (client -> frontend) */
+	__u64  expires;         /* bpf_ktime_get_ns() deadline */
+	__be32 be_addr;         /* the backend chosen */
+	__be32 nat_addr;        /* KP_CT_F_SNAT: the source the backend sees */
+	__be16 be_port;
+	__be16 nat_port;
+	__u32  backend_id;      /* checked on reuse: a removed backend gets the flow re-balanced */
+	__u32  svc_id;
+	__u8   state;           /* enum kp_ct_state */
+	__u8   flags;           /* enum kp_ct_flags */
+	__u8   seen_reply;
+	__u8   pad;
+};
+
+struct kp_tc_cfg {              /* kp_tccfg[0]: written by the agent before it attaches TC */
+	__be32 snat_addr;       /* the node address remote backends see */
+	__u16  port_min;        /* SNAT source ports, host order, inclusive */
+	__u16  port_max;
+};
+
+_Static_assert(sizeof(struct kp_ct4_key) == 16, "kp_ct4_key");
+_Static_assert(sizeof(struct kp_ct4_val) == 32, "kp_ct4_val");
+_Static_assert(sizeof(struct kp_tc_cfg) == 8, "kp_tc_cfg");
+
 /* ---- Maps ----------------------------------------------------------------------------------
  * X(id, name, version, type, key, value, size, flags): `name` is the identifier the programs
  * use, name_v<version> the pin (and the name the CLI shows), `size` the -D knob whose default is
@@ -247,7 +325,11 @@ _Static_assert(sizeof(struct kp_lb_res) == 24, "kp_lb_res");
 	X(meta,        kp_meta,     2, hash,         __u32,                struct kp_svc_meta,   KP_META_SIZE,     0) \
 	X(stats,       kp_stats,    2, percpu_array, __u32,                __u64,                KP_STAT_MAX,      0) \
 	X(clusterip,   kp_cip4,     1, hash,         __be32,               struct kp_cip4_val,   KP_CIP4_SIZE,     0) \
-	X(servicecidr, kp_svccidr4, 1, lpm_trie,     struct kp_cidr4_key,  __u32,                KP_SVCCIDR4_SIZE, KP_NO_PREALLOC)
+	X(servicecidr, kp_svccidr4, 1, lpm_trie,     struct kp_cidr4_key,  __u32,                KP_SVCCIDR4_SIZE, KP_NO_PREALLOC) \
+	X(ct,          kp_ct4,      1, lru_hash,     struct kp_ct4_key,    struct kp_ct4_val,    KP_CT4_SIZE,      0) \
+	X(rnat,        kp_rnat4,    1, lru_hash,     struct kp_ct4_key,    struct kp_ct4_key,    KP_RNAT4_SIZE,    0) \
+	X(tccfg,       kp_tccfg,    1, array,        __u32,                struct kp_tc_cfg,     1,                0) \
+	X(tcstats,     kp_tcstats,  1, percpu_array, __u32,                __u64,                KP_TC_STAT_MAX,   0)
 
 #ifndef KP_SVC4_SIZE
 #define KP_SVC4_SIZE   262144  /* frontends plus one row per backend slot (10k x 10: 110k) */
@@ -264,6 +346,12 @@ _Static_assert(sizeof(struct kp_lb_res) == 24, "kp_lb_res");
 #ifndef KP_FLOW_SIZE
 #define KP_FLOW_SIZE   65536   /* unconnected-UDP flows (LRU) */
 #endif
+#ifndef KP_CT4_SIZE
+#define KP_CT4_SIZE    131072  /* TC connection tracking, one row per flow (LRU) */
+#endif
+#ifndef KP_RNAT4_SIZE
+#define KP_RNAT4_SIZE  131072  /* TC reply tuple -> original tuple (LRU) */
+#endif
 #ifndef KP_META_SIZE
 #define KP_META_SIZE   16384   /* service-port names for the CLI */
 #endif
@@ -278,7 +366,7 @@ _Static_assert(sizeof(struct kp_lb_res) == 24, "kp_lb_res");
  * not emitted). */
 #define KP_ENUMS(X) X(kp_scope) X(kp_action) X(kp_kind) X(kp_be_flags) X(kp_aff_type) \
 	X(kp_stat) X(kp_tunables) X(kp_lb_verdict) X(kp_meta_flags) X(kp_traffic_distribution) \
-	X(kp_cip_action)
+	X(kp_cip_action) X(kp_ct_state) X(kp_ct_flags) X(kp_ct_timeouts) X(kp_tc_stat)
 
 /* Structs that are no map's key or value but cross the kernel boundary (test runs). */
 #define KP_EXTRA_STRUCTS(X) X(kp_lb_req) X(kp_lb_res)

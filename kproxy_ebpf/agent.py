@@ -32,6 +32,8 @@ from .config import AgentConfig
 from .datapath import reader
 from .datapath.cidr_writer import CidrWriter
 from .datapath.loader import Datapath
+from .datapath import conntrack, tc
+from .datapath.tc import TcDatapath
 from .datapath.writer import ApplyResult, MapWriter
 from .desired import Problem
 from .kube.convert import Rejection
@@ -40,6 +42,7 @@ from .metrics import Metrics
 from .model import Node
 from .proxy.state import ProxyState
 from .runner import Runner, Schedule
+from .service_health import ServiceHealthServers
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +73,15 @@ class Agent:
         self.metrics = Metrics()
         self.health = health.ProxyHealth(cfg.health_timeout)
         self.health.on_response = self.metrics.health_response
-        self.state = ProxyState(Node(cfg.node_name), prefer_same_node=cfg.prefer_same_node)
+        self.state = ProxyState(Node(cfg.node_name), prefer_same_node=cfg.prefer_same_node,
+                                node_port_addresses=tuple(cfg.node_port_addresses)
+                                if cfg.north_south else None,
+                                external_ip_allowlist=None if cfg.external_ip_allowlist is None
+                                else tuple(cfg.external_ip_allowlist))
         self.datapath = Datapath(Path(cfg.bpffs_dir), Path(cfg.cgroup), cfg.map_sizes)
+        self.tc: TcDatapath | None = None
+        self.svc_health = ServiceHealthServers(
+            lambda: self.health.status(with_node=False)[0] == 200)
         self.writer: MapWriter | None = None
         self.cidrs: CidrWriter | None = None   # ServiceCIDR rows (datapath/cidr_writer.py)
         self.source: ApiSource | ManifestSource | None = None
@@ -103,6 +113,8 @@ class Agent:
         self.health.queued_update()
         self.datapath.load()
         release_heap()
+        if self.cfg.north_south:
+            self.tc = self._load_tc()
         self.writer = MapWriter(self.datapath.maps)
         adopted = self.writer.restore()
         self.cidrs = CidrWriter(self.datapath.maps)
@@ -113,13 +125,45 @@ class Agent:
         # previous programs, if any, keep serving from their own maps.
         self._attach_pending = adopted == 0
         if not self._attach_pending:
-            self.datapath.attach()
-        self.metrics.watch_datapath(lambda: reader.counters(self.datapath.maps["stats"]))
+            self._attach()
+        self.metrics.watch_datapath(lambda: {
+            **reader.counters(self.datapath.maps["stats"]),
+            **{f"tc_{k}": v for k, v in reader.tc_counters(self.datapath.maps["tcstats"]).items()}})
         self._serve()
         self.source = self._make_source()
         self.metrics.watch_api(self.source.counters)
         self.source.start()
         threading.Thread(target=self._start_runner, name="wait-synced", daemon=True).start()
+
+    def _load_tc(self) -> TcDatapath | None:
+        """tc_lb.c for the external devices; none found is logged, not fatal (the socket
+        path still serves everything that starts on this node)."""
+        devices = self.cfg.devices or tc.detect_devices()
+        snat = next((a for a in map(tc.device_address, devices) if a), None)
+        if not devices or snat is None:
+            log.error("north-south datapath off: no external device with an IPv4 address "
+                      "(devices %s); set `devices`", devices or "none found")
+            return None
+        dp = TcDatapath(Path(self.cfg.bpffs_dir), devices, snat, self.cfg.snat_ports,
+                        self.cfg.map_sizes)
+        dp.load()
+        log.info("north-south on %s, SNAT to %s ports %d-%d", ", ".join(devices), snat,
+                 *self.cfg.snat_ports)
+        return dp
+
+    def _purge_conntrack(self) -> None:
+        """Flows whose backend left their frontend lose their TC conntrack entries."""
+        removed = conntrack.purge(self.datapath.maps, self.writer.programmed)
+        if removed:
+            log.info("purged %d conntrack entries of removed backends", removed)
+        ct = self.datapath.maps["ct"]
+        self.metrics.map_entries.labels("ct").set(len(ct))
+        self.metrics.map_capacity.labels("ct").set(ct.max_entries)
+
+    def _attach(self) -> None:
+        self.datapath.attach()
+        if self.tc is not None:
+            self.tc.attach()
 
     def _make_source(self) -> ApiSource | ManifestSource:
         if self.cfg.manifests:
@@ -157,6 +201,9 @@ class Agent:
             self.events.stop()
         with self._sync_lock:          # never close map fds under a sync still writing
             self.datapath.close()
+            self.svc_health.close()
+            if self.tc is not None:
+                self.tc.close()
 
     def run_until_signalled(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -262,6 +309,7 @@ class Agent:
             # half-way) every Service is recomputed.
             recompute, self._recompute = self._recompute, False
             changes = self.state.compute(full=recompute)
+            checks = self.state.health_checks() if full or changes.changed_services else None
             triggers, self._triggers = self._triggers, []
             problem_counts = dict(self.state.problem_counts())
         if full:
@@ -285,11 +333,15 @@ class Agent:
         self._retry_map_full = bool(result.full_maps) or (not retried and self._retry_map_full)
         if retried:
             self._retry_at = time.monotonic() + (FULL_MAP_RETRY_EVERY if result.full_maps else 0)
+        if checks is not None:
+            self.svc_health.sync(checks)
+        if self.tc is not None and (full or any(len(k) == 4 for k in changes.changed_keys)):
+            self._purge_conntrack()
         elapsed = time.monotonic() - t0
         if self._attach_pending:
             # The maps hold what could be written (a full map must not keep every other
             # service of the node untranslated): now the hooks may read them.
-            self.datapath.attach()
+            self._attach()
             self._attach_pending = False
         if result.ok:
             self.health.updated(started)

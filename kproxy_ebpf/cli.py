@@ -61,6 +61,15 @@ def main() -> None:
 @click.option("--manifests", multiple=True,
               help="Read Services/EndpointSlices from these YAML files or directories instead "
                    "of the API server (re-read when they change).")
+@click.option("--north-south/--no-north-south", default=None,
+              help="Serve NodePort/ExternalIP/LoadBalancer traffic from outside the node (TC).")
+@click.option("--devices", multiple=True,
+              help="External devices for the TC programs (default: from the routes).")
+@click.option("--node-port-addresses", multiple=True,
+              help="CIDRs (or 'primary') whose node addresses serve NodePorts [primary].")
+@click.option("--external-ip-allowlist", multiple=True,
+              help="Program only ExternalIPs inside these CIDRs (CVE-2020-8554) [all].")
+@click.option("--snat-port-range", help="SNAT source ports for remote backends [61000-65535].")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 def run(config_file, **flags) -> None:
     """Run the agent: watch the cluster and program this node's datapath."""
@@ -289,6 +298,37 @@ def check(config_file, **flags) -> None:
     sys.exit(1 if drifts else 0)
 
 
+@main.group()
+def ct() -> None:
+    """The TC path's connection tracking (north-south flows)."""
+
+
+@ct.command("list")
+@_bpffs_option
+@_output_option
+@click.option("--service", "service_filter", metavar="NS/NAME",
+              help="Only flows of this service (any of its ports).")
+def ct_list(bpffs_dir: str, output: str, service_filter: str | None) -> None:
+    """Every tracked flow: client, frontend, backend, SNAT, state and time left."""
+    from .datapath import conntrack
+
+    rows = conntrack.entries(_open_maps(bpffs_dir))
+    if service_filter:
+        rows = [r for r in rows if (r["service"] or "").split(":")[0] == service_filter]
+    if output == "json":
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("no flows tracked")
+        return
+    header = ("SERVICE", "PROTO", "CLIENT", "FRONTEND", "BACKEND", "SNAT", "STATE", "EXPIRES")
+    lines = [(r["service"] or "?", r["protocol"], r["client"], r["frontend"], r["backend"],
+              r["snat"] or "-", r["state"], f"{r['expires_in_seconds']}s") for r in rows]
+    widths = [max(len(str(x[i])) for x in [header, *lines]) for i in range(len(header))]
+    for line in [header, *lines]:
+        click.echo("  ".join(str(v).ljust(w) for v, w in zip(line, widths)).rstrip())
+
+
 @main.command()
 @_bpffs_option
 @click.option("--yes", is_flag=True, help="Do not ask.")
@@ -298,7 +338,8 @@ def check(config_file, **flags) -> None:
                    "as `kube-proxy --cleanup` does. kproxy's own pins stay.")
 @click.option("--dry-run", is_flag=True, help="With --kube-proxy-leftovers: only list.")
 def cleanup(bpffs_dir: str, yes: bool, kube_proxy_leftovers: bool, dry_run: bool) -> None:
-    """Detach the socket hooks and remove the pinned maps (services stop being translated)."""
+    """Detach the socket hooks and this netns's TC programs and remove the pinned maps
+    (services stop being translated)."""
     if kube_proxy_leftovers:
         _cleanup_kube_proxy(yes, dry_run)
         return
@@ -309,6 +350,10 @@ def cleanup(bpffs_dir: str, yes: bool, kube_proxy_leftovers: bool, dry_run: bool
         return
     if not yes:
         click.confirm(f"Detach kproxy from this node and remove {bpffs_dir}?", abort=True)
+    from .datapath.tc import detach_all
+
+    for what in detach_all():
+        click.echo(f"removed {what}")
     for path in remove_pins(Path(bpffs_dir)):
         click.echo(f"removed {path}")
 

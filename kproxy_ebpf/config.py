@@ -38,6 +38,8 @@ class MapSizes:
     meta: int = _default_size("meta")          # service-port names for the CLI
     clusterip: int = _default_size("clusterip")  # allocated ClusterIPs (ServiceCIDR checks)
     servicecidr: int = _default_size("servicecidr")  # ServiceCIDR ranges (LPM trie)
+    ct: int = _default_size("ct")              # TC connection tracking (LRU)
+    rnat: int = _default_size("rnat")          # TC reply tuple -> original tuple (LRU)
 
 
 @dataclass
@@ -56,6 +58,13 @@ class AgentConfig:
     map_sizes: MapSizes = field(default_factory=MapSizes)
     manifests: list[str] = field(default_factory=list)   # static Service/EndpointSlice YAML
     prefer_same_node: bool = True         # the PreferSameTrafficDistribution feature gate
+    # North-south (TC): NodePort/ExternalIP/LoadBalancer traffic from outside the node.
+    north_south: bool = True
+    devices: list[str] = field(default_factory=list)   # external devices; []: from the routes
+    node_port_addresses: list[str] = field(default_factory=list)  # CIDRs or "primary"; []: primary
+    snat_port_range: str = "61000-65535"  # above Linux's ephemeral range (32768-60999)
+    # ExternalIPs outside these CIDRs are not programmed (CVE-2020-8554); None: all allowed.
+    external_ip_allowlist: list[str] | None = None
     log_level: str = "info"
 
     @property
@@ -66,6 +75,14 @@ class AgentConfig:
     def health_timeout(self) -> float:
         return 2 * self.sync_period          # as kube-proxy: 2 x syncPeriod
 
+    @property
+    def snat_ports(self) -> tuple[int, int]:
+        lo, sep, hi = self.snat_port_range.partition("-")
+        if not (sep and lo.isdigit() and hi.isdigit() and 1024 <= int(lo) <= int(hi) <= 65535):
+            raise ConfigError(f"snatPortRange must be MIN-MAX within 1024-65535, not "
+                              f"{self.snat_port_range!r}")
+        return int(lo), int(hi)
+
     def validate(self) -> None:
         if not self.cgroup:
             raise ConfigError("cgroup is required (flag --cgroup, KPROXY_CGROUP or `cgroup:`)")
@@ -73,6 +90,13 @@ class AgentConfig:
             raise ConfigError(f"cgroup {self.cgroup} does not exist")
         if self.min_sync_period < 0 or self.sync_period <= 0:
             raise ConfigError("sync periods must be positive")
+        from .proxy.external import validate_cidrs, validate_node_port_addresses
+
+        errors = validate_node_port_addresses(self.node_port_addresses)
+        errors += validate_cidrs(self.external_ip_allowlist or [], "externalIpAllowlist")
+        if errors:
+            raise ConfigError("; ".join(errors))
+        self.snat_ports  # noqa: B018 (raises ConfigError)
         for name in ("healthz_bind_address", "metrics_bind_address"):
             value = getattr(self, name)
             if value and not re.fullmatch(r"[^:]*:\d+", value):
@@ -101,9 +125,9 @@ def _camel(name: str) -> str:
 def _coerce(name: str, value: object) -> object:
     if name in ("min_sync_period", "sync_period"):
         return parse_duration(value)
-    if name == "prefer_same_node":
+    if name in ("prefer_same_node", "north_south"):
         return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
-    if name == "manifests":
+    if name in ("manifests", "devices", "node_port_addresses", "external_ip_allowlist"):
         return [str(v) for v in value] if isinstance(value, list) else [
             p for p in str(value).split(",") if p]
     if name == "map_sizes":

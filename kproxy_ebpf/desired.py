@@ -4,8 +4,10 @@ A Frontend is one address:port/protocol that the node must translate, with the b
 verdict) that kube-proxy's rules give traffic *originating on this node* (pods and host
 processes: the socket hooks). Rule 7 of kube-proxy's semantics short-circuits externally-typed
 frontends (NodePort, ExternalIP, LoadBalancer) to the Cluster endpoint set for such traffic, so one
-backend list per frontend is enough for the socket path. The per-packet TC path (external
-clients, externalTrafficPolicy: Local) will add a second list; the map key already has a scope.
+backend list per frontend is enough for the socket path. The per-packet TC path serves packets
+from OUTSIDE the node (scope EXT): its frontends follow externalTrafficPolicy (the Cluster set,
+or only the Local set under eTP=Local) and are keyed (ip, port, protocol, Scope.EXT), so they
+live next to the socket-scope ones (ip, port, protocol) in the same table.
 """
 from __future__ import annotations
 
@@ -20,6 +22,12 @@ class FrontendKind(str, enum.Enum):
     NODE_PORT = "NodePort"
     EXTERNAL_IP = "ExternalIP"
     LOAD_BALANCER = "LoadBalancer"
+
+
+class Scope(str, enum.Enum):
+    """Which traffic a frontend row serves (kproxy.h enum kp_scope)."""
+    SOCK = "sock"    # sockets on this node: the cgroup hooks
+    EXT = "ext"      # packets arriving from outside the node: the TC programs
 
 
 class Action(str, enum.Enum):
@@ -78,11 +86,16 @@ class Frontend:
     action: Action
     backends: tuple[Backend, ...] = ()     # sorted; empty unless action is FORWARD
     affinity_timeout: int = 0              # seconds of ClientIP affinity; 0: none
+    scope: Scope = Scope.SOCK
     info: ServiceInfo = ServiceInfo()
 
     @property
-    def key(self) -> tuple[str, int, Protocol]:
-        return (self.ip, self.port, self.protocol)
+    def key(self) -> tuple:
+        """(ip, port, protocol) for the socket scope, (ip, port, protocol, Scope.EXT) for
+        traffic from outside the node."""
+        if self.scope is Scope.SOCK:
+            return (self.ip, self.port, self.protocol)
+        return (self.ip, self.port, self.protocol, self.scope)
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,6 +74,17 @@ class ProxyHealth:
         return (200 if healthy else 503), body
 
 
+def json_response(handler: BaseHTTPRequestHandler, code: int, body: dict) -> None:
+    """A JSON answer with the headers kube-proxy's health servers send."""
+    data = json.dumps(body).encode()
+    handler.send_response(code)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("X-Content-Type-Options", "nosniff")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 def serve(health: ProxyHealth, address: str) -> ThreadingHTTPServer:
     """Starts the health server on host:port in a daemon thread."""
     host, _, port = address.rpartition(":")
@@ -87,13 +98,7 @@ def serve(health: ProxyHealth, address: str) -> ThreadingHTTPServer:
             code, body = health.status(with_node=path == "/healthz")
             if health.on_response:
                 health.on_response(path, code)
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("X-Content-Type-Options", "nosniff")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            json_response(self, code, body)
 
         def log_message(self, *args):   # probes every few seconds would flood the log
             pass

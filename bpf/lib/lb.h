@@ -22,11 +22,11 @@
 #define KP_NSEC_PER_SEC 1000000000ULL
 #define KP_NSEC_PER_MS  1000000ULL
 
-/* Copies slot `slot` of the frontend and the backend it names. 0 on success. */
-static __always_inline int kp_lb_slot(struct kp_svc4_key *key, __u16 slot, __u32 *backend_id,
-				      struct kp_backend4 *be)
+/* Copies slot `slot` of the frontend and the backend it names into res. 0 on success. */
+static __always_inline int kp_lb_slot(struct kp_svc4_key *key, __u16 slot, struct kp_lb_res *res)
 {
 	struct kp_svc_val *row;
+	struct kp_svc_val copy;
 	struct kp_backend4 *b;
 	__u32 id;
 
@@ -34,12 +34,14 @@ static __always_inline int kp_lb_slot(struct kp_svc4_key *key, __u16 slot, __u32
 	row = kp_svc4.lookup(key);
 	if (!row)
 		return -1;
-	id = row->backend_id;
+	copy = *row;
+	id = copy.backend_id;
 	b = kp_be4.lookup(&id);
 	if (!b)
 		return -1;
-	*be = *b;
-	*backend_id = id;
+	res->be = *b;
+	res->backend_id = id;
+	res->be_flags = copy.be_flags;
 	return 0;
 }
 
@@ -72,21 +74,15 @@ static __always_inline int kp_lb_from_affinity(struct kp_svc4_key *key, __u16 co
 					       const struct kp_aff_val *aff, __u64 timeout_ns,
 					       __u64 now, struct kp_lb_res *res)
 {
-	struct kp_svc_val *row;
-	struct kp_backend4 *b;
-	__u32 id = aff->backend_id;
+	struct kp_lb_res got = {};
 
 	if (now - aff->last_used > timeout_ns || aff->slot == 0 || aff->slot > count)
 		return -1;
-	key->slot = aff->slot;
-	row = kp_svc4.lookup(key);
-	if (!row || row->backend_id != id)
+	if (kp_lb_slot(key, aff->slot, &got) != 0 || got.backend_id != aff->backend_id)
 		return -1;
-	b = kp_be4.lookup(&id);
-	if (!b)
-		return -1;
-	res->be = *b;
-	res->backend_id = id;
+	res->be = got.be;
+	res->backend_id = got.backend_id;
+	res->be_flags = got.be_flags;
 	res->slot = aff->slot;
 	return 0;
 }
@@ -157,7 +153,7 @@ static __always_inline int kp_lb_attempt(const struct kp_lb_req *req, struct kp_
 		}
 	}
 	res->slot = (rnd % svc.count) + 1;
-	if (kp_lb_slot(&key, res->slot, &res->backend_id, &res->be) != 0)
+	if (kp_lb_slot(&key, res->slot, res) != 0)
 		return 0;
 	if (timeout_ns) {
 		fresh.last_used = req->now;

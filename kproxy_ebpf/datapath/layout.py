@@ -16,7 +16,7 @@ import ctypes
 import socket
 import struct
 
-from ..desired import Action, Backend, FrontendKind, ServiceInfo
+from ..desired import Action, Backend, FrontendKind, Scope, ServiceInfo
 from ..model import Protocol
 from . import layout_gen as G
 
@@ -140,7 +140,16 @@ KIND_BY_NUM = {v: k for k, v in KIND_NUM.items()}
 F_LOCAL, F_TERMINATING, F_NOT_READY = (const("KP_BE_F_LOCAL"), const("KP_BE_F_TERMINATING"),
                                        const("KP_BE_F_NOT_READY"))
 STAT_NAMES = {v: n for v, n in enum_names("KP_STAT_").items() if n != "max"}
+TC_STAT_NAMES = {v: n for v, n in enum_names("KP_TC_").items() if n != "stat_max"}
+CT_STATE_NAMES = {const(f"KP_CT_{n.upper()}"): n for n in ("new", "established", "closing",
+                                                          "closed")}
+CtKey = STRUCTS["kp_ct4_key"]
+CtVal = STRUCTS["kp_ct4_val"]
+TcCfg = STRUCTS["kp_tc_cfg"]
 SCOPE_SOCK = const("KP_SCOPE_SOCK")
+SCOPE_EXT = const("KP_SCOPE_EXT")
+SCOPE_NUM = {Scope.SOCK: SCOPE_SOCK, Scope.EXT: SCOPE_EXT}
+SCOPE_BY_NUM = {v: k for k, v in SCOPE_NUM.items()}
 
 
 def backend_flags(b: Backend) -> int:
@@ -208,6 +217,19 @@ def backend_val(ip: str, port: int, proto: Protocol) -> Backend4:
 
 def key_tuple(key: SvcKey) -> tuple[str, int, Protocol]:
     return (ip_str(key.addr), port_host(key.port), PROTO_BY_NUM.get(key.proto, Protocol.TCP))
+
+
+def frontend_svc_key(fkey: tuple, slot: int = 0) -> SvcKey:
+    """The map key of slot `slot` of a desired-state frontend key (desired.Frontend.key:
+    (ip, port, protocol) or (ip, port, protocol, Scope.EXT))."""
+    scope = SCOPE_NUM[fkey[3]] if len(fkey) > 3 else SCOPE_SOCK
+    return svc_key(fkey[0], fkey[1], fkey[2], slot=slot, scope=scope)
+
+
+def frontend_key(key: SvcKey) -> tuple:
+    """The desired-state frontend key of a map row (the inverse of frontend_svc_key)."""
+    scope = SCOPE_BY_NUM.get(key.scope, Scope.SOCK)
+    return key_tuple(key) + (() if scope is Scope.SOCK else (scope,))
 
 
 def raw(obj: ctypes.Structure | ctypes._SimpleCData) -> bytes:

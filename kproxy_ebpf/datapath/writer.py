@@ -16,6 +16,10 @@ Slots are filled stably: a backend that stays keeps its slot, a new one takes a 
 only the tail moves into the holes. That keeps writes proportional to what changed and lets
 session affinity (which remembers the slot) survive most scale events.
 
+Both scopes of the svc map are written here (sockets, and packets from outside the node): a
+frontend key (ip, port, proto) or (ip, port, proto, Scope.EXT) names its rows, backends and
+service ids are shared. The order above holds per frontend, whatever its scope.
+
 The writer restores its bookkeeping from the maps, so a new agent process adopts what the last
 one programmed and rewrites only what differs. It never decides policy.
 """
@@ -35,7 +39,7 @@ from .pinned import MapFull, PinnedMap
 log = logging.getLogger(__name__)
 
 BackendKey = tuple[str, int, Protocol]
-FrontendKey = tuple[str, int, Protocol]
+FrontendKey = tuple          # desired.Frontend.key: (ip, port, proto[, Scope.EXT])
 Slot = tuple[BackendKey, int]            # the backend a slot names, and its be_flags
 
 MAX_ID = 2**31
@@ -185,11 +189,17 @@ class MapWriter:
         for (bid,), (ip, port, proto) in self.be.unpacked():
             bkey = backends[bid] = addr(ip, port, proto)
             self.backend_ids.restore(bkey, bid)
-        # Only the socket scope is written today; other scopes belong to other writers.
-        rows = [(k, v) for k, v in self.svc.unpacked() if k[3] == L.SCOPE_SOCK]
-        for (ip, port, proto, _scope, slot), (_, sid, affinity, count, action, kind, _) in rows:
+        # Both scopes (sockets, and packets from outside the node) are this writer's; rows of
+        # a scope it does not know belong to some other writer and are left alone.
+        rows = [(k, v) for k, v in self.svc.unpacked() if k[3] in L.SCOPE_BY_NUM]
+
+        def fkey(ip: int, port: int, proto: int, scope: int) -> tuple:
+            scope_ = L.SCOPE_BY_NUM[scope]
+            return addr(ip, port, proto) + (() if scope == L.SCOPE_SOCK else (scope_,))
+
+        for (ip, port, proto, scope, slot), (_, sid, affinity, count, action, kind, _) in rows:
             if slot == 0:
-                prog = self.programmed[addr(ip, port, proto)] = Programmed(
+                prog = self.programmed[fkey(ip, port, proto, scope)] = Programmed(
                     kind=L.KIND_BY_NUM.get(kind, FrontendKind.CLUSTER_IP), service=None,
                     action=L.ACTION_BY_NUM.get(action, Action.REJECT), affinity=affinity,
                     count=count)
@@ -197,7 +207,7 @@ class MapWriter:
         for (ip, port, proto, scope, slot), (bid, *_, flags) in rows:
             if slot == 0:
                 continue
-            prog = self.programmed.setdefault(addr(ip, port, proto), Programmed(
+            prog = self.programmed.setdefault(fkey(ip, port, proto, scope), Programmed(
                 FrontendKind.CLUSTER_IP, None, Action.REJECT, 0, None))
             bkey = backends.get(bid)
             # A slot naming no backend, or above its frontend's count (an agent killed between
@@ -322,7 +332,7 @@ class MapWriter:
             self._write_meta(fe, svc_id)
             res.writes += 1
 
-        head = L.svc_key(*key)              # encoded once; slot keys are copies of it
+        head = L.frontend_svc_key(key)      # encoded once; slot keys are copies of it
         rows = prog.rows
         for slot, bkey in enumerate(order, start=1):
             row = (bkey, wanted[bkey])
@@ -342,19 +352,19 @@ class MapWriter:
         prog.kind, prog.action = fe.kind, fe.action
         prog.affinity, prog.count = fe.affinity_timeout, len(order)
         for slot in sorted(s for s in prog.rows if s > len(order)):
-            self.svc.delete(L.svc_key(*key, slot=slot))
+            self.svc.delete(L.frontend_svc_key(key, slot))
             self._ref(prog, slot, None)
             res.writes += 1
         res.updated += 1
 
     def _delete_frontend(self, key: FrontendKey, res: ApplyResult) -> None:
         prog = self.programmed[key]
-        self.svc.delete(L.svc_key(*key))        # first: the frontend disappears at once
+        self.svc.delete(L.frontend_svc_key(key))        # first: the frontend disappears at once
         prog.count = None
         self._set_service(prog, None)
         res.writes += 1
         for slot in sorted(prog.rows):
-            self.svc.delete(L.svc_key(*key, slot=slot))
+            self.svc.delete(L.frontend_svc_key(key, slot))
             self._ref(prog, slot, None)
             res.writes += 1
         del self.programmed[key]

@@ -23,6 +23,8 @@ from types import MappingProxyType
 
 from ..desired import Frontend, Problem, ServiceCIDRSet, ServicePortName
 from ..model import EndpointSlice, Node, Protocol, Service, ServiceCIDR
+from .external import allow_external_ips, service_ext_frontends
+from .healthcheck import HealthCheck, health_check
 from .frontends import service_frontends, service_port_endpoints
 from .servicecidr import ClusterIPIndex, service_cidr_set
 from .topology import PortEndpoints
@@ -66,8 +68,15 @@ class ProxyState:
     is nameless and has no addresses: nothing is local and there are no NodePort frontends.
     """
 
-    def __init__(self, node: Node | None = None, *, prefer_same_node: bool = True) -> None:
+    def __init__(self, node: Node | None = None, *, prefer_same_node: bool = True,
+                 node_port_addresses: tuple[str, ...] | None = None,
+                 external_ip_allowlist: tuple[str, ...] | None = None) -> None:
         self.prefer_same_node = prefer_same_node
+        # Not None: ExternalIPs outside these CIDRs are not programmed (CVE-2020-8554).
+        self.external_ip_allowlist = external_ip_allowlist
+        # Not None: also compute the frontends for traffic from outside the node (scope EXT,
+        # the TC path), with NodePorts on these addresses (see external.node_port_ips).
+        self.node_port_addresses = node_port_addresses
         self._node = node
         self._services: dict[ServiceKey, Service] = {}
         self._slices: dict[SliceKey, EndpointSlice] = {}
@@ -87,6 +96,8 @@ class ProxyState:
         self._problem_counts: Counter[str] = Counter()
         # ServiceCIDRs and allocated ClusterIPs (proxy/servicecidr.py), with a cached result.
         self._service_cidrs: dict[str, ServiceCIDR] = {}
+        # healthCheckNodePort servers of the Services that need one, kept by compute().
+        self._health: dict[ServiceKey, HealthCheck] = {}
         self._cluster_ips = ClusterIPIndex()
         self._cidr_set: tuple[tuple[int, int], ServiceCIDRSet] | None = None
         self._cidr_version = 0
@@ -221,6 +232,14 @@ class ProxyState:
         return service_port_endpoints(svc, self.slices_of(namespace, name), self._node_or_blank(),
                                       prefer_same_node=self.prefer_same_node)
 
+    def health_checks(self) -> dict[int, HealthCheck]:
+        """healthCheckNodePort -> what its server reports (the first Service in
+        namespace/name order keeps a port two Services claim)."""
+        out: dict[int, HealthCheck] = {}
+        for key in sorted(self._health):      # kept by compute(): O(such Services)
+            out.setdefault(self._health[key].port, self._health[key])
+        return out
+
     def frontends_by_service(self) -> dict[ServiceKey, list[Frontend]]:
         """The effective (post-conflict) frontends of the last compute(), per Service."""
         out: dict[ServiceKey, list[Frontend]] = {}
@@ -244,7 +263,7 @@ class ProxyState:
         out = list(self._own_problems.get(key, ()))
         for fkey, fe in sorted(self._raw.get(key, {}).items()):
             winner = self._owners[fkey][0]
-            if winner != key:
+            if winner != key and len(fkey) == 3:   # scope EXT keys mirror a socket key
                 ip, port, proto = fkey
                 out.append(Problem(key[0], key[1], "Service", "FrontendConflict",
                                    f"{fe.kind.value} {ip}:{port}/{proto.value} is also claimed "
@@ -282,6 +301,18 @@ class ProxyState:
             else:
                 fronts, probs = service_frontends(svc, self.slices_of(*key), node,
                                                   prefer_same_node=self.prefer_same_node)
+                if self.node_port_addresses is not None:
+                    fronts += service_ext_frontends(
+                        svc, self.slices_of(*key), node, prefer_same_node=self.prefer_same_node,
+                        node_port_addresses=self.node_port_addresses)
+            if self.external_ip_allowlist is not None:
+                fronts, refused = allow_external_ips(fronts, self.external_ip_allowlist)
+                probs = probs + refused
+            hc = health_check(svc, self.slices_of(*key), node) if svc is not None else None
+            if hc is not None:
+                self._health[key] = hc
+            else:
+                self._health.pop(key, None)
             if probs:
                 self._own_problems[key] = probs
             else:

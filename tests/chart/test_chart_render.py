@@ -47,7 +47,7 @@ def test_every_rendered_flag_key_and_variable_is_known_to_the_agent(rendered, tm
 @pytest.mark.parametrize("doctor,message", [
     (lambda c, cm: c["args"].append("--no-such-flag"), "No such option: --no-such-flag"),
     (lambda c, cm: cm["data"].__setitem__("config.yaml", cm["data"]["config.yaml"]
-                                          + "devices: [eth0]\n"), "unknown setting 'devices'"),
+                                          + "noSuchSetting: 1\n"), "unknown setting 'noSuchSetting'"),
     (lambda c, cm: c["env"].append({"name": "KPROXY_NODE_PORT_RANGE", "value": "1-2"}),
      "KPROXY_NODE_PORT_RANGE"),
     (lambda c, cm: cm["data"].__setitem__("config.yaml", cm["data"]["config.yaml"]
@@ -138,13 +138,18 @@ def test_schema_rejects_bad_values(helm, values, message):
 
 
 @pytest.mark.parametrize("values,message", [
-    ({"datapath": {"devices": ["eth0"]}}, "TC datapath"),
-    ({"datapath": {"nodePortRange": "30000-32767"}}, "TC datapath"),
-    ({"datapath": {"socketLB": False}}, "only datapath"),
+    ({"datapath": {"nodePortRange": "30000-32767"}}, "not a setting"),
+    ({"datapath": {"socketLB": False}}, "TC path is not in this"),
 ])
 def test_settings_this_agent_cannot_honour_are_refused_not_ignored(helm, values, message):
     with pytest.raises(LabError, match=message):
         agent_image.helm_template(values)
+
+
+def test_devices_reach_the_agents_configuration(helm):
+    objects = agent_image.helm_template({"datapath": {"devices": ["eth0", "eth1"]}})
+    (cm,) = by_kind(objects, "ConfigMap")
+    assert yaml.safe_load(cm["data"]["config.yaml"])["devices"] == ["eth0", "eth1"]
 
 
 def test_helm_test_hook_checks_the_kubernetes_clusterip(helm):

@@ -1,0 +1,248 @@
+/* tc_lb.c: per-packet load balancing for traffic from outside the node (NodePort, ExternalIPs,
+ * LoadBalancer IPs), at TC on the node's external devices.
+ *
+ * kp_from_outside (clsact ingress):
+ *   - a reply to a flow this node SNATed (backend -> node address:SNAT port) is translated back
+ *     (frontend -> client) and sent out by route, past the stack (its source is now local);
+ *   - a packet to a scope-EXT frontend is load-balanced with lib/lb.h (the same lookup as the
+ *     socket hooks), tracked in kp_ct4 and DNATed to the backend. A local backend gets the
+ *     packet through the ordinary forwarding path with the client's address intact; a remote
+ *     one (externalTrafficPolicy Cluster only: under Local the agent writes local backends
+ *     only) also gets SNAT to the node address, with a source port from the configured range
+ *     that no other flow to that backend uses, so its reply comes back here.
+ * kp_to_outside (clsact egress): a local backend's reply leaving for the client gets the
+ *   frontend back as its source. Egress on the external device sees it after routing, so
+ *   nothing is needed on the pod-facing devices.
+ *
+ * Verdicts: DROP (endpoints only elsewhere, eTP Local) drops; REJECT (no endpoint anywhere)
+ * answers with an ICMP port unreachable, as kube-proxy's reject rule does.
+ */
+#include <uapi/linux/bpf.h>
+#include <uapi/linux/pkt_cls.h>
+#include <uapi/linux/in.h>
+#include "kproxy.h"
+#include "lib/endian.h"
+#include "lib/lb.h"
+#include "lib/ct.h"
+#include "lib/nat.h"
+
+/* ClientIP affinity key for TC clients: the client address with the top bit set, so it can
+ * never equal a netns cookie of the socket path (a counter from 1) in the shared kp_aff map. */
+#define KP_AFF_TC_CLIENT (1ULL << 63)
+
+static __always_inline void kp_tc_count(__u32 idx)
+{
+	__u64 *v = kp_tcstats.lookup(&idx);
+
+	if (v)
+		*v += 1;
+}
+
+/* Reserves a SNAT source port toward be:port: the reply tuple (backend -> snat:port) must be
+ * unique, so a port is taken only if kp_rnat4 has no such key (BPF_NOEXIST); a collision tries
+ * the next port, from a random start, KP_SNAT_TRIES times in all (the range is shared by the
+ * flows to one backend only, so a collision is rare until that backend has thousands of
+ * flows from this node). Returns 0 and sets v->nat_* on success. */
+static __always_inline int kp_snat_alloc(struct kp_ct4_key *orig, struct kp_ct4_val *v,
+					 const struct kp_tc_cfg *cfg)
+{
+	struct kp_ct4_key rkey = {};
+	__u32 span = (__u32)cfg->port_max - cfg->port_min + 1;
+	__u32 start = bpf_get_prandom_u32();
+	__u16 port;
+	int i;
+
+	if (!cfg->snat_addr || cfg->port_max < cfg->port_min)
+		return -1;
+	rkey.saddr = v->be_addr;
+	rkey.sport = v->be_port;
+	rkey.daddr = cfg->snat_addr;
+	rkey.proto = orig->proto;
+	for (i = 0; i < KP_SNAT_TRIES; i++) {
+		port = cfg->port_min + ((start + i) % span);
+		rkey.dport = kp_htons(port);
+		if (kp_rnat4.insert(&rkey, orig) == 0) {
+			v->nat_addr = cfg->snat_addr;
+			v->nat_port = rkey.dport;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+/* A fresh flow: choose the backend and record it (kp_ct4 and its reply tuple in kp_rnat4).
+ * Returns 1 with *v filled, 0 when the packet is no frontend's, or a TC verdict (< 0 - 1). */
+static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
+				       struct kp_ct4_val *v, __u64 now)
+{
+	struct kp_lb_req req = {};
+	struct kp_lb_res res = {};
+	struct kp_ct4_key rkey = {};
+	struct kp_tc_cfg cfg = {};
+	struct kp_tc_cfg *c;
+	__u32 zero = 0;
+
+	req.key.addr = p->tuple.daddr;
+	req.key.port = p->tuple.dport;
+	req.key.proto = p->tuple.proto;
+	req.key.scope = KP_SCOPE_EXT;
+	req.rnd[0] = bpf_get_prandom_u32();
+	req.rnd[1] = bpf_get_prandom_u32();
+	req.client = KP_AFF_TC_CLIENT | p->tuple.saddr;
+	req.now = now;
+	kp_lb_select(&req, &res);
+	switch (res.verdict) {
+	case KP_LB_NONE:
+		return 0;
+	case KP_LB_FORWARD:
+		break;
+	case KP_LB_DROP:
+		kp_tc_count(KP_TC_DROP);
+		return -1 - TC_ACT_SHOT;
+	case KP_LB_REJECT:
+		kp_tc_count(KP_TC_REJECT);
+		return -1 - kp_reject(skb, p);
+	default:
+		kp_tc_count(KP_TC_MISS);
+		return -1 - kp_reject(skb, p);
+	}
+	__builtin_memset(v, 0, sizeof(*v));
+	v->be_addr = res.be.addr;
+	v->be_port = res.be.port;
+	v->backend_id = res.backend_id;
+	v->svc_id = res.svc_id;
+	v->state = KP_CT_NEW;
+	if (!(res.be_flags & KP_BE_F_LOCAL)) {
+		c = kp_tccfg.lookup(&zero);
+		if (c)
+			cfg = *c;
+		if (kp_snat_alloc(&p->tuple, v, &cfg) != 0) {
+			kp_tc_count(KP_TC_SNAT_FULL);
+			return -1 - TC_ACT_SHOT;
+		}
+		v->flags = KP_CT_F_SNAT;
+		kp_tc_count(KP_TC_SNAT);
+	} else {
+		kp_ct_reply_key(&p->tuple, v, &rkey);
+		kp_rnat4.update(&rkey, &p->tuple);
+	}
+	kp_tc_count(KP_TC_FORWARD);
+	return 1;
+}
+
+/* Whether a tracked flow may keep its backend: not expired, not a new connection on an ended
+ * one, and the backend id still names a backend (an id is freed only once no service uses it;
+ * the agent also purges entries of removed backends). */
+static __always_inline bool kp_ct_usable(const struct kp_pkt *p, const struct kp_ct4_val *v,
+					 __u64 now)
+{
+	__u32 id = v->backend_id;
+
+	if (now > v->expires || kp_ct_reopens(p->tuple.proto, p->tcp_flags, v))
+		return false;
+	return kp_be4.lookup(&id) != NULL;
+}
+
+static __always_inline void kp_ct_forget(const struct kp_ct4_key *orig,
+					 const struct kp_ct4_val *v)
+{
+	struct kp_ct4_key rkey = {};
+
+	kp_ct_reply_key(orig, v, &rkey);
+	kp_rnat4.delete(&rkey);
+}
+
+/* The reply of a tracked flow (tuple = backend -> client or SNAT address): rewrites it to
+ * frontend -> client. want_snat selects which kind of flow this hook serves. Returns 1 when
+ * translated (*snat tells which kind), 0 when the packet is no reply we know. */
+static __always_inline int kp_reply(struct __sk_buff *skb, struct kp_pkt *p, bool want_snat)
+{
+	struct kp_ct4_key orig;
+	struct kp_ct4_key *o;
+	struct kp_ct4_val v;
+	struct kp_ct4_val *row;
+
+	o = kp_rnat4.lookup(&p->tuple);
+	if (!o)
+		return 0;
+	orig = *o;
+	row = kp_ct4.lookup(&orig);
+	if (!row)
+		return 0;
+	v = *row;
+	if (!!(v.flags & KP_CT_F_SNAT) != want_snat || v.be_addr != p->tuple.saddr ||
+	    v.be_port != p->tuple.sport)
+		return 0;
+	if (kp_rewrite(skb, p, false, orig.daddr, orig.dport) < 0 ||
+	    (want_snat && kp_rewrite(skb, p, true, orig.saddr, orig.sport) < 0))
+		return -1;
+	kp_ct_track(&orig, &v, p->tcp_flags, true, bpf_ktime_get_ns(), false);
+	kp_tc_count(KP_TC_REPLY);
+	return 1;
+}
+
+int kp_from_outside(struct __sk_buff *skb)
+{
+	struct kp_pkt p = {};
+	struct kp_ct4_key orig;
+	struct kp_ct4_val v;
+	struct kp_ct4_val *row;
+	__u64 now;
+	bool fresh = false;
+	int ret;
+
+	if (kp_parse(skb, &p) < 0)
+		return TC_ACT_OK;
+	ret = kp_reply(skb, &p, true);
+	if (ret < 0)
+		return TC_ACT_SHOT;
+	if (ret > 0) {
+		if (kp_redirect(skb, &p) < 0) {
+			kp_tc_count(KP_TC_FIB_FAIL);
+			return TC_ACT_SHOT;
+		}
+		return TC_ACT_REDIRECT;
+	}
+
+	now = bpf_ktime_get_ns();
+	orig = p.tuple;
+	row = kp_ct4.lookup(&orig);
+	if (row) {
+		v = *row;
+		if (!kp_ct_usable(&p, &v, now)) {
+			kp_tc_count(KP_TC_CT_EXPIRED);
+			kp_ct_forget(&orig, &v);
+			row = NULL;
+		}
+	}
+	if (!row) {
+		ret = kp_new_flow(skb, &p, &v, now);
+		if (ret == 0)
+			return TC_ACT_OK;
+		if (ret < 0)
+			return -1 - ret;
+		fresh = true;
+	}
+	kp_ct_track(&orig, &v, p.tcp_flags, false, now, fresh);
+
+	if (kp_rewrite(skb, &p, true, v.be_addr, v.be_port) < 0)
+		return TC_ACT_SHOT;
+	if (!(v.flags & KP_CT_F_SNAT))
+		return TC_ACT_OK;        /* a local backend: the stack forwards it to the pod */
+	if (kp_rewrite(skb, &p, false, v.nat_addr, v.nat_port) < 0)
+		return TC_ACT_SHOT;
+	if (kp_redirect(skb, &p) < 0) {
+		kp_tc_count(KP_TC_FIB_FAIL);
+		return TC_ACT_SHOT;
+	}
+	return TC_ACT_REDIRECT;
+}
+
+int kp_to_outside(struct __sk_buff *skb)
+{
+	struct kp_pkt p = {};
+
+	if (kp_parse(skb, &p) < 0)
+		return TC_ACT_OK;
+	return kp_reply(skb, &p, false) < 0 ? TC_ACT_SHOT : TC_ACT_OK;
+}

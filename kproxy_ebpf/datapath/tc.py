@@ -1,0 +1,168 @@
+"""The north-south datapath: tc_lb.c at clsact ingress/egress of the node's external devices.
+
+Attached with pyroute2 as direct-action cls_bpf filters under a clsact qdisc. A filter holds its
+program, so the datapath outlives the agent as the pinned cgroup links do; a new agent swaps the
+program with `tc filter replace` on the same priority and handle, which is atomic (no packet
+sees no program). Our filters are recognised by their BPF name (kp_from_outside,
+kp_to_outside), so `cleanup` finds them without any record of where they went.
+
+Devices: `devices` from the configuration, otherwise those of the default routes, otherwise
+(the lab has no default route) every device with a global IPv4 address.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config import MapSizes
+from . import layout as L
+from .paths import bpf_dir
+from .pinned import PinnedMap
+
+log = logging.getLogger(__name__)
+
+INGRESS = 0xFFFFFFF2      # TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_INGRESS)
+EGRESS = 0xFFFFFFF3
+PRIO = 1                  # first: our rewrite must happen before any other classifier
+HANDLE = 0x6B70           # "kp"
+# program in tc_lb.c -> clsact parent
+PROGRAMS = {"kp_from_outside": INGRESS, "kp_to_outside": EGRESS}
+ETH_P_ALL = 0x0003
+
+
+def _ipr():
+    from pyroute2 import IPRoute      # late: only root code paths need netlink
+
+    return IPRoute()
+
+
+def detect_devices() -> list[str]:
+    """The node's external devices, from its routes (see the module comment)."""
+    with _ipr() as ipr:
+        names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
+        devs = [names[r.get_attr("RTA_OIF")] for r in ipr.get_default_routes(family=2)
+                if r.get_attr("RTA_OIF") in names]
+        if not devs:
+            devs = [names[a["index"]] for a in ipr.get_addr(family=2)
+                    if a["scope"] == 0 and names.get(a["index"]) != "lo"]
+    return sorted(set(devs))
+
+
+def device_address(dev: str) -> str | None:
+    """The first global IPv4 address of a device (the SNAT source remote backends see)."""
+    with _ipr() as ipr:
+        idx = ipr.link_lookup(ifname=dev)
+        if not idx:
+            return None
+        for a in ipr.get_addr(family=2, index=idx[0]):
+            if a["scope"] == 0:
+                return a.get_attr("IFA_ADDRESS")
+    return None
+
+
+@dataclass
+class TcDatapath:
+    """Loads tc_lb.c against the pinned maps and attaches it to `devices`."""
+    bpffs_dir: Path
+    devices: list[str]
+    snat_addr: str
+    snat_ports: tuple[int, int] = (61000, 65535)
+    sizes: MapSizes = field(default_factory=MapSizes)
+    _bpf: object = None
+    _fds: dict[str, int] = field(default_factory=dict)
+
+    def load(self) -> None:
+        from bcc import BPF
+
+        from .loader import compile_program
+
+        self._bpf = compile_program(bpf_dir() / "tc_lb.c", self.bpffs_dir, self.sizes)
+        try:
+            for prog in PROGRAMS:
+                self._fds[prog] = self._bpf.load_func(prog.encode(), BPF.SCHED_CLS).fd
+            self.write_config()
+        except BaseException:
+            self.close()
+            raise
+
+    def write_config(self) -> None:
+        write_config(self.bpffs_dir, self.snat_addr, self.snat_ports)
+
+    def attach(self) -> None:
+        with _ipr() as ipr:
+            for dev in self.devices:
+                idx = ipr.link_lookup(ifname=dev)
+                if not idx:
+                    raise RuntimeError(f"device {dev} does not exist")
+                _ensure_clsact(ipr, idx[0])
+                for prog, parent in PROGRAMS.items():
+                    ipr.tc("replace-filter", "bpf", idx[0], HANDLE, parent=parent, prio=PRIO,
+                           protocol=ETH_P_ALL, fd=self._fds[prog], name=prog,
+                           direct_action=True)
+                log.info("attached %s to %s", ", ".join(PROGRAMS), dev)
+
+    def close(self) -> None:
+        self._fds.clear()
+        if self._bpf is not None:
+            self._bpf.cleanup()
+            self._bpf = None
+
+
+def write_config(bpffs_dir: Path, snat_addr: str, ports: tuple[int, int]) -> None:
+    """The SNAT address and port range (kp_tccfg[0]), read by every packet that needs SNAT.
+    One row of fixed-size fields, rewritten whole: a reader sees the old or the new one."""
+    ipaddress.IPv4Address(snat_addr)
+    with PinnedMap(bpffs_dir / L.MAPS["tccfg"].name, L.MAPS["tccfg"]) as cfg:
+        cfg.put(L.U32(0), L.STRUCTS["kp_tc_cfg"](
+            snat_addr=L.ip_be(snat_addr), port_min=ports[0], port_max=ports[1]))
+
+
+def _ensure_clsact(ipr, index: int) -> None:
+    from pyroute2 import NetlinkError
+
+    try:
+        ipr.tc("add", "clsact", index)
+    except NetlinkError as exc:
+        if exc.code != 17:        # EEXIST: already there (ours or another tool's): share it
+            raise
+
+
+def _filter_name(f) -> str | None:
+    opts = f.get_attr("TCA_OPTIONS")
+    if not opts:
+        return None
+    name = opts.get_attr("TCA_BPF_NAME")
+    return name.split(":")[0] if name else None
+
+
+def attached() -> list[tuple[str, str, str]]:
+    """(device, "ingress"/"egress", program) of every kproxy TC filter in this netns."""
+    out = []
+    with _ipr() as ipr:
+        for link in ipr.get_links():
+            dev = link.get_attr("IFLA_IFNAME")
+            for parent, where in ((INGRESS, "ingress"), (EGRESS, "egress")):
+                for f in ipr.get_filters(index=link["index"], parent=parent):
+                    name = _filter_name(f)
+                    if name in PROGRAMS:
+                        out.append((dev, where, name))
+    return sorted(set(out))
+
+
+def detach_all() -> list[str]:
+    """Removes every kproxy TC filter of this netns (`cleanup`); the clsact qdisc stays, as
+    other tools may share it. Returns what was removed."""
+    removed = []
+    with _ipr() as ipr:
+        for link in ipr.get_links():
+            dev = link.get_attr("IFLA_IFNAME")
+            for parent in (INGRESS, EGRESS):
+                names = {_filter_name(f) for f in ipr.get_filters(index=link["index"],
+                                                                   parent=parent)}
+                if names & set(PROGRAMS):
+                    ipr.tc("del-filter", "bpf", link["index"], HANDLE, parent=parent, prio=PRIO,
+                           protocol=ETH_P_ALL)
+                    removed.append(f"tc {dev} {'ingress' if parent == INGRESS else 'egress'}")
+    return removed

@@ -1,0 +1,106 @@
+"""One Service -> the frontends for packets arriving from OUTSIDE the node (scope EXT, the TC path).
+
+These are the externally reachable addresses only: NodePort on the node's NodePort addresses,
+spec.externalIPs and status.loadBalancer.ingress IPs (ipMode Proxy skipped, semantics 1.2).
+Which endpoints they use is externalTrafficPolicy's business (semantics 1.5, 1.7):
+
+- Cluster: the Cluster set; the datapath masquerades (SNAT to the node address) when the chosen
+  backend is on another node, so the reply comes back through this node.
+- Local: the Local set only and no SNAT, so the backend sees the client's own address; DROP
+  when endpoints exist only on other nodes, REJECT when there are none anywhere.
+
+Traffic from pods and from the node itself never takes this path (the socket hooks serve it, with
+rule 1.7's short-circuit to the Cluster set): see frontends.py.
+
+nodePortAddresses follows kube-proxy: empty or "primary" means the node's primary address (its
+first InternalIP), otherwise the node addresses inside any of the listed CIDRs.
+"""
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Sequence
+
+from ..desired import Frontend, FrontendKind, Problem, Scope
+from ..model import EndpointSlice, Node, Service
+from .frontends import _ipv4, _plan, _verdict
+
+PRIMARY = "primary"
+
+
+def node_port_ips(node: Node, node_port_addresses: Sequence[str] = ()) -> tuple[str, ...]:
+    """The node addresses NodePorts answer on (kube-proxy's nodePortAddresses semantics)."""
+    if not node_port_addresses or list(node_port_addresses) == [PRIMARY]:
+        return tuple(node.addresses[:1])
+    nets = []
+    for cidr in node_port_addresses:
+        if cidr == PRIMARY:
+            nets.extend(ipaddress.ip_network(f"{ip}/32") for ip in node.addresses[:1])
+        else:
+            nets.append(ipaddress.ip_network(cidr, strict=False))
+    return tuple(ip for ip in node.addresses
+                 if any(ipaddress.ip_address(ip) in net for net in nets))
+
+
+def validate_cidrs(values: Iterable[str], what: str, primary_ok: bool = False) -> list[str]:
+    """Error messages for entries that are not CIDRs (or "primary" where that is allowed)."""
+    errors = []
+    for v in values:
+        if primary_ok and v == PRIMARY:
+            continue
+        try:
+            ipaddress.ip_network(v, strict=False)
+        except ValueError:
+            errors.append(f"{what}: {v!r} is not a CIDR" + (' nor "primary"' if primary_ok else ""))
+    return errors
+
+
+def validate_node_port_addresses(values: Iterable[str]) -> list[str]:
+    return validate_cidrs(values, "nodePortAddresses", primary_ok=True)
+
+
+def service_ext_frontends(svc: Service, slices: Iterable[EndpointSlice], node: Node, *,
+                          node_port_addresses: Sequence[str] = (),
+                          prefer_same_node: bool = True) -> list[Frontend]:
+    """Scope-EXT frontends of one Service. Input problems are not reported here: the socket
+    scope (service_frontends) reads the same fields and reports each once."""
+    scratch: list[Problem] = []
+    plans, _ = _plan(svc, slices, node, prefer_same_node)
+    ext_ips = [ip for ip in svc.external_ips if _ipv4(svc, ip, "externalIP", scratch)]
+    lb_ips = [ing.ip for ing in svc.load_balancer_ingress
+              if ing.ip and ing.ip_mode != "Proxy"
+              and _ipv4(svc, ing.ip, "loadBalancer ingress IP", scratch)]
+    np_ips = node_port_ips(node, node_port_addresses)
+    out: dict[tuple, Frontend] = {}
+    for plan in plans:
+        sp, pe = plan.port, plan.endpoints
+        chosen = pe.local if svc.external_traffic_local else pe.cluster
+        action, backends = _verdict(pe, chosen, sp)
+        candidates = [(ip, sp.port, FrontendKind.EXTERNAL_IP) for ip in ext_ips]
+        candidates += [(ip, sp.port, FrontendKind.LOAD_BALANCER) for ip in lb_ips]
+        if sp.node_port and plan.node_port_ok:
+            candidates += [(ip, sp.node_port, FrontendKind.NODE_PORT) for ip in np_ips]
+        for ip, port, kind in candidates:
+            fe = Frontend(ip=ip, port=port, protocol=sp.protocol, kind=kind, service=plan.name,
+                          action=action, backends=backends,
+                          affinity_timeout=svc.session_affinity_timeout, scope=Scope.EXT)
+            out.setdefault(fe.key, fe)     # clashes are reported by the socket scope
+    return list(out.values())
+
+
+def allow_external_ips(fronts: list[Frontend], allowlist: Sequence[str]
+                       ) -> tuple[list[Frontend], list[Problem]]:
+    """Drops ExternalIP frontends (both scopes) outside `allowlist` (CIDRs), the mitigation of
+    CVE-2020-8554: without it any user who may create a Service can capture traffic to any
+    address by naming it in spec.externalIPs. Each refused IP is one problem."""
+    nets = [ipaddress.ip_network(c, strict=False) for c in allowlist]
+    kept, refused = [], {}
+    for fe in fronts:
+        if fe.kind is FrontendKind.EXTERNAL_IP and not any(
+                ipaddress.ip_address(fe.ip) in n for n in nets):
+            refused[(fe.service.namespace, fe.service.name, fe.ip)] = fe
+            continue
+        kept.append(fe)
+    problems = [Problem(ns, name, "Service", "ExternalIPNotAllowed",
+                        f"externalIP {ip} is outside externalIpAllowlist; not programmed")
+                for ns, name, ip in sorted(refused)]
+    return kept, problems

@@ -1,0 +1,337 @@
+"""bpf/tc_lb.c run with BPF_PROG_TEST_RUN on hand-built packets, with real maps.
+
+The frontends are programmed by the real MapWriter (scope EXT), the packets are bytes built
+here, and every translated packet's IP and TCP/UDP checksums are verified with a checksum
+computed in Python. The runs happen inside a kproxy-prefixed netns of their own (one veth pair,
+the "node" address 10.250.0.11/24, a route to node2's pod CIDR), so the route lookups the
+program does are deterministic; a test run never sends a packet anywhere, a redirect is only
+its return value.
+"""
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from pathlib import Path
+
+import pytest
+
+from kproxy_ebpf.datapath import layout as L
+from kproxy_ebpf.datapath import libbpf
+from kproxy_ebpf.datapath.loader import compile_program, open_pinned_maps, remove_pins
+from kproxy_ebpf.datapath.paths import bpf_dir
+from kproxy_ebpf.datapath.tc import write_config
+from kproxy_ebpf.datapath.writer import MapWriter
+from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
+from kproxy_ebpf.lab import nsutil
+from kproxy_ebpf.model import Protocol
+
+pytestmark = pytest.mark.root
+
+BPFFS = Path("/sys/fs/bpf/kproxy-tcrun")
+NETNS = "kproxy-tcrun"
+TCP, UDP = Protocol.TCP, Protocol.UDP
+NODE, CLIENT = "10.250.0.11", "10.250.0.250"
+LOCAL_BE, REMOTE_BE = "10.244.1.10", "10.244.2.10"
+TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT = 0, 2, 7
+SYN, ACK, FIN, RST = 0x02, 0x10, 0x01, 0x04
+PORTS = (61000, 61003)
+NP_REMOTE, NP_LOCAL, NP_REJECT, NP_DROP, NP_UDP = 30080, 30081, 30082, 30083, 30053
+
+
+# -- packets --------------------------------------------------------------------------------------
+
+def csum(data: bytes) -> int:
+    if len(data) % 2:
+        data += b"\0"
+    s = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return ~s & 0xFFFF
+
+
+def pseudo(src: str, dst: str, proto: int, length: int) -> bytes:
+    return socket.inet_aton(src) + socket.inet_aton(dst) + struct.pack("!BBH", 0, proto, length)
+
+
+def packet(src, sport, dst, dport, proto=TCP, flags=SYN, payload=b"hello", udp_csum=True) -> bytes:
+    num = L.PROTO_NUM[proto]
+    if proto is TCP:
+        l4 = struct.pack("!HHIIBBHHH", sport, dport, 1000, 0, 5 << 4, flags, 65535, 0, 0) + payload
+        off = 16
+    else:
+        l4 = struct.pack("!HHHH", sport, dport, 8 + len(payload), 0) + payload
+        off = 6
+    if proto is TCP or udp_csum:
+        c = csum(pseudo(src, dst, num, len(l4)) + l4) or 0xFFFF
+        l4 = l4[:off] + struct.pack("!H", c) + l4[off + 2:]
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(l4), 1, 0, 64, num, 0,
+                     socket.inet_aton(src), socket.inet_aton(dst))
+    ip = ip[:10] + struct.pack("!H", csum(ip)) + ip[12:]
+    eth = bytes.fromhex("02000000000a02000000000b") + struct.pack("!H", 0x0800)
+    return eth + ip + l4
+
+
+def parse(frame: bytes) -> dict:
+    ip = frame[14:34]
+    proto, src, dst = ip[9], socket.inet_ntoa(ip[12:16]), socket.inet_ntoa(ip[16:20])
+    total = struct.unpack("!H", ip[2:4])[0]
+    l4 = frame[34:14 + total]
+    out = {"src": src, "dst": dst, "proto": proto, "ip_ok": csum(ip) == 0}
+    if proto == 1:
+        out.update(type=l4[0], code=l4[1], l4_ok=csum(l4) == 0, quote=l4[8:36])
+        return out
+    out["sport"], out["dport"] = struct.unpack("!HH", l4[:4])
+    if proto == 17 and l4[6:8] == b"\0\0":
+        out["l4_ok"] = "none"
+    else:
+        out["l4_ok"] = csum(pseudo(src, dst, proto, len(l4)) + l4) == 0
+    return out
+
+
+# -- harness --------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def harness():
+    from bcc import BPF
+
+    remove_pins(BPFFS)
+    nsutil.delete(NETNS)
+    bpf = None
+    maps = {}
+    try:
+        nsutil.add(NETNS, {"net.ipv4.conf.all.forwarding": "1"})
+        nsutil.ip("link", "add", "kpt0", "type", "veth", "peer", "name", "kpt1", netns=NETNS)
+        nsutil.ip("addr", "add", f"{NODE}/24", "dev", "kpt0", netns=NETNS)
+        for dev in ("kpt0", "kpt1"):
+            nsutil.ip("link", "set", dev, "up", netns=NETNS)
+        nsutil.ip("route", "add", "10.244.2.0/24", "via", "10.250.0.12", "dev", "kpt0",
+                  netns=NETNS)
+        bpf = compile_program(bpf_dir() / "tc_lb.c", BPFFS)
+        fds = {name: bpf.load_func(name.encode(), BPF.SCHED_CLS).fd
+               for name in ("kp_from_outside", "kp_to_outside")}
+        write_config(BPFFS, NODE, PORTS)
+        maps = open_pinned_maps(BPFFS)
+        yield fds, maps
+    finally:
+        for m in maps.values():
+            m.close()
+        if bpf is not None:
+            bpf.cleanup()
+        remove_pins(BPFFS)
+        nsutil.delete(NETNS)
+
+
+def ext(port, backends, action=Action.FORWARD, proto=TCP, affinity=0) -> Frontend:
+    bs = tuple(Backend(ip, 8080, proto, local=local) for ip, local in backends)
+    return Frontend(NODE, port, proto, FrontendKind.NODE_PORT,
+                    ServicePortName("t", f"np{port}", "", proto), action, bs, affinity, Scope.EXT)
+
+
+@pytest.fixture
+def tc(harness):
+    fds, maps = harness
+    writer = MapWriter(maps)
+    writer.restore()
+    fes = [ext(NP_REMOTE, [(REMOTE_BE, False)]), ext(NP_LOCAL, [(LOCAL_BE, True)]),
+           ext(NP_REJECT, [], Action.REJECT), ext(NP_DROP, [], Action.DROP),
+           ext(NP_UDP, [(REMOTE_BE, False)], proto=UDP)]
+    assert writer.apply({f.key: f for f in fes}).ok
+    for name in ("ct", "rnat"):
+        for k in maps[name].keys():
+            maps[name].delete(k)
+
+    class Run:
+        def __init__(self):
+            self.maps, self.writer = maps, writer
+
+        def ingress(self, frame: bytes) -> tuple[int, bytes]:
+            return nsutil.run_in_thread(NETNS, lambda: libbpf.prog_test_run(
+                fds["kp_from_outside"], frame))
+
+        def egress(self, frame: bytes) -> tuple[int, bytes]:
+            return nsutil.run_in_thread(NETNS, lambda: libbpf.prog_test_run(
+                fds["kp_to_outside"], frame))
+
+        def ct(self, sport, dport, proto=TCP, src=CLIENT):
+            key = L.CtKey(saddr=L.ip_be(src), daddr=L.ip_be(NODE), sport=L.port_be(sport),
+                          dport=L.port_be(dport), proto=L.PROTO_NUM[proto])
+            return key, maps["ct"].get(key)
+
+        def stat(self, name) -> int:
+            idx = {n: v for v, n in L.TC_STAT_NAMES.items()}[name]
+            return sum(maps["tcstats"].get(L.U32(idx)))
+
+    yield Run()
+    writer.apply({})
+
+
+def now_ns() -> int:
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+# -- tests ----------------------------------------------------------------------------------------
+
+def test_not_a_frontend_passes_untouched(tc):
+    frame = packet(CLIENT, 40000, NODE, 22)
+    ret, out = tc.ingress(frame)
+    assert (ret, out[:len(frame)]) == (TC_ACT_OK, frame)
+    ret, out = tc.egress(frame)
+    assert (ret, out[:len(frame)]) == (TC_ACT_OK, frame)
+
+
+def test_local_backend_dnat_only_and_the_reply_on_egress(tc):
+    ret, out = tc.ingress(packet(CLIENT, 40000, NODE, NP_LOCAL))
+    p = parse(out)
+    assert ret == TC_ACT_OK, "a local backend is reached through the stack"
+    assert (p["src"], p["sport"], p["dst"], p["dport"]) == (CLIENT, 40000, LOCAL_BE, 8080)
+    assert p["ip_ok"] and p["l4_ok"]
+    _, ct = tc.ct(40000, NP_LOCAL)
+    assert ct is not None and not ct.flags & L.const("KP_CT_F_SNAT")
+    assert L.CT_STATE_NAMES[ct.state] == "new"
+
+    ret, out = tc.egress(packet(LOCAL_BE, 8080, CLIENT, 40000, flags=SYN | ACK))
+    p = parse(out)
+    assert ret == TC_ACT_OK
+    assert (p["src"], p["sport"], p["dst"], p["dport"]) == (NODE, NP_LOCAL, CLIENT, 40000)
+    assert p["ip_ok"] and p["l4_ok"]
+    assert L.CT_STATE_NAMES[tc.ct(40000, NP_LOCAL)[1].state] == "established"
+    # The egress hook leaves the SNAT flows' replies to the ingress hook, and vice versa.
+    ret, out = tc.ingress(packet(LOCAL_BE, 8080, CLIENT, 40000, flags=ACK))
+    assert parse(out)["src"] == LOCAL_BE
+
+
+def test_remote_backend_dnat_snat_and_the_reply(tc):
+    before = tc.stat("snat")
+    ret, out = tc.ingress(packet(CLIENT, 40001, NODE, NP_REMOTE))
+    p = parse(out)
+    assert ret == TC_ACT_REDIRECT, "sent past the stack (its source is a local address now)"
+    assert (p["src"], p["dst"], p["dport"]) == (NODE, REMOTE_BE, 8080)
+    assert PORTS[0] <= p["sport"] <= PORTS[1]
+    assert p["ip_ok"] and p["l4_ok"]
+    assert tc.stat("snat") == before + 1
+    nat_port = p["sport"]
+
+    # A second packet of the flow keeps backend and port.
+    _, out = tc.ingress(packet(CLIENT, 40001, NODE, NP_REMOTE, flags=ACK))
+    assert (parse(out)["dst"], parse(out)["sport"]) == (REMOTE_BE, nat_port)
+
+    ret, out = tc.ingress(packet(REMOTE_BE, 8080, NODE, nat_port, flags=SYN | ACK))
+    p = parse(out)
+    assert ret == TC_ACT_REDIRECT
+    assert (p["src"], p["sport"], p["dst"], p["dport"]) == (NODE, NP_REMOTE, CLIENT, 40001)
+    assert p["ip_ok"] and p["l4_ok"]
+    assert L.CT_STATE_NAMES[tc.ct(40001, NP_REMOTE)[1].state] == "established"
+
+
+@pytest.mark.parametrize("udp_csum", [True, False], ids=["checksum", "no-checksum"])
+def test_udp_both_ways(tc, udp_csum):
+    _, out = tc.ingress(packet(CLIENT, 5000, NODE, NP_UDP, proto=UDP, udp_csum=udp_csum))
+    p = parse(out)
+    assert (p["dst"], p["dport"], p["src"]) == (REMOTE_BE, 8080, NODE)
+    assert p["ip_ok"] and p["l4_ok"] == (True if udp_csum else "none")
+    _, out = tc.ingress(packet(REMOTE_BE, 8080, NODE, p["sport"], proto=UDP, udp_csum=udp_csum))
+    r = parse(out)
+    assert (r["src"], r["sport"], r["dst"], r["dport"]) == (NODE, NP_UDP, CLIENT, 5000)
+    assert r["ip_ok"] and r["l4_ok"] == (True if udp_csum else "none")
+    key, ct = tc.ct(5000, NP_UDP, UDP)
+    assert L.CT_STATE_NAMES[ct.state] == "established"
+    # UDP seen both ways lives nf_conntrack_udp_timeout_stream (120 s) from the last packet.
+    assert ct.expires - now_ns() <= 120 * 10**9 and ct.expires - now_ns() > 100 * 10**9
+
+
+def test_port_collision_takes_another_port_and_exhaustion_drops(tc):
+    """The range has 4 ports; three are taken toward the backend by other flows, so the new
+    flow must get the fourth; with all four taken the flow is dropped and counted."""
+    taken = [PORTS[0], PORTS[0] + 1, PORTS[0] + 2]
+    for port in taken:
+        rkey = L.CtKey(saddr=L.ip_be(REMOTE_BE), daddr=L.ip_be(NODE), sport=L.port_be(8080),
+                       dport=L.port_be(port), proto=6)
+        tc.maps["rnat"].put(rkey, L.CtKey(saddr=L.ip_be("10.250.0.99"), proto=6))
+    _, out = tc.ingress(packet(CLIENT, 40002, NODE, NP_REMOTE))
+    assert parse(out)["sport"] == PORTS[1]
+    full = tc.stat("snat_full")
+    ret, _ = tc.ingress(packet(CLIENT, 40003, NODE, NP_REMOTE))
+    assert ret == TC_ACT_SHOT and tc.stat("snat_full") == full + 1
+    assert tc.ct(40003, NP_REMOTE)[1] is None
+
+
+def test_expired_entry_is_balanced_anew_and_its_reply_tuple_forgotten(tc):
+    _, out = tc.ingress(packet(CLIENT, 40004, NODE, NP_REMOTE))
+    old_port = parse(out)["sport"]
+    key, ct = tc.ct(40004, NP_REMOTE)
+    ct.expires = 1                          # long past
+    tc.maps["ct"].put(key, ct)
+    expired = tc.stat("ct_expired")
+    _, out = tc.ingress(packet(CLIENT, 40004, NODE, NP_REMOTE, flags=ACK))
+    assert tc.stat("ct_expired") == expired + 1
+    new_port = parse(out)["sport"]
+    _, ct = tc.ct(40004, NP_REMOTE)
+    assert ct.expires > now_ns()
+    old_reply = L.CtKey(saddr=L.ip_be(REMOTE_BE), daddr=L.ip_be(NODE), sport=L.port_be(8080),
+                        dport=L.port_be(old_port), proto=6)
+    if new_port != old_port:
+        assert tc.maps["rnat"].get(old_reply) is None
+
+
+def test_tcp_states_follow_the_flags(tc):
+    t0 = now_ns()
+    tc.ingress(packet(CLIENT, 40005, NODE, NP_LOCAL))
+    _, ct = tc.ct(40005, NP_LOCAL)
+    assert ct.expires - t0 >= 120 * 10**9 and ct.expires - now_ns() <= 120 * 10**9   # syn_sent
+    tc.egress(packet(LOCAL_BE, 8080, CLIENT, 40005, flags=SYN | ACK))
+    _, ct = tc.ct(40005, NP_LOCAL)
+    assert ct.expires - now_ns() > 3600 * 10**9                                  # established
+    tc.ingress(packet(CLIENT, 40005, NODE, NP_LOCAL, flags=FIN | ACK))
+    assert L.CT_STATE_NAMES[tc.ct(40005, NP_LOCAL)[1].state] == "closing"
+    tc.egress(packet(LOCAL_BE, 8080, CLIENT, 40005, flags=RST))
+    _, ct = tc.ct(40005, NP_LOCAL)
+    assert L.CT_STATE_NAMES[ct.state] == "closed" and ct.expires - now_ns() <= 10 * 10**9
+
+
+def test_a_removed_backend_gets_the_flow_rebalanced(tc):
+    tc.ingress(packet(CLIENT, 40006, NODE, NP_LOCAL))
+    assert tc.ct(40006, NP_LOCAL)[1].be_addr == L.ip_be(LOCAL_BE)
+    moved = ext(NP_LOCAL, [("10.244.1.11", True)])
+    assert tc.writer.apply({moved.key: moved}, candidates=[moved.key]).ok
+    _, out = tc.ingress(packet(CLIENT, 40006, NODE, NP_LOCAL, flags=ACK))
+    assert parse(out)["dst"] == "10.244.1.11"
+
+
+def test_reject_answers_icmp_port_unreachable(tc):
+    frame = packet(CLIENT, 40007, NODE, NP_REJECT)
+    ret, out = tc.ingress(frame)
+    p = parse(out)
+    assert ret == TC_ACT_REDIRECT, "sent back out of the device it came in on"
+    assert (p["proto"], p["type"], p["code"]) == (1, 3, 3)
+    assert (p["src"], p["dst"]) == (NODE, CLIENT)
+    assert p["ip_ok"] and p["l4_ok"]
+    assert p["quote"] == frame[14:42], "the original IP header and 8 bytes of TCP"
+    assert out[:6] == frame[6:12] and out[6:12] == frame[:6], "MACs swapped"
+
+
+def test_drop_drops(tc):
+    before = tc.stat("drop")
+    ret, _ = tc.ingress(packet(CLIENT, 40008, NODE, NP_DROP))
+    assert ret == TC_ACT_SHOT and tc.stat("drop") == before + 1
+
+
+def test_purge_removes_flows_of_a_backend_that_left_their_frontend(tc):
+    from kproxy_ebpf.datapath import conntrack
+
+    tc.ingress(packet(CLIENT, 40009, NODE, NP_REMOTE))
+    tc.ingress(packet(CLIENT, 40010, NODE, NP_LOCAL))
+    key, ct = tc.ct(40009, NP_REMOTE)
+    reply = L.CtKey(saddr=ct.be_addr, daddr=ct.nat_addr, sport=ct.be_port, dport=ct.nat_port,
+                    proto=6)
+    assert tc.maps["rnat"].get(reply) is not None
+    assert conntrack.purge(tc.maps, tc.writer.programmed) == 0, "nothing changed yet"
+    # The remote backend leaves NP_REMOTE (it still exists: NP_UDP uses it).
+    moved = ext(NP_REMOTE, [(LOCAL_BE, True)])
+    assert tc.writer.apply({moved.key: moved}, candidates=[moved.key]).ok
+    assert conntrack.purge(tc.maps, tc.writer.programmed) == 1
+    assert tc.ct(40009, NP_REMOTE)[1] is None and tc.maps["rnat"].get(reply) is None
+    assert tc.ct(40010, NP_LOCAL)[1] is not None
+    rows = conntrack.entries(tc.maps)
+    assert [(r["client"], r["backend"], r["snat"], r["state"], r["service"]) for r in rows] == [
+        (f"{CLIENT}:40010", f"{LOCAL_BE}:8080", None, "new", f"t/np{NP_LOCAL}")]

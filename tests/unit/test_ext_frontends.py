@@ -1,0 +1,178 @@
+"""Service -> scope-EXT frontends (traffic from outside the node, the TC path).
+
+Same conventions as test_proxy_frontends.py: this node is "node-a" with addresses 192.168.0.1
+(primary) and 192.168.1.1; externalIPs 203.0.113.x, LoadBalancer IPs 198.51.100.x, pods
+10.0.<node>.x (10.0.1.x on node-a). No traffic is sent: these are data.
+"""
+from __future__ import annotations
+
+import pytest
+
+from kproxy_ebpf.desired import Action, FrontendKind, Scope
+from kproxy_ebpf.model import (Endpoint, EndpointPort, EndpointSlice, LoadBalancerIngress, Node,
+                               Protocol, Service, ServicePort, ServiceType)
+from kproxy_ebpf.proxy.external import (node_port_ips, service_ext_frontends,
+                                        validate_node_port_addresses)
+from kproxy_ebpf.proxy.state import ProxyState
+
+TCP, UDP = Protocol.TCP, Protocol.UDP
+NODE = Node(name="node-a", addresses=("192.168.0.1", "192.168.1.1"))
+K = FrontendKind
+FWD, DROP, REJECT = Action.FORWARD, Action.DROP, Action.REJECT
+LOCAL_EP = ("10.0.1.5", "node-a")
+REMOTE_EP = ("10.0.2.5", "node-b")
+
+
+def svc(etp_local=False, **kw):
+    kw.setdefault("cluster_ips", ("172.30.0.10",))
+    kw.setdefault("ports", (ServicePort("", TCP, 80, node_port=30080),))
+    kw.setdefault("type", ServiceType.LOAD_BALANCER)
+    return Service(namespace="ns", name="svc", external_traffic_local=etp_local, **kw)
+
+
+def slice_of(*eps, ready=True):
+    return EndpointSlice(namespace="ns", name="s1", service_name="svc",
+                         ports=(EndpointPort("", TCP, 8080),),
+                         endpoints=tuple(Endpoint(addresses=(ip,), node_name=n, ready=ready)
+                                         for ip, n in eps))
+
+
+def summary(fronts):
+    return {(f.ip, f.port, f.kind): (f.action, [b.ip for b in f.backends]) for f in fronts}
+
+
+# (eTP Local?, endpoints, expected action, expected backend ips) for a NodePort
+POLICY_CASES = [
+    pytest.param(False, [LOCAL_EP, REMOTE_EP], FWD, ["10.0.1.5", "10.0.2.5"], id="cluster-any"),
+    pytest.param(False, [REMOTE_EP], FWD, ["10.0.2.5"], id="cluster-remote-only"),
+    pytest.param(False, [], REJECT, [], id="cluster-none-anywhere-rejects"),
+    pytest.param(True, [LOCAL_EP, REMOTE_EP], FWD, ["10.0.1.5"], id="local-only-local"),
+    pytest.param(True, [REMOTE_EP], DROP, [], id="local-none-here-drops"),
+    pytest.param(True, [], REJECT, [], id="local-none-anywhere-rejects"),
+]
+
+
+@pytest.mark.parametrize("etp_local,eps,action,backends", POLICY_CASES)
+def test_external_traffic_policy(etp_local, eps, action, backends):
+    fronts = service_ext_frontends(svc(etp_local), [slice_of(*eps)] if eps else [], NODE)
+    assert summary(fronts) == {("192.168.0.1", 30080, K.NODE_PORT): (action, backends)}
+    assert all(f.scope is Scope.EXT for f in fronts)
+
+
+def test_local_terminating_fallback_is_used_for_etp_local():
+    eps = slice_of(LOCAL_EP, ready=False)
+    eps = EndpointSlice(namespace="ns", name="s1", service_name="svc", ports=eps.ports,
+                        endpoints=(Endpoint(("10.0.1.5",), ready=False, serving=True,
+                                            terminating=True, node_name="node-a"),))
+    (fe,) = service_ext_frontends(svc(True), [eps], NODE)
+    assert (fe.action, [b.ip for b in fe.backends]) == (FWD, ["10.0.1.5"])
+
+
+@pytest.mark.parametrize("addresses,expected", [
+    pytest.param((), ("192.168.0.1",), id="default-primary"),
+    pytest.param(("primary",), ("192.168.0.1",), id="primary"),
+    pytest.param(("192.168.1.0/24",), ("192.168.1.1",), id="cidr"),
+    pytest.param(("192.168.0.0/16",), ("192.168.0.1", "192.168.1.1"), id="cidr-both"),
+    pytest.param(("10.0.0.0/8",), (), id="cidr-none"),
+    pytest.param(("primary", "192.168.1.0/24"), ("192.168.0.1", "192.168.1.1"), id="mixed"),
+])
+def test_node_port_addresses(addresses, expected):
+    assert node_port_ips(NODE, addresses) == expected
+    fronts = service_ext_frontends(svc(), [slice_of(REMOTE_EP)], NODE,
+                                   node_port_addresses=addresses)
+    assert sorted(f.ip for f in fronts if f.kind is K.NODE_PORT) == sorted(expected)
+
+
+def test_validate_node_port_addresses():
+    assert validate_node_port_addresses(["primary", "10.0.0.0/8"]) == []
+    assert len(validate_node_port_addresses(["eth0", "10.0.0.300/8"])) == 2
+
+
+def test_external_and_load_balancer_ips_proxy_mode_skipped_clusterip_absent():
+    service = svc(external_ips=("203.0.113.1", "2001:db8::1"),
+                  load_balancer_ingress=(LoadBalancerIngress("198.51.100.1"),
+                                         LoadBalancerIngress("198.51.100.2", ip_mode="Proxy"),
+                                         LoadBalancerIngress("198.51.100.3", ip_mode="VIP")))
+    got = summary(service_ext_frontends(service, [slice_of(REMOTE_EP)], NODE))
+    assert set(got) == {("203.0.113.1", 80, K.EXTERNAL_IP), ("198.51.100.1", 80, K.LOAD_BALANCER),
+                        ("198.51.100.3", 80, K.LOAD_BALANCER), ("192.168.0.1", 30080, K.NODE_PORT)}
+
+
+def test_no_node_port_no_node_port_frontend_and_tcp_udp_are_two_rows():
+    service = svc(type=ServiceType.CLUSTER_IP, external_ips=("203.0.113.1",),
+                  ports=(ServicePort("dns", UDP, 53), ServicePort("dnstcp", TCP, 53)))
+    sl = EndpointSlice(namespace="ns", name="s1", service_name="svc",
+                       ports=(EndpointPort("dns", UDP, 5353), EndpointPort("dnstcp", TCP, 5353)),
+                       endpoints=(Endpoint(("10.0.2.5",), node_name="node-b"),))
+    fronts = service_ext_frontends(service, [sl], NODE)
+    assert sorted((f.ip, f.port, f.protocol) for f in fronts) == [
+        ("203.0.113.1", 53, TCP), ("203.0.113.1", 53, UDP)]
+
+
+def test_not_proxied_services_have_none():
+    assert service_ext_frontends(svc(headless=True, cluster_ips=()), [], NODE) == []
+
+
+def test_affinity_is_carried():
+    (fe,) = service_ext_frontends(svc(session_affinity_timeout=600), [slice_of(REMOTE_EP)], NODE)
+    assert fe.affinity_timeout == 600
+
+
+def test_proxy_state_keeps_both_scopes_apart():
+    state = ProxyState(NODE, node_port_addresses=())
+    state.load([svc(True)], [slice_of(REMOTE_EP)])
+    table = state.compute().frontends
+    sock = table[("192.168.0.1", 30080, TCP)]
+    ext = table[("192.168.0.1", 30080, TCP, Scope.EXT)]
+    # From the node (socket scope) eTP=Local short-circuits to the Cluster set; from outside,
+    # the node has no local endpoint, so it drops.
+    assert (sock.action, [b.ip for b in sock.backends]) == (FWD, ["10.0.2.5"])
+    assert (ext.action, ext.backends) == (DROP, ())
+    # Without node_port_addresses the state computes the socket scope only (as before).
+    plain = ProxyState(NODE)
+    plain.load([svc(True)], [slice_of(REMOTE_EP)])
+    assert all(len(k) == 3 for k in plain.compute().frontends)
+
+
+def test_conflicts_are_reported_once():
+    a = Service(namespace="ns", name="a", cluster_ips=("172.30.0.1",),
+                ports=(ServicePort("", TCP, 80),), external_ips=("203.0.113.9",))
+    b = Service(namespace="ns", name="b", cluster_ips=("172.30.0.2",),
+                ports=(ServicePort("", TCP, 80),), external_ips=("203.0.113.9",))
+    state = ProxyState(NODE, node_port_addresses=())
+    state.load([a, b])
+    cs = state.compute()
+    assert [p.reason for p in cs.problems] == ["FrontendConflict"]
+    assert cs.frontends[("203.0.113.9", 80, TCP, Scope.EXT)].service.name == "a"
+
+
+def test_external_ip_allowlist_drops_other_external_ips_in_both_scopes():
+    service = svc(external_ips=("203.0.113.1", "198.51.100.7"))
+    state = ProxyState(NODE, node_port_addresses=(), external_ip_allowlist=("203.0.113.0/24",))
+    state.load([service], [slice_of(REMOTE_EP)])
+    cs = state.compute()
+    eips = sorted(k for k, f in cs.frontends.items() if f.kind is K.EXTERNAL_IP)
+    assert eips == [("203.0.113.1", 80, TCP), ("203.0.113.1", 80, TCP, Scope.EXT)]
+    assert [(p.reason, "198.51.100.7" in p.message) for p in cs.problems] == [
+        ("ExternalIPNotAllowed", True)]
+    # No allowlist: every ExternalIP is programmed.
+    open_state = ProxyState(NODE, node_port_addresses=())
+    open_state.load([service], [slice_of(REMOTE_EP)])
+    assert sum(f.kind is K.EXTERNAL_IP for f in open_state.compute().frontends.values()) == 4
+
+
+def test_config_validates_the_new_keys():
+    from kproxy_ebpf.config import AgentConfig, ConfigError, load
+
+    cfg = load(None, env={}, overrides={"devices": ("eth0", "eth1"),
+                                        "node_port_addresses": ("primary", "10.0.0.0/8"),
+                                        "external_ip_allowlist": ("203.0.113.0/24",),
+                                        "north_south": "false"})
+    assert (cfg.devices, cfg.north_south, cfg.snat_ports) == (["eth0", "eth1"], False,
+                                                               (61000, 65535))
+    assert cfg.external_ip_allowlist == ["203.0.113.0/24"]
+    for bad in ({"node_port_addresses": ["eth0"]}, {"external_ip_allowlist": ["primary"]},
+                {"snat_port_range": "70000-80000"}, {"snat_port_range": "61000"}):
+        c = AgentConfig(cgroup="/", **bad)
+        with pytest.raises(ConfigError):
+            c.validate()

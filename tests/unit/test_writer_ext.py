@@ -1,0 +1,92 @@
+"""MapWriter with scope-EXT frontends (traffic from outside the node) next to socket-scope ones.
+
+The two scopes share the backend and meta maps (one id per backend address, one per service
+port) but are separate rows of the svc map: the same ip:port/proto in both scopes is two
+frontends with their own slots, verdicts and make-before-break order.
+"""
+import dataclasses
+
+import pytest
+
+from kproxy_ebpf.datapath import layout as L
+from kproxy_ebpf.datapath.writer import MapWriter
+from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
+from kproxy_ebpf.model import Protocol
+
+from .fakemaps import FakeMap
+from .test_writer import consistent
+
+TCP = Protocol.TCP
+SPN = ServicePortName("default", "web", "http", TCP)
+NP = ("10.250.0.11", 30080)
+
+
+@pytest.fixture
+def maps():
+    m = {}
+    for name in ("svc", "backend", "meta"):
+        m[name] = FakeMap(L.MAPS[name], on_op=lambda: consistent(m))
+    return m
+
+
+def fe(backends=(), action=Action.FORWARD, scope=Scope.SOCK):
+    bs = tuple(sorted(Backend(ip, 8080, TCP) for ip in backends))
+    return Frontend(*NP, TCP, FrontendKind.NODE_PORT, SPN, action, bs, 0, scope)
+
+
+def table(*fes):
+    return {f.key: f for f in fes}
+
+
+def rows(maps, scope):
+    bes = {k.value: L.ip_str(v.addr) for k, v in maps["backend"].items()}
+    return {k.slot: (v.count, v.action) if k.slot == 0 else bes[v.backend_id]
+            for k, v in maps["svc"].items() if k.scope == scope}
+
+
+def test_both_scopes_are_separate_rows_sharing_backends(maps):
+    w = MapWriter(maps)
+    res = w.apply(table(fe(["10.244.1.10", "10.244.2.10"]),
+                        fe(["10.244.1.10"], scope=Scope.EXT)))
+    assert res.ok and res.updated == 2
+    assert rows(maps, L.SCOPE_SOCK) == {0: (2, L.ACTION_NUM[Action.FORWARD]),
+                                        1: "10.244.1.10", 2: "10.244.2.10"}
+    assert rows(maps, L.SCOPE_EXT) == {0: (1, L.ACTION_NUM[Action.FORWARD]), 1: "10.244.1.10"}
+    assert len(maps["backend"].rows) == 2 and len(maps["meta"].rows) == 1
+
+
+def test_ext_slot_zero_is_written_last_and_deleted_first(maps):
+    w = MapWriter(maps)
+    ext = fe(["10.244.1.10", "10.244.2.10"], scope=Scope.EXT)
+    w.apply(table(ext))
+    head = L.raw(L.svc_key(*NP, TCP, scope=L.SCOPE_EXT))
+    assert [k for op, k in maps["svc"].ops if op == "put"][-1] == head
+    maps["svc"].ops.clear()
+    w.apply({})
+    assert maps["svc"].ops[0] == ("delete", head)
+    assert not maps["svc"].rows and not maps["backend"].rows and not maps["meta"].rows
+
+
+def test_changing_one_scope_leaves_the_other_alone(maps):
+    w = MapWriter(maps)
+    sock, ext = fe(["10.244.1.10"]), fe(["10.244.1.10"], scope=Scope.EXT)
+    w.apply(table(sock, ext))
+    maps["svc"].ops.clear()
+    dropped = dataclasses.replace(ext, action=Action.DROP, backends=())
+    res = w.apply(table(sock, dropped), candidates=[dropped.key])
+    assert res.ok and res.updated == 1
+    assert all(L.SvcKey.from_buffer_copy(k).scope == L.SCOPE_EXT for _, k in maps["svc"].ops)
+    assert rows(maps, L.SCOPE_EXT) == {0: (0, L.ACTION_NUM[Action.DROP])}
+    assert rows(maps, L.SCOPE_SOCK)[1] == "10.244.1.10", "the shared backend stays"
+
+
+def test_restart_adopts_both_scopes_and_rewrites_nothing(maps):
+    desired = table(fe(["10.244.1.10"]), fe(["10.244.1.10", "10.244.2.10"], scope=Scope.EXT))
+    MapWriter(maps).apply(desired)
+    for m in maps.values():
+        m.ops.clear()
+    fresh = MapWriter(maps)
+    assert fresh.restore() == 2
+    assert set(fresh.programmed) == set(desired)
+    res = fresh.apply(desired)
+    assert res.ok and res.writes == 0
