@@ -4,7 +4,6 @@ node1's kproxy hooks attach, so the client is translated exactly like a workload
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from collections.abc import Sequence
@@ -66,15 +65,11 @@ class Watcher:
 
     def __init__(self, lab: Lab, pod: str, argv: list[str]):
         t = lab.target(f"pod/{pod}")
-        # procs._entry joins the pod's cgroup and netns between fork and exec, as lab.exec
-        # does; a watcher needs a pipe both ways, which subprocess.run cannot give.
-        preexec, fds = procs._entry(t.netns, t.cgroup)
-        try:
-            self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      text=True, bufsize=1, preexec_fn=preexec)
-        finally:
-            for fd in fds:
-                os.close(fd)
+        # The lab's trampoline joins the pod's cgroup and netns before exec, as lab.exec does;
+        # a watcher needs a pipe both ways, which subprocess.run cannot give.
+        self.p = subprocess.Popen(procs.trampoline(t.netns, t.cgroup, argv),
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  bufsize=1)
         line = self.p.stdout.readline()
         if '"ready"' not in line:
             self.close()
