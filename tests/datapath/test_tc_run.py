@@ -101,12 +101,11 @@ def harness():
     maps = {}
     try:
         nsutil.add(NETNS, {"net.ipv4.conf.all.forwarding": "1"})
-        nsutil.ip("link", "add", "kpt0", "type", "veth", "peer", "name", "kpt1", netns=NETNS)
-        nsutil.ip("addr", "add", f"{NODE}/24", "dev", "kpt0", netns=NETNS)
+        nsutil.add_veth(NETNS, "kpt0", NETNS, "kpt1")
+        nsutil.set_addr(NETNS, "kpt0", f"{NODE}/24")
         for dev in ("kpt0", "kpt1"):
-            nsutil.ip("link", "set", dev, "up", netns=NETNS)
-        nsutil.ip("route", "add", "10.244.2.0/24", "via", "10.250.0.12", "dev", "kpt0",
-                  netns=NETNS)
+            nsutil.link_up(NETNS, dev)
+        nsutil.set_route(NETNS, "10.244.2.0/24", "kpt0", via="10.250.0.12")
         bpf = compile_program(bpf_dir() / "tc_lb.c", BPFFS)
         fds = {name: bpf.load_func(name.encode(), BPF.SCHED_CLS).fd
                for name in ("kp_from_outside", "kp_to_outside")}
