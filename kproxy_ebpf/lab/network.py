@@ -690,8 +690,13 @@ def _netns_holders(ns: str) -> list[str]:
     """Processes still inside a lab netns that is about to be deleted: they keep it (and its
     interfaces) alive without a name, so they are reported; they are not ours to kill
     (ours were stopped through their cgroups before)."""
-    pids = nsutil.pids_in(ns)
-    return [f"netns {ns} is still used by pids {pids}: it lives on until they exit"] if pids else []
+    deadline = time.monotonic() + 3.0
+    while (pids := nsutil.pids_in(ns)) and time.monotonic() < deadline:
+        time.sleep(0.05)          # processes killed a moment ago may still be exiting
+    if not pids:
+        return []
+    who = [f"{pid} ({' '.join(procs.cmdline(pid) or ['?'])[:80]})" for pid in pids]
+    return [f"netns {ns} is still used by pids {who}: it lives on until they exit"]
 
 
 def _listening(pid: int, ports: Sequence[tuple[str, int]]) -> bool:
