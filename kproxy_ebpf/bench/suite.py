@@ -26,9 +26,9 @@ ALL_MODES = ("direct", "iptables", "iptables-legacy", "nftables", "kproxy", "kpr
 # finish at 10,000 x 10; the quick run leaves legacy out to stay under 5 minutes.
 DEFAULT_MODES = ("direct", "iptables", "iptables-legacy", "nftables", "kproxy", "kproxy-tc")
 QUICK_MODES = ("direct", "iptables", "nftables", "kproxy", "kproxy-tc")
-NOT_RUN = {"kproxy-tc": "not run (north-south TC path not built)"}
+NOT_RUN = {"kproxy-tc": "not run (ClusterIP through the TC path, --socket-lb=false, is not built)"}
 NOT_SELECTED = {"iptables-legacy": "not run (left out of --quick; add it with --modes)"}
-M9_NOT_RUN = "not run (the TC path, north-south issue, is not built)"
+M9_NOT_RUN = "not run (the NodePort forwarding-rate load generator is not built yet)"
 MIB = 1024 * 1024
 
 
