@@ -27,7 +27,7 @@
 
 enum kp_scope {                 /* kp_svc4_key.scope: which traffic a service row serves */
 	KP_SCOPE_SOCK = 0,      /* connects/sends from sockets on this node (cgroup hooks) */
-	KP_SCOPE_EXT  = 1,      /* packets from outside the node (TC; reserved) */
+	KP_SCOPE_EXT  = 1,      /* packets from outside the node (tc_lb.c) */
 };
 
 enum kp_action {                /* kp_svc_val.action (slot 0) */
