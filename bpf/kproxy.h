@@ -66,7 +66,17 @@ enum kp_stat {                  /* index into the per-CPU counter array kp_stats
 	KP_STAT_RETRY        = 6, /* a lookup raced a writer and read slot 0 again */
 	KP_STAT_CIP_REJECT   = 7, /* refused: an allocated ClusterIP, a port it does not have */
 	KP_STAT_CIDR_DROP    = 8, /* unallocated address inside a ServiceCIDR: EHOSTUNREACH */
-	KP_STAT_MAX          = 16,
+	/* The TC path (tc_lb.c), in the same array: one counter mechanism for every program. */
+	KP_STAT_TC_FORWARD    = 9,  /* a new flow translated to a backend */
+	KP_STAT_TC_SNAT       = 10, /* ... with SNAT (remote backend) */
+	KP_STAT_TC_REPLY      = 11, /* a reply translated back */
+	KP_STAT_TC_DROP       = 12, /* no endpoint in the Local set */
+	KP_STAT_TC_REJECT     = 13, /* no usable endpoint: answered with an ICMP port unreachable */
+	KP_STAT_TC_SNAT_FULL  = 14, /* no free SNAT port after KP_SNAT_TRIES attempts: dropped */
+	KP_STAT_TC_CT_EXPIRED = 15, /* a packet found its entry expired and was load-balanced anew */
+	KP_STAT_TC_FIB_FAIL   = 16, /* no route for a translated packet: dropped */
+	KP_STAT_TC_MISS       = 17, /* a slot or backend vanished twice under the lookup */
+	KP_STAT_MAX           = 32,
 };
 
 enum kp_cip_action {            /* kp_cip4_val.action (lib/servicecidr.h) */
@@ -265,18 +275,6 @@ enum kp_ct_timeouts {           /* seconds; references are the kernel's nf_connt
 	KP_SNAT_TRIES       = 8,     /* source ports tried before a flow counts as exhausted */
 };
 
-enum kp_tc_stat {               /* index into the per-CPU counter array kp_tcstats */
-	KP_TC_FORWARD     = 0,  /* a new flow translated to a backend */
-	KP_TC_SNAT        = 1,  /* ... with SNAT (remote backend) */
-	KP_TC_REPLY       = 2,  /* a reply translated back */
-	KP_TC_DROP        = 3,  /* no endpoint in the Local set */
-	KP_TC_REJECT      = 4,  /* no usable endpoint: answered with an ICMP port unreachable */
-	KP_TC_SNAT_FULL   = 5,  /* no free SNAT port after KP_SNAT_TRIES attempts: dropped */
-	KP_TC_CT_EXPIRED  = 6,  /* a packet found its entry expired and was load-balanced anew */
-	KP_TC_FIB_FAIL    = 7,  /* no route for a translated packet: dropped */
-	KP_TC_MISS        = 8,  /* a slot or backend vanished twice under the lookup */
-	KP_TC_STAT_MAX    = 16,
-};
 
 struct kp_ct4_key {             /* a direction of a flow: src -> dst */
 	__be32 saddr;
@@ -323,13 +321,12 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 8, "kp_tc_cfg");
 	X(affinity,    kp_aff,      1, lru_hash,     struct kp_aff_key,    struct kp_aff_val,    KP_AFF_SIZE,      0) \
 	X(flow,        kp_flow,     1, lru_hash,     struct kp_aff_key,    struct kp_aff_val,    KP_FLOW_SIZE,     0) \
 	X(meta,        kp_meta,     2, hash,         __u32,                struct kp_svc_meta,   KP_META_SIZE,     0) \
-	X(stats,       kp_stats,    2, percpu_array, __u32,                __u64,                KP_STAT_MAX,      0) \
+	X(stats,       kp_stats,    3, percpu_array, __u32,                __u64,                KP_STAT_MAX,      0) \
 	X(clusterip,   kp_cip4,     1, hash,         __be32,               struct kp_cip4_val,   KP_CIP4_SIZE,     0) \
 	X(servicecidr, kp_svccidr4, 1, lpm_trie,     struct kp_cidr4_key,  __u32,                KP_SVCCIDR4_SIZE, KP_NO_PREALLOC) \
 	X(ct,          kp_ct4,      1, lru_hash,     struct kp_ct4_key,    struct kp_ct4_val,    KP_CT4_SIZE,      0) \
 	X(rnat,        kp_rnat4,    1, lru_hash,     struct kp_ct4_key,    struct kp_ct4_key,    KP_RNAT4_SIZE,    0) \
-	X(tccfg,       kp_tccfg,    1, array,        __u32,                struct kp_tc_cfg,     1,                0) \
-	X(tcstats,     kp_tcstats,  1, percpu_array, __u32,                __u64,                KP_TC_STAT_MAX,   0)
+	X(tccfg,       kp_tccfg,    1, array,        __u32,                struct kp_tc_cfg,     1,                0)
 
 #ifndef KP_SVC4_SIZE
 #define KP_SVC4_SIZE   262144  /* frontends plus one row per backend slot (10k x 10: 110k) */
@@ -366,7 +363,7 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 8, "kp_tc_cfg");
  * not emitted). */
 #define KP_ENUMS(X) X(kp_scope) X(kp_action) X(kp_kind) X(kp_be_flags) X(kp_aff_type) \
 	X(kp_stat) X(kp_tunables) X(kp_lb_verdict) X(kp_meta_flags) X(kp_traffic_distribution) \
-	X(kp_cip_action) X(kp_ct_state) X(kp_ct_flags) X(kp_ct_timeouts) X(kp_tc_stat)
+	X(kp_cip_action) X(kp_ct_state) X(kp_ct_flags) X(kp_ct_timeouts)
 
 /* Structs that are no map's key or value but cross the kernel boundary (test runs). */
 #define KP_EXTRA_STRUCTS(X) X(kp_lb_req) X(kp_lb_res)

@@ -30,14 +30,6 @@
  * never equal a netns cookie of the socket path (a counter from 1) in the shared kp_aff map. */
 #define KP_AFF_TC_CLIENT (1ULL << 63)
 
-static __always_inline void kp_tc_count(__u32 idx)
-{
-	__u64 *v = kp_tcstats.lookup(&idx);
-
-	if (v)
-		*v += 1;
-}
-
 /* Reserves a SNAT source port toward be:port: the reply tuple (backend -> snat:port) must be
  * unique, so a port is taken only if kp_rnat4 has no such key (BPF_NOEXIST); a collision tries
  * the next port, from a random start, KP_SNAT_TRIES times in all (the range is shared by the
@@ -97,13 +89,13 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 	case KP_LB_FORWARD:
 		break;
 	case KP_LB_DROP:
-		kp_tc_count(KP_TC_DROP);
+		kp_count(KP_STAT_TC_DROP);
 		return -1 - TC_ACT_SHOT;
 	case KP_LB_REJECT:
-		kp_tc_count(KP_TC_REJECT);
+		kp_count(KP_STAT_TC_REJECT);
 		return -1 - kp_reject(skb, p);
 	default:
-		kp_tc_count(KP_TC_MISS);
+		kp_count(KP_STAT_TC_MISS);
 		return -1 - kp_reject(skb, p);
 	}
 	__builtin_memset(v, 0, sizeof(*v));
@@ -117,16 +109,16 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 		if (c)
 			cfg = *c;
 		if (kp_snat_alloc(&p->tuple, v, &cfg) != 0) {
-			kp_tc_count(KP_TC_SNAT_FULL);
+			kp_count(KP_STAT_TC_SNAT_FULL);
 			return -1 - TC_ACT_SHOT;
 		}
 		v->flags = KP_CT_F_SNAT;
-		kp_tc_count(KP_TC_SNAT);
+		kp_count(KP_STAT_TC_SNAT);
 	} else {
 		kp_ct_reply_key(&p->tuple, v, &rkey);
 		kp_rnat4.update(&rkey, &p->tuple);
 	}
-	kp_tc_count(KP_TC_FORWARD);
+	kp_count(KP_STAT_TC_FORWARD);
 	return 1;
 }
 
@@ -177,7 +169,7 @@ static __always_inline int kp_reply(struct __sk_buff *skb, struct kp_pkt *p, boo
 	    (want_snat && kp_rewrite(skb, p, true, orig.saddr, orig.sport) < 0))
 		return -1;
 	kp_ct_track(&orig, &v, p->tcp_flags, true, bpf_ktime_get_ns(), false);
-	kp_tc_count(KP_TC_REPLY);
+	kp_count(KP_STAT_TC_REPLY);
 	return 1;
 }
 
@@ -198,7 +190,7 @@ int kp_from_outside(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	if (ret > 0) {
 		if (kp_redirect(skb, &p) < 0) {
-			kp_tc_count(KP_TC_FIB_FAIL);
+			kp_count(KP_STAT_TC_FIB_FAIL);
 			return TC_ACT_SHOT;
 		}
 		return TC_ACT_REDIRECT;
@@ -210,7 +202,7 @@ int kp_from_outside(struct __sk_buff *skb)
 	if (row) {
 		v = *row;
 		if (!kp_ct_usable(&p, &v, now)) {
-			kp_tc_count(KP_TC_CT_EXPIRED);
+			kp_count(KP_STAT_TC_CT_EXPIRED);
 			kp_ct_forget(&orig, &v);
 			row = NULL;
 		}
@@ -232,7 +224,7 @@ int kp_from_outside(struct __sk_buff *skb)
 	if (kp_rewrite(skb, &p, false, v.nat_addr, v.nat_port) < 0)
 		return TC_ACT_SHOT;
 	if (kp_redirect(skb, &p) < 0) {
-		kp_tc_count(KP_TC_FIB_FAIL);
+		kp_count(KP_STAT_TC_FIB_FAIL);
 		return TC_ACT_SHOT;
 	}
 	return TC_ACT_REDIRECT;

@@ -126,9 +126,8 @@ class Agent:
         self._attach_pending = adopted == 0
         if not self._attach_pending:
             self._attach()
-        self.metrics.watch_datapath(lambda: {
-            **reader.counters(self.datapath.maps["stats"]),
-            **{f"tc_{k}": v for k, v in reader.tc_counters(self.datapath.maps["tcstats"]).items()}})
+        # Socket and TC counters share kp_stats (the TC ones are named tc_*).
+        self.metrics.watch_datapath(lambda: reader.counters(self.datapath.maps["stats"]))
         self._serve()
         self.source = self._make_source()
         self.metrics.watch_api(self.source.counters)

@@ -140,7 +140,6 @@ KIND_BY_NUM = {v: k for k, v in KIND_NUM.items()}
 F_LOCAL, F_TERMINATING, F_NOT_READY = (const("KP_BE_F_LOCAL"), const("KP_BE_F_TERMINATING"),
                                        const("KP_BE_F_NOT_READY"))
 STAT_NAMES = {v: n for v, n in enum_names("KP_STAT_").items() if n != "max"}
-TC_STAT_NAMES = {v: n for v, n in enum_names("KP_TC_").items() if n != "stat_max"}
 CT_STATE_NAMES = {const(f"KP_CT_{n.upper()}"): n for n in ("new", "established", "closing",
                                                           "closed")}
 CtKey = STRUCTS["kp_ct4_key"]

@@ -120,11 +120,6 @@ def counters(m: PinnedMap) -> dict[str, int]:
     return {r["counter"]: r["value"] for r in dump(m) if r.get("counter") in STAT_NAMES.values()}
 
 
-def tc_counters(m: PinnedMap) -> dict[str, int]:
-    """The TC path's counters (kp_tcstats), summed over CPUs."""
-    return {L.TC_STAT_NAMES[k.value]: sum(v) for k, v in m.items() if k.value in L.TC_STAT_NAMES}
-
-
 def hooks(bpffs_dir: Path, cgroup_roots: tuple[str, ...] = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")
           ) -> list[dict]:
     """The pinned links: which program each socket hook runs and on which cgroup."""

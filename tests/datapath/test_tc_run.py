@@ -158,8 +158,8 @@ def tc(harness):
             return key, maps["ct"].get(key)
 
         def stat(self, name) -> int:
-            idx = {n: v for v, n in L.TC_STAT_NAMES.items()}[name]
-            return sum(maps["tcstats"].get(L.U32(idx)))
+            idx = {n: v for v, n in L.STAT_NAMES.items()}[f"tc_{name}"]
+            return sum(maps["stats"].get(L.U32(idx)))
 
     yield Run()
     writer.apply({})
