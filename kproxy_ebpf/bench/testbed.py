@@ -21,6 +21,7 @@ from pathlib import Path
 
 import yaml
 
+from ..datapath.layout import MAPS
 from ..lab import cgroups, nsutil, procs
 from ..lab.binaries import ensure_binaries
 from ..lab.cluster import Cluster
@@ -185,14 +186,16 @@ class Testbed:
         return dict(self.pids)
 
     def kproxy_map_sizes(self) -> dict[str, int]:
-        """Map sizes for the largest fill of the run. kproxy's defaults (65,536 rows) hold
-        about 6,000 Services of 10 endpoints: a Service costs 1 + E rows in the service map.
-        Everything else (sync periods) stays at its default."""
+        """Map sizes for the largest fill of the run, never below kproxy's defaults (the
+        header's: they hold 10,000 Services of 10 endpoints; a Service costs 1 + E rows in the
+        service map). Everything else (sync periods) stays at its default."""
         n = max(self.max_services, self.filled) + 16
         def fit(rows: int, default: int) -> int:
             return max(default, 1 << (int(rows * 1.25) - 1).bit_length())
-        return {"svc": fit(n * (self.endpoints + 1) + 64, 65536),
-                "backend": fit(n * self.endpoints + 64, 65536), "meta": fit(n * 2, 16384)}
+        default = {name: MAPS[name].default_size for name in ("svc", "backend", "meta")}
+        return {"svc": fit(n * (self.endpoints + 1) + 64, default["svc"]),
+                "backend": fit(n * self.endpoints + 64, default["backend"]),
+                "meta": fit(n * 2, default["meta"])}
 
     def kproxy_config(self) -> Path:
         path = Path(self.cluster.lab.state_dir) / "kproxy-bench.yaml"

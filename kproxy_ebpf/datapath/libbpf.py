@@ -161,22 +161,22 @@ def map_update_batch(fd: int, keys: ctypes.Array, values: ctypes.Array) -> int:
     """Writes len(keys) entries in one syscall (BPF_MAP_UPDATE_BATCH, element by element in
     array order). Returns how many were written; raises BpfError (with .done) on failure."""
     count = ctypes.c_uint32(len(keys))
-    ret = _lib().bpf_map_update_batch(fd, ctypes.byref(keys), ctypes.byref(values),
-                                      ctypes.byref(count), None)
-    if ret < 0:
-        err = BpfError(-ret, f"map batch update: {os.strerror(-ret)}")
-        err.done = count.value
-        raise err
-    return count.value
+    return _batch_done(_lib().bpf_map_update_batch(fd, ctypes.byref(keys), ctypes.byref(values),
+                                                   ctypes.byref(count), None), count, "update")
 
 
 def map_delete_batch(fd: int, keys: ctypes.Array) -> int:
     """Deletes len(keys) entries in one syscall, in array order; a missing key stops it
     (BpfError with .done = entries deleted before it)."""
     count = ctypes.c_uint32(len(keys))
-    ret = _lib().bpf_map_delete_batch(fd, ctypes.byref(keys), ctypes.byref(count), None)
+    return _batch_done(_lib().bpf_map_delete_batch(fd, ctypes.byref(keys), ctypes.byref(count),
+                                                   None), count, "delete")
+
+
+def _batch_done(ret: int, count: ctypes.c_uint32, what: str) -> int:
+    """Entries a batch call processed; on failure a BpfError whose .done says how many."""
     if ret < 0:
-        err = BpfError(-ret, f"map batch delete: {os.strerror(-ret)}")
+        err = BpfError(-ret, f"map batch {what}: {os.strerror(-ret)}")
         err.done = count.value
         raise err
     return count.value
