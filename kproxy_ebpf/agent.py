@@ -318,9 +318,12 @@ class Agent:
             # (A full map is no reason to re-read the kernel: the rows that fit are there.)
             if self._full_syncs % KERNEL_CHECK_EVERY == 0 or self._recheck_kernel or (
                     self._retry and not self._retry_map_full):
+                cpu0 = time.thread_time()
                 self.writer.restore()
                 self.cidrs.restore()
                 self._recheck_kernel = False
+                self.metrics.drift_checks.inc()
+                self.metrics.drift_check_cpu.inc(time.thread_time() - cpu0)
             result = self.writer.apply(changes.frontends)
             retried = True
         else:

@@ -39,6 +39,14 @@ class Metrics:
         self.sync_partial_duration = Histogram(
             P + "sync_partial_proxy_rules_duration_seconds", "Time a partial sync took.",
             fam, registry=r, buckets=SYNC_BUCKETS).labels(IP_FAMILY)
+        # The periodic re-read of the maps (drift repair) is the one O(N) step of the idle
+        # agent: its CPU is counted apart so an operator (and the scale run) can tell it
+        # from the per-change work.
+        self.drift_checks = Counter(P + "datapath_drift_checks_total",
+                                    "Re-reads of the maps to repair drift.", registry=r)
+        self.drift_check_cpu = Counter(P + "datapath_drift_check_cpu_seconds_total",
+                                       "CPU time the sync thread spent re-reading the maps.",
+                                       registry=r)
         self.programming = Histogram(
             P + "network_programming_duration_seconds",
             "From the change that triggered an EndpointSlice update (its last-change-trigger-"

@@ -321,6 +321,8 @@ SCALE_FIGURES = (
      lambda r: r.get("last_answer_s")),
     ("last_after_write", "last slice written until it answers", "s",
      lambda r: r.get("last_answer_after_last_write_s")),
+    ("drift_check_cpu", "CPU of one periodic map re-read (kproxy's drift repair, every 5 min)",
+     "s", lambda r: _get(r, "drift_check", "cpu_s_per_check")),
 )
 
 

@@ -254,3 +254,21 @@ def test_a_full_map_is_retried_by_time_not_on_every_sync(monkeypatch, caplog):
     h.agent._retry_at = 0.0
     h.agent._sync(False)
     assert len(h.agent._retry) == 14 and h.agent._retry < failed
+
+
+def test_the_periodic_map_reread_is_counted_apart(monkeypatch):
+    """The one O(N) step of an idle agent (drift repair) runs on every KERNEL_CHECK_EVERY-th
+    full sync only, and its CPU goes into its own counter (the scale run subtracts it from
+    the per-change figure and reports it beside)."""
+    h = Harness(3, monkeypatch)
+    restores = []
+    real = MapWriter.restore
+    monkeypatch.setattr(MapWriter, "restore", lambda w: (restores.append(1), real(w)))
+    value = lambda name: h.agent.metrics.registry.get_sample_value(name) or 0.0
+    before = value("kproxy_datapath_drift_checks_total")
+    for _ in range(agent_mod.KERNEL_CHECK_EVERY):
+        assert h.agent._sync(False)
+        assert h.agent._sync(True)
+    assert len(restores) == 1
+    assert value("kproxy_datapath_drift_checks_total") == before + 1
+    assert value("kproxy_datapath_drift_check_cpu_seconds_total") > 0
