@@ -104,6 +104,8 @@ def render_markdown(doc: dict, plots: list[str]) -> str:
         for n, r in sorted(doc.get("results", {}).get(m, {}).items(), key=lambda kv: int(kv[0])):
             if r.get("skipped"):
                 out.append(f"- {m} at N={n}: {r['skipped']}")
+            if (r.get("M9") or {}).get("error"):
+                out.append(f"- {m} at N={n}: M9 failed: {r['M9']['error']}")
     out.append("")
     for n in goals.sizes(doc):
         out += [f"## N = {n} Services", ""] + render_table(doc, n) + [""]

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 from . import stats
 from .fill import SERVICE_PORT, SINK_PORT, SINK_SERVICE_PORT, TARGET_PORT, Churner
+from ..lab.nsutil import LabError
 from .loadgen import ProxyDied
 from .procstat import CpuSample, cpu_between, ns_per_packet, read_proc_stat
 from .testbed import KPROXY_ARGS, M5_SERVICE, MIN_SYNC_S, TARGET, Testbed
@@ -147,7 +148,11 @@ class ModeRun:
                 self.m7()
             self.m8()
             if self.mode not in NO_M9:
-                self.m9()
+                try:
+                    self.m9()
+                except LabError as e:     # recorded, and the other metrics still run
+                    self.log(f"{self.mode} N={self.n}: M9 failed: {e}")
+                    self.out["M9"] = {"error": str(e)[-500:]}
             if self.largest:
                 self.m3()
         finally:

@@ -122,3 +122,12 @@ def test_quick_config_keeps_m9_short():
     quick = suite.BenchConfig.make(True)
     assert quick.m9_seconds < suite.BenchConfig.make(False).m9_seconds
     assert "kproxy-tc" in quick.modes and "kproxy-tc" in suite.DEFAULT_MODES
+
+
+def test_an_m9_failure_is_reported_not_hidden():
+    doc = make_doc()
+    doc["results"]["kproxy"]["10000"]["M9"] = {"error": "kpbench-client udp: rc 2: usage"}
+    doc["ratios"], doc["goals"] = goals.ratios(doc), goals.evaluate(doc)
+    md = report.render_markdown(doc, [])
+    assert "- kproxy at N=10000: M9 failed: kpbench-client udp: rc 2: usage" in md
+    assert by_goal(doc["goals"], "NodePort pps")["status"] == "not measured"
