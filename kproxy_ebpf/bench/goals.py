@@ -52,6 +52,8 @@ FIGURES = (
     Figure("m8_p99", "M8 connect p99, 50 changes/s", "us", ("M8", "connect_p99_us"), "lower"),
     Figure("m8_failed", "M8 failed connections", "", ("M8", "failed"), "lower"),
     Figure("m9_crr_rate", "M9 NodePort new conn/s", "conn/s", ("M9", "crr_rate"), "higher"),
+    Figure("m9_crr_failed", "M9 NodePort failed connections", "", ("M9", "failed", "crr"),
+           "lower"),
     Figure("m9_connect_p50", "M9 NodePort connect p50", "us", ("M9", "connect_us", "p50"),
            "lower"),
     Figure("m9_connect_p99", "M9 NodePort connect p99", "us", ("M9", "connect_us", "p99"),

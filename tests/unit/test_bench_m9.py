@@ -11,7 +11,7 @@ def _m9(pps, softirq, crr=5000.0, rr=12000.0):
     return {"crr_rate": crr, "connect_us": {"p50": 60.0, "p99": 120.0},
             "rr_rate": rr, "rr_us": {"p50": 70.0, "p99": 140.0},
             "udp_rate": pps / 4, "udp_us": {"p50": 65.0, "p99": 130.0},
-            "pps": pps, "softirq_ns_per_pkt": softirq, "failed": 0}
+            "pps": pps, "softirq_ns_per_pkt": softirq, "failed": {"crr": 2, "udp": 0}}
 
 
 def with_m9(doc, ours=(90000.0, 3000.0), ipt=(50000.0, 6000.0), direct=(100000.0, 2500.0)):
@@ -59,6 +59,7 @@ def test_m9_rows_in_the_table_and_the_plot_is_written(tmp_path):
     md = (tmp_path / "latest.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| M9 NodePort UDP forwarded"))
     assert "| 100,000 |" in row and "| 50,000 |" in row and "| 1.8x |" in row
+    assert any(line.startswith("| M9 NodePort failed connections | 2 |") for line in md.splitlines())
 
 
 def test_tc_mode_gets_its_own_ratio_columns():
