@@ -39,8 +39,8 @@ DEFAULT_MODES = ("direct", "iptables", "iptables-legacy", "nftables", "kproxy", 
 QUICK_MODES = ("direct", "iptables", "nftables", "kproxy", "kproxy-tc")
 NOT_SELECTED = {"iptables-legacy": "not run (left out of --quick; add it with --modes)"}
 # kproxy-tc serves NodePort with the same TC program as kproxy: M9 once, under kproxy.
-NO_M9 = {"kproxy-tc": "kproxy-tc: M9 not run (its NodePort path is kproxy's TC program, "
-                      "measured under kproxy)"}
+NO_M9 = {"kproxy-tc": "not run (its NodePort path is kproxy's TC program, measured under "
+                      "kproxy)"}
 MIB = 1024 * 1024
 
 
@@ -394,9 +394,6 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
                 m, "not run (not selected with --modes)")}
         else:
             doc["modes"][m] = {"status": "run"}
-    for m, why in NO_M9.items():
-        if m in modes:
-            doc["not_run"][f"M9 {m}"] = why
     tb = Testbed(cfg.lab_name, cfg.tools_dir, endpoints=cfg.endpoints, pin=cfg.pin, log=log,
                  max_services=sizes[-1])
     doc["kproxy_map_sizes"] = tb.kproxy_map_sizes()
@@ -424,5 +421,8 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
                 doc["results"][m][str(n)] = r
     finally:
         tb.down()
+    for m, why in NO_M9.items():
+        if doc["results"].get(m):
+            doc["not_run"][f"M9 {m}"] = why
     doc["run_seconds"] = round(time.monotonic() - t_start, 1)
     return doc
