@@ -270,12 +270,16 @@ def _m8_direct(doc):
 
 def _m9_vs_iptables(doc):
     def one(n):
-        pps = ratio(value(doc, OURS, n, "m9_pps"), value(doc, "iptables", n, "m9_pps"))
-        cpu = ratio(value(doc, OURS, n, "m9_softirq"), value(doc, "iptables", n, "m9_softirq"))
+        # kube-proxy iptables on the nft backend does not finish programming 10k x 10 within
+        # the cold-start cap; then the legacy backend is the iptables figure at that N
+        base = next((b for b in ("iptables", "iptables-legacy")
+                     if value(doc, b, n, "m9_pps") is not None), "iptables")
+        pps = ratio(value(doc, OURS, n, "m9_pps"), value(doc, base, n, "m9_pps"))
+        cpu = ratio(value(doc, OURS, n, "m9_softirq"), value(doc, base, n, "m9_softirq"))
         if None in (pps, cpu):
             return None, "missing"
         return (pps >= 1.5 and cpu <= 0.6), \
-            f"pps ours/iptables {pps:.3g}x, softirq CPU per packet {cpu:.3g}x"
+            f"pps ours/{base} {pps:.3g}x, softirq CPU per packet {cpu:.3g}x"
     return _at_largest(doc, one)
 
 

@@ -132,3 +132,12 @@ def test_an_m9_failure_is_reported_not_hidden():
     md = report.render_markdown(doc, [])
     assert "- kproxy at N=10000: M9 failed: kpbench-client udp: rc 2: usage" in md
     assert by_goal(doc["goals"], "NodePort pps")["status"] == "not measured"
+
+
+def test_m9_goal_falls_back_to_iptables_legacy_when_iptables_did_not_finish():
+    doc = with_m9(make_doc())
+    doc["results"]["iptables-legacy"] = {"10000": {"M9": _m9(45000.0, 6000.0)}}
+    doc["results"]["iptables"]["10000"] = {"M6": {"cold_start_s": None,
+                                                  "did_not_finish_s": 150.0}}
+    row = by_goal(goals.evaluate(doc), "NodePort pps")
+    assert row["status"] == "met" and "ours/iptables-legacy 2x" in row["measured"]
