@@ -9,6 +9,11 @@
  *           the whole transaction, and counts which backend answered (its name).
  *   rr      one keepalive connection per thread, 1-byte request / one-line reply.
  *   stream  one connection per thread to the sink port, 128 KiB writes (bulk throughput).
+ *   udp     one connected UDP socket per thread, 64-byte requests (a send timestamp and a
+ *           sequence number inside), --window W of them in flight (default 1: pure request/
+ *           response latency; more measures the forwarding rate without letting a queue
+ *           anywhere overflow). The server echoes the first 24 bytes and its name; the
+ *           latency comes from the echoed timestamp, so it is exact with any window.
  *   watch   reads commands on stdin: "expect NAME" repeats crr transactions until NAME
  *           answers ("expect *": any answer) and prints one JSON line with the wall-clock
  *           time (CLOCK_REALTIME, ns) at which the first matching connection started;
@@ -58,7 +63,7 @@ struct worker {
 
 static const char *mode;
 static struct sockaddr_in addrs[MAX_ADDRS];
-static int naddrs, threads = 1, cpu = -1, timeout_ms = 1000, interval_us;
+static int naddrs, threads = 1, cpu = -1, timeout_ms = 1000, interval_us, window = 1;
 static double duration = 1.0;
 static long count_per_thread;
 
@@ -256,6 +261,75 @@ static void *run_stream(void *arg)
 	return NULL;
 }
 
+#define UDP_REQ_LEN 64
+#define UDP_HDR_LEN 24 /* 'u', 7 bytes padding, send time (ns), sequence: echoed back */
+
+static int udp_send(int fd, uint64_t seq)
+{
+	unsigned char req[UDP_REQ_LEN] = {'u'};
+	uint64_t t = now_ns(CLOCK_MONOTONIC);
+
+	memcpy(req + 8, &t, sizeof(t));
+	memcpy(req + 16, &seq, sizeof(seq));
+	return send(fd, req, sizeof(req), 0) == (ssize_t)sizeof(req) ? 0 : errno;
+}
+
+/* udp: keeps `window` requests in flight; a receive timeout counts as one error and starts
+ * the window again (late replies are still counted when they come). */
+static void *run_udp(void *arg)
+{
+	struct worker *w = arg;
+	uint64_t deadline = now_ns(CLOCK_MONOTONIC) + (uint64_t)(duration * 1e9), seq = 0;
+	struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
+	int fd = socket(AF_INET, SOCK_DGRAM, 0), inflight = 0, err;
+	unsigned char buf[UDP_HDR_LEN + NAME_LEN + 8];
+
+	if (fd < 0 || connect(fd, (struct sockaddr *)&addrs[w->idx % naddrs], sizeof(addrs[0])) < 0) {
+		count_err(w, errno);
+		return NULL;
+	}
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	while ((count_per_thread ? (long)w->ok < count_per_thread : now_ns(CLOCK_MONOTONIC) < deadline)) {
+		ssize_t n;
+		uint64_t t0;
+
+		while (inflight < window) {
+			if ((err = udp_send(fd, seq++))) {
+				count_err(w, err);
+				goto out; /* ECONNREFUSED (ICMP port unreachable) and the like */
+			}
+			inflight++;
+		}
+		n = recv(fd, buf, sizeof(buf) - 1, 0);
+		if (n < 0) {
+			if (errno != EAGAIN && errno != EINTR) {
+				count_err(w, errno);
+				goto out;
+			}
+			if (errno == EAGAIN) {
+				count_err(w, ETIMEDOUT);
+				inflight = 0;
+			}
+			continue;
+		}
+		if (inflight > 0)
+			inflight--;
+		if (n < UDP_HDR_LEN + 1 || buf[0] != 'u') {
+			count_err(w, EBADMSG);
+			continue;
+		}
+		memcpy(&t0, buf + 8, sizeof(t0));
+		push(&w->txn, now_ns(CLOCK_MONOTONIC) - t0);
+		buf[n] = 0;
+		buf[UDP_HDR_LEN + strcspn((char *)buf + UDP_HDR_LEN, "\n")] = 0;
+		count_name(w, (char *)buf + UDP_HDR_LEN, 1);
+		w->ok++;
+	}
+out:
+	close(fd);
+	return NULL;
+}
+
 static int cmp_u64(const void *a, const void *b)
 {
 	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -437,8 +511,8 @@ static int parse_addrs(char *list, int port)
 
 static void usage(const char *prog)
 {
-	fprintf(stderr, "usage: %s crr|rr|stream|watch --addr A[,B..] --port P [--duration S] "
-		"[--count N] [--threads T] [--timeout-ms MS] [--interval-us US] [--cpu C]\n", prog);
+	fprintf(stderr, "usage: %s crr|rr|stream|udp|watch --addr A[,B..] --port P [--duration S] "
+		"[--count N] [--threads T] [--timeout-ms MS] [--interval-us US] [--window W] [--cpu C]\n", prog);
 	exit(2);
 }
 
@@ -474,11 +548,13 @@ int main(int argc, char **argv)
 			interval_us = atoi(v);
 		else if (!strcmp(a, "--cpu"))
 			cpu = atoi(v);
+		else if (!strcmp(a, "--window"))
+			window = atoi(v);
 		else
 			usage(argv[0]);
 		i++;
 	}
-	if (!addr_list || port <= 0 || threads < 1 || parse_addrs(addr_list, port) < 0)
+	if (!addr_list || port <= 0 || threads < 1 || window < 1 || parse_addrs(addr_list, port) < 0)
 		usage(argv[0]);
 	signal(SIGPIPE, SIG_IGN);
 	if (cpu >= 0) {
@@ -496,6 +572,8 @@ int main(int argc, char **argv)
 		fn = run_rr;
 	else if (!strcmp(mode, "stream"))
 		fn = run_stream;
+	else if (!strcmp(mode, "udp"))
+		fn = run_udp;
 	else
 		usage(argv[0]);
 	ws = calloc((size_t)threads, sizeof(*ws));

@@ -5,6 +5,8 @@
  * closes (one request per connection, the server closes first, as HTTP/1.0 does: the
  * TIME_WAIT lands on the server and the client never runs out of ephemeral ports).
  * Sink port: everything read is discarded (bulk throughput).
+ * UDP on the request port: a datagram starting with 'u' is answered with its first 24 bytes
+ * (the client's timestamp and sequence number) followed by "<name>\n".
  *
  * One epoll loop per thread over SO_REUSEPORT listeners, so the server is never the
  * bottleneck of a single client process. Plain C, no dependencies.
@@ -26,6 +28,8 @@
 #define MAX_EVENTS 256
 #define TAG_REQ_LISTEN 1u
 #define TAG_SINK_LISTEN 2u
+#define TAG_UDP 3u
+#define UDP_HDR_LEN 24
 
 static char reply[128];
 static size_t reply_len;
@@ -45,6 +49,39 @@ static int listener(int port)
 		exit(1);
 	}
 	return fd;
+}
+
+static int udp_socket(int port)
+{
+	int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK, 0), one = 1;
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+
+	if (fd < 0)
+		return -1;
+	setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		perror("bind udp");
+		exit(1);
+	}
+	return fd;
+}
+
+static void serve_udp(int fd)
+{
+	unsigned char buf[2048];
+
+	for (;;) {
+		struct sockaddr_in from;
+		socklen_t flen = sizeof(from);
+		ssize_t n = recvfrom(fd, buf, sizeof(buf), 0, (struct sockaddr *)&from, &flen);
+
+		if (n < 0)
+			return; /* EAGAIN: drained */
+		if (n < UDP_HDR_LEN || buf[0] != 'u')
+			continue;
+		memcpy(buf + UDP_HDR_LEN, reply, reply_len);
+		sendto(fd, buf, UDP_HDR_LEN + reply_len, 0, (struct sockaddr *)&from, flen);
+	}
 }
 
 /* epoll data: listeners carry their tag in bits 48.., connections their fd and a sink bit
@@ -108,6 +145,7 @@ static void serve_sink(int fd)
 static void *loop(void *arg)
 {
 	int ep = epoll_create1(0), rl = listener(req_port), sl = listener(sink_port);
+	int ul = udp_socket(req_port);
 	struct epoll_event ev = {.events = EPOLLIN}, evs[MAX_EVENTS];
 
 	(void)arg;
@@ -115,6 +153,8 @@ static void *loop(void *arg)
 	epoll_ctl(ep, EPOLL_CTL_ADD, rl, &ev);
 	ev.data.u64 = (uint64_t)TAG_SINK_LISTEN << 48 | (uint32_t)sl;
 	epoll_ctl(ep, EPOLL_CTL_ADD, sl, &ev);
+	ev.data.u64 = (uint64_t)TAG_UDP << 48 | (uint32_t)ul;
+	epoll_ctl(ep, EPOLL_CTL_ADD, ul, &ev);
 	for (;;) {
 		int n = epoll_wait(ep, evs, MAX_EVENTS, -1);
 
@@ -126,6 +166,8 @@ static void *loop(void *arg)
 				accept_all(ep, fd, 0);
 			else if (d >> 48 == TAG_SINK_LISTEN)
 				accept_all(ep, fd, 1);
+			else if (d >> 48 == TAG_UDP)
+				serve_udp(fd);
 			else if ((d >> 32) & 1)
 				serve_sink(fd);
 			else

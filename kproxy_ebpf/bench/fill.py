@@ -41,27 +41,33 @@ def churn_address(k: int) -> str:
     return str(ipaddress.IPv4Address(CHURN_BASE + 1 + k))
 
 
-def service_obj(name: str, ports: Sequence[tuple[str, int, int]] = (("", SERVICE_PORT,
-                                                                       TARGET_PORT),)) -> dict:
-    """A selector-less ClusterIP Service; ports are (name, port, targetPort)."""
+def _proto(port: tuple) -> str:
+    """A port tuple's protocol: (name, port, targetPort[, protocol]), TCP unless given."""
+    return port[3] if len(port) > 3 else "TCP"
+
+
+def service_obj(name: str, ports: Sequence[tuple] = (("", SERVICE_PORT, TARGET_PORT),),
+                service_type: str = "ClusterIP") -> dict:
+    """A selector-less Service; ports are (name, port, targetPort[, protocol])."""
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": {"name": name, "namespace": NAMESPACE, "labels": dict(PART_OF)},
-            "spec": {"type": "ClusterIP",
-                     "ports": [{**({"name": n} if n else {}), "port": p, "targetPort": t,
-                                "protocol": "TCP"} for n, p, t in ports]}}
+            "spec": {"type": service_type,
+                     "ports": [{**({"name": p[0]} if p[0] else {}), "port": p[1],
+                                "targetPort": p[2], "protocol": _proto(p)} for p in ports]}}
 
 
 def slice_obj(service: str, addresses: Sequence[str],
-              ports: Sequence[tuple[str, int]] = (("", TARGET_PORT),),
+              ports: Sequence[tuple] = (("", TARGET_PORT),),
               name: str | None = None) -> dict:
+    """ports are (name, port[, protocol])."""
     return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
             "metadata": {"name": name or f"{service}-kpbench", "namespace": NAMESPACE,
                          "labels": {**PART_OF, "kubernetes.io/service-name": service,
                                     "endpointslice.kubernetes.io/managed-by": MANAGED_BY}},
             "addressType": "IPv4",
             "endpoints": [{"addresses": [a], "conditions": {"ready": True}} for a in addresses],
-            "ports": [{**({"name": n} if n else {}), "port": p, "protocol": "TCP"}
-                      for n, p in ports]}
+            "ports": [{**({"name": p[0]} if p[0] else {}), "port": p[1],
+                       "protocol": p[2] if len(p) > 2 else "TCP"} for p in ports]}
 
 
 def services_path(name: str | None = None) -> str:
@@ -80,15 +86,22 @@ def ensure_namespace(api: RawApi) -> None:
 
 
 def create_service(api: RawApi, name: str, addresses: Sequence[str],
-                   ports: Sequence[tuple[str, int, int]] = (("", SERVICE_PORT, TARGET_PORT),)
-                   ) -> str:
-    """Service + its slice; ports are (name, port, targetPort). Returns the ClusterIP the
-    API server allocated."""
-    svc = api.create(services_path(), service_obj(name, ports))
+                   ports: Sequence[tuple] = (("", SERVICE_PORT, TARGET_PORT),)) -> str:
+    """Service + its slice; ports are (name, port, targetPort[, protocol]). Returns the
+    ClusterIP the API server allocated."""
+    return create_service_obj(api, name, addresses, ports)["spec"]["clusterIP"]
+
+
+def create_service_obj(api: RawApi, name: str, addresses: Sequence[str],
+                       ports: Sequence[tuple], service_type: str = "ClusterIP") -> dict:
+    """Service + its slice; returns the Service as the API server stored it (ClusterIP,
+    nodePorts allocated)."""
+    svc = api.create(services_path(), service_obj(name, ports, service_type))
     if svc is None:
         svc = api.get(services_path(name))
-    api.create(slices_path(), slice_obj(name, addresses, [(n, t) for n, _p, t in ports]))
-    return svc["spec"]["clusterIP"]
+    api.create(slices_path(), slice_obj(name, addresses,
+                                        [(p[0], p[2], _proto(p)) for p in ports]))
+    return svc
 
 
 @dataclass

@@ -8,9 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 OURS = "kproxy"
+OURS_TC = "kproxy-tc"          # ClusterIP per packet at TC (--socket-lb=false): ratios only
 BASES = ("iptables", "nftables", "direct")
 GOAL_N = 10000          # the goals' reference size ("at 10k svc")
-MET, MISSED, NOT_MEASURED, NOT_RUN = "met", "missed", "not measured", "not run"
+MET, MISSED, NOT_MEASURED = "met", "missed", "not measured"
 
 
 def _get(d: dict | None, *path):
@@ -50,6 +51,20 @@ FIGURES = (
     Figure("m7_churn", "M7 CPU, 100 changes/s", "mCPU", ("M7", "churn", "mcpu"), "lower"),
     Figure("m8_p99", "M8 connect p99, 50 changes/s", "us", ("M8", "connect_p99_us"), "lower"),
     Figure("m8_failed", "M8 failed connections", "", ("M8", "failed"), "lower"),
+    Figure("m9_crr_rate", "M9 NodePort new conn/s", "conn/s", ("M9", "crr_rate"), "higher"),
+    Figure("m9_crr_failed", "M9 NodePort failed connections", "", ("M9", "failed", "crr"),
+           "lower"),
+    Figure("m9_connect_p50", "M9 NodePort connect p50", "us", ("M9", "connect_us", "p50"),
+           "lower"),
+    Figure("m9_connect_p99", "M9 NodePort connect p99", "us", ("M9", "connect_us", "p99"),
+           "lower"),
+    Figure("m9_rr_rate", "M9 NodePort keepalive req/s", "req/s", ("M9", "rr_rate"), "higher"),
+    Figure("m9_rr_p99", "M9 NodePort keepalive p99", "us", ("M9", "rr_us", "p99"), "lower"),
+    Figure("m9_udp_p50", "M9 NodePort UDP request p50", "us", ("M9", "udp_us", "p50"), "lower"),
+    Figure("m9_udp_p99", "M9 NodePort UDP request p99", "us", ("M9", "udp_us", "p99"), "lower"),
+    Figure("m9_pps", "M9 NodePort UDP forwarded", "pkt/s", ("M9", "pps"), "higher"),
+    Figure("m9_softirq", "M9 softirq CPU per packet", "ns", ("M9", "softirq_ns_per_pkt"),
+           "lower"),
     Figure("m10_p", "M10 spread chi-square p", "", ("M10", "p_value"), "higher"),
     Figure("m10_dev", "M10 max deviation from uniform", "", ("M10", "max_deviation"), "lower"),
 )
@@ -70,13 +85,13 @@ def ratio(a, b):
     return a / b
 
 
-def ratios(doc: dict) -> dict:
+def ratios(doc: dict, ours_mode: str = OURS) -> dict:
     """{N: {figure: {base: ours/base}}} for every figure both sides have."""
     out: dict = {}
     for n in sizes(doc):
         per: dict = {}
         for f in FIGURES:
-            ours = value(doc, OURS, n, f.key)
+            ours = value(doc, ours_mode, n, f.key)
             r = {b: ratio(ours, value(doc, b, n, f.key)) for b in BASES}
             r = {b: float(f"{v:.4g}") for b, v in r.items() if v is not None}
             if r:
@@ -253,6 +268,21 @@ def _m8_direct(doc):
     return _at_largest(doc, one)
 
 
+def _m9_vs_iptables(doc):
+    def one(n):
+        # kube-proxy iptables on the nft backend does not finish programming 10k x 10 within
+        # the cold-start cap; then the legacy backend is the iptables figure at that N
+        base = next((b for b in ("iptables", "iptables-legacy")
+                     if value(doc, b, n, "m9_pps") is not None), "iptables")
+        pps = ratio(value(doc, OURS, n, "m9_pps"), value(doc, base, n, "m9_pps"))
+        cpu = ratio(value(doc, OURS, n, "m9_softirq"), value(doc, base, n, "m9_softirq"))
+        if None in (pps, cpu):
+            return None, "missing"
+        return (pps >= 1.5 and cpu <= 0.6), \
+            f"pps ours/{base} {pps:.3g}x, softirq CPU per packet {cpu:.3g}x"
+    return _at_largest(doc, one)
+
+
 def _m10(doc):
     def one(n):
         p = value(doc, OURS, n, "m10_p")
@@ -292,8 +322,11 @@ GOALS = (
     Goal("M8", "connect p99 inflation during 50 changes/s <= 10 %, zero failed connections "
                "(largest N)", _m8),
     Goal("M8", "p99 during churn within 1.1x the no-churn direct p99 (largest N)", _m8_direct),
-    Goal("M9", ">= 1.5x iptables NodePort pps at 1 core, <= 0.6x CPU per packet",
-         lambda d: (NOT_RUN, d.get("not_run", {}).get("M9", "not run"))),
+    Goal("M9", ">= 1.5x iptables NodePort pps and <= 0.6x CPU per packet (UDP request/reply "
+               "from outside, client on 1 core; CPU = the machine's softirq time; largest N)",
+         _m9_vs_iptables),
+    Goal("M9", ">= 0.8x the pps of plain forwarding without NAT (direct, same hops; "
+               "largest N)", lambda d: _ratio_goal(d, "largest", "m9_pps", "direct", 0.8)),
     Goal("M10", "spread no worse than iptables, uniform over backends (criterion: chi-square "
                 "p >= 0.01 at every N)", _m10),
 )

@@ -4,9 +4,10 @@ node1's kproxy hooks attach, so the client is translated exactly like a workload
 from __future__ import annotations
 
 import json
+import select
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..lab import procs
@@ -15,6 +16,10 @@ from ..lab.nsutil import LabError
 
 CLIENT = "kpbench-client"
 SERVER = "kpbench-server"
+
+
+class ProxyDied(LabError):
+    """The proxy under measurement exited on its own."""
 
 
 def find_tools(tools_dir: str | Path) -> dict[str, Path]:
@@ -27,10 +32,11 @@ def find_tools(tools_dir: str | Path) -> dict[str, Path]:
 
 
 class Client:
-    """Runs kpbench-client in one pod (its netns and cgroup)."""
+    """Runs kpbench-client in one lab target (netns and cgroup): `pod/<name>`, or `ext` for
+    the external client."""
 
-    def __init__(self, lab: Lab, binary: Path, pod: str, cpu: int | None):
-        self.lab, self.binary, self.pod, self.cpu = lab, binary, pod, cpu
+    def __init__(self, lab: Lab, binary: Path, target: str, cpu: int | None):
+        self.lab, self.binary, self.target, self.cpu = lab, binary, target, cpu
 
     def _argv(self, mode: str, addrs: Sequence[str], port: int, **opts) -> list[str]:
         argv = [str(self.binary), mode, "--addr", ",".join(addrs), "--port", str(port)]
@@ -42,19 +48,20 @@ class Client:
         return argv
 
     def run(self, mode: str, addrs: Sequence[str], port: int, *, duration: float | None = None,
-            count: int | None = None, threads: int = 1, timeout_ms: int = 1000) -> dict:
-        """One crr/rr/stream run; returns the client's JSON."""
+            count: int | None = None, threads: int = 1, timeout_ms: int = 1000,
+            window: int | None = None) -> dict:
+        """One crr/rr/stream/udp run; returns the client's JSON."""
         argv = self._argv(mode, addrs, port, duration=duration, count=count, threads=threads,
-                          timeout_ms=timeout_ms)
+                          timeout_ms=timeout_ms, window=window)
         limit = (duration or 0) + (count or 0) * timeout_ms / 1000 + 60
-        r = self.lab.exec(f"pod/{self.pod}", argv, capture_output=True, text=True, timeout=limit)
+        r = self.lab.exec(self.target, argv, capture_output=True, text=True, timeout=limit)
         if r.returncode != 0:
             raise LabError(f"{' '.join(argv)}: rc {r.returncode}: {r.stderr.strip()}")
         return json.loads(r.stdout)
 
     def watch(self, addrs: Sequence[str], port: int, interval_us: int = 500,
               timeout_ms: int = 200) -> Watcher:
-        return Watcher(self.lab, self.pod, self._argv("watch", addrs, port,
+        return Watcher(self.lab, self.target, self._argv("watch", addrs, port,
                                                       interval_us=interval_us,
                                                       timeout_ms=timeout_ms))
 
@@ -63,8 +70,8 @@ class Watcher:
     """A long-running `kpbench-client watch`: `expect(name)` returns the wall-clock time
     (ns) at which the first connection answered by `name` started ("*": any answer)."""
 
-    def __init__(self, lab: Lab, pod: str, argv: list[str]):
-        t = lab.target(f"pod/{pod}")
+    def __init__(self, lab: Lab, target: str, argv: list[str]):
+        t = lab.target(target)
         # The lab's trampoline joins the pod's cgroup and netns before exec, as lab.exec does;
         # a watcher needs a pipe both ways, which subprocess.run cannot give.
         self.p = subprocess.Popen(procs.trampoline(t.netns, t.cgroup, argv),
@@ -79,7 +86,15 @@ class Watcher:
         self.p.stdin.write(f"expect {name} {max_wait}\n")
         self.p.stdin.flush()
 
-    def result(self) -> dict:
+    def result(self, alive: Callable[[], bool] | None = None) -> dict:
+        """The answer to the last command. With `alive`, the wait gives up (LabError) as
+        soon as alive() turns false (the proxy being measured died), checked twice a second."""
+        while alive is not None:
+            ready, _, _ = select.select([self.p.stdout], [], [], 0.5)
+            if ready:
+                break
+            if not alive():
+                raise ProxyDied("the proxy exited while the watch client waited")
         line = self.p.stdout.readline()
         if not line:
             raise LabError("watch client exited")

@@ -18,9 +18,14 @@ PLOTS = (
     ("m7_cpu", "M7 proxy CPU at rest and under 100 changes/s (children included)", "mCPU",
      ("m7_steady", "m7_churn")),
     ("m8_p99", "M8 connect p99 during 50 changes/s", "us", ("m8_p99",)),
+    ("m9_nodeport_crr", "M9 NodePort new connections/s from outside (node1 -> node2)",
+     "conn/s", ("m9_crr_rate",)),
 )
+# M9's rates at the largest N, one bar per mode (they are measured at that N only).
+M9_BARS = (("m9_pps", "UDP packets forwarded/s"), ("m9_softirq", "softirq ns per packet"),
+           ("m9_rr_rate", "TCP keepalive req/s"), ("m9_crr_rate", "TCP new conn/s"))
 STYLE = {"direct": "k", "iptables": "tab:red", "iptables-legacy": "tab:purple",
-         "nftables": "tab:orange", "kproxy": "tab:blue"}
+         "nftables": "tab:orange", "kproxy": "tab:blue", "kproxy-tc": "tab:green"}
 LOG_Y = {"m5_change", "m6_cold", "m7_cpu"}
 
 
@@ -69,7 +74,34 @@ def bench_plots(doc: dict, out_dir: Path) -> list[Path]:
         fig.savefig(path)
         plt.close(fig)
         written.append(path)
-    return written
+    m9 = m9_plot(doc, out_dir, plt)
+    return written + ([m9] if m9 else [])
+
+
+def m9_plot(doc: dict, out_dir: Path, plt) -> Path | None:
+    """M9 at the largest N: one panel per figure, one bar per mode."""
+    n = goals.sizes(doc)[-1]
+    panels = []
+    for key, title in M9_BARS:
+        bars = [(m, goals.value(doc, m, n, key)) for m in STYLE]
+        bars = [(m, v) for m, v in bars if isinstance(v, (int, float))]
+        if bars:
+            panels.append((title, bars))
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.6), dpi=100,
+                             squeeze=False)
+    for ax, (title, bars) in zip(axes[0], panels):
+        ax.bar(range(len(bars)), [v for _m, v in bars], color=[STYLE[m] for m, _v in bars])
+        ax.set_xticks(range(len(bars)), [m for m, _v in bars], rotation=30, fontsize=7)
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(f"M9 NodePort from outside, N = {n} Services", fontsize=10)
+    fig.tight_layout()
+    path = out_dir / "m9_nodeport.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 def scale_plot(doc: dict, out_dir: Path) -> Path | None:

@@ -90,3 +90,30 @@ def cpu_between(a: CpuSample, b: CpuSample) -> dict:
     return {"wall_s": wall, "cpu_s": best, "cpu_s_cgroup": cg, "cpu_s_proc": proc,
             "cores": best / wall if best is not None and wall > 0 else None,
             "source": "cgroup" if cg is not None else "proc"}
+
+
+# -- machine-wide CPU time by kind (M9: the per-packet forwarding runs in softirq) -----------
+
+PROC_STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def parse_proc_stat(text: str) -> dict[str, float]:
+    """Seconds per kind, summed over all CPUs, from /proc/stat's first ("cpu") line."""
+    for line in text.splitlines():
+        parts = line.split()
+        if parts and parts[0] == "cpu":
+            return {k: int(v) / CLK_TCK for k, v in zip(PROC_STAT_FIELDS, parts[1:])}
+    raise ValueError("no cpu line in /proc/stat")
+
+
+def read_proc_stat() -> dict[str, float]:
+    with open("/proc/stat") as f:
+        return parse_proc_stat(f.read())
+
+
+def ns_per_packet(before: dict[str, float], after: dict[str, float], packets: int,
+                  kinds: tuple[str, ...] = ("softirq",)) -> float | None:
+    """CPU nanoseconds of `kinds` per packet between two read_proc_stat() samples."""
+    if packets <= 0:
+        return None
+    return sum(after[k] - before[k] for k in kinds) * 1e9 / packets

@@ -104,3 +104,9 @@ def merge_counts(parts: Iterable[Mapping[str, int]]) -> dict[str, int]:
         for name, n in part.items():
             out[name] = out.get(name, 0) + int(n)
     return out
+
+
+def median_or_none(values: Iterable[float | None]) -> float | None:
+    """The median of the values that are there, None if none is."""
+    present = [v for v in values if v is not None]
+    return median(present) if present else None

@@ -7,18 +7,29 @@ Per mode and N: M6 cold start, M1 connect latency and M2 connection rate (crr ru
 and 2 client threads, each percentile the median over repeats), M10 spread (the crr runs'
 backend counts), M5 one-change programming latency, M7 CPU and RSS at rest and under 100
 filler endpoint changes/s, M8 connect p99 and failures during a 50 changes/s rolling update
-of the target; M3 (keepalive requests, bulk stream) at the largest N.
+of the target; M3 (keepalive requests, bulk stream) at the largest N; M9, the NodePort path
+from the lab's external client (10.250.0.250) to node1's NodePort with the backends on node2,
+so node1 forwards and SNATs: new connections/s at every N, keepalive requests, UDP request
+latency and the UDP forwarding rate (with softirq CPU per packet) at the largest N. Direct's
+M9 is the same hops with no NAT (pod routes added for that measurement only).
+
+kproxy-tc is kproxy with `--socket-lb=false` (ClusterIP per packet at TC): the same
+measurements as kproxy except M9 (its NodePort path is kproxy's). An agent that does not
+accept the flag leaves the mode "not run" with the agent's own error.
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 
 from . import stats
 from .fill import SERVICE_PORT, SINK_PORT, SINK_SERVICE_PORT, TARGET_PORT, Churner
-from .procstat import CpuSample, cpu_between
-from .testbed import M5_SERVICE, MIN_SYNC_S, TARGET, Testbed
+from ..lab.nsutil import LabError
+from .loadgen import ProxyDied
+from .procstat import CpuSample, cpu_between, ns_per_packet, read_proc_stat
+from .testbed import KPROXY_ARGS, M5_SERVICE, MIN_SYNC_S, TARGET, Testbed
 
 ALL_MODES = ("direct", "iptables", "iptables-legacy", "nftables", "kproxy", "kproxy-tc")
 # iptables-legacy: kube-proxy iptables mode on the legacy xtables binaries (`iptables` mode
@@ -26,9 +37,10 @@ ALL_MODES = ("direct", "iptables", "iptables-legacy", "nftables", "kproxy", "kpr
 # finish at 10,000 x 10; the quick run leaves legacy out to stay under 5 minutes.
 DEFAULT_MODES = ("direct", "iptables", "iptables-legacy", "nftables", "kproxy", "kproxy-tc")
 QUICK_MODES = ("direct", "iptables", "nftables", "kproxy", "kproxy-tc")
-NOT_RUN = {"kproxy-tc": "not run (ClusterIP through the TC path, --socket-lb=false, is not built)"}
 NOT_SELECTED = {"iptables-legacy": "not run (left out of --quick; add it with --modes)"}
-M9_NOT_RUN = "not run (the NodePort forwarding-rate load generator is not built yet)"
+# kproxy-tc serves NodePort with the same TC program as kproxy: M9 once, under kproxy.
+NO_M9 = {"kproxy-tc": "not run (its NodePort path is kproxy's TC program, measured under "
+                      "kproxy)"}
 MIB = 1024 * 1024
 
 
@@ -47,6 +59,10 @@ class BenchConfig:
     churn_seconds: float = 8.0
     m7_churn_rate: float = 100.0
     m8_churn_rate: float = 50.0
+    m9_seconds: float = 1.5
+    # UDP requests in flight for M9's forwarding rate: enough to keep the path busy, far
+    # below any queue (netdev backlog 1000), so nothing is dropped and the rate is the path's.
+    m9_window: int = 16
     # A proxy that has not programmed N x E after this long is recorded as "did not finish"
     # and the rest of its measurements at that N are skipped: kube-proxy iptables on the nft
     # backend (iptables 1.8.9) spends minutes in one iptables-restore at 10,000 x 10.
@@ -63,10 +79,15 @@ class BenchConfig:
             base.repeats, base.crr_seconds, base.m3_seconds = 2, 1.0, 1.5
             base.m5_changes, base.m10_connections = 5, 10_000
             base.steady_seconds = base.churn_seconds = 2.0
+            base.m9_seconds = 1.0
         for k, v in kw.items():
             if v is not None:
                 setattr(base, k, v)
         return base
+
+
+class ProxyFailed(Exception):
+    """The proxy exited on its own (e.g. rejected a flag): the mode is recorded as not run."""
 
 
 class ColdStartTimeout(Exception):
@@ -104,6 +125,11 @@ class ModeRun:
         if not self.direct:
             try:
                 self.cold_start()
+            except ProxyFailed as e:
+                self.log(f"{self.mode} N={self.n}: {e}")
+                self.tb.stop_proxy()
+                self.out["failed_to_start"] = self.out["skipped"] = str(e)
+                return self.out
             except ColdStartTimeout as e:
                 self.log(f"{self.mode} N={self.n}: {e}")
                 self.tb.stop_proxy()
@@ -121,6 +147,12 @@ class ModeRun:
                 self.m5()
                 self.m7()
             self.m8()
+            if self.mode not in NO_M9:
+                try:
+                    self.m9()
+                except LabError as e:     # recorded, and the other metrics still run
+                    self.log(f"{self.mode} N={self.n}: M9 failed: {e}")
+                    self.out["M9"] = {"error": str(e)[-500:]}
             if self.largest:
                 self.m3()
         finally:
@@ -138,7 +170,10 @@ class ModeRun:
             w.send("*", self.cfg.cold_timeout)
             t0_wall, t0 = time.time_ns(), time.monotonic()
             tb.start_proxy(self.mode)
-            seen = w.result()
+            try:
+                seen = w.result(alive=tb.proxy_alive)
+            except ProxyDied as e:
+                raise ProxyFailed(f"{e}: {tb.proxy_log_tail() or 'no log output'}") from e
         if not seen.get("ok"):
             raise ColdStartTimeout(self.cfg.cold_timeout,
                                    f"did not finish programming within "
@@ -263,6 +298,64 @@ class ModeRun:
             # direct does not follow the Service: the churn only loads the machine
             self.out["M8"]["note"] = "direct: the client does not follow the Service"
 
+    # -- M9 ------------------------------------------------------------------------------------
+    def m9_target(self) -> tuple[list[str], int, int]:
+        """Where the external client sends: node1's NodePorts, or (direct) the pods."""
+        tb = self.tb
+        if self.direct:
+            return [tb.pods[n] for n in tb.np_set], TARGET_PORT, TARGET_PORT
+        return [tb.node_ip("node1")], tb.np_ports["TCP"], tb.np_ports["UDP"]
+
+    def m9(self) -> None:
+        tb, cfg = self.tb, self.cfg
+        addrs, tcp, udp = self.m9_target()
+        runs = max(2, cfg.repeats // 2 + 1)
+        client = tb.ext_client
+        self.log(f"{self.mode} N={self.n}: M9 NodePort from outside x{runs}"
+                 + (" (crr, rr, udp)" if self.largest else " (crr)"))
+        floor = tb.pods_routed_from_outside(tb.np_set) if self.direct else nullcontext()
+        with floor:
+            crr = [client.run("crr", addrs, tcp, duration=cfg.m9_seconds) for _ in range(runs)]
+            m9 = {"target": f"{addrs[0]}:{tcp}" + (f" (+{len(addrs) - 1} pods)"
+                                                   if len(addrs) > 1 else ""),
+                  "runs": runs,
+                  "crr_rate": round(stats.median(r["rate"] for r in crr), 1),
+                  "connect_us": _us(stats.median_of_runs([r["connect_ns"] for r in crr])),
+                  "crr_txn_us": _us(stats.median_of_runs([r["txn_ns"] for r in crr])),
+                  "backends": stats.merge_counts(r["backends"] for r in crr)}
+            kinds = {"crr": crr}
+            if self.largest:
+                rr = [client.run("rr", addrs[:1], tcp, duration=cfg.m9_seconds)
+                      for _ in range(runs)]
+                one = [client.run("udp", addrs[:1], udp, duration=cfg.m9_seconds,
+                                  timeout_ms=200) for _ in range(runs)]
+                flood = [self._udp_rate(addrs[:1], udp) for _ in range(runs)]
+                kinds.update({"rr": rr, "udp": one, "udp_window": [f for f, _ in flood]})
+                m9.update({
+                    "rr_rate": round(stats.median(r["rate"] for r in rr), 1),
+                    "rr_us": _us(stats.median_of_runs([r["txn_ns"] for r in rr])),
+                    "udp_rate": round(stats.median(r["rate"] for r in one), 1),
+                    "udp_us": _us(stats.median_of_runs([r["txn_ns"] for r in one])),
+                    "udp_window": cfg.m9_window,
+                    # a request and its reply: two packets through node1 (and node2)
+                    "pps": round(stats.median(2 * f["rate"] for f, _ in flood), 1),
+                    "pps_runs": [round(2 * f["rate"], 1) for f, _ in flood],
+                    "softirq_ns_per_pkt": stats.median_or_none(c for _, c in flood)})
+        # per kind: a UDP timeout costs 200 ms of one run, a lost SYN a second of a crr run
+        m9["failed"] = {k: sum(r["failed"] for r in rs) for k, rs in kinds.items()}
+        m9["errors"] = {k: stats.merge_counts(r["errors"] for r in rs) for k, rs in kinds.items()}
+        self.out["M9"] = m9
+
+    def _udp_rate(self, addrs: list[str], port: int) -> tuple[dict, float | None]:
+        """One windowed UDP run and the machine's softirq CPU per forwarded packet in it
+        (veth hands packets to the backlog of the sending CPU, so node1's and node2's
+        forwarding of them runs in softirq)."""
+        before = read_proc_stat()
+        r = self.tb.ext_client.run("udp", addrs, port, duration=self.cfg.m9_seconds,
+                                   window=self.cfg.m9_window, timeout_ms=200)
+        cost = ns_per_packet(before, read_proc_stat(), 2 * r["ok"])
+        return r, (round(cost, 1) if cost is not None else None)
+
     # -- M3 ------------------------------------------------------------------------------------
     def m3(self) -> None:
         cfg = self.cfg
@@ -280,6 +373,12 @@ class ModeRun:
             "failed": sum(r["failed"] for r in rr + st)}
 
 
+def not_run(doc: dict, mode: str, reason: str) -> None:
+    """Records a selected mode that could not run, with why; it leaves the results."""
+    doc["modes"][mode] = {"status": "not run", "reason": f"not run ({reason})"}
+    doc["results"].pop(mode, None)
+
+
 def run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
     """Runs the whole benchmark; returns the results document (not yet written)."""
     from . import env
@@ -287,17 +386,14 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
     sizes = sorted(set(cfg.sizes))
     modes = [m for m in ALL_MODES if m in cfg.modes]
     doc: dict = {"kind": "bench", "quick": cfg.quick, "config": asdict(cfg),
-                 "modes": {}, "results": {m: {} for m in modes if m not in NOT_RUN},
+                 "modes": {}, "results": {m: {} for m in modes},
                  "fills": {}, "not_run": {}}
     for m in ALL_MODES:     # every mode is listed, run or not, never dropped silently
-        if m in NOT_RUN:
-            doc["modes"][m] = {"status": "not run", "reason": NOT_RUN[m]}
-        elif m not in modes:
+        if m not in modes:
             doc["modes"][m] = {"status": "not run", "reason": NOT_SELECTED.get(
                 m, "not run (not selected with --modes)")}
         else:
             doc["modes"][m] = {"status": "run"}
-    doc["not_run"]["M9"] = M9_NOT_RUN
     tb = Testbed(cfg.lab_name, cfg.tools_dir, endpoints=cfg.endpoints, pin=cfg.pin, log=log,
                  max_services=sizes[-1])
     doc["kproxy_map_sizes"] = tb.kproxy_map_sizes()
@@ -307,13 +403,26 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
         from ..lab.binaries import ensure_binaries
 
         doc["environment"] = env.collect(ensure_binaries(build=False))
+        for m in list(doc["results"]):
+            rejected = tb.kproxy_rejects(m)
+            if rejected:
+                not_run(doc, m, f"the agent rejects {' '.join(KPROXY_ARGS[m])}: {rejected}")
         for n in sizes:
             doc["fills"][str(n)] = tb.fill_to(n)
-            for m in doc["results"]:
+            for m in list(doc["results"]):
                 t = time.monotonic()
-                doc["results"][m][str(n)] = ModeRun(tb, cfg, m, n, n == sizes[-1], log).run()
-                doc["results"][m][str(n)]["mode_seconds"] = round(time.monotonic() - t, 1)
+                r = ModeRun(tb, cfg, m, n, n == sizes[-1], log).run()
+                r["mode_seconds"] = round(time.monotonic() - t, 1)
+                if r.get("failed_to_start") and not doc["results"][m]:
+                    # never started at all: the mode did not run (a later failure keeps the
+                    # sizes that were measured and says where it stopped)
+                    not_run(doc, m, f"the agent exited at start: {r['failed_to_start']}")
+                    continue
+                doc["results"][m][str(n)] = r
     finally:
         tb.down()
+    for m, why in NO_M9.items():
+        if doc["results"].get(m):
+            doc["not_run"][f"M9 {m}"] = why
     doc["run_seconds"] = round(time.monotonic() - t_start, 1)
     return doc

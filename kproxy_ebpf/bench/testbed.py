@@ -16,6 +16,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,8 +34,13 @@ from .rawapi import RawApi
 
 TARGET = "kpbench-target"
 M5_SERVICE = "kpbench-m5"
+NODEPORT = "kpbench-np"        # M9: a NodePort Service (TCP and UDP) reached from outside
 CLIENT_POD = "kpbench-client"
-PROXY_MODES = ("iptables", "iptables-legacy", "nftables", "kproxy")
+PROXY_MODES = ("iptables", "iptables-legacy", "nftables", "kproxy", "kproxy-tc")
+KPROXY_MODES = ("kproxy", "kproxy-tc")
+# kproxy-tc: the agent with socket LB off, ClusterIP served per packet at TC (issue 8's
+# interface: `run --socket-lb BOOLEAN`, config key socketLB).
+KPROXY_ARGS = {"kproxy": [], "kproxy-tc": ["--socket-lb=false"]}
 # The bench mode -> kube-proxy's own mode name (iptables-legacy is kube-proxy iptables mode
 # running the legacy xtables binaries instead of the host's default nft-based ones).
 KUBE_PROXY_MODE = {"iptables": "iptables", "iptables-legacy": "iptables", "nftables": "nftables"}
@@ -45,7 +51,8 @@ METRICS_PORT = 10249
 # KubeProxyConfiguration (lab/cluster.py: iptables/nftables minSyncPeriod 1s, kube-proxy's own
 # default), kproxy's default (config.py). M5 spaces its changes by more than this, so each
 # change is measured alone rather than waiting out the rate limit of the one before.
-MIN_SYNC_S = {"iptables": 1.0, "iptables-legacy": 1.0, "nftables": 1.0, "kproxy": 0.2}
+MIN_SYNC_S = {"iptables": 1.0, "iptables-legacy": 1.0, "nftables": 1.0, "kproxy": 0.2,
+              "kproxy-tc": 0.2}
 
 
 def backend_name(i: int) -> str:
@@ -93,6 +100,9 @@ class Testbed:
     target_set: list[str] = field(default_factory=list)     # backends in the target's slice
     m5_current: str = ""
     client: Client | None = None
+    ext_client: Client | None = None                        # in the lab's external namespace
+    np_ports: dict[str, int] = field(default_factory=dict)  # protocol -> nodePort
+    np_set: list[str] = field(default_factory=list)         # the NodePort Service's backends
     mode: str = "none"
     pids: dict[str, int] = field(default_factory=dict)      # node -> proxy pid
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -121,7 +131,9 @@ class Testbed:
         # Short-lived connections by the thousand: the widest port range, so a run never
         # waits for a free port.
         nsutil.sysctl(lab.pod_netns(CLIENT_POD), "net.ipv4.ip_local_port_range", "1024 65000")
-        self.client = Client(lab, self.tools[CLIENT], CLIENT_POD, client_cpu)
+        self.client = Client(lab, self.tools[CLIENT], f"pod/{CLIENT_POD}", client_cpu)
+        nsutil.sysctl(lab.ext_netns, "net.ipv4.ip_local_port_range", "1024 65000")
+        self.ext_client = Client(lab, self.tools[CLIENT], "ext", client_cpu)
         backend_node = f"node{min(2, self.nodes)}"
         for i in range(self.live):
             name = backend_name(i)
@@ -140,8 +152,18 @@ class Testbed:
         self.m5_current = backend_name(0)
         self.vips[M5_SERVICE] = fill.create_service(self.api, M5_SERVICE,
                                                     [self.pods[self.m5_current]])
+        # M9's NodePort Service: the target's first E pods (all on node2, so node1 forwards
+        # and SNATs), a TCP and a UDP port; fixed, M8's rolling update does not touch it.
+        self.np_set = list(self.target_set)
+        svc = fill.create_service_obj(
+            self.api, NODEPORT, [self.pods[n] for n in self.np_set],
+            ports=(("req", fill.SERVICE_PORT, fill.TARGET_PORT, "TCP"),
+                   ("udp", fill.SERVICE_PORT, fill.TARGET_PORT, "UDP")),
+            service_type="NodePort")
+        self.np_ports = {p["protocol"]: p["nodePort"] for p in svc["spec"]["ports"]}
         self.log(f"testbed: {self.live} live backends on {backend_node}, target "
-                 f"{self.vips[TARGET]}, m5 {self.vips[M5_SERVICE]}")
+                 f"{self.vips[TARGET]}, m5 {self.vips[M5_SERVICE]}, NodePort "
+                 f"{self.node_ip()}:{self.np_ports}")
 
     def down(self) -> None:
         if self.cluster is None:
@@ -167,10 +189,41 @@ class Testbed:
         self.log(f"fill: {r.created} services in {r.seconds:.1f}s ({r.rate:.0f}/s)")
         return {"created": r.created, "seconds": r.seconds, "per_s": r.rate}
 
+    def node_ip(self, node: str = "node1") -> str:
+        return self.cluster.lab.node(node).ip
+
+    @contextmanager
+    def pods_routed_from_outside(self, pods: list[str]):
+        """M9's direct floor: the external client reaches these pod IPs through node1 (ext
+        -> node1 -> node2 -> pod and back the same way), the NodePort path's hops without
+        any NAT. The lab does not route pod IPs from outside, so the routes exist only
+        while the floor is measured; node1 stops sending ICMP redirects meanwhile (it
+        forwards out the interface the packet came in on, and a redirected client would
+        skip node1)."""
+        lab = self.cluster.lab
+        ext_ip, via = lab.external().ip, self.node_ip("node1")
+        routes = [("ext", f"{self.pods[p]}/32") for p in pods] + [("node/node2", f"{ext_ip}/32")]
+        redirects = {k: nsutil.read_sysctl(lab.node_netns("node1"), k) for k in
+                     ("net.ipv4.conf.all.send_redirects", "net.ipv4.conf.eth0.send_redirects")}
+
+        def ip_route(op: str, target: str, dst: str) -> None:
+            lab.exec(target, ["ip", "route", op, dst, "via", via, "dev", "eth0"], check=True,
+                     capture_output=True, timeout=30)
+
+        try:
+            nsutil.sysctls(lab.node_netns("node1"), {k: "0" for k in redirects})
+            for target, dst in routes:
+                ip_route("replace", target, dst)
+            yield
+        finally:
+            for target, dst in routes:
+                lab.exec(target, ["ip", "route", "del", dst], capture_output=True, timeout=30)
+            nsutil.sysctls(lab.node_netns("node1"), redirects)
+
     def expected_backends(self) -> int:
         """Distinct backends a proxy must hold: every filler endpoint plus the live pods the
         measured Services use."""
-        live = set(self.target_set) | {self.m5_current}
+        live = set(self.target_set) | set(self.np_set) | {self.m5_current}
         return self.filled * self.endpoints + len(live)
 
     # -- proxies -----------------------------------------------------------------------------
@@ -178,12 +231,42 @@ class Testbed:
         if self.pids:
             raise LabError(f"a proxy ({self.mode}) is still running")
         self.mode = mode
-        extra = ["--config", str(self.kproxy_config())] if mode == "kproxy" else None
+        extra = (["--config", str(self.kproxy_config()), *KPROXY_ARGS[mode]]
+                 if mode in KPROXY_MODES else None)
         for node in self.proxy_nodes:
             self.pids[node] = self.cluster.start_proxy(
-                node, KUBE_PROXY_MODE.get(mode, mode), env=self.proxy_env(mode),
-                extra_args=extra)
+                node, "kproxy" if mode in KPROXY_MODES else KUBE_PROXY_MODE[mode],
+                env=self.proxy_env(mode), extra_args=extra)
         return dict(self.pids)
+
+    def kproxy_rejects(self, mode: str) -> str | None:
+        """The agent's own error if it does not accept the mode's flags (an agent built
+        before `--socket-lb` answers "No such option"), else None. click parses every
+        option before it acts on --help, so this checks the flags without starting."""
+        if not KPROXY_ARGS.get(mode):
+            return None
+        r = subprocess.run([sys.executable, "-m", "kproxy_ebpf.cli", "run", *KPROXY_ARGS[mode],
+                            "--help"], capture_output=True, text=True, timeout=120)
+        if r.returncode == 0:
+            return None
+        return (r.stderr.strip() or r.stdout.strip() or f"rc {r.returncode}").splitlines()[-1]
+
+    def proxy_alive(self, node: str = "node1") -> bool:
+        """Whether the node's proxy still runs (a dead child stays a zombie until reaped)."""
+        pid = self.pids.get(node)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, TypeError):
+            return False
+        return state not in ("Z", "X")
+
+    def proxy_log_tail(self, node: str = "node1", lines: int = 5) -> str:
+        try:
+            text = Path(self.cluster.lab.log_path(self.cluster.proxy_name(node))).read_text()
+        except OSError:
+            return ""
+        return " | ".join(line.strip() for line in text.splitlines()[-lines:] if line.strip())
 
     def kproxy_map_sizes(self) -> dict[str, int]:
         """Map sizes for the largest fill of the run, never below kproxy's defaults (the
@@ -242,7 +325,7 @@ class Testbed:
             # start was given up) would hold the xtables lock against the cleanup below.
             for pid in cgroups.pids_recursive(info.host_cgroup):
                 procs.kill_pid(pid)
-            if mode == "kproxy":
+            if mode in KPROXY_MODES:
                 subprocess.run([sys.executable, "-m", "kproxy_ebpf.cli", "cleanup",
                                 "--bpffs-dir", info.bpffs, "--yes"], check=True,
                                capture_output=True, text=True)
@@ -282,7 +365,7 @@ class Testbed:
             m = self.metrics(node)
         except OSError:
             return False
-        if self.mode == "kproxy":
+        if self.mode in KPROXY_MODES:
             return (metric(m, "kproxy_backends") >= self.expected_backends()
                     and metric(m, "kproxy_service_changes_pending", 1) == 0)
         return (metric(m, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") > 0
