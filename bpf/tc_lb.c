@@ -16,6 +16,14 @@
  *
  * Verdicts: DROP (endpoints only elsewhere, eTP Local) drops; REJECT (no endpoint anywhere)
  * answers with an ICMP port unreachable, as kube-proxy's reject rule does.
+ *
+ * The per-packet ClusterIP path (`socketLB: false`), on the host side of each pod's veth:
+ * kp_from_pod (ingress: what the pod sends) load-balances scope-SOCK frontends, the ones the
+ * socket hooks serve otherwise, with the same lookup, conntrack and verdicts, and DNATs only:
+ * the client keeps its address, so a backend on any node replies to it directly and the
+ * reply meets kp_to_pod (egress toward the client pod), which puts the frontend back as its
+ * source. One exception gets SNAT: a pod that reaches itself through a Service (hairpin),
+ * whose reply would otherwise never leave it.
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
@@ -25,6 +33,7 @@
 #include "lib/lb.h"
 #include "lib/ct.h"
 #include "lib/nat.h"
+#include "lib/servicecidr.h"
 
 /* ClientIP affinity key for TC clients: the client address with the top bit set, so it can
  * never equal a netns cookie of the socket path (a counter from 1) in the shared kp_aff map. */
@@ -65,7 +74,7 @@ static __always_inline int kp_snat_alloc(struct kp_ct4_key *orig, struct kp_ct4_
 /* A fresh flow: choose the backend and record it (kp_ct4 and its reply tuple in kp_rnat4).
  * Returns 1 with *v filled, 0 when the packet is no frontend's, or a TC verdict (< 0 - 1). */
 static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
-				       struct kp_ct4_val *v, __u64 now)
+				       struct kp_ct4_val *v, __u64 now, __u8 scope)
 {
 	struct kp_lb_req req = {};
 	struct kp_lb_res res = {};
@@ -77,7 +86,7 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 	req.key.addr = p->tuple.daddr;
 	req.key.port = p->tuple.dport;
 	req.key.proto = p->tuple.proto;
-	req.key.scope = KP_SCOPE_EXT;
+	req.key.scope = scope;
 	req.rnd[0] = bpf_get_prandom_u32();
 	req.rnd[1] = bpf_get_prandom_u32();
 	req.client = KP_AFF_TC_CLIENT | p->tuple.saddr;
@@ -90,6 +99,9 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 		break;
 	case KP_LB_DROP:
 		kp_count(KP_STAT_TC_DROP);
+		/* A pod client gets the socket path's EHOSTUNREACH at once, not a silent drop. */
+		if (scope == KP_SCOPE_SOCK)
+			return -1 - kp_icmp_unreach(skb, p, ICMP_HOST_UNREACH);
 		return -1 - TC_ACT_SHOT;
 	case KP_LB_REJECT:
 		kp_count(KP_STAT_TC_REJECT);
@@ -104,7 +116,7 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 	v->backend_id = res.backend_id;
 	v->svc_id = res.svc_id;
 	v->state = KP_CT_NEW;
-	if (!(res.be_flags & KP_BE_F_LOCAL)) {
+	if (scope == KP_SCOPE_EXT ? !(res.be_flags & KP_BE_F_LOCAL) : res.be.addr == p->tuple.saddr) {
 		c = kp_tccfg.lookup(&zero);
 		if (c)
 			cfg = *c;
@@ -208,7 +220,7 @@ int kp_from_outside(struct __sk_buff *skb)
 		}
 	}
 	if (!row) {
-		ret = kp_new_flow(skb, &p, &v, now);
+		ret = kp_new_flow(skb, &p, &v, now, KP_SCOPE_EXT);
 		if (ret == 0)
 			return TC_ACT_OK;
 		if (ret < 0)
@@ -231,6 +243,84 @@ int kp_from_outside(struct __sk_buff *skb)
 }
 
 int kp_to_outside(struct __sk_buff *skb)
+{
+	struct kp_pkt p = {};
+
+	if (kp_parse(skb, &p) < 0)
+		return TC_ACT_OK;
+	return kp_reply(skb, &p, false) < 0 ? TC_ACT_SHOT : TC_ACT_OK;
+}
+
+/* A pod's packet (clsact ingress of its host-side veth): the reply of a hairpin flow goes back
+ * to the pod; a packet of a tracked flow, or the first of a new one to a scope-SOCK frontend,
+ * is DNATed to its backend and left to routing; an address that is no frontend gets the
+ * socket path's ServiceCIDR verdict (lib/servicecidr.h) as an ICMP error. */
+int kp_from_pod(struct __sk_buff *skb)
+{
+	struct kp_pkt p = {};
+	struct kp_ct4_key orig;
+	struct kp_ct4_val v;
+	struct kp_ct4_val *row;
+	__u64 now;
+	bool fresh = false;
+	int ret;
+
+	if (kp_parse(skb, &p) < 0)
+		return TC_ACT_OK;
+	ret = kp_reply(skb, &p, true);
+	if (ret < 0)
+		return TC_ACT_SHOT;
+	if (ret > 0) {
+		if (kp_redirect(skb, &p) < 0) {
+			kp_count(KP_STAT_TC_FIB_FAIL);
+			return TC_ACT_SHOT;
+		}
+		return TC_ACT_REDIRECT;
+	}
+
+	now = bpf_ktime_get_ns();
+	orig = p.tuple;
+	row = kp_ct4.lookup(&orig);
+	if (row) {
+		v = *row;
+		if (!kp_ct_usable(&p, &v, now)) {
+			kp_count(KP_STAT_TC_CT_EXPIRED);
+			kp_ct_forget(&orig, &v);
+			row = NULL;
+		}
+	}
+	if (!row) {
+		ret = kp_new_flow(skb, &p, &v, now, KP_SCOPE_SOCK);
+		if (ret < 0)
+			return -1 - ret;
+		if (ret == 0) {
+			ret = kp_servicecidr_unmatched(p.tuple.daddr);
+			if (ret == 0)
+				return TC_ACT_OK;
+			return kp_icmp_unreach(skb, &p, ret == -ECONNREFUSED ? ICMP_PORT_UNREACH
+									     : ICMP_HOST_UNREACH);
+		}
+		fresh = true;
+	}
+	kp_ct_track(&orig, &v, p.tcp_flags, false, now, fresh);
+
+	if (kp_rewrite(skb, &p, true, v.be_addr, v.be_port) < 0)
+		return TC_ACT_SHOT;
+	if (!(v.flags & KP_CT_F_SNAT))
+		return TC_ACT_OK;        /* routing takes it to the backend, local or remote */
+	/* Hairpin: the pod must see the node as the peer, or it would answer itself directly. */
+	if (kp_rewrite(skb, &p, false, v.nat_addr, v.nat_port) < 0)
+		return TC_ACT_SHOT;
+	if (kp_redirect(skb, &p) < 0) {
+		kp_count(KP_STAT_TC_FIB_FAIL);
+		return TC_ACT_SHOT;
+	}
+	return TC_ACT_REDIRECT;
+}
+
+/* Toward a pod (clsact egress of its host-side veth): the reply of a ClusterIP flow it opened
+ * gets the frontend back as its source, wherever its backend runs. */
+int kp_to_pod(struct __sk_buff *skb)
 {
 	struct kp_pkt p = {};
 
