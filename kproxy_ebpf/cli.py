@@ -69,6 +69,11 @@ def main() -> None:
               help="CIDRs (or 'primary') whose node addresses serve NodePorts [primary].")
 @click.option("--external-ip-allowlist", multiple=True,
               help="Program only ExternalIPs inside these CIDRs (CVE-2020-8554) [all].")
+@click.option("--socket-lb", type=click.BOOL, default=None,
+              help="Socket-level load balancing (cgroup hooks) [true]; false serves ClusterIPs "
+                   "per packet at TC on the pod devices (--socket-lb=false).")
+@click.option("--pod-devices", multiple=True,
+              help="Globs of the pod-facing devices for --socket-lb=false [veth*,cali*,lxc*,kpv*].")
 @click.option("--snat-port-range", help="SNAT source ports for remote backends [61000-65535].")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 def run(config_file, **flags) -> None:
