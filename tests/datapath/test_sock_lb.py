@@ -1,5 +1,6 @@
-"""Socket-level load balancing with real packets: BPF loaded, hooks on node1's cgroup, clients
-in pod namespaces. See conftest.py for the lab's conventions."""
+"""ClusterIP load balancing with real packets, clients in pod namespaces, once through each path
+(conftest.LB_PATHS): the socket hooks on node1's cgroup, and the per-packet TC programs on
+node1's pod veths (`socketLB: false`). See conftest.py for the lab's conventions."""
 from __future__ import annotations
 
 import math
@@ -11,9 +12,9 @@ import pytest
 
 from kproxy_ebpf.datapath import reader
 
-from .conftest import endpoints, pod_of, service
+from .conftest import LB_PATHS, endpoints, pod_of, service
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.parametrize("lb_path", LB_PATHS, indirect=True)]
 
 HTTP = ("http", "TCP", 80)
 HTTP_EP = ("http", "TCP", 8080)
@@ -39,7 +40,7 @@ def test_tcp_clusterip_reaches_every_backend_uniformly(lab, node1):
     assert_uniform(counts, BACKENDS, 400)
     client_ip = lab.pod("client").ip
     assert all(line.split()[1].startswith(client_ip + ":") for line in lines), \
-        "the backend sees the client pod's own address (no SNAT on the socket path)"
+        "the backend sees the client pod's own address (no SNAT on either path)"
 
 
 def test_udp_unconnected_replies_come_from_the_vip(lab, node1):
@@ -92,8 +93,7 @@ def test_no_endpoints_is_refused_at_once(lab, node1):
     for udp, port in ((False, 80), (True, 53)):
         # REFUSED, not TIMEOUT: the refusal comes at once, not after the client's own timeout.
         assert lab.probe("client", "10.96.0.40", port, udp=udp, count=5, timeout=3) == ["REFUSED"] * 5
-    counters = reader.counters(node1.datapath.maps["stats"])
-    assert counters["reject"] >= 10
+    assert node1.counter("reject") >= 10
 
 
 def test_serving_terminating_endpoints_still_serve(lab, node1):
