@@ -116,6 +116,8 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 	v->backend_id = res.backend_id;
 	v->svc_id = res.svc_id;
 	v->state = KP_CT_NEW;
+	if (scope == KP_SCOPE_SOCK)
+		v->flags = KP_CT_F_POD;
 	if (scope == KP_SCOPE_EXT ? !(res.be_flags & KP_BE_F_LOCAL) : res.be.addr == p->tuple.saddr) {
 		c = kp_tccfg.lookup(&zero);
 		if (c)
@@ -124,7 +126,7 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 			kp_count(KP_STAT_TC_SNAT_FULL);
 			return -1 - TC_ACT_SHOT;
 		}
-		v->flags = KP_CT_F_SNAT;
+		v->flags |= KP_CT_F_SNAT;
 		kp_count(KP_STAT_TC_SNAT);
 	} else {
 		kp_ct_reply_key(&p->tuple, v, &rkey);
@@ -136,7 +138,9 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 
 /* Whether a tracked flow may keep its backend: not expired, not a new connection on an ended
  * one, and the backend id still names a backend (an id is freed only once no service uses it;
- * the agent also purges entries of removed backends). */
+ * the agent also purges entries of removed backends). A pod's TCP connection is the
+ * exception: like a connect() the socket path translated once, it keeps its backend until it
+ * ends (another backend could only answer a mid-stream packet with a RST). */
 static __always_inline bool kp_ct_usable(const struct kp_pkt *p, const struct kp_ct4_val *v,
 					 __u64 now)
 {
@@ -144,6 +148,9 @@ static __always_inline bool kp_ct_usable(const struct kp_pkt *p, const struct kp
 
 	if (now > v->expires || kp_ct_reopens(p->tuple.proto, p->tcp_flags, v))
 		return false;
+	if ((v->flags & KP_CT_F_POD) && p->tuple.proto == IPPROTO_TCP &&
+	    !(p->tcp_flags & KP_TCP_SYN))
+		return true;
 	return kp_be4.lookup(&id) != NULL;
 }
 

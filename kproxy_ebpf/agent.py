@@ -354,7 +354,9 @@ class Agent:
             self._retry_at = time.monotonic() + (FULL_MAP_RETRY_EVERY if result.full_maps else 0)
         if checks is not None:
             self.svc_health.sync(checks)
-        if self.tc is not None and (full or any(len(k) == 4 for k in changes.changed_keys)):
+        # Scope-EXT keys are 4-tuples; with socketLB false pods' flows follow SOCK frontends.
+        if self.tc is not None and (full or any(len(k) == 4 or not self.cfg.socket_lb
+                                                for k in changes.changed_keys)):
             self._purge_conntrack()
         elapsed = time.monotonic() - t0
         if self._attach_pending:
