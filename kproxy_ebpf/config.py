@@ -124,7 +124,13 @@ def parse_duration(value: object) -> float:
     return float(m.group(1)) * _UNIT[m.group(2)]
 
 
+# File keys whose spelling is not plain camelCase (the chart's datapath.socketLB, Cilium's too).
+_KEY_NAMES = {"socket_lb": "socketLB"}
+
+
 def _camel(name: str) -> str:
+    if name in _KEY_NAMES:
+        return _KEY_NAMES[name]
     head, *rest = name.split("_")
     return head + "".join(p.title() for p in rest)
 
