@@ -192,7 +192,20 @@ static __always_inline int kp_reply(struct __sk_buff *skb, struct kp_pkt *p, boo
 	return 1;
 }
 
-int kp_from_outside(struct __sk_buff *skb)
+/* A pod's packet to an address that is no frontend gets the socket path's ServiceCIDR verdict
+ * (lib/servicecidr.h) as an ICMP error, or passes untouched. */
+static __always_inline int kp_pod_unmatched(struct __sk_buff *skb, const struct kp_pkt *p)
+{
+	int err = kp_servicecidr_unmatched(p->tuple.daddr);
+
+	if (err == 0)
+		return TC_ACT_OK;
+	return kp_icmp_unreach(skb, p, err == -ECONNREFUSED ? ICMP_PORT_UNREACH : ICMP_HOST_UNREACH);
+}
+
+/* The ingress of both TC paths: kp_from_outside (scope EXT, external devices) and kp_from_pod
+ * (scope SOCK, pod devices; see the file comment). */
+static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 {
 	struct kp_pkt p = {};
 	struct kp_ct4_key orig;
@@ -227,9 +240,9 @@ int kp_from_outside(struct __sk_buff *skb)
 		}
 	}
 	if (!row) {
-		ret = kp_new_flow(skb, &p, &v, now, KP_SCOPE_EXT);
+		ret = kp_new_flow(skb, &p, &v, now, scope);
 		if (ret == 0)
-			return TC_ACT_OK;
+			return scope == KP_SCOPE_SOCK ? kp_pod_unmatched(skb, &p) : TC_ACT_OK;
 		if (ret < 0)
 			return -1 - ret;
 		fresh = true;
@@ -239,7 +252,9 @@ int kp_from_outside(struct __sk_buff *skb)
 	if (kp_rewrite(skb, &p, true, v.be_addr, v.be_port) < 0)
 		return TC_ACT_SHOT;
 	if (!(v.flags & KP_CT_F_SNAT))
-		return TC_ACT_OK;        /* a local backend: the stack forwards it to the pod */
+		return TC_ACT_OK;        /* routing takes it to the backend (a pod's: local or not) */
+	/* A remote EXT backend, or a pod's hairpin (it must see the node as its peer, or it
+	 * would answer itself directly). */
 	if (kp_rewrite(skb, &p, false, v.nat_addr, v.nat_port) < 0)
 		return TC_ACT_SHOT;
 	if (kp_redirect(skb, &p) < 0) {
@@ -247,6 +262,11 @@ int kp_from_outside(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	}
 	return TC_ACT_REDIRECT;
+}
+
+int kp_from_outside(struct __sk_buff *skb)
+{
+	return kp_ingress(skb, KP_SCOPE_EXT);
 }
 
 int kp_to_outside(struct __sk_buff *skb)
@@ -260,69 +280,10 @@ int kp_to_outside(struct __sk_buff *skb)
 
 /* A pod's packet (clsact ingress of its host-side veth): the reply of a hairpin flow goes back
  * to the pod; a packet of a tracked flow, or the first of a new one to a scope-SOCK frontend,
- * is DNATed to its backend and left to routing; an address that is no frontend gets the
- * socket path's ServiceCIDR verdict (lib/servicecidr.h) as an ICMP error. */
+ * is DNATed to its backend and left to routing. */
 int kp_from_pod(struct __sk_buff *skb)
 {
-	struct kp_pkt p = {};
-	struct kp_ct4_key orig;
-	struct kp_ct4_val v;
-	struct kp_ct4_val *row;
-	__u64 now;
-	bool fresh = false;
-	int ret;
-
-	if (kp_parse(skb, &p) < 0)
-		return TC_ACT_OK;
-	ret = kp_reply(skb, &p, true);
-	if (ret < 0)
-		return TC_ACT_SHOT;
-	if (ret > 0) {
-		if (kp_redirect(skb, &p) < 0) {
-			kp_count(KP_STAT_TC_FIB_FAIL);
-			return TC_ACT_SHOT;
-		}
-		return TC_ACT_REDIRECT;
-	}
-
-	now = bpf_ktime_get_ns();
-	orig = p.tuple;
-	row = kp_ct4.lookup(&orig);
-	if (row) {
-		v = *row;
-		if (!kp_ct_usable(&p, &v, now)) {
-			kp_count(KP_STAT_TC_CT_EXPIRED);
-			kp_ct_forget(&orig, &v);
-			row = NULL;
-		}
-	}
-	if (!row) {
-		ret = kp_new_flow(skb, &p, &v, now, KP_SCOPE_SOCK);
-		if (ret < 0)
-			return -1 - ret;
-		if (ret == 0) {
-			ret = kp_servicecidr_unmatched(p.tuple.daddr);
-			if (ret == 0)
-				return TC_ACT_OK;
-			return kp_icmp_unreach(skb, &p, ret == -ECONNREFUSED ? ICMP_PORT_UNREACH
-									     : ICMP_HOST_UNREACH);
-		}
-		fresh = true;
-	}
-	kp_ct_track(&orig, &v, p.tcp_flags, false, now, fresh);
-
-	if (kp_rewrite(skb, &p, true, v.be_addr, v.be_port) < 0)
-		return TC_ACT_SHOT;
-	if (!(v.flags & KP_CT_F_SNAT))
-		return TC_ACT_OK;        /* routing takes it to the backend, local or remote */
-	/* Hairpin: the pod must see the node as the peer, or it would answer itself directly. */
-	if (kp_rewrite(skb, &p, false, v.nat_addr, v.nat_port) < 0)
-		return TC_ACT_SHOT;
-	if (kp_redirect(skb, &p) < 0) {
-		kp_count(KP_STAT_TC_FIB_FAIL);
-		return TC_ACT_SHOT;
-	}
-	return TC_ACT_REDIRECT;
+	return kp_ingress(skb, KP_SCOPE_SOCK);
 }
 
 /* Toward a pod (clsact egress of its host-side veth): the reply of a ClusterIP flow it opened
