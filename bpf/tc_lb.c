@@ -269,13 +269,19 @@ int kp_from_outside(struct __sk_buff *skb)
 	return kp_ingress(skb, KP_SCOPE_EXT);
 }
 
-int kp_to_outside(struct __sk_buff *skb)
+/* The egress of both TC paths: a reply of a flow without SNAT gets its frontend back. */
+static __always_inline int kp_egress(struct __sk_buff *skb)
 {
 	struct kp_pkt p = {};
 
 	if (kp_parse(skb, &p) < 0)
 		return TC_ACT_OK;
 	return kp_reply(skb, &p, false) < 0 ? TC_ACT_SHOT : TC_ACT_OK;
+}
+
+int kp_to_outside(struct __sk_buff *skb)
+{
+	return kp_egress(skb);
 }
 
 /* A pod's packet (clsact ingress of its host-side veth): the reply of a hairpin flow goes back
@@ -287,12 +293,9 @@ int kp_from_pod(struct __sk_buff *skb)
 }
 
 /* Toward a pod (clsact egress of its host-side veth): the reply of a ClusterIP flow it opened
- * gets the frontend back as its source, wherever its backend runs. */
+ * gets the frontend back as its source, wherever its backend runs. A program of its own (the
+ * same body as kp_to_outside) so the agent tells the two paths' filters apart by name. */
 int kp_to_pod(struct __sk_buff *skb)
 {
-	struct kp_pkt p = {};
-
-	if (kp_parse(skb, &p) < 0)
-		return TC_ACT_OK;
-	return kp_reply(skb, &p, false) < 0 ? TC_ACT_SHOT : TC_ACT_OK;
+	return kp_egress(skb);
 }
