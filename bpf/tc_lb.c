@@ -137,21 +137,28 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 }
 
 /* Whether a tracked flow may keep its backend: not expired, not a new connection on an ended
- * one, and the backend id still names a backend (an id is freed only once no service uses it;
- * the agent also purges entries of removed backends). A pod's TCP connection is the
+ * one, and the backend id still names the flow's backend (an id is freed only once no service
+ * uses it, but a freed id may name another backend later, so the address is compared; the
+ * agent also purges entries of removed backends). A pod's TCP connection is the
  * exception: like a connect() the socket path translated once, it keeps its backend until it
  * ends (another backend could only answer a mid-stream packet with a RST). */
 static __always_inline bool kp_ct_usable(const struct kp_pkt *p, const struct kp_ct4_val *v,
 					 __u64 now)
 {
 	__u32 id = v->backend_id;
+	struct kp_backend4 *b;
+	struct kp_backend4 be;
 
 	if (now > v->expires || kp_ct_reopens(p->tuple.proto, p->tcp_flags, v))
 		return false;
 	if ((v->flags & KP_CT_F_POD) && p->tuple.proto == IPPROTO_TCP &&
 	    !(p->tcp_flags & KP_TCP_SYN))
 		return true;
-	return kp_be4.lookup(&id) != NULL;
+	b = kp_be4.lookup(&id);
+	if (!b)
+		return false;
+	be = *b;
+	return be.addr == v->be_addr && be.port == v->be_port;
 }
 
 static __always_inline void kp_ct_forget(const struct kp_ct4_key *orig,

@@ -174,3 +174,17 @@ def test_purge_keeps_pod_tcp_connections_and_drops_udp_flows_of_a_removed_backen
     rows = conntrack.entries(pod.maps)
     assert [(r["client"], r["frontend"], r["backend"], r["path"]) for r in rows] == [
         (f"{POD}:40006", f"{VIP}:{REMOTE}", f"{REMOTE_BE}:8080", "pod")]
+
+
+def test_a_flow_whose_backend_id_now_names_another_backend_is_rebalanced(pod):
+    """Backend ids are recycled once freed: a UDP flow (a new socket that got an old source
+    port) must not follow its old id to a backend it never chose, nor keep a backend that left."""
+    pod.from_pod(packet(POD, 5002, VIP, DNS, proto=UDP))
+    key = L.CtKey(saddr=L.ip_be(POD), daddr=L.ip_be(VIP), sport=L.port_be(5002),
+                  dport=L.port_be(DNS), proto=L.PROTO_NUM[UDP])
+    ct = pod.ct(5002, DNS, UDP)
+    ct.be_addr = L.ip_be("10.244.2.99")   # as if the id had named this backend before
+    pod.maps["ct"].put(key, ct)
+    _, out = pod.from_pod(packet(POD, 5002, VIP, DNS, proto=UDP))
+    assert parse(out)["dst"] == REMOTE_BE
+    assert pod.ct(5002, DNS, UDP).be_addr == L.ip_be(REMOTE_BE)
