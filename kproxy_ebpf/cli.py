@@ -305,7 +305,8 @@ def check(config_file, **flags) -> None:
 
 @main.group()
 def ct() -> None:
-    """The TC path's connection tracking (north-south flows)."""
+    """The TC paths' connection tracking (north-south flows, and pods' ClusterIP flows with
+    --socket-lb=false)."""
 
 
 @ct.command("list")
@@ -314,7 +315,7 @@ def ct() -> None:
 @click.option("--service", "service_filter", metavar="NS/NAME",
               help="Only flows of this service (any of its ports).")
 def ct_list(bpffs_dir: str, output: str, service_filter: str | None) -> None:
-    """Every tracked flow: client, frontend, backend, SNAT, state and time left."""
+    """Every tracked flow: path, client, frontend, backend, SNAT, state and time left."""
     from .datapath import conntrack
 
     rows = conntrack.entries(_open_maps(bpffs_dir))
@@ -326,8 +327,9 @@ def ct_list(bpffs_dir: str, output: str, service_filter: str | None) -> None:
     if not rows:
         click.echo("no flows tracked")
         return
-    header = ("SERVICE", "PROTO", "CLIENT", "FRONTEND", "BACKEND", "SNAT", "STATE", "EXPIRES")
-    lines = [(r["service"] or "?", r["protocol"], r["client"], r["frontend"], r["backend"],
+    header = ("SERVICE", "PATH", "PROTO", "CLIENT", "FRONTEND", "BACKEND", "SNAT", "STATE",
+              "EXPIRES")
+    lines = [(r["service"] or "?", r["path"], r["protocol"], r["client"], r["frontend"], r["backend"],
               r["snat"] or "-", r["state"], f"{r['expires_in_seconds']}s") for r in rows]
     widths = [max(len(str(x[i])) for x in [header, *lines]) for i in range(len(header))]
     for line in [header, *lines]:
