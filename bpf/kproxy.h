@@ -259,6 +259,7 @@ enum kp_ct_state {              /* kp_ct4_val.state */
 
 enum kp_ct_flags {              /* kp_ct4_val.flags */
 	KP_CT_F_SNAT = 0x01,    /* source rewritten to nat_addr:nat_port (a remote backend) */
+	KP_CT_F_POD  = 0x02,    /* opened by a pod of this node: the per-packet ClusterIP path */
 };
 
 enum kp_ct_timeouts {           /* seconds; references are the kernel's nf_conntrack defaults */

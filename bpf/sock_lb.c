@@ -48,18 +48,6 @@ static __always_inline void sock_remember(struct bpf_sock_addr *ctx, const struc
 	kp_sknat4.update(&rkey, &rval);
 }
 
-/* An address no frontend matched: refused, unreachable or untouched (lib/servicecidr.h). */
-static __always_inline int sock_unmatched(__be32 addr)
-{
-	struct kp_cidr4_key ckey = kp_servicecidr_key(addr);
-	struct kp_cip4_val *cip = kp_cip4.lookup(&addr);
-	int err = kp_servicecidr_verdict(cip, cip ? NULL : kp_svccidr4.lookup(&ckey));
-
-	if (err)
-		kp_count(err == -ECONNREFUSED ? KP_STAT_CIP_REJECT : KP_STAT_CIDR_DROP);
-	return err;
-}
-
 /* Translates (*addr, *port) if it is a service frontend. Returns 1 when translated, 0 when it
  * is no service (the socket proceeds untouched), or a negative errno to report. */
 static __always_inline int sock_xlate_fwd(struct bpf_sock_addr *ctx, __be32 *addr,
@@ -81,7 +69,7 @@ static __always_inline int sock_xlate_fwd(struct bpf_sock_addr *ctx, __be32 *add
 
 	switch (res.verdict) {
 	case KP_LB_NONE:
-		return sock_unmatched(req.key.addr);
+		return kp_servicecidr_unmatched(req.key.addr);
 	case KP_LB_DROP:
 		kp_count(KP_STAT_DROP);
 		return -EHOSTUNREACH;

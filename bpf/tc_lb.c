@@ -16,6 +16,14 @@
  *
  * Verdicts: DROP (endpoints only elsewhere, eTP Local) drops; REJECT (no endpoint anywhere)
  * answers with an ICMP port unreachable, as kube-proxy's reject rule does.
+ *
+ * The per-packet ClusterIP path (`socketLB: false`), on the host side of each pod's veth:
+ * kp_from_pod (ingress: what the pod sends) load-balances scope-SOCK frontends, the ones the
+ * socket hooks serve otherwise, with the same lookup, conntrack and verdicts, and DNATs only:
+ * the client keeps its address, so a backend on any node replies to it directly and the
+ * reply meets kp_to_pod (egress toward the client pod), which puts the frontend back as its
+ * source. One exception gets SNAT: a pod that reaches itself through a Service (hairpin),
+ * whose reply would otherwise never leave it.
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
@@ -25,6 +33,7 @@
 #include "lib/lb.h"
 #include "lib/ct.h"
 #include "lib/nat.h"
+#include "lib/servicecidr.h"
 
 /* ClientIP affinity key for TC clients: the client address with the top bit set, so it can
  * never equal a netns cookie of the socket path (a counter from 1) in the shared kp_aff map. */
@@ -65,7 +74,7 @@ static __always_inline int kp_snat_alloc(struct kp_ct4_key *orig, struct kp_ct4_
 /* A fresh flow: choose the backend and record it (kp_ct4 and its reply tuple in kp_rnat4).
  * Returns 1 with *v filled, 0 when the packet is no frontend's, or a TC verdict (< 0 - 1). */
 static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
-				       struct kp_ct4_val *v, __u64 now)
+				       struct kp_ct4_val *v, __u64 now, __u8 scope)
 {
 	struct kp_lb_req req = {};
 	struct kp_lb_res res = {};
@@ -77,7 +86,7 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 	req.key.addr = p->tuple.daddr;
 	req.key.port = p->tuple.dport;
 	req.key.proto = p->tuple.proto;
-	req.key.scope = KP_SCOPE_EXT;
+	req.key.scope = scope;
 	req.rnd[0] = bpf_get_prandom_u32();
 	req.rnd[1] = bpf_get_prandom_u32();
 	req.client = KP_AFF_TC_CLIENT | p->tuple.saddr;
@@ -90,6 +99,9 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 		break;
 	case KP_LB_DROP:
 		kp_count(KP_STAT_TC_DROP);
+		/* A pod client gets the socket path's EHOSTUNREACH at once, not a silent drop. */
+		if (scope == KP_SCOPE_SOCK)
+			return -1 - kp_icmp_unreach(skb, p, ICMP_HOST_UNREACH);
 		return -1 - TC_ACT_SHOT;
 	case KP_LB_REJECT:
 		kp_count(KP_STAT_TC_REJECT);
@@ -104,7 +116,9 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 	v->backend_id = res.backend_id;
 	v->svc_id = res.svc_id;
 	v->state = KP_CT_NEW;
-	if (!(res.be_flags & KP_BE_F_LOCAL)) {
+	if (scope == KP_SCOPE_SOCK)
+		v->flags = KP_CT_F_POD;
+	if (scope == KP_SCOPE_EXT ? !(res.be_flags & KP_BE_F_LOCAL) : res.be.addr == p->tuple.saddr) {
 		c = kp_tccfg.lookup(&zero);
 		if (c)
 			cfg = *c;
@@ -112,7 +126,7 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 			kp_count(KP_STAT_TC_SNAT_FULL);
 			return -1 - TC_ACT_SHOT;
 		}
-		v->flags = KP_CT_F_SNAT;
+		v->flags |= KP_CT_F_SNAT;
 		kp_count(KP_STAT_TC_SNAT);
 	} else {
 		kp_ct_reply_key(&p->tuple, v, &rkey);
@@ -123,16 +137,28 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 }
 
 /* Whether a tracked flow may keep its backend: not expired, not a new connection on an ended
- * one, and the backend id still names a backend (an id is freed only once no service uses it;
- * the agent also purges entries of removed backends). */
+ * one, and the backend id still names the flow's backend (an id is freed only once no service
+ * uses it, but a freed id may name another backend later, so the address is compared; the
+ * agent also purges entries of removed backends). A pod's TCP connection is the
+ * exception: like a connect() the socket path translated once, it keeps its backend until it
+ * ends (another backend could only answer a mid-stream packet with a RST). */
 static __always_inline bool kp_ct_usable(const struct kp_pkt *p, const struct kp_ct4_val *v,
 					 __u64 now)
 {
 	__u32 id = v->backend_id;
+	struct kp_backend4 *b;
+	struct kp_backend4 be;
 
 	if (now > v->expires || kp_ct_reopens(p->tuple.proto, p->tcp_flags, v))
 		return false;
-	return kp_be4.lookup(&id) != NULL;
+	if ((v->flags & KP_CT_F_POD) && p->tuple.proto == IPPROTO_TCP &&
+	    !(p->tcp_flags & KP_TCP_SYN))
+		return true;
+	b = kp_be4.lookup(&id);
+	if (!b)
+		return false;
+	be = *b;
+	return be.addr == v->be_addr && be.port == v->be_port;
 }
 
 static __always_inline void kp_ct_forget(const struct kp_ct4_key *orig,
@@ -173,7 +199,20 @@ static __always_inline int kp_reply(struct __sk_buff *skb, struct kp_pkt *p, boo
 	return 1;
 }
 
-int kp_from_outside(struct __sk_buff *skb)
+/* A pod's packet to an address that is no frontend gets the socket path's ServiceCIDR verdict
+ * (lib/servicecidr.h) as an ICMP error, or passes untouched. */
+static __always_inline int kp_pod_unmatched(struct __sk_buff *skb, const struct kp_pkt *p)
+{
+	int err = kp_servicecidr_unmatched(p->tuple.daddr);
+
+	if (err == 0)
+		return TC_ACT_OK;
+	return kp_icmp_unreach(skb, p, err == -ECONNREFUSED ? ICMP_PORT_UNREACH : ICMP_HOST_UNREACH);
+}
+
+/* The ingress of both TC paths: kp_from_outside (scope EXT, external devices) and kp_from_pod
+ * (scope SOCK, pod devices; see the file comment). */
+static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 {
 	struct kp_pkt p = {};
 	struct kp_ct4_key orig;
@@ -208,9 +247,9 @@ int kp_from_outside(struct __sk_buff *skb)
 		}
 	}
 	if (!row) {
-		ret = kp_new_flow(skb, &p, &v, now);
+		ret = kp_new_flow(skb, &p, &v, now, scope);
 		if (ret == 0)
-			return TC_ACT_OK;
+			return scope == KP_SCOPE_SOCK ? kp_pod_unmatched(skb, &p) : TC_ACT_OK;
 		if (ret < 0)
 			return -1 - ret;
 		fresh = true;
@@ -220,7 +259,9 @@ int kp_from_outside(struct __sk_buff *skb)
 	if (kp_rewrite(skb, &p, true, v.be_addr, v.be_port) < 0)
 		return TC_ACT_SHOT;
 	if (!(v.flags & KP_CT_F_SNAT))
-		return TC_ACT_OK;        /* a local backend: the stack forwards it to the pod */
+		return TC_ACT_OK;        /* routing takes it to the backend (a pod's: local or not) */
+	/* A remote EXT backend, or a pod's hairpin (it must see the node as its peer, or it
+	 * would answer itself directly). */
 	if (kp_rewrite(skb, &p, false, v.nat_addr, v.nat_port) < 0)
 		return TC_ACT_SHOT;
 	if (kp_redirect(skb, &p) < 0) {
@@ -230,11 +271,38 @@ int kp_from_outside(struct __sk_buff *skb)
 	return TC_ACT_REDIRECT;
 }
 
-int kp_to_outside(struct __sk_buff *skb)
+int kp_from_outside(struct __sk_buff *skb)
+{
+	return kp_ingress(skb, KP_SCOPE_EXT);
+}
+
+/* The egress of both TC paths: a reply of a flow without SNAT gets its frontend back. */
+static __always_inline int kp_egress(struct __sk_buff *skb)
 {
 	struct kp_pkt p = {};
 
 	if (kp_parse(skb, &p) < 0)
 		return TC_ACT_OK;
 	return kp_reply(skb, &p, false) < 0 ? TC_ACT_SHOT : TC_ACT_OK;
+}
+
+int kp_to_outside(struct __sk_buff *skb)
+{
+	return kp_egress(skb);
+}
+
+/* A pod's packet (clsact ingress of its host-side veth): the reply of a hairpin flow goes back
+ * to the pod; a packet of a tracked flow, or the first of a new one to a scope-SOCK frontend,
+ * is DNATed to its backend and left to routing. */
+int kp_from_pod(struct __sk_buff *skb)
+{
+	return kp_ingress(skb, KP_SCOPE_SOCK);
+}
+
+/* Toward a pod (clsact egress of its host-side veth): the reply of a ClusterIP flow it opened
+ * gets the frontend back as its source, wherever its backend runs. A program of its own (the
+ * same body as kp_to_outside) so the agent tells the two paths' filters apart by name. */
+int kp_to_pod(struct __sk_buff *skb)
+{
+	return kp_egress(skb);
 }

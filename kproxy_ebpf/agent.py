@@ -113,7 +113,7 @@ class Agent:
         self.health.queued_update()
         self.datapath.load()
         release_heap()
-        if self.cfg.north_south:
+        if self.cfg.north_south or not self.cfg.socket_lb:
             self.tc = self._load_tc()
         self.writer = MapWriter(self.datapath.maps)
         adopted = self.writer.restore()
@@ -135,19 +135,30 @@ class Agent:
         threading.Thread(target=self._start_runner, name="wait-synced", daemon=True).start()
 
     def _load_tc(self) -> TcDatapath | None:
-        """tc_lb.c for the external devices; none found is logged, not fatal (the socket
-        path still serves everything that starts on this node)."""
-        devices = self.cfg.devices or tc.detect_devices()
-        snat = next((a for a in map(tc.device_address, devices) if a), None)
-        if not devices or snat is None:
+        """tc_lb.c for the external devices (north-south) and, with socketLB false, the pod
+        devices. No external device is logged, not fatal: the socket path (or the pod path)
+        still serves everything that starts on this node."""
+        candidates = self.cfg.devices or tc.detect_devices()
+        snat = next((a for a in map(tc.device_address, candidates) if a), None)
+        devices = candidates if self.cfg.north_south and snat is not None else []
+        if self.cfg.north_south and not devices:
             log.error("north-south datapath off: no external device with an IPv4 address "
-                      "(devices %s); set `devices`", devices or "none found")
+                      "(devices %s); set `devices`", candidates or "none found")
+        if not devices and self.cfg.socket_lb:
             return None
+        if snat is None:
+            log.warning("no node address found: a pod reaching itself through a Service "
+                        "(hairpin) is dropped on the per-packet path")
         dp = TcDatapath(Path(self.cfg.bpffs_dir), devices, snat, self.cfg.snat_ports,
-                        self.cfg.map_sizes)
+                        self.cfg.map_sizes,
+                        pod_globs=None if self.cfg.socket_lb else tuple(self.cfg.pod_devices))
         dp.load()
-        log.info("north-south on %s, SNAT to %s ports %d-%d", ", ".join(devices), snat,
-                 *self.cfg.snat_ports)
+        if devices:
+            log.info("north-south on %s, SNAT to %s ports %d-%d", ", ".join(devices), snat,
+                     *self.cfg.snat_ports)
+        if not self.cfg.socket_lb:
+            log.info("socket LB off: ClusterIPs per packet on devices matching %s",
+                     ", ".join(self.cfg.pod_devices))
         return dp
 
     def _purge_conntrack(self) -> None:
@@ -160,9 +171,18 @@ class Agent:
         self.metrics.map_capacity.labels("ct").set(ct.max_entries)
 
     def _attach(self) -> None:
-        self.datapath.attach()
+        """Attaches this mode's programs, then removes the other mode's (a previous agent's),
+        so no instant has neither path."""
+        if self.cfg.socket_lb:
+            self.datapath.attach()
         if self.tc is not None:
             self.tc.attach()
+        if self.cfg.socket_lb:
+            for what in tc.detach_all(tc.POD_PROGRAMS):
+                log.info("removed %s: the per-packet ClusterIP path is off", what)
+        else:
+            self.datapath.detach()
+            self.datapath.remove_stale_maps()
 
     def _make_source(self) -> ApiSource | ManifestSource:
         if self.cfg.manifests:
@@ -337,7 +357,9 @@ class Agent:
             self._retry_at = time.monotonic() + (FULL_MAP_RETRY_EVERY if result.full_maps else 0)
         if checks is not None:
             self.svc_health.sync(checks)
-        if self.tc is not None and (full or any(len(k) == 4 for k in changes.changed_keys)):
+        # Scope-EXT keys are 4-tuples; with socketLB false pods' flows follow SOCK frontends.
+        if self.tc is not None and (full or any(len(k) == 4 or not self.cfg.socket_lb
+                                                for k in changes.changed_keys)):
             self._purge_conntrack()
         elapsed = time.monotonic() - t0
         if self._attach_pending:

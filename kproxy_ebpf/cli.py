@@ -69,6 +69,11 @@ def main() -> None:
               help="CIDRs (or 'primary') whose node addresses serve NodePorts [primary].")
 @click.option("--external-ip-allowlist", multiple=True,
               help="Program only ExternalIPs inside these CIDRs (CVE-2020-8554) [all].")
+@click.option("--socket-lb", type=click.BOOL, default=None,
+              help="Socket-level load balancing (cgroup hooks) [true]; false serves ClusterIPs "
+                   "per packet at TC on the pod devices (--socket-lb=false).")
+@click.option("--pod-devices", multiple=True,
+              help="Globs of the pod-facing devices for --socket-lb=false [veth*,cali*,lxc*,kpv*].")
 @click.option("--snat-port-range", help="SNAT source ports for remote backends [61000-65535].")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 def run(config_file, **flags) -> None:
@@ -300,7 +305,8 @@ def check(config_file, **flags) -> None:
 
 @main.group()
 def ct() -> None:
-    """The TC path's connection tracking (north-south flows)."""
+    """The TC paths' connection tracking (north-south flows, and pods' ClusterIP flows with
+    --socket-lb=false)."""
 
 
 @ct.command("list")
@@ -309,7 +315,7 @@ def ct() -> None:
 @click.option("--service", "service_filter", metavar="NS/NAME",
               help="Only flows of this service (any of its ports).")
 def ct_list(bpffs_dir: str, output: str, service_filter: str | None) -> None:
-    """Every tracked flow: client, frontend, backend, SNAT, state and time left."""
+    """Every tracked flow: path, client, frontend, backend, SNAT, state and time left."""
     from .datapath import conntrack
 
     rows = conntrack.entries(_open_maps(bpffs_dir))
@@ -321,8 +327,9 @@ def ct_list(bpffs_dir: str, output: str, service_filter: str | None) -> None:
     if not rows:
         click.echo("no flows tracked")
         return
-    header = ("SERVICE", "PROTO", "CLIENT", "FRONTEND", "BACKEND", "SNAT", "STATE", "EXPIRES")
-    lines = [(r["service"] or "?", r["protocol"], r["client"], r["frontend"], r["backend"],
+    header = ("SERVICE", "PATH", "PROTO", "CLIENT", "FRONTEND", "BACKEND", "SNAT", "STATE",
+              "EXPIRES")
+    lines = [(r["service"] or "?", r["path"], r["protocol"], r["client"], r["frontend"], r["backend"],
               r["snat"] or "-", r["state"], f"{r['expires_in_seconds']}s") for r in rows]
     widths = [max(len(str(x[i])) for x in [header, *lines]) for i in range(len(header))]
     for line in [header, *lines]:

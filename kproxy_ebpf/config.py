@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from .datapath.layout import MAPS
+from .datapath.pod_devices import DEFAULT_GLOBS as DEFAULT_POD_GLOBS
 
 
 class ConfigError(ValueError):
@@ -65,6 +66,10 @@ class AgentConfig:
     snat_port_range: str = "61000-65535"  # above Linux's ephemeral range (32768-60999)
     # ExternalIPs outside these CIDRs are not programmed (CVE-2020-8554); None: all allowed.
     external_ip_allowlist: list[str] | None = None
+    # false: no cgroup hooks; ClusterIPs are served per packet at TC on the pod-facing devices
+    # (those whose name matches podDevices), for clients the socket hooks do not cover.
+    socket_lb: bool = True
+    pod_devices: list[str] = field(default_factory=lambda: list(DEFAULT_POD_GLOBS))
     log_level: str = "info"
 
     @property
@@ -94,6 +99,8 @@ class AgentConfig:
 
         errors = validate_node_port_addresses(self.node_port_addresses)
         errors += validate_cidrs(self.external_ip_allowlist or [], "externalIpAllowlist")
+        if not self.socket_lb and not [g for g in self.pod_devices if g]:
+            errors.append("socketLB false needs podDevices (the globs of the pod-facing devices)")
         if errors:
             raise ConfigError("; ".join(errors))
         self.snat_ports  # noqa: B018 (raises ConfigError)
@@ -117,17 +124,35 @@ def parse_duration(value: object) -> float:
     return float(m.group(1)) * _UNIT[m.group(2)]
 
 
+# File keys whose spelling is not plain camelCase (the chart's datapath.socketLB, Cilium's too).
+_KEY_NAMES = {"socket_lb": "socketLB"}
+
+
 def _camel(name: str) -> str:
+    if name in _KEY_NAMES:
+        return _KEY_NAMES[name]
     head, *rest = name.split("_")
     return head + "".join(p.title() for p in rest)
+
+
+def _bool(name: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes"):
+        return True
+    if text in ("0", "false", "no"):
+        return False
+    raise ConfigError(f"{_camel(name)} must be true or false, not {value!r}")
 
 
 def _coerce(name: str, value: object) -> object:
     if name in ("min_sync_period", "sync_period"):
         return parse_duration(value)
-    if name in ("prefer_same_node", "north_south"):
-        return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
-    if name in ("manifests", "devices", "node_port_addresses", "external_ip_allowlist"):
+    if name in ("prefer_same_node", "north_south", "socket_lb"):
+        return _bool(name, value)
+    if name in ("manifests", "devices", "node_port_addresses", "external_ip_allowlist",
+                "pod_devices"):
         return [str(v) for v in value] if isinstance(value, list) else [
             p for p in str(value).split(",") if p]
     if name == "map_sizes":

@@ -134,17 +134,18 @@ static __always_inline __u16 kp_csum_fold(__u64 sum)
 	return (__u16)~sum;
 }
 
-/* The ICMP port unreachable kube-proxy's REJECT sends (nftables `reject`), built in place of
- * the packet and sent back out of the device it came in on: [eth][ip][icmp][orig ip][8 bytes].
- * The client's connect() or recv() fails at once with ECONNREFUSED. Packets with IP options
- * are dropped instead (the quoted header must be the 20-byte one here). */
+/* An ICMP destination unreachable with `code`, built in place of the packet and sent back out
+ * of the device it came in on: [eth][ip][icmp][orig ip][8 bytes], from the address the client
+ * asked (so its socket matches the quote). Packets with IP options are dropped instead (the
+ * quoted header must be the 20-byte one here). */
 struct kp_icmp_frame {
 	struct iphdr   ip;
 	struct icmphdr icmp;
 	__u8           quote[28];   /* the original IP header and the first 8 bytes of L4 */
 };
 
-static __always_inline int kp_reject(struct __sk_buff *skb, const struct kp_pkt *p)
+static __always_inline int kp_icmp_unreach(struct __sk_buff *skb, const struct kp_pkt *p,
+					   __u8 code)
 {
 	struct kp_icmp_frame f = {};
 	struct ethhdr eth;
@@ -168,7 +169,7 @@ static __always_inline int kp_reject(struct __sk_buff *skb, const struct kp_pkt 
 	f.ip.daddr = p->tuple.saddr;
 	f.ip.check = kp_csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&f.ip, sizeof(f.ip), 0));
 	f.icmp.type = ICMP_DEST_UNREACH;
-	f.icmp.code = ICMP_PORT_UNREACH;
+	f.icmp.code = code;
 	f.icmp.checksum = kp_csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&f.icmp,
 						     sizeof(f) - sizeof(f.ip), 0));
 	if (bpf_skb_change_tail(skb, len, 0) < 0 ||
@@ -176,6 +177,13 @@ static __always_inline int kp_reject(struct __sk_buff *skb, const struct kp_pkt 
 	    bpf_skb_store_bytes(skb, ETH_HLEN, &f, sizeof(f), 0) < 0)
 		return TC_ACT_SHOT;
 	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* The port unreachable kube-proxy's REJECT sends (nftables `reject`): the client's connect()
+ * or recv() fails at once with ECONNREFUSED. */
+static __always_inline int kp_reject(struct __sk_buff *skb, const struct kp_pkt *p)
+{
+	return kp_icmp_unreach(skb, p, ICMP_PORT_UNREACH);
 }
 
 #endif

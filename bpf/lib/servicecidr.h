@@ -6,14 +6,16 @@
  * ClusterIPs it programs (KP_CIP_REJECT) and those of Services another proxy owns (KP_CIP_PASS),
  * and kp_svccidr4 with the ServiceCIDRs. An empty trie (no ServiceCIDR listed) drops nothing.
  *
- * bcc rewrites map operations only in the main source file, so the caller (sock_lb.c,
- * sock_unmatched) does the two lookups and this header decides.
+ * Used by the socket hooks (sock_lb.c) and the per-packet ClusterIP path (tc_lb.c,
+ * kp_from_pod), so a client sees the same answer on either path.
  */
 #ifndef KPROXY_LIB_SERVICECIDR_H
 #define KPROXY_LIB_SERVICECIDR_H
 
 #include <uapi/linux/errno.h>
 #include "../kproxy.h"
+#include "maps.h"
+#include "stats.h"
 
 /* The trie key that finds the ServiceCIDR holding addr. */
 static __always_inline struct kp_cidr4_key kp_servicecidr_key(__be32 addr)
@@ -34,6 +36,19 @@ static __always_inline int kp_servicecidr_verdict(const struct kp_cip4_val *cip,
 	if (cip)
 		return cip->action == KP_CIP_PASS ? 0 : -ECONNREFUSED;
 	return in_cidr ? -EHOSTUNREACH : 0;
+}
+
+/* What an address no frontend matched gets: 0 (untouched), -ECONNREFUSED or -EHOSTUNREACH;
+ * counted. */
+static __always_inline int kp_servicecidr_unmatched(__be32 addr)
+{
+	struct kp_cidr4_key ckey = kp_servicecidr_key(addr);
+	struct kp_cip4_val *cip = kp_cip4.lookup(&addr);
+	int err = kp_servicecidr_verdict(cip, cip ? NULL : kp_svccidr4.lookup(&ckey));
+
+	if (err)
+		kp_count(err == -ECONNREFUSED ? KP_STAT_CIP_REJECT : KP_STAT_CIDR_DROP);
+	return err;
 }
 
 #endif

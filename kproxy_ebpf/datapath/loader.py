@@ -136,6 +136,18 @@ class Datapath:
             os.close(cg_fd)
         self.remove_stale_maps()
 
+    def detach(self) -> list[str]:
+        """Detaches the socket hooks a previous agent pinned (`socketLB: false`): unpinning a
+        link releases it. Connections they already translated keep their backend."""
+        removed = []
+        for _, pin in SOCK_HOOKS.values():
+            path = self.links_dir / pin
+            if path.exists():
+                path.unlink()
+                removed.append(pin)
+                log.info("detached %s: socket-level load balancing is off", pin)
+        return removed
+
     def remove_stale_maps(self) -> list[str]:
         """Unpins maps of other layout versions (kp_svc4_v1 after an upgrade to _v2). Safe
         only once our programs are attached: until then the old programs read them."""

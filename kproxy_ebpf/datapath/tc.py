@@ -1,10 +1,13 @@
-"""The north-south datapath: tc_lb.c at clsact ingress/egress of the node's external devices.
+"""The per-packet datapath: tc_lb.c at clsact ingress/egress of the node's external devices
+(north-south) and, with `socketLB: false`, of its pod-facing devices (ClusterIP per packet,
+kept on every new pod's veth by pod_devices.PodDeviceWatcher).
 
 Attached with pyroute2 as direct-action cls_bpf filters under a clsact qdisc. A filter holds its
 program, so the datapath outlives the agent as the pinned cgroup links do; a new agent swaps the
 program with `tc filter replace` on the same priority and handle, which is atomic (no packet
 sees no program). Our filters are recognised by their BPF name (kp_from_outside,
-kp_to_outside), so `cleanup` finds them without any record of where they went.
+kp_to_outside, kp_from_pod, kp_to_pod), so `cleanup` and a mode switch find them without any
+record of where they went.
 
 Devices: `devices` from the configuration, otherwise those of the default routes, otherwise
 (the lab has no default route) every device with a global IPv4 address.
@@ -20,6 +23,7 @@ from ..config import MapSizes
 from . import layout as L
 from .paths import bpf_dir
 from .pinned import PinnedMap
+from .pod_devices import PodDeviceWatcher
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +32,9 @@ EGRESS = 0xFFFFFFF3
 PRIO = 1                  # first: our rewrite must happen before any other classifier
 HANDLE = 0x6B70           # "kp"
 # program in tc_lb.c -> clsact parent
-PROGRAMS = {"kp_from_outside": INGRESS, "kp_to_outside": EGRESS}
+EXT_PROGRAMS = {"kp_from_outside": INGRESS, "kp_to_outside": EGRESS}
+POD_PROGRAMS = {"kp_from_pod": INGRESS, "kp_to_pod": EGRESS}
+PROGRAMS = {**EXT_PROGRAMS, **POD_PROGRAMS}
 ETH_P_ALL = 0x0003
 
 
@@ -64,14 +70,18 @@ def device_address(dev: str) -> str | None:
 
 @dataclass
 class TcDatapath:
-    """Loads tc_lb.c against the pinned maps and attaches it to `devices`."""
+    """Loads tc_lb.c against the pinned maps and attaches it to `devices` (external) and, when
+    `pod_globs` is set, to every pod-facing device whose name matches one of them."""
     bpffs_dir: Path
     devices: list[str]
-    snat_addr: str
+    snat_addr: str | None      # None: no SNAT (remote EXT backends, hairpin) is possible
     snat_ports: tuple[int, int] = (61000, 65535)
     sizes: MapSizes = field(default_factory=MapSizes)
+    pod_globs: tuple[str, ...] | None = None
+    runner: object = None      # PodDeviceWatcher's runner (tests: enter the node's netns)
     _bpf: object = None
     _fds: dict[str, int] = field(default_factory=dict)
+    _pods: PodDeviceWatcher | None = None
 
     def load(self) -> None:
         from bcc import BPF
@@ -88,7 +98,8 @@ class TcDatapath:
             raise
 
     def write_config(self) -> None:
-        write_config(self.bpffs_dir, self.snat_addr, self.snat_ports)
+        if self.snat_addr is not None:
+            write_config(self.bpffs_dir, self.snat_addr, self.snat_ports)
 
     def attach(self) -> None:
         with _ipr() as ipr:
@@ -96,14 +107,24 @@ class TcDatapath:
                 idx = ipr.link_lookup(ifname=dev)
                 if not idx:
                     raise RuntimeError(f"device {dev} does not exist")
-                _ensure_clsact(ipr, idx[0])
-                for prog, parent in PROGRAMS.items():
-                    ipr.tc("replace-filter", "bpf", idx[0], HANDLE, parent=parent, prio=PRIO,
-                           protocol=ETH_P_ALL, fd=self._fds[prog], name=prog,
-                           direct_action=True)
-                log.info("attached %s to %s", ", ".join(PROGRAMS), dev)
+                self._attach_dev(ipr, idx[0], dev, EXT_PROGRAMS)
+        if self.pod_globs is not None and self._pods is None:
+            self._pods = PodDeviceWatcher(
+                self.pod_globs, lambda ipr, index, name: self._attach_dev(
+                    ipr, index, name, POD_PROGRAMS), exclude=self.devices, runner=self.runner)
+            self._pods.start()
+
+    def _attach_dev(self, ipr, index: int, dev: str, programs: dict[str, int]) -> None:
+        _ensure_clsact(ipr, index)
+        for prog, parent in programs.items():
+            ipr.tc("replace-filter", "bpf", index, HANDLE, parent=parent, prio=PRIO,
+                   protocol=ETH_P_ALL, fd=self._fds[prog], name=prog, direct_action=True)
+        log.info("attached %s to %s", ", ".join(programs), dev)
 
     def close(self) -> None:
+        if self._pods is not None:
+            self._pods.stop()
+            self._pods = None
         self._fds.clear()
         if self._bpf is not None:
             self._bpf.cleanup()
@@ -151,9 +172,10 @@ def attached() -> list[tuple[str, str, str]]:
     return sorted(set(out))
 
 
-def detach_all() -> list[str]:
-    """Removes every kproxy TC filter of this netns (`cleanup`); the clsact qdisc stays, as
-    other tools may share it. Returns what was removed."""
+def detach_all(programs: dict[str, int] = PROGRAMS) -> list[str]:
+    """Removes every kproxy TC filter of this netns running one of `programs` (`cleanup`: all
+    of them; a mode switch: the other path's); the clsact qdisc stays, as other tools may
+    share it. Returns what was removed."""
     removed = []
     with _ipr() as ipr:
         for link in ipr.get_links():
@@ -161,7 +183,7 @@ def detach_all() -> list[str]:
             for parent in (INGRESS, EGRESS):
                 names = {_filter_name(f) for f in ipr.get_filters(index=link["index"],
                                                                    parent=parent)}
-                if names & set(PROGRAMS):
+                if names & set(programs):
                     ipr.tc("del-filter", "bpf", link["index"], HANDLE, parent=parent, prio=PRIO,
                            protocol=ETH_P_ALL)
                     removed.append(f"tc {dev} {'ingress' if parent == INGRESS else 'egress'}")

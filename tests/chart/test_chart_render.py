@@ -9,7 +9,9 @@ import subprocess
 import pytest
 import yaml
 
+from kproxy_ebpf.config import load as load_config
 from kproxy_ebpf.datapath.layout import MAPS
+from kproxy_ebpf.datapath.pod_devices import DEFAULT_GLOBS
 
 from kproxy_ebpf.lab import agent_image
 from kproxy_ebpf.lab.binaries import k8s_bin_dir, missing_binaries
@@ -139,7 +141,6 @@ def test_schema_rejects_bad_values(helm, values, message):
 
 @pytest.mark.parametrize("values,message", [
     ({"datapath": {"nodePortRange": "30000-32767"}}, "not a setting"),
-    ({"datapath": {"socketLB": False}}, "TC path is not in this"),
 ])
 def test_settings_this_agent_cannot_honour_are_refused_not_ignored(helm, values, message):
     with pytest.raises(LabError, match=message):
@@ -150,6 +151,21 @@ def test_devices_reach_the_agents_configuration(helm):
     objects = agent_image.helm_template({"datapath": {"devices": ["eth0", "eth1"]}})
     (cm,) = by_kind(objects, "ConfigMap")
     assert yaml.safe_load(cm["data"]["config.yaml"])["devices"] == ["eth0", "eth1"]
+
+
+@pytest.mark.parametrize("values,expected", [
+    ({}, (True, None)),
+    ({"datapath": {"socketLB": False}}, (False, None)),
+    ({"datapath": {"socketLB": False, "podDevices": ["cali*", "eni*"]}}, (False, ["cali*", "eni*"])),
+])
+def test_socket_lb_and_pod_devices_reach_the_agents_configuration(helm, tmp_path, values,
+                                                                  expected):
+    (cm,) = by_kind(agent_image.helm_template(values), "ConfigMap")
+    config = yaml.safe_load(cm["data"]["config.yaml"])
+    assert (config["socketLB"], config.get("podDevices")) == expected
+    (tmp_path / "config.yaml").write_text(cm["data"]["config.yaml"])
+    cfg = load_config(str(tmp_path / "config.yaml"), env={})
+    assert (cfg.socket_lb, cfg.pod_devices) == (expected[0], expected[1] or list(DEFAULT_GLOBS))
 
 
 def test_helm_test_hook_checks_the_kubernetes_clusterip(helm):

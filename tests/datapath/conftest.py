@@ -4,6 +4,12 @@ programmed in-process through the real policy code (ProxyState) and the real Map
 Conventions (lab "dp"): node1 10.250.0.11 (pods 10.244.1.x), node2 10.250.0.12 (10.244.2.x).
 Pods: client (node1), a1, a2 (node1), b1, b2 (node2); each echo server answers tcp:8080 and
 udp:5353 with "<pod> <client-ip>:<client-port>". Service IPs are 10.96.0.x.
+
+ClusterIP paths: node1 serves Services through the socket hooks, or, where a module says
+`pytestmark = pytest.mark.parametrize("lb_path", LB_PATHS, indirect=True)`, once through each
+path: "socket" (cgroup hooks) and "tc" (`socketLB: false`: tc_lb.c's kp_from_pod/kp_to_pod on
+node1's pod veths, attached by the agent's own PodDeviceWatcher). The tests are the same; only
+a counter's name differs (NodeProxy.counter).
 """
 from __future__ import annotations
 
@@ -11,17 +17,19 @@ from pathlib import Path
 
 import pytest
 
+from kproxy_ebpf.datapath import reader, tc
 from kproxy_ebpf.datapath.loader import Datapath, remove_pins
 
 from ..support import require_root
 from kproxy_ebpf.datapath.writer import MapWriter
-from kproxy_ebpf.lab import Lab
+from kproxy_ebpf.lab import Lab, nsutil
 from kproxy_ebpf.model import Endpoint, EndpointPort, EndpointSlice, Node, Protocol, Service, ServicePort
 from kproxy_ebpf.proxy.state import ProxyState
 
 LAB = "dp"
 PODS = {"client": "node1", "a1": "node1", "a2": "node1", "b1": "node2", "b2": "node2"}
 PORTS = (("tcp", 8080), ("udp", 5353))
+LB_PATHS = ("socket", "tc")
 
 
 @pytest.fixture(scope="session")
@@ -40,15 +48,29 @@ def lab():
 
 
 class NodeProxy:
-    """node1's datapath, driven like the agent drives it, minus the API."""
+    """node1's datapath, driven like the agent drives it, minus the API. path "socket": the
+    cgroup hooks; "tc": the maps only, and the per-packet programs on the pod devices."""
 
-    def __init__(self, lab: Lab, node: str):
+    def __init__(self, lab: Lab, node: str, path: str = "socket"):
         info = lab.node(node)
+        self.path = path
+        self.netns = info.netns
         self.node = Node(node, addresses=(info.ip,))
         self.bpffs = Path(info.bpffs)
         self.datapath = Datapath(self.bpffs, Path(info.cgroup))
-        self.datapath.load()
-        self.datapath.attach()
+        self.tc: tc.TcDatapath | None = None
+        try:
+            self.datapath.load()
+            if path == "socket":
+                self.datapath.attach()
+            else:
+                self.tc = tc.TcDatapath(self.bpffs, [], info.ip, pod_globs=("kpv*",),
+                                        runner=lambda body: nsutil.run_in_thread(info.netns, body))
+                self.tc.load()
+                self.tc.attach()
+        except BaseException:
+            self.close()
+            raise
         self.writer = MapWriter(self.datapath.maps)
         self.writer.restore()
         self.state = ProxyState(self.node)
@@ -61,14 +83,28 @@ class NodeProxy:
         result = self.writer.apply(state.compute(full=True).frontends)
         assert result.ok, result.errors
 
+    def counter(self, name: str) -> int:
+        """A verdict counter of the path in use: the TC programs count as tc_<name>."""
+        prefix = "tc_" if self.path == "tc" else ""
+        return reader.counters(self.datapath.maps["stats"]).get(prefix + name, 0)
+
     def close(self) -> None:
+        if self.tc is not None:
+            self.tc.close()
+            nsutil.run_in_thread(self.netns, lambda: tc.detach_all(tc.POD_PROGRAMS))
         self.datapath.close()
         remove_pins(self.bpffs)
 
 
 @pytest.fixture
-def node1(lab):
-    proxy = NodeProxy(lab, "node1")
+def lb_path(request) -> str:
+    """The ClusterIP path node1 uses: "socket" unless the test is parametrised (LB_PATHS)."""
+    return getattr(request, "param", "socket")
+
+
+@pytest.fixture
+def node1(lab, lb_path):
+    proxy = NodeProxy(lab, "node1", lb_path)
     try:
         yield proxy
     finally:

@@ -39,12 +39,12 @@ endpoints:
 """
 
 
-def start_agent(lab, manifest: Path, name: str):
+def start_agent(lab, manifest: Path, name: str, flags: tuple[str, ...] = ()):
     node = lab.node("node1")
     argv = [sys.executable, "-m", "kproxy_ebpf.cli", "run", "--manifests", str(manifest),
             "--cgroup", node.cgroup, "--bpffs-dir", node.bpffs, "--hostname-override", "node1",
             "--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "",
-            "--min-sync-period", "50ms"]
+            "--min-sync-period", "50ms", *flags]
     return lab.spawn("node1", argv, name)
 
 

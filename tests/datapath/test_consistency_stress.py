@@ -7,7 +7,9 @@ and the backend that answered must be one the service held while that connection
 made (the union of the sets programmed between the last apply completed before the connect
 and the last apply begun before the answer). A reverse-NAT row that names another backend
 than the one the socket was sent to, or a backend id read half-rewritten, shows up as a
-mismatch. The issue asks for at least 20,000 connections with none.
+mismatch. The issue asks for at least 20,000 connections with none. It runs once per
+ClusterIP path (conftest.LB_PATHS): on the per-packet path the backend is chosen when the SYN
+passes kp_from_pod, inside the same window, and the reply's source must be the service's.
 """
 from __future__ import annotations
 
@@ -18,9 +20,9 @@ import time
 
 import pytest
 
-from .conftest import endpoints, service
+from .conftest import LB_PATHS, endpoints, service
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.parametrize("lb_path", LB_PATHS, indirect=True)]
 
 VIP = "10.96.0.77"
 HTTP, HTTP_EP = ("http", "TCP", 80), ("http", "TCP", 8080)

@@ -1,5 +1,5 @@
-"""ServiceCIDRs and allocated ClusterIPs in the socket hooks, with real packets from a pod of
-node1 (lab "dp", see conftest.py). kube-proxy nftables (v1.36, chain cluster-ips-check) rejects
+"""ServiceCIDRs and allocated ClusterIPs on both ClusterIP paths (socket hooks, per-packet TC;
+conftest.LB_PATHS), with real packets from a pod of node1 (lab "dp", see conftest.py). kube-proxy nftables (v1.36, chain cluster-ips-check) rejects
 a port an allocated ClusterIP does not have and drops any other address of a ServiceCIDR; we
 refuse the first the same way and fail the second at once with EHOSTUNREACH (a documented
 divergence, as for internalTrafficPolicy Local). Addresses of Services another proxy owns and
@@ -16,9 +16,9 @@ from kproxy_ebpf.datapath.writer import ApplyResult
 from kproxy_ebpf.model import Service, ServiceCIDR
 from kproxy_ebpf.proxy.state import ProxyState
 
-from .conftest import endpoints, pod_of, service
+from .conftest import LB_PATHS, endpoints, pod_of, service
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.parametrize("lb_path", LB_PATHS, indirect=True)]
 
 HTTP, HTTP_EP = ("http", "TCP", 80), ("http", "TCP", 8080)
 DNS, DNS_EP = ("dns", "UDP", 53), ("dns", "UDP", 5353)

@@ -20,7 +20,7 @@ from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.datapath import libbpf
 from kproxy_ebpf.datapath.loader import compile_program, open_pinned_maps, remove_pins
 from kproxy_ebpf.datapath.paths import bpf_dir
-from kproxy_ebpf.datapath.tc import write_config
+from kproxy_ebpf.datapath.tc import PROGRAMS, write_config
 from kproxy_ebpf.datapath.writer import MapWriter
 from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
 from kproxy_ebpf.lab import nsutil
@@ -108,7 +108,7 @@ def harness():
         nsutil.set_route(NETNS, "10.244.2.0/24", "kpt0", via="10.250.0.12")
         bpf = compile_program(bpf_dir() / "tc_lb.c", BPFFS)
         fds = {name: bpf.load_func(name.encode(), BPF.SCHED_CLS).fd
-               for name in ("kp_from_outside", "kp_to_outside")}
+               for name in PROGRAMS}     # the per-packet ClusterIP ones too (test_tc_pod_run)
         write_config(BPFFS, NODE, PORTS)
         maps = open_pinned_maps(BPFFS)
         yield fds, maps

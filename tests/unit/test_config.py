@@ -36,3 +36,66 @@ def test_unknown_setting_is_an_error(tmp_path):
 def test_cgroup_is_required():
     with pytest.raises(ConfigError, match="cgroup"):
         load(None, env={}).validate()
+
+
+@pytest.mark.parametrize("text,expected", [("true", True), ("false", False), ("0", False),
+                                           ("yes", True), ("False", False)])
+def test_socket_lb_from_env(text, expected):
+    assert load(None, env={"KPROXY_SOCKET_LB": text}).socket_lb is expected
+
+
+def test_socket_lb_nonsense_is_an_error_not_false(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("socketLB: flase\n")
+    with pytest.raises(ConfigError, match="socketLB must be true or false"):
+        load(str(f), env={})
+
+
+def test_socket_lb_and_pod_devices_from_the_file(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("socketLB: false\npodDevices: [cali*, eni*]\n")
+    cfg = load(str(f), env={})
+    assert (cfg.socket_lb, cfg.pod_devices) == (False, ["cali*", "eni*"])
+    assert load(None, env={}).pod_devices == ["veth*", "cali*", "lxc*", "kpv*"]
+
+
+def test_socket_lb_off_needs_pod_devices(tmp_path):
+    cfg = load(None, env={"KPROXY_SOCKET_LB": "false", "KPROXY_POD_DEVICES": ","})
+    cfg.cgroup = str(tmp_path)
+    with pytest.raises(ConfigError, match="podDevices"):
+        cfg.validate()
+
+
+@pytest.mark.parametrize("args,expected", [([], True), (["--socket-lb=false"], False),
+                                           (["--socket-lb", "true"], True),
+                                           (["--socket-lb=0"], False)])
+def test_run_flag_socket_lb(monkeypatch, tmp_path, args, expected):
+    """`kproxy-ebpf run --socket-lb=false` (the benchmark's kproxy-tc mode) reaches the config
+    the agent gets."""
+    from click.testing import CliRunner
+
+    import kproxy_ebpf.agent as agent_mod
+    from kproxy_ebpf.cli import main
+
+    seen = {}
+
+    class FakeAgent:      # the agent itself needs root and a cluster; only its config matters
+        def __init__(self, cfg):
+            seen["cfg"] = cfg
+
+        def run_until_signalled(self):
+            pass
+
+    monkeypatch.setattr(agent_mod, "Agent", FakeAgent)
+    out = CliRunner().invoke(main, ["run", "--cgroup", str(tmp_path), *args], env={})
+    assert out.exit_code == 0, out.output
+    assert seen["cfg"].socket_lb is expected
+
+
+def test_run_flag_socket_lb_rejects_nonsense(tmp_path):
+    from click.testing import CliRunner
+
+    from kproxy_ebpf.cli import main
+
+    out = CliRunner().invoke(main, ["run", "--cgroup", str(tmp_path), "--socket-lb=maybe"])
+    assert out.exit_code == 2 and "socket-lb" in out.output

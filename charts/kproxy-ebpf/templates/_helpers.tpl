@@ -40,9 +40,6 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 
 {{/* Settings this agent version cannot honour yet: refuse them instead of ignoring them. */}}
 {{- define "kproxy-ebpf.checkDatapath" -}}
-{{- if not .Values.datapath.socketLB -}}
-{{- fail "datapath.socketLB=false: ClusterIP traffic through the TC path is not in this kproxy-ebpf version" -}}
-{{- end -}}
 {{- if .Values.datapath.nodePortRange -}}
 {{- fail "datapath.nodePortRange: not a setting of this kproxy-ebpf version (NodePorts are whatever the API server allocated)" -}}
 {{- end -}}

@@ -1,0 +1,190 @@
+"""The per-packet ClusterIP path (`socketLB: false`: kp_from_pod / kp_to_pod of tc_lb.c) run
+with BPF_PROG_TEST_RUN on hand-built packets, with real maps: the harness, packets and checksum
+checks of test_tc_run.py, scope-SOCK frontends written by the real MapWriter.
+
+The pod POD (10.244.1.5) of this node opens the flows; its host-side veth's ingress runs
+kp_from_pod and the egress toward it kp_to_pod.
+"""
+from __future__ import annotations
+
+import pytest
+
+from kproxy_ebpf.datapath import conntrack, libbpf
+from kproxy_ebpf.datapath import layout as L
+from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
+from kproxy_ebpf.lab import nsutil
+
+from .test_tc_run import (ACK, LOCAL_BE, NETNS, NODE, PORTS, REMOTE_BE, RST, SYN, TC_ACT_OK,  # noqa: F401
+                          TC_ACT_REDIRECT, TC_ACT_SHOT, TCP, UDP, harness, packet, parse)
+
+pytestmark = pytest.mark.root
+
+VIP, POD = "10.96.0.10", "10.244.1.5"
+REMOTE, LOCAL, REJECT, DROP, HAIRPIN, DNS = 80, 81, 82, 83, 84, 53
+
+
+def cip(port, backends, action=Action.FORWARD, proto=TCP) -> Frontend:
+    bs = tuple(Backend(ip, 8080, proto, local=local) for ip, local in backends)
+    return Frontend(VIP, port, proto, FrontendKind.CLUSTER_IP,
+                    ServicePortName("t", f"cip{port}", "", proto), action, bs, 0, Scope.SOCK)
+
+
+@pytest.fixture
+def pod(harness):
+    from kproxy_ebpf.datapath.writer import MapWriter
+
+    fds, maps = harness
+    # The pods' /32 routes of a node: here one route for the pod CIDR, toward the veth.
+    nsutil.set_route(NETNS, "10.244.1.0/24", "kpt1")
+    writer = MapWriter(maps)
+    writer.restore()
+    fes = [cip(REMOTE, [(REMOTE_BE, False)]), cip(LOCAL, [(LOCAL_BE, True)]),
+           cip(REJECT, [], Action.REJECT), cip(DROP, [], Action.DROP),
+           cip(HAIRPIN, [(POD, True)]), cip(DNS, [(REMOTE_BE, False)], proto=UDP)]
+    assert writer.apply({f.key: f for f in fes}).ok
+    for name in ("ct", "rnat"):
+        for k in maps[name].keys():
+            maps[name].delete(k)
+
+    class Run:
+        def __init__(self):
+            self.maps, self.writer = maps, writer
+
+        def run(self, prog: str, frame: bytes) -> tuple[int, bytes]:
+            return nsutil.run_in_thread(NETNS, lambda: libbpf.prog_test_run(fds[prog], frame))
+
+        def from_pod(self, frame: bytes) -> tuple[int, bytes]:
+            return self.run("kp_from_pod", frame)
+
+        def to_pod(self, frame: bytes) -> tuple[int, bytes]:
+            return self.run("kp_to_pod", frame)
+
+        def ct(self, sport, dport, proto=TCP):
+            key = L.CtKey(saddr=L.ip_be(POD), daddr=L.ip_be(VIP), sport=L.port_be(sport),
+                          dport=L.port_be(dport), proto=L.PROTO_NUM[proto])
+            return maps["ct"].get(key)
+
+        def stat(self, name) -> int:
+            idx = {n: v for v, n in L.STAT_NAMES.items()}[name]
+            return sum(maps["stats"].get(L.U32(idx)))
+
+    yield Run()
+    writer.apply({})
+
+
+def tuple_of(p: dict) -> tuple:
+    return (p["src"], p["sport"], p["dst"], p["dport"])
+
+
+def test_not_a_frontend_passes_untouched(pod):
+    frame = packet(POD, 40000, REMOTE_BE, 8080)
+    for hook in (pod.from_pod, pod.to_pod):
+        ret, out = hook(frame)
+        assert (ret, out[:len(frame)]) == (TC_ACT_OK, frame)
+
+
+@pytest.mark.parametrize("port, backend", [(REMOTE, REMOTE_BE), (LOCAL, LOCAL_BE)],
+                         ids=["remote", "local"])
+def test_dnat_only_and_the_reply_toward_the_pod(pod, port, backend):
+    """Wherever the backend runs, the client keeps its address (no SNAT) and the stack routes
+    the packet; the reply gets the ClusterIP back on its way into the client pod."""
+    forwards = pod.stat("tc_forward")
+    ret, out = pod.from_pod(packet(POD, 40001, VIP, port))
+    p = parse(out)
+    assert ret == TC_ACT_OK
+    assert tuple_of(p) == (POD, 40001, backend, 8080) and p["ip_ok"] and p["l4_ok"]
+    assert pod.stat("tc_forward") == forwards + 1
+    ct = pod.ct(40001, port)
+    assert ct.flags == L.const("KP_CT_F_POD"), "tracked as a pod's flow, without SNAT"
+
+    ret, out = pod.to_pod(packet(backend, 8080, POD, 40001, flags=SYN | ACK))
+    r = parse(out)
+    assert ret == TC_ACT_OK
+    assert tuple_of(r) == (VIP, port, POD, 40001) and r["ip_ok"] and r["l4_ok"]
+    assert L.CT_STATE_NAMES[pod.ct(40001, port).state] == "established"
+    # The reply passing the backend pod's own veth (ingress) is left alone there.
+    ret, out = pod.from_pod(packet(backend, 8080, POD, 40001, flags=ACK))
+    assert (ret, parse(out)["src"]) == (TC_ACT_OK, backend)
+
+
+def test_udp_both_ways(pod):
+    _, out = pod.from_pod(packet(POD, 5000, VIP, DNS, proto=UDP))
+    assert tuple_of(parse(out)) == (POD, 5000, REMOTE_BE, 8080)
+    _, out = pod.to_pod(packet(REMOTE_BE, 8080, POD, 5000, proto=UDP))
+    r = parse(out)
+    assert tuple_of(r) == (VIP, DNS, POD, 5000) and r["ip_ok"] and r["l4_ok"]
+
+
+@pytest.mark.parametrize("port, code, counter", [(REJECT, 3, "tc_reject"), (DROP, 1, "tc_drop")],
+                         ids=["reject-port-unreachable", "itp-local-host-unreachable"])
+def test_verdicts_are_icmp_errors_from_the_clusterip(pod, port, code, counter):
+    """REJECT: port unreachable (ECONNREFUSED at once), as the socket path and kube-proxy;
+    DROP (internalTrafficPolicy Local, no local endpoint): host unreachable, the socket path's
+    EHOSTUNREACH at once."""
+    before = pod.stat(counter)
+    frame = packet(POD, 40002, VIP, port)
+    ret, out = pod.from_pod(frame)
+    p = parse(out)
+    assert ret == TC_ACT_REDIRECT, "sent back to the pod"
+    assert (p["proto"], p["type"], p["code"]) == (1, 3, code)
+    assert (p["src"], p["dst"]) == (VIP, POD) and p["ip_ok"] and p["l4_ok"]
+    assert p["quote"] == frame[14:42]
+    assert pod.stat(counter) == before + 1
+    assert pod.ct(40002, port) is None
+
+
+def test_a_tcp_connection_keeps_its_backend_new_ones_rebalance(pod):
+    """Like a connect() the socket path translated: a connection stays on its backend after
+    the backend left the Service (another backend would only answer with a RST)."""
+    pod.from_pod(packet(POD, 40003, VIP, LOCAL))
+    moved = cip(LOCAL, [("10.244.1.11", True)])
+    assert pod.writer.apply({moved.key: moved}, candidates=[moved.key]).ok
+    _, out = pod.from_pod(packet(POD, 40003, VIP, LOCAL, flags=ACK))
+    assert parse(out)["dst"] == LOCAL_BE
+    _, out = pod.from_pod(packet(POD, 40004, VIP, LOCAL))
+    assert parse(out)["dst"] == "10.244.1.11"
+    # Once it ended, a SYN on the same tuple is a new connection.
+    pod.from_pod(packet(POD, 40003, VIP, LOCAL, flags=RST))
+    _, out = pod.from_pod(packet(POD, 40003, VIP, LOCAL))
+    assert parse(out)["dst"] == "10.244.1.11"
+
+
+def test_hairpin_gets_snat_both_ways(pod):
+    """A pod reaching itself through its Service: without SNAT it would answer itself inside
+    its netns, from its own address; with the node as the peer the reply comes back here."""
+    ret, out = pod.from_pod(packet(POD, 40005, VIP, HAIRPIN))
+    p = parse(out)
+    assert ret == TC_ACT_REDIRECT
+    assert (p["src"], p["dst"], p["dport"]) == (NODE, POD, 8080) and p["ip_ok"] and p["l4_ok"]
+    assert PORTS[0] <= p["sport"] <= PORTS[1]
+    ret, out = pod.from_pod(packet(POD, 8080, NODE, p["sport"], flags=SYN | ACK))
+    r = parse(out)
+    assert ret == TC_ACT_REDIRECT
+    assert tuple_of(r) == (VIP, HAIRPIN, POD, 40005) and r["ip_ok"] and r["l4_ok"]
+
+
+def test_purge_keeps_pod_tcp_connections_and_drops_udp_flows_of_a_removed_backend(pod):
+    pod.from_pod(packet(POD, 40006, VIP, REMOTE))
+    pod.from_pod(packet(POD, 5001, VIP, DNS, proto=UDP))
+    assert conntrack.purge(pod.maps, pod.writer.programmed) == 0, "nothing changed yet"
+    moved = [cip(REMOTE, [(LOCAL_BE, True)]), cip(DNS, [(LOCAL_BE, True)], proto=UDP)]
+    assert pod.writer.apply({f.key: f for f in moved}, candidates=[f.key for f in moved]).ok
+    assert conntrack.purge(pod.maps, pod.writer.programmed) == 1
+    assert pod.ct(5001, DNS, UDP) is None and pod.ct(40006, REMOTE) is not None
+    rows = conntrack.entries(pod.maps)
+    assert [(r["client"], r["frontend"], r["backend"], r["path"]) for r in rows] == [
+        (f"{POD}:40006", f"{VIP}:{REMOTE}", f"{REMOTE_BE}:8080", "pod")]
+
+
+def test_a_flow_whose_backend_id_now_names_another_backend_is_rebalanced(pod):
+    """Backend ids are recycled once freed: a UDP flow (a new socket that got an old source
+    port) must not follow its old id to a backend it never chose, nor keep a backend that left."""
+    pod.from_pod(packet(POD, 5002, VIP, DNS, proto=UDP))
+    key = L.CtKey(saddr=L.ip_be(POD), daddr=L.ip_be(VIP), sport=L.port_be(5002),
+                  dport=L.port_be(DNS), proto=L.PROTO_NUM[UDP])
+    ct = pod.ct(5002, DNS, UDP)
+    ct.be_addr = L.ip_be("10.244.2.99")   # as if the id had named this backend before
+    pod.maps["ct"].put(key, ct)
+    _, out = pod.from_pod(packet(POD, 5002, VIP, DNS, proto=UDP))
+    assert parse(out)["dst"] == REMOTE_BE
+    assert pod.ct(5002, DNS, UDP).be_addr == L.ip_be(REMOTE_BE)
