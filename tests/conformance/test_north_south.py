@@ -34,8 +34,8 @@ def ports(tcp_node_port: int, udp_node_port: int | None = None) -> list[dict]:
 
 def health_body(code: int, service: str, local_endpoints: int) -> str:
     """kube-proxy's healthCheckNodePort answer as a cell (verdicts.http_cell)."""
-    return (f'{code} localEndpoints={local_endpoints} service.name="{service}" '
-            f'service.namespace="{NAMESPACE}" serviceProxyHealthy=true')
+    return (f"{code} localEndpoints={local_endpoints} service.name={service} "
+            f"service.namespace={NAMESPACE} serviceProxyHealthy=true")
 
 
 def test_nodeport_etp_cluster(scenario):

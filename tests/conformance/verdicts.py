@@ -126,7 +126,7 @@ def http_cell(output: str) -> str:
     def flat(obj: object, prefix: str = "") -> list[str]:
         if isinstance(obj, dict):
             return [x for k in sorted(obj) for x in flat(obj[k], f"{prefix}{k}.")]
-        return [f"{prefix[:-1]}={json.dumps(obj)}"]
+        return [f"{prefix[:-1]}={obj if isinstance(obj, str) else json.dumps(obj)}"]
     return " ".join([code, *flat(json.loads(body))])
 
 
