@@ -20,8 +20,10 @@ from typing import Any
 
 import pytest
 import yaml
+from click.testing import CliRunner
 from kubernetes import client
 
+from kproxy_ebpf.cli import main as kproxy_cli
 from kproxy_ebpf.lab import agent_image, kubeobjects
 from kproxy_ebpf.lab.cluster import NAMESPACE, Cluster
 
@@ -228,15 +230,11 @@ class Scenario:
     def kproxy_flows(self, node: str, service: str) -> list[dict]:
         """kproxy only: the TC conntrack rows of `service` on `node`, through the operator's
         `kproxy-ebpf ct list`."""
-        from click.testing import CliRunner
-
-        from kproxy_ebpf.cli import main
-
         bpffs = self.c.lab.node(node).bpffs
         if self.proxy == "image":   # the node's bpffs is the pod's /sys/fs/bpf: the chart's subdir
             values = yaml.safe_load((agent_image.CHART / "values.yaml").read_text())
             bpffs = os.path.join(bpffs, values["bpffsSubdir"])
-        out = CliRunner().invoke(main, ["ct", "list", "--bpffs-dir", bpffs,
+        out = CliRunner().invoke(kproxy_cli, ["ct", "list", "--bpffs-dir", bpffs,
                                         "-o", "json", "--service", f"{NAMESPACE}/{service}"])
         assert out.exit_code == 0, out.output
         return json.loads(out.output)
