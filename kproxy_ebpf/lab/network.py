@@ -573,7 +573,8 @@ class Lab:
         return procs.run_in(t.netns, t.cgroup, argv, **kwargs)
 
     def probe(self, target: str, addr: str, port: int, udp: bool = False, count: int = 1,
-              timeout: float = 1.0, interval: float = 0.0, keep: bool = False) -> list[str]:
+              timeout: float = 1.0, interval: float = 0.0, keep: bool = False,
+              sport: int = 0) -> list[str]:
         """Run probe.py inside the target; one result line per attempt (see probe.py)."""
         host = f"[{addr}]" if ":" in addr else addr
         argv = [self.python, "-I", "-S", PROBE_SCRIPT, f"{host}:{port}", "--count", str(count),
@@ -582,6 +583,8 @@ class Lab:
             argv.append("--udp")
         if keep:
             argv.append("--keep")
+        if sport:
+            argv += ["--sport", str(sport)]
         r = self.exec(target, argv, capture_output=True, text=True,
                       timeout=count * (timeout + interval) * 2 + 10)
         lines = r.stdout.splitlines()

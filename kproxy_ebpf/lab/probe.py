@@ -14,7 +14,7 @@ address must be rewritten back to the Service address, so it is checked. IP_RECV
 ICMP error visible on that unconnected socket.
 
 It must run inside a lab namespace, so it is also a stdlib-only script:
-`python3 probe.py ADDR:PORT [--udp] [--count K] [--timeout S] [--interval S] [--keep]`
+`python3 probe.py ADDR:PORT [--udp [--sport P]] [--count K] [--timeout S] [--interval S] [--keep]`
 prints one line per attempt and exits 0 only if every attempt got a server line.
 """
 from __future__ import annotations
@@ -102,9 +102,11 @@ def _tcp_attempt(addr: str, port: int, timeout: float,
     return result
 
 
-def _udp_attempt(addr: str, port: int, timeout: float) -> str:
+def _udp_attempt(addr: str, port: int, timeout: float, sport: int = 0) -> str:
     fam = _family(addr)
     with socket.socket(fam, socket.SOCK_DGRAM) as s:
+        if sport:   # every attempt the same 5-tuple: one conntrack flow, as a long UDP client
+            s.bind(("::" if fam == socket.AF_INET6 else "0.0.0.0", sport))
         if fam == socket.AF_INET:
             s.setsockopt(socket.SOL_IP, IP_RECVERR, 1)
         else:
@@ -121,8 +123,9 @@ def _udp_attempt(addr: str, port: int, timeout: float) -> str:
 
 
 def probe(addr: str, port: int, udp: bool = False, count: int = 1, timeout: float = 1.0,
-          interval: float = 0.0, keep: bool = False, out=None) -> list[str]:
+          interval: float = 0.0, keep: bool = False, sport: int = 0, out=None) -> list[str]:
     """Make `count` attempts against addr:port; returns one result line per attempt.
+    UDP with `sport` sends every attempt from that source port.
 
     `out`, if given, is a text stream that gets each line as soon as it is known.
     """
@@ -133,7 +136,7 @@ def probe(addr: str, port: int, udp: bool = False, count: int = 1, timeout: floa
             if i and interval > 0:
                 time.sleep(interval)
             if udp:
-                r = _udp_attempt(addr, port, timeout)
+                r = _udp_attempt(addr, port, timeout, sport)
             else:
                 r = _tcp_attempt(addr, port, timeout, held)
             results.append(r)
@@ -168,13 +171,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=1.0)
     ap.add_argument("--interval", type=float, default=0.0)
     ap.add_argument("--keep", action="store_true", help="TCP: ask repeatedly on one connection")
+    ap.add_argument("--sport", type=int, default=0, help="UDP: send from this source port")
     args = ap.parse_args(argv)
     try:
         addr, port = parse_target(args.target)
     except ValueError as e:
         ap.error(str(e))
     results = probe(addr, port, udp=args.udp, count=args.count, timeout=args.timeout,
-                    interval=args.interval, keep=args.keep, out=sys.stdout)
+                    interval=args.interval, keep=args.keep, sport=args.sport,
+                    out=sys.stdout)
     return 0 if all(is_reply(r) for r in results) else 1
 
 

@@ -3,8 +3,9 @@
 controller, one proxy per node), and the outcomes are compared (see verdicts.py).
 
 Conventions: labs "cf-<proxy>" (2 nodes: node1 10.250.0.11 zone-a, node2 10.250.0.12 zone-b),
-client pod "client" on node1, host client = node1's own namespace; backends named after their
-scenario; namespace default. One cluster per proxy per module.
+client pod "client" on node1, host client = node1's own namespace, external client "ext"
+(10.250.0.250, outside the cluster); backends named after their scenario; namespace default.
+One cluster per proxy for the whole run (session scope: the modules share it).
 
 `make conformance` sets KPROXY_CONFORMANCE_FULL=1 and runs all three columns; otherwise (as in
 `make test`) the iptables column is left out (deselected, not skipped): it repeats what
@@ -12,14 +13,18 @@ nftables proves and costs a cluster start plus iptables-restore runs.
 """
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
+import yaml
+from click.testing import CliRunner
 from kubernetes import client
 
-from kproxy_ebpf.lab import kubeobjects
+from kproxy_ebpf.cli import main as kproxy_cli
+from kproxy_ebpf.lab import agent_image, kubeobjects
 from kproxy_ebpf.lab.cluster import NAMESPACE, Cluster
 
 from ..integration.lab_services import lab_cluster
@@ -30,6 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 FULL_ENV = "KPROXY_CONFORMANCE_FULL"
 CLIENT = "pod/client"
 HOST = "node/node1"
+EXT = "ext"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -64,7 +70,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = 1
 
 
-@pytest.fixture(scope="module", params=verdicts.PROXIES)
+@pytest.fixture(scope="session", params=verdicts.PROXIES)
 def cluster(request) -> Iterator[Cluster]:
     image = request.param == "image"
     with lab_cluster(f"cf-{request.param}", "kproxy" if image else request.param,
@@ -84,7 +90,9 @@ class Scenario:
         self._pods: list[str] = []
         self._services: list[str] = []
         self._slices: list[str] = []
-        self.roles = {cluster.lab.pod("client").ip: "pod", cluster.lab.node("node1").ip: "node"}
+        # Source addresses a backend may see, by role: "node" is node1 (the client's node).
+        self.roles = {cluster.lab.pod("client").ip: "pod", cluster.lab.node("node1").ip: "node",
+                      cluster.lab.node("node2").ip: "node2", cluster.lab.external().ip: "ext"}
 
     # -- objects ---------------------------------------------------------------------------------
     def pods(self, app: str, placement: dict[str, str], ports=(("tcp", 8080), ("udp", 5353)),
@@ -154,19 +162,37 @@ class Scenario:
 
     def check(self, check: str, src: str, ip: str, port: int, want: str | dict[str, str],
               udp: bool = False, count: int = 20, converge: float = 30,
-              reduce: Callable[[list[str], dict[str, str]], str] = verdicts.cell) -> str:
+              reduce: Callable[[list[str], dict[str, str]], str] = verdicts.cell,
+              sport: int = 0) -> str:
         """Probes until the cell equals what this proxy must give (the proxies program
-        asynchronously: kube-proxy's minSyncPeriod is 1 s), records the cell, asserts it."""
+        asynchronously: kube-proxy's minSyncPeriod is 1 s), records the cell, asserts it.
+        `sport`: UDP from that fixed source port (one conntrack flow for every attempt)."""
         target = verdicts.expected(self.name, check, self.proxy, want)
         # Where only failures are expected, wait past TCP's first SYN retransmission (1 s): on
         # these sub-millisecond paths an ICMP error can come back while connect() still holds
         # the socket lock, and the kernel then keeps it as a soft error until the next try.
         timeout = 1.0 if any(" from " in t for t in target) else 1.5
+        return self._converge(check, target, converge, lambda: reduce(
+            self.probe(src, ip, port, udp=udp, count=count, timeout=timeout, sport=sport),
+            self.roles))
+
+    def health(self, check: str, node: str, port: int, want: str | dict[str, str],
+               converge: float = 30) -> str:
+        """GET http://<node>:<healthCheckNodePort>/ from the external client (as a cloud load
+        balancer probes it) until the cell (status code and every field of the JSON body)
+        equals what this proxy must give; records and asserts it."""
+        target = verdicts.expected(self.name, check, self.proxy, want)
+        url = f"http://{self.c.lab.node(node).ip}:{port}/"
+        return self._converge(check, target, converge, lambda: verdicts.http_cell(
+            self.c.lab.exec(EXT, [self.c.lab.python, "-I", "-S", "-c", HTTP_GET, url],
+                            capture_output=True, text=True, timeout=30).stdout))
+
+    def _converge(self, check: str, target: set[str], converge: float,
+                  measure: Callable[[], str]) -> str:
         seen: list[str] = []
 
         def matches() -> bool:
-            seen.append(reduce(self.probe(src, ip, port, udp=udp, count=count,
-                                          timeout=timeout), self.roles))
+            seen.append(measure())
             return seen[-1] in target
 
         try:
@@ -182,6 +208,53 @@ class Scenario:
     def note(self, check: str, value: str) -> None:
         """Record a cell that the scenario asserts itself."""
         verdicts.record(self.name, check, self.proxy, value)
+
+    # -- north-south -----------------------------------------------------------------------------
+    def node_ip(self, node: str) -> str:
+        return self.c.lab.node(node).ip
+
+    def route_from_outside(self, cidr: str, node: str = "node1") -> None:
+        """The external client reaches `cidr` (ExternalIPs, LoadBalancer IPs) through `node`,
+        as a cloud router would; the route stays for the cluster's life (idempotent)."""
+        self.c.lab.add_external_route(cidr, node)
+
+    def set_load_balancer_ip(self, service: str, ip: str) -> None:
+        """Plays the cloud's LoadBalancer controller: writes status.loadBalancer.ingress."""
+        self.core.patch_namespaced_service_status(
+            service, NAMESPACE, {"status": {"loadBalancer": {"ingress": [{"ip": ip}]}}})
+
+    @property
+    def ours(self) -> bool:
+        return self.proxy in verdicts.OURS
+
+    def kproxy_flows(self, node: str, service: str) -> list[dict]:
+        """kproxy only: the TC conntrack rows of `service` on `node`, through the operator's
+        `kproxy-ebpf ct list`."""
+        bpffs = self.c.lab.node(node).bpffs
+        if self.proxy == "image":   # the node's bpffs is the pod's /sys/fs/bpf: the chart's subdir
+            values = yaml.safe_load((agent_image.CHART / "values.yaml").read_text())
+            bpffs = os.path.join(bpffs, values["bpffsSubdir"])
+        out = CliRunner().invoke(kproxy_cli, ["ct", "list", "--bpffs-dir", bpffs,
+                                        "-o", "json", "--service", f"{NAMESPACE}/{service}"])
+        assert out.exit_code == 0, out.output
+        return json.loads(out.output)
+
+
+# An HTTP GET printing "<status> <JSON body>" (an error status is an answer too, as for a load
+# balancer's probe); any failure prints the probe-style verdict instead.
+HTTP_GET = """\
+import json, socket, sys, urllib.error, urllib.request
+try:
+    r = urllib.request.urlopen(sys.argv[1], timeout=2)
+except urllib.error.HTTPError as e:
+    r = e
+except (OSError, urllib.error.URLError) as e:
+    e = getattr(e, "reason", e)
+    print("TIMEOUT" if isinstance(e, socket.timeout) else
+          "REFUSED" if isinstance(e, ConnectionRefusedError) else f"ERROR {e}")
+    sys.exit(0)
+print(r.status, json.dumps(json.loads(r.read() or b"{}")))
+"""
 
 
 @pytest.fixture

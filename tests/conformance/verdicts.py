@@ -12,6 +12,7 @@ listed in DIVERGENCES, with the reason, and the scenario asserts that listed dif
 """
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -60,6 +61,24 @@ DIVERGENCES: dict[tuple[str, str], Divergence] = {
         "unallocated while kproxy leaves it untouched for that proxy to translate (a connect "
         "failed in the socket hook would never reach it); with no other proxy in the lab the "
         "connect goes out untranslated and the lab router answers network unreachable"),
+    # North-south (test_north_south.py).
+    ("nodeport_etp_cluster", "tcp ext -> node1, backend on node1"): Divergence(
+        "npl-1 from ext",
+        "externalTrafficPolicy Cluster: kube-proxy masquerades every external connection; the TC "
+        "path SNATs only when the backend is on another node (the reply has to come back through "
+        "this node then). A local backend's reply passes this node anyway, so it keeps the "
+        "client's address, as Cilium's does"),
+    ("nodeport_etp_cluster", "udp ext -> node1, backend on node1"): Divergence(
+        "npl-1 from ext", "as for TCP"),
+    ("nodeport_etp_cluster", "tcp pod -> node1"): Divergence(
+        "npr-2 from pod",
+        "a pod's connection to a NodePort (eTP Cluster): kube-proxy DNATs it on the node and "
+        "masquerades it; the socket hook picks the backend at connect() and the pod connects to "
+        "it directly, so no NAT is on the path and the backend sees the pod (as for ClusterIPs)"),
+    ("nodeport_etp_cluster", "udp pod -> node1"): Divergence(
+        "npr-2 from pod", "as for TCP"),
+    ("external_ip_and_load_balancer_ip", "tcp pod -> LB IP"): Divergence(
+        "eip-2 from pod", "as for a pod's connection to a NodePort: served by the socket hook"),
 }
 
 # RESULTS[(scenario, check)][proxy] = cell
@@ -94,6 +113,21 @@ def sticky_cell(lines: list[str], roles: dict[str, str]) -> str:
         return text
     n = len(head.split(","))
     return f"{n} backend{'s' if n > 1 else ''} from {rest}"
+
+
+def http_cell(output: str) -> str:
+    """A health check answer ("<status> <JSON body>", or a probe verdict) as a cell: the status
+    and every field of the body, nested keys dotted, in key order, so a field one proxy adds,
+    drops or spells differently shows in the table."""
+    code, _, body = output.strip().partition(" ")
+    if not code.isdigit():
+        return output.strip() or "-"
+
+    def flat(obj: object, prefix: str = "") -> list[str]:
+        if isinstance(obj, dict):
+            return [x for k in sorted(obj) for x in flat(obj[k], f"{prefix}{k}.")]
+        return [f"{prefix[:-1]}={obj if isinstance(obj, str) else json.dumps(obj)}"]
+    return " ".join([code, *flat(json.loads(body))])
 
 
 def expected(scenario: str, check: str, proxy: str, want: str | dict[str, str]) -> set[str]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.conformance import verdicts
-from tests.conformance.verdicts import Divergence, cell, compare_row, expected, sticky_cell
+from tests.conformance.verdicts import (Divergence, cell, compare_row, expected, http_cell,
+                                        sticky_cell)
 
 ROLES = {"10.244.1.10": "pod", "10.250.0.11": "node"}
 
@@ -27,6 +28,17 @@ def test_sticky_cell_counts_backends():
     assert sticky_cell(["c 10.244.1.10:1"] * 3, ROLES) == "1 backend from pod"
     assert sticky_cell(["c 10.244.1.10:1", "d 10.244.1.10:2"], ROLES) == "2 backends from pod"
     assert sticky_cell(["c 10.244.1.10:1", "TIMEOUT"], ROLES) == "c from pod + TIMEOUT"
+
+
+def test_http_cell_shows_the_status_and_every_body_field():
+    body = '{"service": {"namespace": "default", "name": "lb"}, "localEndpoints": 1, ' \
+           '"serviceProxyHealthy": true}'
+    assert http_cell(f"200 {body}\n") == ("200 localEndpoints=1 service.name=lb "
+                                          "service.namespace=default serviceProxyHealthy=true")
+    # A field only one proxy sends makes the cells differ.
+    assert http_cell('503 {"localEndpoints": 0, "extra": null}') == "503 extra=null localEndpoints=0"
+    assert http_cell("TIMEOUT\n") == "TIMEOUT"
+    assert http_cell("") == "-"
 
 
 def test_expected_follows_nftables_unless_listed(monkeypatch):
