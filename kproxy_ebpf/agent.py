@@ -111,10 +111,25 @@ class Agent:
         # Until a first sync lands the node is only as fresh as the pinned maps: if none lands
         # within the health timeout (say the API server is unreachable), /healthz says so.
         self.health.queued_update()
-        self.datapath.load()
+        target = self._tc_target() if self.cfg.north_south else None
+        # bcc compiles in a child process (datapath/progload.py) while the sources list the
+        # cluster: the compile is off the cold start's critical path, and LLVM never enters
+        # this process. Listing only fills ProxyState; nothing syncs before the maps are
+        # adopted below (the runner starts after the first complete list, and after start()).
+        job = self.datapath.start_load(tc.tc_programs() if target else [])
+        try:
+            self.source = self._make_source()
+            self.metrics.watch_api(self.source.counters)
+            self.source.start()
+            self.datapath.load(job)
+            if target:
+                self.tc = self._load_tc(job, *target)
+        except BaseException:
+            job.cancel()
+            if self.source:
+                self.source.stop()
+            raise
         release_heap()
-        if self.cfg.north_south:
-            self.tc = self._load_tc()
         self.writer = MapWriter(self.datapath.maps)
         adopted = self.writer.restore()
         self.cidrs = CidrWriter(self.datapath.maps)
@@ -129,23 +144,23 @@ class Agent:
         # Socket and TC counters share kp_stats (the TC ones are named tc_*).
         self.metrics.watch_datapath(lambda: reader.counters(self.datapath.maps["stats"]))
         self._serve()
-        self.source = self._make_source()
-        self.metrics.watch_api(self.source.counters)
-        self.source.start()
         threading.Thread(target=self._start_runner, name="wait-synced", daemon=True).start()
 
-    def _load_tc(self) -> TcDatapath | None:
-        """tc_lb.c for the external devices; none found is logged, not fatal (the socket
-        path still serves everything that starts on this node)."""
+    def _tc_target(self) -> tuple[list[str], str] | None:
+        """The external devices and the SNAT address for tc_lb.c; none found is logged, not
+        fatal (the socket path still serves everything that starts on this node)."""
         devices = self.cfg.devices or tc.detect_devices()
         snat = next((a for a in map(tc.device_address, devices) if a), None)
         if not devices or snat is None:
             log.error("north-south datapath off: no external device with an IPv4 address "
                       "(devices %s); set `devices`", devices or "none found")
             return None
+        return devices, snat
+
+    def _load_tc(self, job, devices: list[str], snat: str) -> TcDatapath:
         dp = TcDatapath(Path(self.cfg.bpffs_dir), devices, snat, self.cfg.snat_ports,
                         self.cfg.map_sizes)
-        dp.load()
+        dp.load(job)
         log.info("north-south on %s, SNAT to %s ports %d-%d", ", ".join(devices), snat,
                  *self.cfg.snat_ports)
         return dp
