@@ -119,7 +119,7 @@ class _Recording:
         return True
 
 
-@dataclass
+@dataclass(slots=True)
 class Programmed:
     """What the kernel holds for one frontend."""
     kind: FrontendKind
