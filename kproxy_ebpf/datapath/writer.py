@@ -179,12 +179,14 @@ class MapWriter:
         self._named: dict[ServicePortName, L.MetaView] = {}  # service ports with a meta row
         self._unref: set[BackendKey] = set()                # may have dropped to 0 refs
         self._svc_unref: set[ServicePortName] = set()
+        self._slot_rows = 0         # slot rows (1..n) of every frontend: O(1) row counts
 
     # -- restore ---------------------------------------------------------------------------
     def restore(self) -> int:
         """Rebuilds the bookkeeping from the maps; returns the number of frontends found."""
         # Everything is rebuilt from the kernel: what the maps do not hold is forgotten.
         self.programmed.clear()
+        self._slot_rows = 0
         self._refs.clear()
         self._svc_refs.clear()
         self._named.clear()
@@ -243,6 +245,7 @@ class MapWriter:
                 continue
             prog.rows[slot] = (bkey, flags)       # _ref() inline: a fresh slot, per endpoint
             refs[bkey] += 1
+            self._slot_rows += 1
         # Anything unreferenced (a crash between writes) is garbage now.
         self._unref = {b for b, _ in self.backend_ids}
         self._svc_unref = {spn for spn, _ in self.svc_ids}
@@ -372,6 +375,8 @@ class MapWriter:
                 if old is not None:
                     refs[old[0]] -= 1
                     unref.add(old[0])
+                else:
+                    self._slot_rows += 1
                 rows[slot] = row
                 refs[bkey] += 1
                 res.writes += 1
@@ -405,6 +410,7 @@ class MapWriter:
     def _ref(self, prog: Programmed, slot: int, row: Slot | None) -> None:
         """Slot `slot` of a frontend now holds `row` (None: the row is gone)."""
         old = prog.rows.pop(slot, None)
+        self._slot_rows += (row is not None) - (old is not None)
         if old is not None:
             self._refs[old[0]] -= 1
             self._unref.add(old[0])
@@ -459,7 +465,7 @@ class MapWriter:
 
     def row_counts(self) -> dict[str, int]:
         """Rows the writer keeps in each map it owns (without iterating the kernel maps)."""
-        return {"svc": sum(1 + len(p.rows) for p in self.programmed.values()),
+        return {"svc": len(self.programmed) + self._slot_rows,
                 "backend": len(self.backend_ids), "meta": len(self._named)}
 
     def stats(self) -> dict[str, int]:
