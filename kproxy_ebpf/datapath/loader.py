@@ -19,7 +19,7 @@ from ..config import MapSizes
 from .layout import MAPS
 from .paths import bpf_dir, kernel_headers
 from .pinned import PinnedMap
-from .progload import CGROUP_SOCK_ADDR, LoadJob, Program, spawn
+from .progload import CGROUP_SOCK_ADDR, LoadJob, Program, remove_stale_stages, spawn
 from .source import expand
 
 log = logging.getLogger(__name__)
@@ -194,7 +194,7 @@ def open_pinned_maps(bpffs_dir: Path) -> dict[str, PinnedMap]:
 
 def remove_pins(bpffs_dir: Path) -> list[str]:
     """Detaches the hooks (unpinning a link releases it) and drops the maps: `cleanup`."""
-    removed = []
+    removed = remove_stale_stages(bpffs_dir, keep_live=False)
     for sub in (bpffs_dir / "links", bpffs_dir):
         if not sub.is_dir():
             continue

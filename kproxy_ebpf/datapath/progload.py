@@ -17,8 +17,10 @@ import ctypes
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,6 +34,7 @@ log = logging.getLogger(__name__)
 # program types (enum bpf_prog_type, as bcc's BPF.<NAME> constants)
 SCHED_CLS = "SCHED_CLS"
 CGROUP_SOCK_ADDR = "CGROUP_SOCK_ADDR"
+PR_SET_PDEATHSIG = 1
 EXIT_LAYOUT = 3           # the child's exit code for a layout mismatch (re-raised as such)
 
 
@@ -57,16 +60,20 @@ class LoadJob:
         request = {"bpffs_dir": str(bpffs_dir), "stage": str(self.stage),
                    "sizes": asdict(sizes), "programs": [asdict(p) for p in programs]}
         self.started = time.monotonic()
+        # stderr into a file, not a pipe: a chatty compile must never block on a full pipe
+        # while the agent is busy listing.
+        self._err = tempfile.TemporaryFile(mode="w+")
         self._proc = subprocess.Popen([sys.executable, "-m", __name__, json.dumps(request)],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                      text=True)
+                                      stdout=subprocess.DEVNULL, stderr=self._err)
         self._fds: dict[str, int] | None = None
 
     def result(self) -> dict[str, int]:
         if self._fds is not None:
             return self._fds
         try:
-            _, err = self._proc.communicate()
+            self._proc.wait()
+            self._err.seek(0)
+            err = self._err.read()
             if self._proc.returncode != 0:
                 msg = err.strip().splitlines()[-1] if err.strip() else \
                     f"exit code {self._proc.returncode}"
@@ -82,6 +89,7 @@ class LoadJob:
                     os.close(fd)
                 raise
         finally:
+            self._err.close()
             remove_stage(self.stage)
         log.info("compiled and loaded %d programs in %.2f s (child process)",
                  len(self.programs), time.monotonic() - self.started)
@@ -93,6 +101,7 @@ class LoadJob:
         if self._proc.poll() is None:
             self._proc.kill()
         self._proc.wait()
+        self._err.close()
         remove_stage(self.stage)
 
 
@@ -103,11 +112,25 @@ def remove_stage(stage: Path) -> None:
         stage.rmdir()
 
 
+def remove_stale_stages(bpffs_dir: Path, keep_live: bool = True) -> list[str]:
+    """Staging directories of load children whose agent is gone (killed mid-load): their pins
+    would hold programs nobody uses. With keep_live=False (cleanup), every one."""
+    removed = []
+    for stage in bpffs_dir.glob("stage_*") if bpffs_dir.is_dir() else ():
+        pid = stage.name.split("_")[1]
+        if keep_live and pid.isdigit() and Path(f"/proc/{pid}").exists():
+            continue
+        remove_stage(stage)
+        removed.append(str(stage))
+    return removed
+
+
 def spawn(bpffs_dir: Path, programs: list[Program], sizes: MapSizes | None = None) -> LoadJob:
     """Starts the child. bpffs is made ready here, so the child only compiles."""
     from .loader import ensure_bpffs
 
     ensure_bpffs(bpffs_dir)
+    remove_stale_stages(bpffs_dir)
     return LoadJob(bpffs_dir, programs, sizes or MapSizes())
 
 
@@ -151,7 +174,16 @@ def _child(request: dict) -> None:
         libbpf.obj_pin(fn.fd, str(stage / p["name"]))
 
 
+def _die_with_parent() -> None:
+    """The child is no use once the agent that wanted it is gone (PR_SET_PDEATHSIG)."""
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:       # the parent died before prctl
+        sys.exit(1)
+
+
 def main() -> None:
+    _die_with_parent()
     try:
         _child(json.loads(sys.argv[1]))
     except LayoutMismatch as exc:

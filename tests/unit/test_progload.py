@@ -21,3 +21,16 @@ def test_cancel_stops_the_child_and_removes_the_stage(tmp_path):
     job.cancel()
     assert job._proc.returncode is not None
     assert list(tmp_path.iterdir()) == []
+
+
+def test_stages_of_dead_agents_are_removed_and_live_ones_kept(tmp_path):
+    import os
+
+    dead, live = tmp_path / "stage_99999999_1", tmp_path / f"stage_{os.getpid()}_1"
+    for stage in (dead, live):
+        stage.mkdir()
+        (stage / "kp_connect4").write_text("")
+    assert progload.remove_stale_stages(tmp_path) == [str(dead)]
+    assert live.is_dir() and not dead.exists()
+    assert progload.remove_stale_stages(tmp_path, keep_live=False) == [str(live)]
+    assert list(tmp_path.iterdir()) == []
