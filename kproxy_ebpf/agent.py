@@ -74,11 +74,11 @@ MALLOC_ARENAS = 2
 
 def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> None:
     """glibc gives each thread that meets contention an arena of its own, up to 8 per core,
-    and memory freed in one arena serves only that arena: the reflector threads' JSON pages
-    left ~X MiB of scattered free heap in theirs. The agent's threads mostly wait on sockets,
-    so two arenas cost nothing measurable. Must run before the threads start (as
-    MALLOC_ARENA_MAX would, which an operator's environment can still set lower or higher:
-    that wins)."""
+    and memory freed in one arena serves only that arena, so the JSON pages each reflector
+    thread decodes leave free heap scattered over several arenas that malloc_trim cannot
+    always return. The agent's threads mostly wait on sockets: two arenas cost no measurable
+    contention. Must run before the threads start; MALLOC_ARENA_MAX in the environment, if an
+    operator sets it, wins."""
     if os.environ.get("MALLOC_ARENA_MAX"):
         return
     try:
