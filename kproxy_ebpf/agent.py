@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import os
 import signal
 import threading
 import time
@@ -67,6 +68,26 @@ def release_heap() -> None:
         pass
 
 
+M_ARENA_MAX = -8            # mallopt parameter (glibc malloc.h)
+MALLOC_ARENAS = 2
+
+
+def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> None:
+    """glibc gives each thread that meets contention an arena of its own, up to 8 per core,
+    and memory freed in one arena serves only that arena, so the JSON pages each reflector
+    thread decodes leave free heap scattered over several arenas that malloc_trim cannot
+    always return. The agent's threads mostly wait on sockets: two arenas cost no measurable
+    contention. Must run before the threads start; MALLOC_ARENA_MAX in the environment, if an
+    operator sets it, wins."""
+    if os.environ.get("MALLOC_ARENA_MAX"):
+        return
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(M_ARENA_MAX, arenas)
+    except (OSError, AttributeError):
+        pass
+
+
 class Agent:
     def __init__(self, cfg: AgentConfig):
         self.cfg = cfg
@@ -111,10 +132,26 @@ class Agent:
         # Until a first sync lands the node is only as fresh as the pinned maps: if none lands
         # within the health timeout (say the API server is unreachable), /healthz says so.
         self.health.queued_update()
-        self.datapath.load()
+        limit_malloc_arenas()
+        target = self._tc_target() if self.cfg.north_south or not self.cfg.socket_lb else None
+        # bcc compiles in a child process (datapath/progload.py) while the sources list the
+        # cluster: the compile is off the cold start's critical path, and LLVM never enters
+        # this process. Listing only fills ProxyState; nothing syncs before the maps are
+        # adopted below (the runner starts after the first complete list, and after start()).
+        job = self.datapath.start_load(tc.tc_programs() if target else [])
+        try:
+            self.source = self._make_source()
+            self.metrics.watch_api(self.source.counters)
+            self.source.start()
+            self.datapath.load(job)
+            if target:
+                self.tc = self._load_tc(job, *target)
+        except BaseException:
+            job.cancel()
+            if self.source:
+                self.source.stop()
+            raise
         release_heap()
-        if self.cfg.north_south or not self.cfg.socket_lb:
-            self.tc = self._load_tc()
         self.writer = MapWriter(self.datapath.maps)
         adopted = self.writer.restore()
         self.cidrs = CidrWriter(self.datapath.maps)
@@ -129,15 +166,12 @@ class Agent:
         # Socket and TC counters share kp_stats (the TC ones are named tc_*).
         self.metrics.watch_datapath(lambda: reader.counters(self.datapath.maps["stats"]))
         self._serve()
-        self.source = self._make_source()
-        self.metrics.watch_api(self.source.counters)
-        self.source.start()
         threading.Thread(target=self._start_runner, name="wait-synced", daemon=True).start()
 
-    def _load_tc(self) -> TcDatapath | None:
-        """tc_lb.c for the external devices (north-south) and, with socketLB false, the pod
-        devices. No external device is logged, not fatal: the socket path (or the pod path)
-        still serves everything that starts on this node."""
+    def _tc_target(self) -> tuple[list[str], str | None] | None:
+        """The external devices and the SNAT address for tc_lb.c (north-south), and with
+        socketLB false the pod devices. No external device is logged, not fatal: the socket
+        path (or the pod path) still serves everything that starts on this node."""
         candidates = self.cfg.devices or tc.detect_devices()
         snat = next((a for a in map(tc.device_address, candidates) if a), None)
         devices = candidates if self.cfg.north_south and snat is not None else []
@@ -149,16 +183,20 @@ class Agent:
         if snat is None:
             log.warning("no node address found: a pod reaching itself through a Service "
                         "(hairpin) is dropped on the per-packet path")
+        return devices, snat
+
+    def _load_tc(self, job, devices: list[str], snat: str | None) -> TcDatapath:
         dp = TcDatapath(Path(self.cfg.bpffs_dir), devices, snat, self.cfg.snat_ports,
                         self.cfg.map_sizes,
                         pod_globs=None if self.cfg.socket_lb else tuple(self.cfg.pod_devices))
-        dp.load()
+        dp.load(job)
         if devices:
             log.info("north-south on %s, SNAT to %s ports %d-%d", ", ".join(devices), snat,
                      *self.cfg.snat_ports)
         if not self.cfg.socket_lb:
             log.info("socket LB off: ClusterIPs per packet on devices matching %s",
                      ", ".join(self.cfg.pod_devices))
+        return dp
         return dp
 
     def _purge_conntrack(self) -> None:

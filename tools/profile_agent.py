@@ -210,13 +210,17 @@ def make_agent() -> tuple[Agent, ApiSource, dict[str, Reflector]]:
     cfg = AgentConfig(hostname_override=NODE, bpffs_dir=tmp, cgroup=tmp,
                       healthz_bind_address="", metrics_bind_address="")
     agent = Agent(cfg)
+    from kproxy_ebpf.datapath.cidr_writer import CidrWriter
+    from kproxy_ebpf.datapath.layout import MAPS
     if WRITER == "maps":
-        from kproxy_ebpf.datapath.layout import MAPS
         from kproxy_ebpf.datapath.writer import MapWriter
         agent.datapath.maps = {n: MemoryMap(MAPS[n]) for n in ("svc", "backend", "meta")}
         agent.writer = MapWriter(agent.datapath.maps)
     else:
         agent.writer = NullWriter()
+    cidr_maps = {n: MemoryMap(MAPS[n]) for n in ("clusterip", "servicecidr")}
+    agent.datapath.maps.update(cidr_maps)
+    agent.cidrs = CidrWriter(cidr_maps)
     source = ApiSource.__new__(ApiSource)       # no API client: the reflectors are ours
     source.sink = agent
     refl = {}
@@ -317,7 +321,12 @@ def main() -> None:
     WRITER = args.writer
     n, e = args.services, args.endpoints
 
-    import kubernetes.client  # noqa: F401  the real agent holds it: count it in the baseline
+    # What the real agent imports of the client (leanly, kube/lean.py): count it in the baseline.
+    from kproxy_ebpf.kube.client import make_api_client
+    from kproxy_ebpf.kube.reflector import list_function
+    api = make_api_client(master="127.0.0.1:1")
+    for resource in ("services", "endpointslices"):
+        list_function(api, resource)
     base = rss_mib()
     out: dict = {"services": n, "endpoints": e, "rss_imports_mib": round(base, 1),
                  "rss_anon_imports_mib": round(rss_mib("RssAnon"), 1)}

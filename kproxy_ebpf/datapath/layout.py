@@ -231,5 +231,6 @@ def frontend_key(key: SvcKey) -> tuple:
     return key_tuple(key) + (() if scope is Scope.SOCK else (scope,))
 
 
-def raw(obj: ctypes.Structure | ctypes._SimpleCData) -> bytes:
-    return bytes(memoryview(obj).cast("B"))
+def raw(obj: ctypes.Structure | ctypes._SimpleCData | bytes) -> bytes:
+    """A row's bytes as the kernel keys it (rows the writer packed itself are bytes already)."""
+    return obj if isinstance(obj, bytes) else bytes(memoryview(obj).cast("B"))

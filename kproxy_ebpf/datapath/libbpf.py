@@ -94,6 +94,12 @@ def _check(ret: int, what: str) -> int:
     return ret
 
 
+def _ptr(buf):
+    """A map key or value for libbpf: packed bytes as they are (the writer's rows, encoded
+    without a ctypes object each), a ctypes object by reference."""
+    return buf if isinstance(buf, bytes) else ctypes.byref(buf)
+
+
 def obj_get(path: str) -> int:
     """Opens a pinned map, program or link; returns its fd."""
     return _check(_lib().bpf_obj_get(path.encode()), f"open pinned {path}")
@@ -112,12 +118,11 @@ def map_lookup(fd: int, key: ctypes.Structure | ctypes._SimpleCData, value) -> b
 
 
 def map_update(fd: int, key, value, flags: int = BPF_ANY) -> None:
-    _check(_lib().bpf_map_update_elem(fd, ctypes.byref(key), ctypes.byref(value), flags),
-           "map update")
+    _check(_lib().bpf_map_update_elem(fd, _ptr(key), _ptr(value), flags), "map update")
 
 
 def map_delete(fd: int, key) -> bool:
-    ret = _lib().bpf_map_delete_elem(fd, ctypes.byref(key))
+    ret = _lib().bpf_map_delete_elem(fd, _ptr(key))
     if ret == -errno.ENOENT:
         return False
     _check(ret, "map delete")
@@ -157,20 +162,23 @@ def map_lookup_batch(fd: int, token: ctypes.Array | None, next_token: ctypes.Arr
     return count.value, False
 
 
-def map_update_batch(fd: int, keys: ctypes.Array, values: ctypes.Array) -> int:
-    """Writes len(keys) entries in one syscall (BPF_MAP_UPDATE_BATCH, element by element in
-    array order). Returns how many were written; raises BpfError (with .done) on failure."""
-    count = ctypes.c_uint32(len(keys))
-    return _batch_done(_lib().bpf_map_update_batch(fd, ctypes.byref(keys), ctypes.byref(values),
-                                                   ctypes.byref(count), None), count, "update")
+def map_update_batch(fd: int, keys: ctypes.Array | bytes, values: ctypes.Array | bytes,
+                     count: int | None = None) -> int:
+    """Writes `count` (default len(keys)) entries in one syscall (BPF_MAP_UPDATE_BATCH,
+    element by element in array order); keys and values are arrays of the map's types or
+    their packed bytes back to back. Returns how many were written; raises BpfError (with
+    .done) on failure."""
+    n = ctypes.c_uint32(len(keys) if count is None else count)
+    return _batch_done(_lib().bpf_map_update_batch(fd, _ptr(keys), _ptr(values),
+                                                   ctypes.byref(n), None), n, "update")
 
 
-def map_delete_batch(fd: int, keys: ctypes.Array) -> int:
-    """Deletes len(keys) entries in one syscall, in array order; a missing key stops it
-    (BpfError with .done = entries deleted before it)."""
-    count = ctypes.c_uint32(len(keys))
-    return _batch_done(_lib().bpf_map_delete_batch(fd, ctypes.byref(keys), ctypes.byref(count),
-                                                   None), count, "delete")
+def map_delete_batch(fd: int, keys: ctypes.Array | bytes, count: int | None = None) -> int:
+    """Deletes `count` (default len(keys)) entries in one syscall, in array order; a missing
+    key stops it (BpfError with .done = entries deleted before it)."""
+    n = ctypes.c_uint32(len(keys) if count is None else count)
+    return _batch_done(_lib().bpf_map_delete_batch(fd, _ptr(keys), ctypes.byref(n), None), n,
+                       "delete")
 
 
 def _batch_done(ret: int, count: ctypes.c_uint32, what: str) -> int:

@@ -1,5 +1,5 @@
-"""Compiles the BPF programs with bcc, adopts or creates the pinned maps, and attaches the
-socket hooks to a cgroup through pinned BPF links.
+"""Loads the BPF programs (compiled by bcc in a child process, datapath/progload.py), opens
+the pinned maps, and attaches the socket hooks to a cgroup through pinned BPF links.
 
 Why links: a pinned link keeps its program attached after the agent exits (the datapath must
 outlive a restart), and BPF_LINK_UPDATE swaps the program of a running link atomically, so a new
@@ -16,9 +16,10 @@ from pathlib import Path
 
 from . import kernel, libbpf
 from ..config import MapSizes
-from .layout import MAPS, STRUCTS
+from .layout import MAPS
 from .paths import bpf_dir, kernel_headers
-from .pinned import LayoutMismatch, PinnedMap
+from .pinned import PinnedMap
+from .progload import CGROUP_SOCK_ADDR, LoadJob, Program, remove_stale_stages, spawn
 from .source import expand
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ def compile_program(source: Path, bpffs_dir: Path, sizes: MapSizes | None = None
     """Compiles one program file with bcc against the maps pinned in bpffs_dir (adopting
     them, or creating and pinning them)."""
     os.environ.setdefault("BCC_KERNEL_SOURCE", str(kernel_headers()))
-    from bcc import BPF  # imported late: only the agent needs bcc (and root)
+    from bcc import BPF  # imported late: only the load child (progload.py) needs bcc
 
     ensure_bpffs(bpffs_dir)
     cflags = [f"-I{bpf_dir()}", f'-DKP_PIN_DIR="{bpffs_dir}"', "-Wno-macro-redefined",
@@ -76,24 +77,37 @@ def _is_bpffs(path: Path) -> bool:
     return libc.statfs(str(path).encode(), buf) == 0 and (buf[0] & 0xFFFFFFFF) == BPFFS_MAGIC
 
 
+def sock_programs() -> list[Program]:
+    """The socket hooks of sock_lb.c, as the child process loads them."""
+    return [Program("sock_lb.c", prog, CGROUP_SOCK_ADDR, attach_type)
+            for prog, (attach_type, _) in SOCK_HOOKS.items()]
+
+
 @dataclass
 class Datapath:
     bpffs_dir: Path
     cgroup: Path
     sizes: MapSizes = field(default_factory=MapSizes)
     maps: dict[str, PinnedMap] = field(default_factory=dict)
-    _bpf: object = None
+    _progs: dict[str, int] = field(default_factory=dict)     # program name -> fd
 
     @property
     def links_dir(self) -> Path:
         return self.bpffs_dir / "links"
 
-    def load(self) -> None:
-        """Compiles and loads sock_lb.c; bcc adopts maps already pinned in bpffs_dir."""
+    def start_load(self, extra: list[Program] = ()) -> LoadJob:
+        """Starts compiling sock_lb.c (and `extra` programs, e.g. the TC ones, which share the
+        maps) in a child process; bcc there adopts the maps already pinned in bpffs_dir."""
         kernel.require(str(self.cgroup))      # a clear error before bcc's compile errors
-        self._bpf = compile_program(bpf_dir() / "sock_lb.c", self.bpffs_dir, self.sizes)
+        return spawn(self.bpffs_dir, sock_programs() + list(extra), self.sizes)
+
+    def load(self, job: LoadJob | None = None) -> None:
+        """Waits for the child (started here unless `job` is given), takes the socket
+        programs' fds and opens every pinned map through BPF_OBJ_GET."""
+        job = job or self.start_load()
+        fds = job.result()
+        self._progs = {name: fds[name] for name in SOCK_HOOKS}
         try:
-            self._check_bcc_layout()
             for name, spec in MAPS.items():
                 self.maps[name] = PinnedMap(self.bpffs_dir / spec.name, spec)
                 want = getattr(self.sizes, name, None)
@@ -105,33 +119,15 @@ class Datapath:
             self.close()
             raise
 
-    def _check_bcc_layout(self) -> None:
-        """Refuses to run if bcc's view of a map (from the compiled C) differs from layout.py."""
-        for spec in MAPS.values():
-            table = self._bpf[spec.base.encode()]
-            leaf = table.Leaf
-            if spec.percpu and issubclass(leaf, ctypes.Array):   # bcc: one value per CPU
-                leaf = leaf._type_
-            for ours, theirs in ((spec.key, table.Key), (spec.value, leaf)):
-                if ctypes.sizeof(ours) != ctypes.sizeof(theirs):
-                    raise LayoutMismatch(f"{spec.name}: {ours.__name__} is {ctypes.sizeof(ours)} "
-                                         f"bytes, the compiled map says {ctypes.sizeof(theirs)}")
-                if ours in STRUCTS.values():
-                    for fname, *_ in ours._fields_:
-                        if getattr(ours, fname).offset != getattr(theirs, fname).offset:
-                            raise LayoutMismatch(f"{spec.name}: field {fname} offset differs")
-
     def attach(self) -> None:
         """Attaches every hook to the cgroup, replacing a previous agent's programs in place."""
-        from bcc import BPF
-
         self.links_dir.mkdir(exist_ok=True)
         cgroup_id = os.stat(self.cgroup).st_ino     # a cgroup2 directory's inode is its id
         cg_fd = os.open(self.cgroup, os.O_RDONLY | os.O_DIRECTORY)
         try:
             for prog, (attach_type, pin) in SOCK_HOOKS.items():
-                fn = self._bpf.load_func(prog.encode(), BPF.CGROUP_SOCK_ADDR, attach_type=attach_type)
-                self._attach_one(fn.fd, cg_fd, cgroup_id, attach_type, self.links_dir / pin)
+                self._attach_one(self._progs[prog], cg_fd, cgroup_id, attach_type,
+                                 self.links_dir / pin)
         finally:
             os.close(cg_fd)
         self.remove_stale_maps()
@@ -193,9 +189,9 @@ class Datapath:
         for m in self.maps.values():
             m.close()
         self.maps.clear()
-        if self._bpf is not None:
-            self._bpf.cleanup()
-            self._bpf = None
+        for fd in self._progs.values():
+            os.close(fd)
+        self._progs.clear()
 
 
 def open_pinned_maps(bpffs_dir: Path) -> dict[str, PinnedMap]:
@@ -210,7 +206,7 @@ def open_pinned_maps(bpffs_dir: Path) -> dict[str, PinnedMap]:
 
 def remove_pins(bpffs_dir: Path) -> list[str]:
     """Detaches the hooks (unpinning a link releases it) and drops the maps: `cleanup`."""
-    removed = []
+    removed = remove_stale_stages(bpffs_dir, keep_live=False)
     for sub in (bpffs_dir / "links", bpffs_dir):
         if not sub.is_dir():
             continue

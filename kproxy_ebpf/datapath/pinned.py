@@ -9,7 +9,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from . import libbpf
-from .layout import MapSpec
+from .layout import MapSpec, raw
 
 
 ENOTSUPP = 524     # the kernel's internal "not supported", which bpf() can return
@@ -37,6 +37,14 @@ def possible_cpus() -> int:
         lo, _, hi = part.partition("-")
         count += int(hi or lo) - int(lo) + 1
     return count
+
+
+def _packed(rows: list) -> bytes:
+    """Rows (ctypes objects or their packed bytes) back to back, as the batch calls want."""
+    try:
+        return b"".join(rows)           # the writer's rows: packed already
+    except TypeError:
+        return b"".join(map(raw, rows))
 
 
 class PinnedMap:
@@ -87,12 +95,12 @@ class PinnedMap:
 
     def put_batch(self, keys: list, values: list) -> None:
         """Writes every (key, value) in order, one syscall per _BATCH entries (the kernel
-        applies them one by one, so readers see the same order as with single puts)."""
+        applies them one by one, so readers see the same order as with single puts). Keys and
+        values are ctypes objects or their packed bytes."""
         for i in range(0, len(keys), self._BATCH):
             ks, vs = keys[i:i + self._BATCH], values[i:i + self._BATCH]
             try:
-                libbpf.map_update_batch(self.fd, (self.spec.key * len(ks))(*ks),
-                                        (self.spec.value * len(vs))(*vs))
+                libbpf.map_update_batch(self.fd, _packed(ks), _packed(vs), len(ks))
             except libbpf.BpfError as exc:
                 if exc.errno == errno.E2BIG:
                     raise MapFull(self.spec.name, self.max_entries) from exc
@@ -104,7 +112,7 @@ class PinnedMap:
         while i < len(keys):
             chunk = keys[i:i + self._BATCH]
             try:
-                i += libbpf.map_delete_batch(self.fd, (self.spec.key * len(chunk))(*chunk))
+                i += libbpf.map_delete_batch(self.fd, _packed(chunk), len(chunk))
             except libbpf.BpfError as exc:
                 if exc.errno != errno.ENOENT:
                     raise

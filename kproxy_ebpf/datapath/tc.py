@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import MapSizes
 from . import layout as L
-from .paths import bpf_dir
 from .pinned import PinnedMap
 from .pod_devices import PodDeviceWatcher
+from .progload import SCHED_CLS, LoadJob, Program, spawn
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,11 @@ EXT_PROGRAMS = {"kp_from_outside": INGRESS, "kp_to_outside": EGRESS}
 POD_PROGRAMS = {"kp_from_pod": INGRESS, "kp_to_pod": EGRESS}
 PROGRAMS = {**EXT_PROGRAMS, **POD_PROGRAMS}
 ETH_P_ALL = 0x0003
+
+
+def tc_programs() -> list[Program]:
+    """tc_lb.c's programs, for the load child (datapath/progload.py)."""
+    return [Program("tc_lb.c", prog, SCHED_CLS) for prog in PROGRAMS]
 
 
 def _ipr():
@@ -79,19 +85,15 @@ class TcDatapath:
     sizes: MapSizes = field(default_factory=MapSizes)
     pod_globs: tuple[str, ...] | None = None
     runner: object = None      # PodDeviceWatcher's runner (tests: enter the node's netns)
-    _bpf: object = None
     _fds: dict[str, int] = field(default_factory=dict)
     _pods: PodDeviceWatcher | None = None
 
-    def load(self) -> None:
-        from bcc import BPF
-
-        from .loader import compile_program
-
-        self._bpf = compile_program(bpf_dir() / "tc_lb.c", self.bpffs_dir, self.sizes)
+    def load(self, job: LoadJob | None = None) -> None:
+        """Takes the programs from a load child (started here unless `job`, one that was
+        given tc_programs(), is passed) and writes the SNAT configuration."""
+        fds = (job or spawn(self.bpffs_dir, tc_programs(), self.sizes)).result()
+        self._fds = {prog: fds[prog] for prog in PROGRAMS}
         try:
-            for prog in PROGRAMS:
-                self._fds[prog] = self._bpf.load_func(prog.encode(), BPF.SCHED_CLS).fd
             self.write_config()
         except BaseException:
             self.close()
@@ -125,10 +127,9 @@ class TcDatapath:
         if self._pods is not None:
             self._pods.stop()
             self._pods = None
+        for fd in self._fds.values():
+            os.close(fd)
         self._fds.clear()
-        if self._bpf is not None:
-            self._bpf.cleanup()
-            self._bpf = None
 
 
 def write_config(bpffs_dir: Path, snat_addr: str, ports: tuple[int, int]) -> None:

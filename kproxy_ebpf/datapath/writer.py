@@ -26,6 +26,9 @@ one programmed and rewrites only what differs. It never decides policy.
 from __future__ import annotations
 
 import logging
+import socket
+import struct
+import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -44,6 +47,26 @@ Slot = tuple[BackendKey, int]            # the backend a slot names, and its be_
 
 MAX_ID = 2**31
 BATCH_MIN = 64            # ops below which single writes are as cheap as a batch
+
+
+# Rows written per endpoint are packed straight into bytes (the kernel's layout, from
+# layout.py's formats): a ctypes object per row cost more than the syscalls.
+_SVC_KEY = struct.Struct(L.MAPS["svc"].key_format)
+_SVC_VAL = struct.Struct(L.MAPS["svc"].value_format).pack
+_ID = struct.Struct(L.MAPS["backend"].key_format).pack
+_BACKEND = struct.Struct(L.MAPS["backend"].value_format).pack
+_NATIVE_U32, _NATIVE_U32_PACK = struct.Struct("=I").unpack, struct.Struct("=I").pack
+
+
+def _backend_row(b: BackendKey) -> bytes:
+    """kp_backend4 of (ip, port, protocol): address and port in network byte order."""
+    return _BACKEND(_NATIVE_U32(socket.inet_aton(b[0]))[0],
+                    int.from_bytes(b[1].to_bytes(2, "big"), sys.byteorder), L.PROTO_NUM[b[2]])
+
+
+def _is_head(key) -> bool:
+    """Whether a kp_svc4 key (ctypes or packed) names slot 0."""
+    return (_SVC_KEY.unpack(key)[4] if isinstance(key, bytes) else key.slot) == 0
 
 
 def _cstr(raw: bytes) -> str:
@@ -85,18 +108,18 @@ class _Recording:
         plan.recordings.append(self)
 
     def put(self, key, value) -> None:
-        keys, values = self.ops[("put-heads" if key.slot == 0 else "put-slots")
+        keys, values = self.ops[("put-heads" if _is_head(key) else "put-slots")
                                 if self.svc else "put-rows"]
         keys.append(key)
         values.append(value)
 
     def delete(self, key) -> bool:
-        self.ops[("del-heads" if key.slot == 0 else "del-slots")
+        self.ops[("del-heads" if _is_head(key) else "del-slots")
                  if self.svc else "del-garbage"][0].append(key)
         return True
 
 
-@dataclass
+@dataclass(slots=True)
 class Programmed:
     """What the kernel holds for one frontend."""
     kind: FrontendKind
@@ -156,12 +179,14 @@ class MapWriter:
         self._named: dict[ServicePortName, L.MetaView] = {}  # service ports with a meta row
         self._unref: set[BackendKey] = set()                # may have dropped to 0 refs
         self._svc_unref: set[ServicePortName] = set()
+        self._slot_rows = 0         # slot rows (1..n) of every frontend: O(1) row counts
 
     # -- restore ---------------------------------------------------------------------------
     def restore(self) -> int:
         """Rebuilds the bookkeeping from the maps; returns the number of frontends found."""
         # Everything is rebuilt from the kernel: what the maps do not hold is forgotten.
         self.programmed.clear()
+        self._slot_rows = 0
         self._refs.clear()
         self._svc_refs.clear()
         self._named.clear()
@@ -175,15 +200,13 @@ class MapWriter:
             names[sid] = spn
             self.svc_ids.restore(spn, sid)
             self._named[spn] = tuple(view)
-        ips: dict[int, str] = {}
         ports: dict[int, int] = {}
 
         def addr(ip: int, port: int, proto: int) -> tuple[str, int, Protocol]:
-            if ip not in ips:
-                ips[ip] = L.ip_str(ip)
             if port not in ports:
                 ports[port] = L.port_host(port)
-            return ips[ip], ports[port], L.PROTO_BY_NUM.get(proto, Protocol.TCP)
+            return (socket.inet_ntoa(_NATIVE_U32_PACK(ip)), ports[port],
+                    L.PROTO_BY_NUM.get(proto, Protocol.TCP))
 
         backends: dict[int, BackendKey] = {}
         for (bid,), (ip, port, proto) in self.be.unpacked():
@@ -192,30 +215,37 @@ class MapWriter:
         # Both scopes (sockets, and packets from outside the node) are this writer's; rows of
         # a scope it does not know belong to some other writer and are left alone.
         rows = [(k, v) for k, v in self.svc.unpacked() if k[3] in L.SCOPE_BY_NUM]
+        heads: dict[tuple, Programmed] = {}     # a frontend's (ip, port, proto, scope) as stored
 
-        def fkey(ip: int, port: int, proto: int, scope: int) -> tuple:
-            scope_ = L.SCOPE_BY_NUM[scope]
-            return addr(ip, port, proto) + (() if scope == L.SCOPE_SOCK else (scope_,))
+        def record(ip: int, port: int, proto: int, scope: int, prog: Programmed) -> Programmed:
+            fkey = addr(ip, port, proto) + (() if scope == L.SCOPE_SOCK
+                                            else (L.SCOPE_BY_NUM[scope],))
+            heads[(ip, port, proto, scope)] = self.programmed[fkey] = prog
+            return prog
 
         for (ip, port, proto, scope, slot), (_, sid, affinity, count, action, kind, _) in rows:
             if slot == 0:
-                prog = self.programmed[fkey(ip, port, proto, scope)] = Programmed(
+                prog = record(ip, port, proto, scope, Programmed(
                     kind=L.KIND_BY_NUM.get(kind, FrontendKind.CLUSTER_IP), service=None,
                     action=L.ACTION_BY_NUM.get(action, Action.REJECT), affinity=affinity,
-                    count=count)
+                    count=count))
                 self._set_service(prog, names.get(sid))
+        refs = self._refs
         for (ip, port, proto, scope, slot), (bid, *_, flags) in rows:
             if slot == 0:
                 continue
-            prog = self.programmed.setdefault(fkey(ip, port, proto, scope), Programmed(
-                FrontendKind.CLUSTER_IP, None, Action.REJECT, 0, None))
+            prog = heads.get((ip, port, proto, scope)) or record(
+                ip, port, proto, scope,
+                Programmed(FrontendKind.CLUSTER_IP, None, Action.REJECT, 0, None))
             bkey = backends.get(bid)
             # A slot naming no backend, or above its frontend's count (an agent killed between
             # writing slot 0 and deleting the surplus), is a leftover no lookup can reach.
             if bkey is None or (prog.count is not None and slot > prog.count):
                 self.svc.delete(L.SvcKey(addr=ip, port=port, proto=proto, scope=scope, slot=slot))
                 continue
-            self._ref(prog, slot, (bkey, flags))
+            prog.rows[slot] = (bkey, flags)       # _ref() inline: a fresh slot, per endpoint
+            refs[bkey] += 1
+            self._slot_rows += 1
         # Anything unreferenced (a crash between writes) is garbage now.
         self._unref = {b for b, _ in self.backend_ids}
         self._svc_unref = {spn for spn, _ in self.svc_ids}
@@ -300,14 +330,12 @@ class MapWriter:
             fe.kind, fe.service, fe.action, fe.affinity_timeout) and p.live() == wanted \
             and p.count == len(wanted) and self._named.get(fe.service) == L.meta_view(fe.info)
 
-    def _ensure_backend(self, b: BackendKey, res: ApplyResult) -> int:
-        """The id of backend b; a new id's row is written here, once, and never again."""
-        bid = self.backend_ids.get(b)
-        if bid is not None:
-            return bid
+    def _new_backend(self, b: BackendKey, res: ApplyResult) -> int:
+        """An id for backend b, which has none; its row is written here, once, and never
+        again."""
         bid = self.backend_ids.acquire(b)
         try:
-            self.be.put(L.U32(bid), L.backend_val(*b))
+            self.be.put(_ID(bid), _backend_row(b))
         except BaseException:
             self.backend_ids.release(b)
             raise
@@ -332,16 +360,25 @@ class MapWriter:
             self._write_meta(fe, svc_id)
             res.writes += 1
 
-        head = L.frontend_svc_key(key)      # encoded once; slot keys are copies of it
-        rows = prog.rows
+        head = L.frontend_svc_key(key)      # encoded once; slot keys are packed from it
+        fields = (head.addr, head.port, head.proto, head.scope)
+        rows, refs, unref, ids = prog.rows, self._refs, self._unref, self.backend_ids
         for slot, bkey in enumerate(order, start=1):
             row = (bkey, wanted[bkey])
-            if rows.get(slot) != row:
-                bid = self._ensure_backend(bkey, res)
-                skey = L.SvcKey.from_buffer_copy(head)
-                skey.slot = slot
-                self.svc.put(skey, L.SvcVal(backend_id=bid, be_flags=row[1]))
-                self._ref(prog, slot, row)
+            old = rows.get(slot)
+            if old != row:
+                bid = ids.get(bkey)
+                if bid is None:
+                    bid = self._new_backend(bkey, res)
+                self.svc.put(_SVC_KEY.pack(*fields, slot), _SVC_VAL(bid, 0, 0, 0, 0, 0, row[1]))
+                # the bookkeeping of _ref(prog, slot, row), inline: this loop runs per endpoint
+                if old is not None:
+                    refs[old[0]] -= 1
+                    unref.add(old[0])
+                else:
+                    self._slot_rows += 1
+                rows[slot] = row
+                refs[bkey] += 1
                 res.writes += 1
         # Only now may slot 0 announce the new count.
         self.svc.put(head, L.SvcVal(
@@ -373,6 +410,7 @@ class MapWriter:
     def _ref(self, prog: Programmed, slot: int, row: Slot | None) -> None:
         """Slot `slot` of a frontend now holds `row` (None: the row is gone)."""
         old = prog.rows.pop(slot, None)
+        self._slot_rows += (row is not None) - (old is not None)
         if old is not None:
             self._refs[old[0]] -= 1
             self._unref.add(old[0])
@@ -407,7 +445,7 @@ class MapWriter:
             bid = self.backend_ids.get(bkey)
             if bid is None or self._refs.get(bkey, 0) > 0:
                 continue
-            self.be.delete(L.U32(bid))
+            self.be.delete(_ID(bid))
             self.backend_ids.release(bkey)
             self._refs.pop(bkey, None)
             if res:
@@ -427,7 +465,7 @@ class MapWriter:
 
     def row_counts(self) -> dict[str, int]:
         """Rows the writer keeps in each map it owns (without iterating the kernel maps)."""
-        return {"svc": sum(1 + len(p.rows) for p in self.programmed.values()),
+        return {"svc": len(self.programmed) + self._slot_rows,
                 "backend": len(self.backend_ids), "meta": len(self._named)}
 
     def stats(self) -> dict[str, int]:

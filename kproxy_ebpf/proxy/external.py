@@ -64,12 +64,14 @@ def service_ext_frontends(svc: Service, slices: Iterable[EndpointSlice], node: N
     """Scope-EXT frontends of one Service. Input problems are not reported here: the socket
     scope (service_frontends) reads the same fields and reports each once."""
     scratch: list[Problem] = []
-    plans, _ = _plan(svc, slices, node, prefer_same_node)
     ext_ips = [ip for ip in svc.external_ips if _ipv4(svc, ip, "externalIP", scratch)]
     lb_ips = [ing.ip for ing in svc.load_balancer_ingress
               if ing.ip and ing.ip_mode != "Proxy"
               and _ipv4(svc, ing.ip, "loadBalancer ingress IP", scratch)]
     np_ips = node_port_ips(node, node_port_addresses)
+    if not ext_ips and not lb_ips and not (np_ips and any(p.node_port for p in svc.ports)):
+        return []       # not reachable from outside (a plain ClusterIP): nothing to plan
+    plans, _ = _plan(svc, slices, node, prefer_same_node)
     out: dict[tuple, Frontend] = {}
     for plan in plans:
         sp, pe = plan.port, plan.endpoints

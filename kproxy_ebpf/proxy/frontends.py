@@ -151,11 +151,17 @@ def _ipv4(svc: Service, ip: str, what: str, problems: list[Problem]) -> bool:
     return addr.version == 4
 
 
+def _backend_order(b: Backend) -> tuple[str, int]:
+    return b.ip, b.port
+
+
 def _backends(eps: Iterable[EndpointInfo], sp: ServicePort) -> tuple[Backend, ...]:
+    # (ip, port) is unique within a port's endpoints (endpoints_by_port) and the protocol is
+    # the port's, so this is Backend's full order, without its generated __lt__ per compare.
     return tuple(sorted(
-        Backend(ip=e.ip, port=e.port, protocol=sp.protocol, node_name=e.node_name,
-                local=e.local, ready=e.ready, serving=e.serving, terminating=e.terminating)
-        for e in eps))
+        (Backend(ip=e.ip, port=e.port, protocol=sp.protocol, node_name=e.node_name,
+                 local=e.local, ready=e.ready, serving=e.serving, terminating=e.terminating)
+         for e in eps), key=_backend_order))
 
 
 def _verdict(pe: PortEndpoints, chosen: tuple[EndpointInfo, ...], sp: ServicePort

@@ -101,6 +101,10 @@ def test_sigkill_and_restart_loses_no_connection(lab, tmp_path):
         second = start_agent(lab, manifest, "agent-2")
         wait_until(lambda: "first sync:" in log_of(lab, "agent-2"), 30,
                  "the second agent's first sync")
+        # bcc compiled in a child process (datapath/progload.py): no LLVM in the agent itself,
+        # and the child's staging pins are gone.
+        assert "libbcc" not in Path(f"/proc/{second.pid}/maps").read_text()
+        assert not list(Path(bpffs).glob("stage_*"))
         for t in loops:
             t.join()
     finally:

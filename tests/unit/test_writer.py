@@ -172,12 +172,15 @@ def test_random_churn_stays_consistent(maps, seed):
             f = fe(ip=f"10.96.0.{s}", name=f"s{s}", backends=bs, action=action)
             desired[f.key] = f
         assert w.apply(desired).ok
+        # The running row counts (the batch path's capacity check) match the maps.
+        assert w.row_counts() == {name: len(maps[name].rows) for name in ("svc", "backend", "meta")}
         for key, f in desired.items():
             s = slots_of(maps, key[0], key[1])
             assert s[0] == len(f.backends)
             assert sorted(s[i] for i in range(1, s[0] + 1)) == sorted(b.ip for b in f.backends)
     fresh = MapWriter(maps)
     fresh.restore()
+    assert fresh.row_counts() == w.row_counts()
     assert fresh.apply(desired).writes == 0
 
 
