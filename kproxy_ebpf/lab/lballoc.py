@@ -152,7 +152,9 @@ class Allocator:
     def _write(self, svc: dict, ips: list[str]) -> None:
         ns, name = key_of(svc)
         body = {"status": {"loadBalancer": {"ingress": [{"ip": ip} for ip in ips] or None}}}
-        self.core.patch_namespaced_service_status(name, ns, body)
+        # A merge patch: the ingress list is replaced whole, null removes it.
+        self.core.patch_namespaced_service_status(
+            name, ns, body, _content_type="application/merge-patch+json")
         log.info("%s/%s: status.loadBalancer.ingress = %s", ns, name, ips or "[]")
 
     def reconcile(self, svc: dict) -> None:

@@ -59,6 +59,12 @@ def lb_service(name: str, **spec) -> dict:
                                 "protocol": "TCP"}], **spec}}
 
 
+def patch(core, name: str, body: dict) -> None:
+    """A JSON merge patch (null deletes a field)."""
+    core.patch_namespaced_service(name, "default", body,
+                                  _content_type="application/merge-patch+json")
+
+
 def ingress(core, name: str) -> list[dict]:
     svc = core.read_namespaced_service_status(name, "default")
     return [i.to_dict() for i in (svc.status.load_balancer.ingress or [])]
@@ -80,8 +86,14 @@ def seen(c: Cluster, ip: str, port: int = 80, source: str | None = None, count: 
             for ln in lines}
 
 
+def lab_route(c: Cluster, *args: str) -> None:
+    """`kproxy-ebpf lab route ...` as an operator runs it."""
+    subprocess.run([sys.executable, "-m", "kproxy_ebpf.cli", "lab", "route", *args,
+                    "--lab", c.lab.name], check=True, capture_output=True, text=True)
+
+
 def route_pool_via(c: Cluster, node: str) -> None:
-    c.lab.add_external_route(str(POOL), node)
+    lab_route(c, str(POOL), "--via", node)
     assert c.lab.status()["external_routes"][str(POOL)] == node
 
 
@@ -92,14 +104,17 @@ def test_lb_ip_from_the_allocator_is_reachable_with_both_policies(cluster, core)
         # Cluster: node1 forwards to node2's pod, which sees node1's address.
         wait_until(lambda: seen(cluster, ip) == {f"lbb {NODE1}"}, 30,
                    "the LB IP via node1 to node2's pod")
-        core.patch_namespaced_service("lb-web", "default",
-                                      {"spec": {"externalTrafficPolicy": "Local"}})
+        patch(core, "lb-web", {"spec": {"externalTrafficPolicy": "Local"}})
         # Local: node1 has no local endpoint and drops; node2 keeps the client's address.
         wait_until(lambda: seen(cluster, ip) == {"TIMEOUT"}, 30, "node1 dropping under eTP Local")
         route_pool_via(cluster, "node2")
         try:
             wait_until(lambda: seen(cluster, ip) == {f"lbb {CLIENT}"}, 30,
                        "the LB IP via node2 with the client's own address")
+            # Without the route the pool goes to the lab router, which leads nowhere.
+            lab_route(cluster, str(POOL), "--delete")
+            assert str(POOL) not in cluster.lab.status()["external_routes"]
+            assert seen(cluster, ip) == {"ERROR ENETUNREACH"}
         finally:
             route_pool_via(cluster, "node1")
     finally:
@@ -125,7 +140,7 @@ def test_allocator_honours_requests_releases_and_survives_a_restart(cluster, cor
         assert (allocated(core, "lb-a"), allocated(core, "lb-b")) == (a, wanted)
 
         # No longer a LoadBalancer: the status is cleared and the address can be given again.
-        core.patch_namespaced_service("lb-a", "default", {"spec": {"type": "ClusterIP"}})
+        patch(core, "lb-a", {"spec": {"type": "ClusterIP"}})
         wait_until(lambda: ingress(core, "lb-a") == [], 20, "lb-a's status cleared")
         core.delete_namespaced_service("lb-d", "default")
         core.create_namespaced_service("default", lb_service("lb-e", loadBalancerIP=a))
@@ -163,15 +178,14 @@ def test_source_ranges_let_one_client_in_and_keep_the_other_out(cluster, core):
             assert [f"{CLIENT}/32"] in _ranges_in_maps(cluster, ip)
 
         # A range change through the API flips it.
-        core.patch_namespaced_service("lb-fw", "default",
-                                      {"spec": {"loadBalancerSourceRanges": [f"{CLIENT2}/32"]}})
+        patch(core, "lb-fw", {"spec": {"loadBalancerSourceRanges": [f"{CLIENT2}/32"]}})
         wait_until(lambda: seen(cluster, ip, source=CLIENT2) == {f"lbb {NODE1}"}, 30,
                    "the second client admitted after the change")
         assert seen(cluster, ip) == {"TIMEOUT"}, "the first client is dropped now"
 
         # A range holding the node's address also admits the LB IP as a source
         # (kube-proxy's allowFromNode); the clients outside it stay out.
-        core.patch_namespaced_service("lb-fw", "default", {"spec": {
+        patch(core, "lb-fw", {"spec": {
             "loadBalancerSourceRanges": [f"{NODE1}/32"]}})
         wait_until(lambda: seen(cluster, ip, source=CLIENT2) == {"TIMEOUT"}, 30,
                    "both clients out with only the node's range")
@@ -180,8 +194,7 @@ def test_source_ranges_let_one_client_in_and_keep_the_other_out(cluster, core):
                        "the node's range and the LB IP in the maps")
 
         # No ranges: everyone in again.
-        core.patch_namespaced_service("lb-fw", "default",
-                                      {"spec": {"loadBalancerSourceRanges": None}})
+        patch(core, "lb-fw", {"spec": {"loadBalancerSourceRanges": None}})
         wait_until(lambda: seen(cluster, ip) == {f"lbb {NODE1}"}, 30, "the ranges lifted")
         assert seen(cluster, ip, source=CLIENT2) == {f"lbb {NODE1}"}
     finally:
