@@ -157,12 +157,17 @@ def test_allocator_honours_requests_releases_and_survives_a_restart(cluster, cor
                     raise
 
 
-def _ranges_in_maps(c: Cluster, ip: str) -> list[list[str]]:
-    """What `kproxy-ebpf services -o json` on node1 shows for the LB frontend."""
-    out = subprocess.run([sys.executable, "-m", "kproxy_ebpf.cli", "services", "-o", "json",
+def _node1(c: Cluster, command: str) -> object:
+    """`kproxy-ebpf COMMAND -o json` on node1's maps."""
+    out = subprocess.run([sys.executable, "-m", "kproxy_ebpf.cli", command, "-o", "json",
                           "--bpffs-dir", c.lab.bpffs("node1")], check=True,
                          capture_output=True, text=True).stdout
-    return [r.get("source_ranges") for r in json.loads(out)
+    return json.loads(out)
+
+
+def _ranges_in_maps(c: Cluster, ip: str) -> list[list[str]]:
+    """What `services` shows for the LB frontends of ip (one per scope)."""
+    return [r.get("source_ranges") for r in _node1(c, "services")
             if r["address"] == ip and r["type"] == "LoadBalancer"]
 
 
@@ -173,7 +178,11 @@ def test_source_ranges_let_one_client_in_and_keep_the_other_out(cluster, core):
         ip = allocated(core, "lb-fw")
         np = core.read_namespaced_service("lb-fw", "default").spec.ports[0].node_port
         wait_until(lambda: seen(cluster, ip) == {f"lbb {NODE1}"}, 30, "the admitted client")
+        drops = _node1(cluster, "stats")["tc_src_drop"] if cluster.info.proxy == "kproxy" else 0
         assert seen(cluster, ip, source=CLIENT2) == {"TIMEOUT"}, "the other client is dropped"
+        if cluster.info.proxy == "kproxy":
+            # Counted in kp_stats: at least the first SYN of each of the two probes.
+            assert _node1(cluster, "stats")["tc_src_drop"] >= drops + 2
         # Only the LB IP is filtered: the NodePort of the same Service lets both in.
         assert seen(cluster, NODE1, np, source=CLIENT2) == {f"lbb {NODE1}"}
         if cluster.info.proxy == "kproxy":
