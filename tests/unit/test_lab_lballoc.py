@@ -75,3 +75,16 @@ def test_a_restarted_allocator_keeps_the_addresses_in_the_statuses():
     assert decide(pool, svc("b", ips=["10.250.200.7"])).ips is None
     assert decide(pool, svc("a")).ips == ["10.250.200.1"]
     assert pool.held[("default", "b")] == "10.250.200.7"
+
+
+def test_external_routes_and_pools_stay_clear_of_the_lab_own_routes():
+    import pytest
+
+    from kproxy_ebpf.lab.network import external_cidr
+    from kproxy_ebpf.lab.nsutil import LabError
+
+    assert external_cidr("10.250.200.7/24") == "10.250.200.0/24"
+    for bad in ("10.250.0.0/16", "10.244.3.0/24", "10.96.1.0/24", "0.0.0.0/0", "junk",
+                "2001:db8::/64"):
+        with pytest.raises(LabError):
+            external_cidr(bad)
