@@ -51,6 +51,12 @@ enum kp_be_flags {              /* kp_svc_val.be_flags (slot > 0): the endpoint'
 	KP_BE_F_NOT_READY   = 0x04, /* serving but not ready: a terminating fallback */
 };
 
+enum kp_fe_flags {              /* kp_svc_val.fe_flags (slot 0): what else applies to a frontend */
+	KP_FE_F_SRC_RANGES  = 0x01, /* loadBalancerSourceRanges: the source must match a kp_srcrange4
+				     * row of this frontend (lib/srcrange.h); rows land before the
+				     * flag is set and go only after it is cleared */
+};
+
 enum kp_aff_type {              /* kp_aff_key.type */
 	KP_AFF_CLIENT = 0,      /* sessionAffinity ClientIP (kp_aff): client = netns cookie */
 	KP_AFF_SOCKET = 1,      /* unconnected UDP flow (kp_flow): client = socket cookie */
@@ -76,6 +82,7 @@ enum kp_stat {                  /* index into the per-CPU counter array kp_stats
 	KP_STAT_TC_CT_EXPIRED = 15, /* a packet found its entry expired and was load-balanced anew */
 	KP_STAT_TC_FIB_FAIL   = 16, /* no route for a translated packet: dropped */
 	KP_STAT_TC_MISS       = 17, /* a slot or backend vanished twice under the lookup */
+	KP_STAT_TC_SRC_DROP   = 18, /* a new flow from outside loadBalancerSourceRanges: dropped */
 	KP_STAT_MAX           = 32,
 };
 
@@ -130,7 +137,10 @@ struct kp_svc_val {
 	__u8  action;           /* slot 0: enum kp_action */
 	__u8  kind;             /* slot 0: enum kp_kind */
 	__u8  be_flags;         /* slot > 0: enum kp_be_flags (CLI only) */
-	__u8  pad[3];
+	__u8  fe_flags;         /* slot 0: enum kp_fe_flags. Was padding, always written 0, which
+				 * reads as "no flag": rows of an older agent mean what they say,
+				 * so this field needed no version bump of kp_svc4 */
+	__u8  pad[2];
 };
 
 /* Backends, keyed by a __u32 id allocated by the agent (0 is never used). Written once when
@@ -202,6 +212,18 @@ struct kp_cidr4_key {
 	__be32 addr;
 };
 
+/* loadBalancerSourceRanges (lib/srcrange.h): an LPM trie keyed by the frontend (64 bits that
+ * a row always matches in full) and then the source prefix, so one lookup with prefixlen 96
+ * answers "is this source inside one of this frontend's ranges". */
+struct kp_srcrange4_key {
+	__u32  prefixlen; /* 64 + the range's prefix length */
+	__be32 fe_addr;   /* the frontend (an LB ingress IP), its port and protocol */
+	__be16 fe_port;
+	__u8   proto;
+	__u8   pad;
+	__be32 saddr;     /* the range's network address */
+};
+
 /* ---- The lookup interface of lib/lb.h (a request and its answer) ----------------------------
  * Context-free so every program type shares it; tests pass these through BPF_PROG_TEST_RUN. */
 enum kp_lb_verdict {
@@ -229,7 +251,8 @@ struct kp_lb_res {
 	__u8  attempts;         /* reads of slot 0: 2 means a writer raced the first */
 	__u8  affinity_hit;
 	__u8  be_flags;         /* the slot's enum kp_be_flags (TC: KP_BE_F_LOCAL decides SNAT) */
-	__u8  pad[2];
+	__u8  fe_flags;         /* slot 0's enum kp_fe_flags, from the same copy as the verdict */
+	__u8  pad;
 };
 
 _Static_assert(sizeof(struct kp_svc4_key) == 12, "kp_svc4_key");
@@ -242,6 +265,7 @@ _Static_assert(sizeof(struct kp_aff_val) == 16, "kp_aff_val");
 _Static_assert(sizeof(struct kp_svc_meta) == 152, "kp_svc_meta");
 _Static_assert(sizeof(struct kp_cip4_val) == 4, "kp_cip4_val");
 _Static_assert(sizeof(struct kp_cidr4_key) == 8, "kp_cidr4_key");
+_Static_assert(sizeof(struct kp_srcrange4_key) == 16, "kp_srcrange4_key");
 _Static_assert(sizeof(struct kp_lb_req) == 48, "kp_lb_req");
 _Static_assert(sizeof(struct kp_lb_res) == 24, "kp_lb_res");
 
@@ -327,7 +351,8 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 8, "kp_tc_cfg");
 	X(servicecidr, kp_svccidr4, 1, lpm_trie,     struct kp_cidr4_key,  __u32,                KP_SVCCIDR4_SIZE, KP_NO_PREALLOC) \
 	X(ct,          kp_ct4,      1, lru_hash,     struct kp_ct4_key,    struct kp_ct4_val,    KP_CT4_SIZE,      0) \
 	X(rnat,        kp_rnat4,    1, lru_hash,     struct kp_ct4_key,    struct kp_ct4_key,    KP_RNAT4_SIZE,    0) \
-	X(tccfg,       kp_tccfg,    1, array,        __u32,                struct kp_tc_cfg,     1,                0)
+	X(tccfg,       kp_tccfg,    1, array,        __u32,                struct kp_tc_cfg,     1,                0) \
+	X(srcrange,    kp_srcrange4, 1, lpm_trie,    struct kp_srcrange4_key, __u32,             KP_SRCRANGE4_SIZE, KP_NO_PREALLOC)
 
 #ifndef KP_SVC4_SIZE
 #define KP_SVC4_SIZE   262144  /* frontends plus one row per backend slot (10k x 10: 110k) */
@@ -356,6 +381,9 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 8, "kp_tc_cfg");
 #ifndef KP_CIP4_SIZE
 #define KP_CIP4_SIZE   65536   /* allocated ClusterIPs (ours and other proxies') */
 #endif
+#ifndef KP_SRCRANGE4_SIZE
+#define KP_SRCRANGE4_SIZE 16384 /* loadBalancerSourceRanges rows: one per (LB frontend, range) */
+#endif
 #ifndef KP_SVCCIDR4_SIZE
 #define KP_SVCCIDR4_SIZE 256   /* ServiceCIDR ranges */
 #endif
@@ -364,7 +392,7 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 8, "kp_tc_cfg");
  * not emitted). */
 #define KP_ENUMS(X) X(kp_scope) X(kp_action) X(kp_kind) X(kp_be_flags) X(kp_aff_type) \
 	X(kp_stat) X(kp_tunables) X(kp_lb_verdict) X(kp_meta_flags) X(kp_traffic_distribution) \
-	X(kp_cip_action) X(kp_ct_state) X(kp_ct_flags) X(kp_ct_timeouts)
+	X(kp_cip_action) X(kp_ct_state) X(kp_ct_flags) X(kp_ct_timeouts) X(kp_fe_flags)
 
 /* Structs that are no map's key or value but cross the kernel boundary (test runs). */
 #define KP_EXTRA_STRUCTS(X) X(kp_lb_req) X(kp_lb_res)

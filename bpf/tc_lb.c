@@ -24,6 +24,9 @@
  * reply meets kp_to_pod (egress toward the client pod), which puts the frontend back as its
  * source. One exception gets SNAT: a pod that reaches itself through a Service (hairpin),
  * whose reply would otherwise never leave it.
+ *
+ * A new flow from outside a LoadBalancer frontend's loadBalancerSourceRanges is dropped
+ * first (lib/srcrange.h).
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
@@ -34,6 +37,7 @@
 #include "lib/ct.h"
 #include "lib/nat.h"
 #include "lib/servicecidr.h"
+#include "lib/srcrange.h"
 
 /* ClientIP affinity key for TC clients: the client address with the top bit set, so it can
  * never equal a netns cookie of the socket path (a counter from 1) in the shared kp_aff map. */
@@ -92,9 +96,14 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 	req.client = KP_AFF_TC_CLIENT | p->tuple.saddr;
 	req.now = now;
 	kp_lb_select(&req, &res);
-	switch (res.verdict) {
-	case KP_LB_NONE:
+	if (res.verdict == KP_LB_NONE)
 		return 0;
+	/* Before the verdict: kube-proxy's firewall runs before its DNAT and no-endpoint reject. */
+	if (!kp_srcrange_allows(&req.key, res.fe_flags, p->tuple.saddr)) {
+		kp_count(KP_STAT_TC_SRC_DROP);
+		return -1 - TC_ACT_SHOT;
+	}
+	switch (res.verdict) {
 	case KP_LB_FORWARD:
 		break;
 	case KP_LB_DROP:

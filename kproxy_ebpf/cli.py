@@ -103,13 +103,15 @@ def _backend_text(b: dict) -> str:
     return f"{b['slot']}) {b['address']}:{b['port']} ({b['state']})"
 
 
-def _policy_text(p: dict) -> str:
-    """The Service's settings that differ from the defaults, e.g. 'eTP=Local,hc=32000'."""
+def _policy_text(p: dict, allowed: list[str] | None = None) -> str:
+    """The Service's settings that differ from the defaults, e.g. 'eTP=Local,hc=32000', and
+    the sources an LB frontend from outside admits ('allow=10.0.0.0/8|192.0.2.7/32')."""
     parts = [f"eTP={p['externalTrafficPolicy']}" if p.get("externalTrafficPolicy") == "Local" else "",
              f"iTP={p['internalTrafficPolicy']}" if p.get("internalTrafficPolicy") == "Local" else "",
              f"hc={p['healthCheckNodePort']}" if p.get("healthCheckNodePort") else "",
              f"srcRanges={p['loadBalancerSourceRanges']}" if p.get("loadBalancerSourceRanges") else "",
-             f"dist={p['trafficDistribution']}" if p.get("trafficDistribution") else ""]
+             f"dist={p['trafficDistribution']}" if p.get("trafficDistribution") else "",
+             f"allow={'|'.join(allowed)}" if allowed is not None else ""]
     return ",".join(x for x in parts if x) or "-"
 
 
@@ -138,7 +140,8 @@ def services(bpffs_dir: str, output: str, service_filter: str | None) -> None:
         backends = [_backend_text(b) for b in r["backends"]] or ["-"]
         aff = f"{r['affinity_timeout']}s" if r["affinity_timeout"] else "-"
         first = (r["service"], r["type"], f"{r['address']}:{r['port']}/{r['protocol']}",
-                 r["action"], aff, _policy_text(r.get("policy", {})), backends[0])
+                 r["action"], aff, _policy_text(r.get("policy", {}), r.get("source_ranges")),
+                 backends[0])
         lines.append(first)
         lines.extend(("", "", "", "", "", "", b) for b in backends[1:])
     widths = [max(len(str(x[i])) for x in [header, *lines]) for i in range(len(header) - 1)]

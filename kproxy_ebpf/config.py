@@ -41,6 +41,7 @@ class MapSizes:
     servicecidr: int = _default_size("servicecidr")  # ServiceCIDR ranges (LPM trie)
     ct: int = _default_size("ct")              # TC connection tracking (LRU)
     rnat: int = _default_size("rnat")          # TC reply tuple -> original tuple (LRU)
+    srcrange: int = _default_size("srcrange")  # loadBalancerSourceRanges (LPM trie)
 
 
 @dataclass

@@ -88,6 +88,9 @@ class Frontend:
     affinity_timeout: int = 0              # seconds of ClientIP affinity; 0: none
     scope: Scope = Scope.SOCK
     info: ServiceInfo = ServiceInfo()
+    # Scope EXT, LoadBalancer only: the sources a new flow must come from (IPv4 networks,
+    # canonical, sorted); () = any. See proxy/external.py lb_source_ranges.
+    source_ranges: tuple[str, ...] = ()
 
     @property
     def key(self) -> tuple:

@@ -131,6 +131,7 @@ static __always_inline int kp_lb_attempt(const struct kp_lb_req *req, struct kp_
 	}
 	svc = *head;
 	res->svc_id = svc.svc_id;
+	res->fe_flags = svc.fe_flags;
 	if (svc.action == KP_ACTION_DROP) {
 		res->verdict = KP_LB_DROP;
 		return 1;

@@ -145,6 +145,9 @@ CT_STATE_NAMES = {const(f"KP_CT_{n.upper()}"): n for n in ("new", "established",
 CtKey = STRUCTS["kp_ct4_key"]
 CtVal = STRUCTS["kp_ct4_val"]
 TcCfg = STRUCTS["kp_tc_cfg"]
+SrcRangeKey = STRUCTS["kp_srcrange4_key"]
+FE_F_SRC_RANGES = const("KP_FE_F_SRC_RANGES")
+_SRCRANGE_FE_BITS = 64          # kp_srcrange4_key: fe_addr, fe_port, proto, pad
 SCOPE_SOCK = const("KP_SCOPE_SOCK")
 SCOPE_EXT = const("KP_SCOPE_EXT")
 SCOPE_NUM = {Scope.SOCK: SCOPE_SOCK, Scope.EXT: SCOPE_EXT}
@@ -229,6 +232,20 @@ def frontend_key(key: SvcKey) -> tuple:
     """The desired-state frontend key of a map row (the inverse of frontend_svc_key)."""
     scope = SCOPE_BY_NUM.get(key.scope, Scope.SOCK)
     return key_tuple(key) + (() if scope is Scope.SOCK else (scope,))
+
+
+def srcrange_key(fkey: tuple, cidr: str) -> SrcRangeKey:
+    """The kp_srcrange4 row of source range `cidr` (canonical IPv4) of frontend `fkey`."""
+    addr, _, bits = cidr.partition("/")
+    return SrcRangeKey(prefixlen=_SRCRANGE_FE_BITS + int(bits), fe_addr=ip_be(fkey[0]),
+                       fe_port=port_be(fkey[1]), proto=PROTO_NUM[fkey[2]], saddr=ip_be(addr))
+
+
+def srcrange_of(key: SrcRangeKey) -> tuple[tuple, str]:
+    """(frontend key of scope EXT, source range) of a kp_srcrange4 row."""
+    fkey = (ip_str(key.fe_addr), port_host(key.fe_port),
+            PROTO_BY_NUM.get(key.proto, Protocol.TCP), Scope.EXT)
+    return fkey, f"{ip_str(key.saddr)}/{key.prefixlen - _SRCRANGE_FE_BITS}"
 
 
 def raw(obj: ctypes.Structure | ctypes._SimpleCData | bytes) -> bytes:

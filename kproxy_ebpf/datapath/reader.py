@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import socket
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,12 +32,21 @@ def _policy(meta: L.SvcMeta | None) -> dict:
                         meta.traffic_distribution))
 
 
+def _cidr_order(cidr: str) -> tuple[bytes, int]:
+    addr, _, bits = cidr.partition("/")
+    return socket.inet_aton(addr), int(bits)
+
+
 def services(maps: Mapping[str, PinnedMap]) -> list[dict]:
     """One entry per frontend: address, port, protocol, type, action, backends in slot order."""
     rows = list(maps["svc"].items())
     backends = {k.value: v for k, v in maps["backend"].items()}
     metas = {k.value: v for k, v in maps["meta"].items()} if "meta" in maps else {}
     slots: dict[tuple, dict[int, tuple[int, int]]] = {}
+    ranges: dict[tuple, list[str]] = {}
+    for rkey in maps["srcrange"].keys() if "srcrange" in maps else ():
+        fkey, cidr = L.srcrange_of(rkey)
+        ranges.setdefault(fkey, []).append(cidr)
     for key, val in rows:
         if key.slot:
             slots.setdefault((key.addr, key.port, key.proto, key.scope), {})[key.slot] = (
@@ -55,6 +65,11 @@ def services(maps: Mapping[str, PinnedMap]) -> list[dict]:
             "affinity_timeout": val.affinity_timeout, "scope": key.scope,
             "policy": _policy(metas.get(val.svc_id)), "backends": [],
         }
+        if val.fe_flags & L.FE_F_SRC_RANGES:
+            # loadBalancerSourceRanges as enforced (kp_srcrange4): the sources a new flow
+            # from outside may come from.
+            entry["source_ranges"] = sorted(ranges.get(L.frontend_key(key), []),
+                                            key=_cidr_order)
         mine = slots.get((key.addr, key.port, key.proto, key.scope), {})
         for slot in range(1, val.count + 1):
             bid, flags = mine.get(slot, (None, 0))

@@ -20,6 +20,13 @@ Both scopes of the svc map are written here (sockets, and packets from outside t
 frontend key (ip, port, proto) or (ip, port, proto, Scope.EXT) names its rows, backends and
 service ids are shared. The order above holds per frontend, whatever its scope.
 
+loadBalancerSourceRanges (scope EXT, LoadBalancer frontends) live in the kp_srcrange4 trie
+with a flag in the frontend's slot 0 (KP_FE_F_SRC_RANGES): new range rows are written before
+the slot 0 that sets or keeps the flag, and rows that left go only after the slot 0 that
+cleared the flag or stopped needing them, so a reader never sees the flag without its rows
+(it would drop every client). While ranges change, the union of old and new is admitted for
+the moment between the two writes, never nothing.
+
 The writer restores its bookkeeping from the maps, so a new agent process adopts what the last
 one programmed and rewrites only what differs. It never decides policy.
 """
@@ -82,6 +89,8 @@ class _Plan:
     syscall per 1,024 rows instead of one per row."""
 
     PHASES = ("put-rows", "put-slots", "put-heads", "del-heads", "del-slots", "del-garbage")
+    # Source-range rows ride with the backend rows: puts in put-rows (before any slot 0),
+    # deletes in del-garbage (after every slot 0 that cleared its flag).
 
     def __init__(self) -> None:
         self.recordings: list[_Recording] = []
@@ -119,6 +128,22 @@ class _Recording:
         return True
 
 
+class _OneByOne:
+    """A map written element by element where a plan would batch: the source-range rows are
+    few, and the LPM trie's batch operations are not in every kernel the agent supports."""
+
+    def __init__(self, real):
+        self.real, self.spec, self.max_entries = real, real.spec, real.max_entries
+
+    def put_batch(self, keys, values) -> None:
+        for k, v in zip(keys, values):
+            self.real.put(k, v)
+
+    def delete_batch(self, keys) -> None:
+        for k in keys:
+            self.real.delete(k)
+
+
 @dataclass(slots=True)
 class Programmed:
     """What the kernel holds for one frontend."""
@@ -128,6 +153,8 @@ class Programmed:
     affinity: int
     count: int | None                               # None: slot 0 not written yet
     rows: dict[int, Slot] = field(default_factory=dict)   # slot -> (backend, flags)
+    ranges: frozenset[str] = frozenset()            # kp_srcrange4 rows of this frontend
+    range_flag: bool = False                        # slot 0's KP_FE_F_SRC_RANGES
 
     def live(self) -> dict[BackendKey, int]:
         """The backends lookups can reach, with their flags."""
@@ -171,6 +198,7 @@ def stable_slots(old: list[BackendKey], wanted: Iterable[BackendKey]) -> list[Ba
 class MapWriter:
     def __init__(self, maps: Mapping[str, PinnedMap]):
         self.svc, self.be, self.meta = maps["svc"], maps["backend"], maps["meta"]
+        self.src = maps.get("srcrange")     # None: no source ranges written (tests' fakes)
         self.programmed: dict[FrontendKey, Programmed] = {}
         self.backend_ids = IdAllocator(MAX_ID, "backend ids")
         self.svc_ids = IdAllocator(MAX_ID, "service ids")
@@ -180,13 +208,14 @@ class MapWriter:
         self._unref: set[BackendKey] = set()                # may have dropped to 0 refs
         self._svc_unref: set[ServicePortName] = set()
         self._slot_rows = 0         # slot rows (1..n) of every frontend: O(1) row counts
+        self._range_rows = 0        # kp_srcrange4 rows of every frontend, likewise
 
     # -- restore ---------------------------------------------------------------------------
     def restore(self) -> int:
         """Rebuilds the bookkeeping from the maps; returns the number of frontends found."""
         # Everything is rebuilt from the kernel: what the maps do not hold is forgotten.
         self.programmed.clear()
-        self._slot_rows = 0
+        self._slot_rows = self._range_rows = 0
         self._refs.clear()
         self._svc_refs.clear()
         self._named.clear()
@@ -223,15 +252,16 @@ class MapWriter:
             heads[(ip, port, proto, scope)] = self.programmed[fkey] = prog
             return prog
 
-        for (ip, port, proto, scope, slot), (_, sid, affinity, count, action, kind, _) in rows:
+        for (ip, port, proto, scope, slot), (_, sid, affinity, count, action, kind, _,
+                                             fe_flags) in rows:
             if slot == 0:
                 prog = record(ip, port, proto, scope, Programmed(
                     kind=L.KIND_BY_NUM.get(kind, FrontendKind.CLUSTER_IP), service=None,
                     action=L.ACTION_BY_NUM.get(action, Action.REJECT), affinity=affinity,
-                    count=count))
+                    count=count, range_flag=bool(fe_flags & L.FE_F_SRC_RANGES)))
                 self._set_service(prog, names.get(sid))
         refs = self._refs
-        for (ip, port, proto, scope, slot), (bid, *_, flags) in rows:
+        for (ip, port, proto, scope, slot), (bid, *_, flags, _) in rows:
             if slot == 0:
                 continue
             prog = heads.get((ip, port, proto, scope)) or record(
@@ -246,11 +276,26 @@ class MapWriter:
             prog.rows[slot] = (bkey, flags)       # _ref() inline: a fresh slot, per endpoint
             refs[bkey] += 1
             self._slot_rows += 1
+        self._restore_ranges()
         # Anything unreferenced (a crash between writes) is garbage now.
         self._unref = {b for b, _ in self.backend_ids}
         self._svc_unref = {spn for spn, _ in self.svc_ids}
         self._gc()
         return len(self.programmed)
+
+    def _restore_ranges(self) -> None:
+        """Source-range rows back into their frontends; rows whose frontend is gone (a crash
+        between the slot 0 delete and theirs) are deleted."""
+        if self.src is None:
+            return
+        for key in self.src.keys():
+            fkey, cidr = L.srcrange_of(key)
+            prog = self.programmed.get(fkey)
+            if prog is None or prog.count is None:
+                self.src.delete(key)
+            else:
+                prog.ranges = prog.ranges | {cidr}
+                self._range_rows += 1
 
     # -- apply -----------------------------------------------------------------------------
     def apply(self, desired: Mapping[FrontendKey, Frontend],
@@ -262,14 +307,16 @@ class MapWriter:
         keys = sorted(set(self.programmed) | set(desired) if candidates is None else set(candidates))
         if self._fits_batch(desired, keys):
             plan = _Plan()
-            real = self.svc, self.be, self.meta
+            real = self.svc, self.be, self.meta, self.src
             self.svc, self.be, self.meta = (_Recording(self.svc, plan, True),
                                             _Recording(self.be, plan, False),
                                             _Recording(self.meta, plan, False))
+            if self.src is not None:
+                self.src = _Recording(_OneByOne(self.src), plan, False)
             try:
                 self._apply_keys(desired, keys, res)
             finally:
-                self.svc, self.be, self.meta = real
+                self.svc, self.be, self.meta, self.src = real
             # A failure here leaves the bookkeeping ahead of the kernel: the caller must
             # restore() before the next apply (the agent does, after any failed sync).
             plan.replay()
@@ -287,6 +334,9 @@ class MapWriter:
         if rows + len(keys) < BATCH_MIN:
             return False
         used = self.row_counts()
+        ranges = sum(len(desired[k].source_ranges) for k in keys if k in desired)
+        if self.src is not None and used.get("srcrange", 0) + ranges > self.src.max_entries:
+            return False
         return (used["svc"] + rows <= self.svc.max_entries
                 and used["backend"] + rows <= self.be.max_entries
                 and used["meta"] + len(todo) <= self.meta.max_entries)
@@ -328,7 +378,13 @@ class MapWriter:
         wanted = self._wanted(fe)
         return (p.kind, p.service, p.action, p.affinity) == (
             fe.kind, fe.service, fe.action, fe.affinity_timeout) and p.live() == wanted \
-            and p.count == len(wanted) and self._named.get(fe.service) == L.meta_view(fe.info)
+            and p.count == len(wanted) and self._named.get(fe.service) == L.meta_view(fe.info) \
+            and p.ranges == self._ranges(fe) and p.range_flag == bool(p.ranges)
+
+    def _ranges(self, fe: Frontend) -> frozenset[str]:
+        """The source-range rows fe needs (none where the map is missing: a flag without
+        rows would drop every client)."""
+        return frozenset(fe.source_ranges) if self.src is not None else frozenset()
 
     def _new_backend(self, b: BackendKey, res: ApplyResult) -> int:
         """An id for backend b, which has none; its row is written here, once, and never
@@ -370,7 +426,7 @@ class MapWriter:
                 bid = ids.get(bkey)
                 if bid is None:
                     bid = self._new_backend(bkey, res)
-                self.svc.put(_SVC_KEY.pack(*fields, slot), _SVC_VAL(bid, 0, 0, 0, 0, 0, row[1]))
+                self.svc.put(_SVC_KEY.pack(*fields, slot), _SVC_VAL(bid, 0, 0, 0, 0, 0, row[1], 0))
                 # the bookkeeping of _ref(prog, slot, row), inline: this loop runs per endpoint
                 if old is not None:
                     refs[old[0]] -= 1
@@ -380,11 +436,20 @@ class MapWriter:
                 rows[slot] = row
                 refs[bkey] += 1
                 res.writes += 1
+        ranges = self._ranges(fe)
+        for cidr in sorted(ranges - prog.ranges):      # rows before the flag that needs them
+            self.src.put(L.srcrange_key(key, cidr), L.U32(0))
+            prog.ranges = prog.ranges | {cidr}
+            self._range_rows += 1
+            res.writes += 1
         # Only now may slot 0 announce the new count.
         self.svc.put(head, L.SvcVal(
             svc_id=svc_id, affinity_timeout=fe.affinity_timeout, count=len(order),
-            action=L.ACTION_NUM[fe.action], kind=L.KIND_NUM[fe.kind]))
+            action=L.ACTION_NUM[fe.action], kind=L.KIND_NUM[fe.kind],
+            fe_flags=L.FE_F_SRC_RANGES if ranges else 0))
+        prog.range_flag = bool(ranges)
         res.writes += 1
+        self._drop_ranges(key, prog, prog.ranges - ranges, res)   # after the flag let go
         self._set_service(prog, fe.service)
         prog.kind, prog.action = fe.kind, fe.action
         prog.affinity, prog.count = fe.affinity_timeout, len(order)
@@ -400,12 +465,22 @@ class MapWriter:
         prog.count = None
         self._set_service(prog, None)
         res.writes += 1
+        prog.range_flag = False
+        self._drop_ranges(key, prog, prog.ranges, res)
         for slot in sorted(prog.rows):
             self.svc.delete(L.frontend_svc_key(key, slot))
             self._ref(prog, slot, None)
             res.writes += 1
         del self.programmed[key]
         res.deleted += 1
+
+    def _drop_ranges(self, key: FrontendKey, prog: Programmed, gone: frozenset[str],
+                     res: ApplyResult) -> None:
+        for cidr in sorted(gone):
+            self.src.delete(L.srcrange_key(key, cidr))
+            prog.ranges = prog.ranges - {cidr}
+            self._range_rows -= 1
+            res.writes += 1
 
     def _ref(self, prog: Programmed, slot: int, row: Slot | None) -> None:
         """Slot `slot` of a frontend now holds `row` (None: the row is gone)."""
@@ -465,8 +540,11 @@ class MapWriter:
 
     def row_counts(self) -> dict[str, int]:
         """Rows the writer keeps in each map it owns (without iterating the kernel maps)."""
-        return {"svc": len(self.programmed) + self._slot_rows,
-                "backend": len(self.backend_ids), "meta": len(self._named)}
+        counts = {"svc": len(self.programmed) + self._slot_rows,
+                  "backend": len(self.backend_ids), "meta": len(self._named)}
+        if self.src is not None:
+            counts["srcrange"] = self._range_rows
+        return counts
 
     def stats(self) -> dict[str, int]:
         return {"frontends": len(self.programmed), "backends": len(self.backend_ids),

@@ -370,18 +370,40 @@ def _policy_local(spec: dict, field_name: str, col: _Collector) -> bool:
     return False
 
 
+def cidr_sloppy(value: Any) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    """A CIDR as kube-proxy parses loadBalancerSourceRanges (v1.36 pkg/proxy/util
+    MapCIDRsByIPFamily: strings.TrimSpace, then netutils.ParseCIDRSloppy): surrounding
+    whitespace trimmed, the "/bits" required (a bare address is no CIDR), IPv4 octets with
+    leading zeros read as decimal, host bits tolerated ("10.0.0.1/8" is 10.0.0.0/8)."""
+    if not isinstance(value, str):
+        return None
+    addr, sep, bits = value.strip().partition("/")
+    if not sep or not bits.isdigit():
+        return None
+    octets = addr.split(".")
+    if len(octets) == 4 and all(o.isdigit() for o in octets):
+        addr = ".".join(str(int(o)) for o in octets)
+    try:
+        return ipaddress.ip_network(f"{addr}/{int(bits)}", strict=False)
+    except ValueError:
+        return None
+
+
 def _source_ranges(raw: Any, col: _Collector) -> tuple[str, ...]:
     """IPv4 CIDRs of loadBalancerSourceRanges, normalised to their network address.
 
-    Like kube-proxy, ranges of the other family are left out, and host bits are tolerated
-    ("10.0.0.1/8" means 10.0.0.0/8). A range that does not parse is rejected.
+    Like kube-proxy: ranges of the other family are left out, an empty entry is skipped
+    silently, and one that does not parse is ignored (reported here: a log line, a metric and
+    an Event, where kube-proxy logs "Invalid CIDR ignored"); the valid ones still apply.
     """
     if raw is not None and not isinstance(raw, list):
         col.add("InvalidSourceRange", f"spec.loadBalancerSourceRanges is not a list: {_short(raw)}")
         return ()
     out: list[str] = []
     for i, value in enumerate(_list(raw)):
-        net = _network(value)
+        if isinstance(value, str) and not value.strip():
+            continue
+        net = cidr_sloppy(value)
         if net is None:
             col.add("InvalidSourceRange", f"spec.loadBalancerSourceRanges[{i}]: {_short(value)} is not "
                     "a CIDR, ignored")

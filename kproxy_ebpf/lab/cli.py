@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from .lballoc import DEFAULT_POOL
 from .nsutil import LabError
 
 LAB_OPTION = click.option("--lab", "lab_name", default="lab", envvar="KPROXY_LAB",
@@ -48,12 +49,15 @@ def lab() -> None:
               show_default=True,
               help="With --proxy kproxy: run the agent as a host process, or from the image "
                    "(`make image`) with the Helm chart's DaemonSet pod spec, via podman.")
-def up(lab_name: str, nodes: int, proxy: str, build: bool, agent: str) -> None:
-    """Bring up the control plane, the nodes and one proxy per node."""
+@click.option("--lb-pool", default=DEFAULT_POOL, show_default=True, metavar="CIDR",
+              help="Addresses the lab's LoadBalancer allocator writes into the status of "
+                   "Services of type LoadBalancer (routed from the external client via node1).")
+def up(lab_name: str, nodes: int, proxy: str, build: bool, agent: str, lb_pool: str) -> None:
+    """Bring up the control plane, the nodes, one proxy per node and the LB allocator."""
     c = _cluster(lab_name)
     try:
         c.up(nodes=nodes, proxy=proxy, build=build, log=lambda m: click.echo(f"lab up: {m}"),
-             agent=agent)
+             agent=agent, lb_pool=lb_pool)
     except LabError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"lab {lab_name} is up; kubeconfig: {c.info.admin_kubeconfig}")
@@ -84,6 +88,26 @@ def status(lab_name: str) -> None:
     except LabError:
         pass
     click.echo(json.dumps(st, indent=2))
+
+
+@lab.command()
+@LAB_OPTION
+@click.argument("cidr")
+@click.option("--via", "node", help="The node the external client sends CIDR to.")
+@click.option("--delete", is_flag=True, help="Remove the route `lab route` added for CIDR.")
+def route(lab_name: str, cidr: str, node: str | None, delete: bool) -> None:
+    """Route CIDR (a LoadBalancer pool, ExternalIPs) from the external client to a node."""
+    if delete == bool(node):
+        raise click.UsageError("give --via NODE, or --delete")
+    c = _cluster(lab_name)
+    try:
+        if delete:
+            c.lab.delete_external_route(cidr)
+        else:
+            c.lab.add_external_route(cidr, node)
+    except LabError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"route {cidr} " + ("deleted" if delete else f"via {node}"))
 
 
 @lab.command()
@@ -164,14 +188,16 @@ def exec(lab_name, pod, node, external, cmd) -> None:  # noqa: A001 - the comman
 @click.option("--count", default=1, show_default=True, type=click.IntRange(1))
 @click.option("--timeout", default=1.0, show_default=True, type=float)
 @click.option("--interval", default=0.0, show_default=True, type=float)
-def probe(lab_name, pod, node, external, address, udp, count, timeout, interval) -> None:
+@click.option("--source", help="Send from this address of the target (e.g. a second address "
+                               "of the external client).")
+def probe(lab_name, pod, node, external, address, udp, count, timeout, interval, source) -> None:
     """One line per attempt: the server's line, REFUSED, TIMEOUT or ERROR <errno>."""
     host, _, port = address.rpartition(":")
     if not port.isdigit():
         raise click.BadParameter("ADDR:PORT")
     c = _cluster(lab_name)
     lines = c.lab.probe(_target(pod, node, external), host.strip("[]"), int(port), udp=udp,
-                        count=count, timeout=timeout, interval=interval)
+                        count=count, timeout=timeout, interval=interval, source=source)
     for line in lines:
         click.echo(line)
     sys.exit(0 if all(not line.startswith(("REFUSED", "TIMEOUT", "ERROR", "WRONG"))

@@ -20,12 +20,14 @@ import yaml
 from . import agent_image, kubeobjects
 from .binaries import ensure_binaries
 from .controlplane import ControlPlane, free_ports
-from .network import CONTROL_PLANE_IP, Lab, PodInfo, pod_cidr
+from .lballoc import DEFAULT_POOL
+from .network import CONTROL_PLANE_IP, Lab, PodInfo, external_cidr, pod_cidr
 from .nsutil import LabError
 
 PROXIES = ("kproxy", "iptables", "nftables", "none")
 AGENTS = ("process", "image")     # how kproxy runs: a host process, or the chart's pod spec
 NAMESPACE = "default"
+LB_ALLOCATOR = "lb-allocator"
 
 
 def _zone(index: int) -> str:
@@ -40,6 +42,7 @@ class ClusterInfo:
     admin_kubeconfig: str
     lab_kubeconfig: str
     agent: str = "process"
+    lb_pool: str = DEFAULT_POOL     # the LoadBalancer allocator's addresses (lab/lballoc.py)
 
     @classmethod
     def load(cls, path: Path) -> ClusterInfo:
@@ -72,19 +75,24 @@ class Cluster:
 
     # -- up / down -----------------------------------------------------------------------------
     def up(self, nodes: int = 2, proxy: str = "kproxy", build: bool = False,
-           log=lambda msg: None, agent: str = "process") -> None:
+           log=lambda msg: None, agent: str = "process", lb_pool: str = DEFAULT_POOL) -> None:
         if proxy not in PROXIES:
             raise LabError(f"--proxy must be one of {', '.join(PROXIES)}")
         if agent not in AGENTS or (agent == "image" and proxy != "kproxy"):
             raise LabError(f"--agent must be one of {', '.join(AGENTS)} (image: --proxy kproxy)")
         if self.lab.exists():
             raise LabError(f"lab {self.lab.name!r} exists: `lab down` first")
+        lb_pool = external_cidr(lb_pool)
         try:
             bin_dir = ensure_binaries(build=build)
             log(f"network: {nodes} nodes, external client")
             self.lab.up(nodes=nodes, external=True)
             log("control plane: etcd, kube-apiserver, kube-controller-manager")
-            self._control_plane(bin_dir, proxy, agent)
+            self._control_plane(bin_dir, proxy, agent, lb_pool)
+            log(f"LoadBalancer allocator: pool {lb_pool}, routed from the external client "
+                "via node1")
+            self.start_lb_allocator()
+            self.lab.add_external_route(lb_pool, "node1")
             api = self.api()
             kubeobjects.ensure_namespace(api, NAMESPACE)
             for node in self.lab.nodes():
@@ -102,7 +110,8 @@ class Cluster:
             self.down()
             raise
 
-    def _control_plane(self, bin_dir: Path, proxy: str, agent: str = "process") -> None:
+    def _control_plane(self, bin_dir: Path, proxy: str, agent: str = "process",
+                       lb_pool: str = DEFAULT_POOL) -> None:
         # The relay listens on the API server's own port, so the `kubernetes` Service's
         # endpoint (advertise address : secure port) is reachable from lab nodes too.
         port = free_ports(1)[0]
@@ -120,9 +129,27 @@ class Cluster:
                                 "--listen", f"{CONTROL_PLANE_IP}:{port}",
                                 "--to", f"127.0.0.1:{cp.api_port}"], "relay")
         (self.dir / "cluster.json").write_text(json.dumps({
-            "proxy": proxy, "agent": agent, "api_port": cp.api_port,
+            "proxy": proxy, "agent": agent, "api_port": cp.api_port, "lb_pool": lb_pool,
             "admin_kubeconfig": str(cp.admin_kubeconfig),
             "lab_kubeconfig": str(cp.lab_kubeconfig)}))
+
+    def start_lb_allocator(self) -> int:
+        """The cloud's part (lab/lballoc.py): a recorded host process on the admin kubeconfig,
+        stopped by `lab down` like the control plane."""
+        return self.lab.spawn("host", [sys.executable, "-m", "kproxy_ebpf.lab.lballoc",
+                                       "--kubeconfig", self.info.admin_kubeconfig,
+                                       "--pool", self.info.lb_pool], LB_ALLOCATOR).pid
+
+    def lb_allocator_pid(self) -> int | None:
+        for pid, rec in self.lab.status()["procs"].items():
+            if rec["name"] == LB_ALLOCATOR and rec["status"] == "running":
+                return int(pid)
+        return None
+
+    def stop_lb_allocator(self) -> None:
+        pid = self.lb_allocator_pid()
+        if pid is not None:
+            self.lab.kill(pid)
 
     def _cp(self) -> ControlPlane:
         if self.cp is None:

@@ -44,6 +44,7 @@ cleans up after a crash that lost the state.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import shutil
 import subprocess
@@ -62,6 +63,7 @@ CONTROL_PLANE_IP = "10.250.0.1"
 UNDERLAY_PREFIXLEN = 24
 UNDERLAY_CIDR = "10.250.0.0/24"
 EXTERNAL_IP = "10.250.0.250"
+EXTERNAL_EXTRA = ("10.250.0.251", "10.250.0.252", "10.250.0.253")   # add_external_address
 ROUTER_IP = "10.250.0.254"
 POD_SUPERNET = "10.244.0.0/16"
 SERVICE_CIDR = "10.96.0.0/16"
@@ -74,6 +76,21 @@ BPFFS_ROOT = "/sys/fs/bpf"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 ECHO_SCRIPT = os.path.join(_HERE, "echo.py")
 PROBE_SCRIPT = os.path.join(_HERE, "probe.py")
+
+
+def external_cidr(cidr: str) -> str:
+    """A route the external client may get, in canonical form: an IPv4 network that
+    overlaps none of the client's own routes (underlay, pods, Service range, default)."""
+    try:
+        net = ipaddress.IPv4Network(cidr, strict=False)
+    except ValueError as exc:
+        raise LabError(f"{cidr!r} is not an IPv4 CIDR") from exc
+    if net.prefixlen == 0:
+        raise LabError("the external client's default route is the lab router's")
+    for own in (UNDERLAY_CIDR, POD_SUPERNET, SERVICE_CIDR):
+        if net.overlaps(ipaddress.IPv4Network(own)):
+            raise LabError(f"{net} overlaps the lab's own route {own}")
+    return str(net)
 
 
 def node_ip(index: int) -> str:
@@ -407,11 +424,40 @@ class Lab:
 
     def add_external_route(self, cidr: str, node: str = "node1") -> None:
         """Route `cidr` (e.g. a LoadBalancer or ExternalIP range) from the external client via
-        `node`; routes only inside the lab."""
+        `node` (replacing a route of the same CIDR); routes only inside the lab, recorded
+        for `lab status`."""
+        net = external_cidr(cidr)
         with self._txn() as st:
+            if st.external is None:
+                raise LabError(f"lab {self.name!r} has no external client")
             if node not in st.nodes:
                 raise LabError(f"no node {node!r}")
-            nsutil.set_route(self.ext_netns, cidr, "eth0", via=st.nodes[node].ip)
+            nsutil.set_route(self.ext_netns, net, "eth0", via=st.nodes[node].ip)
+            st.external_routes[net] = node
+
+    def delete_external_route(self, cidr: str) -> None:
+        """Remove a route `add_external_route` made (the lab's own routes stay)."""
+        net = external_cidr(cidr)
+        with self._txn() as st:
+            if net not in st.external_routes:
+                raise LabError(f"no route {net} was added with `lab route` "
+                               f"(added: {', '.join(sorted(st.external_routes)) or 'none'})")
+            nsutil.del_route(self.ext_netns, net)
+            del st.external_routes[net]
+
+    def add_external_address(self, ip: str) -> None:
+        """Give the external client another source address (one of EXTERNAL_EXTRA, on the
+        underlay so nodes reach it without a route), e.g. to test loadBalancerSourceRanges
+        with two clients. Removed with the client's namespace."""
+        if ip not in EXTERNAL_EXTRA:
+            raise LabError(f"{ip}: the external client's extra addresses are "
+                           f"{', '.join(EXTERNAL_EXTRA)}")
+        with self._txn() as st:
+            if st.external is None:
+                raise LabError(f"lab {self.name!r} has no external client")
+            nsutil.set_addr(self.ext_netns, "eth0", f"{ip}/{UNDERLAY_PREFIXLEN}")
+            if ip not in st.external_addresses:
+                st.external_addresses.append(ip)
 
     # ---- pods ------------------------------------------------------------------------------
 
@@ -574,8 +620,9 @@ class Lab:
 
     def probe(self, target: str, addr: str, port: int, udp: bool = False, count: int = 1,
               timeout: float = 1.0, interval: float = 0.0, keep: bool = False,
-              sport: int = 0) -> list[str]:
-        """Run probe.py inside the target; one result line per attempt (see probe.py)."""
+              sport: int = 0, source: str | None = None) -> list[str]:
+        """Run probe.py inside the target; one result line per attempt (see probe.py).
+        `source`: send from this address of the target (see add_external_address)."""
         host = f"[{addr}]" if ":" in addr else addr
         argv = [self.python, "-I", "-S", PROBE_SCRIPT, f"{host}:{port}", "--count", str(count),
                 "--timeout", str(timeout), "--interval", str(interval)]
@@ -585,6 +632,8 @@ class Lab:
             argv.append("--keep")
         if sport:
             argv += ["--sport", str(sport)]
+        if source:
+            argv += ["--source", source]
         r = self.exec(target, argv, capture_output=True, text=True,
                       timeout=count * (timeout + interval) * 2 + 10)
         lines = r.stdout.splitlines()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import socket
 import threading
@@ -23,6 +24,7 @@ from typing import TypeVar
 
 from pyroute2 import IPRoute, netns as pr_netns
 from pyroute2.netlink import NETLINK_ROUTE
+from pyroute2.netlink.exceptions import NetlinkError
 
 NETNS_DIR = "/run/netns"
 CLONE_NEWNET = 0x40000000
@@ -169,6 +171,18 @@ def set_addr(netns: str, dev: str, cidr: str, scope: int | None = None) -> None:
         extra = {"scope": scope} if scope is not None else {}
         ipr.addr("replace", index=need_link(ipr, dev, netns), address=addr,
                  prefixlen=int(plen or 32), **extra)
+
+
+def del_route(netns: str, dst: str) -> bool:
+    """`ip route del DST`; False when there was no such route."""
+    with iproute(netns) as ipr:
+        try:
+            ipr.route("del", dst=dst)
+        except NetlinkError as exc:
+            if exc.code == errno.ESRCH:
+                return False
+            raise
+    return True
 
 
 def set_route(netns: str, dst: str, dev: str, via: str | None = None, onlink: bool = False,

@@ -50,11 +50,13 @@ def _fmt(host: str, port: int) -> str:
 class _TcpLines:
     """One TCP connection read line by line (keeps what arrived after a line)."""
 
-    def __init__(self, addr: str, port: int, timeout: float) -> None:
+    def __init__(self, addr: str, port: int, timeout: float, source: str | None = None) -> None:
         self.sock = socket.socket(_family(addr), socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
         self.buf = b""
         try:
+            if source:
+                self.sock.bind((source, 0))
             self.sock.connect((addr, port))
         except BaseException:
             self.sock.close()
@@ -77,11 +79,11 @@ class _TcpLines:
 
 
 def _tcp_attempt(addr: str, port: int, timeout: float,
-                 held: list[_TcpLines] | None) -> str:
+                 held: list[_TcpLines] | None, source: str | None = None) -> str:
     conn = held[0] if held else None
     try:
         if conn is None:
-            conn = _TcpLines(addr, port, timeout)
+            conn = _TcpLines(addr, port, timeout, source)
         else:
             conn.sock.sendall(b"\n")
         line = conn.readline()
@@ -102,11 +104,12 @@ def _tcp_attempt(addr: str, port: int, timeout: float,
     return result
 
 
-def _udp_attempt(addr: str, port: int, timeout: float, sport: int = 0) -> str:
+def _udp_attempt(addr: str, port: int, timeout: float, sport: int = 0,
+                 source: str | None = None) -> str:
     fam = _family(addr)
     with socket.socket(fam, socket.SOCK_DGRAM) as s:
-        if sport:   # every attempt the same 5-tuple: one conntrack flow, as a long UDP client
-            s.bind(("::" if fam == socket.AF_INET6 else "0.0.0.0", sport))
+        if sport or source:  # sport: every attempt the same 5-tuple, one conntrack flow
+            s.bind((source or ("::" if fam == socket.AF_INET6 else "0.0.0.0"), sport))
         if fam == socket.AF_INET:
             s.setsockopt(socket.SOL_IP, IP_RECVERR, 1)
         else:
@@ -123,9 +126,11 @@ def _udp_attempt(addr: str, port: int, timeout: float, sport: int = 0) -> str:
 
 
 def probe(addr: str, port: int, udp: bool = False, count: int = 1, timeout: float = 1.0,
-          interval: float = 0.0, keep: bool = False, sport: int = 0, out=None) -> list[str]:
+          interval: float = 0.0, keep: bool = False, sport: int = 0, out=None,
+          source: str | None = None) -> list[str]:
     """Make `count` attempts against addr:port; returns one result line per attempt.
-    UDP with `sport` sends every attempt from that source port.
+    UDP with `sport` sends every attempt from that source port; `source`: the local address
+    to send from (a client with several addresses).
 
     `out`, if given, is a text stream that gets each line as soon as it is known.
     """
@@ -136,9 +141,9 @@ def probe(addr: str, port: int, udp: bool = False, count: int = 1, timeout: floa
             if i and interval > 0:
                 time.sleep(interval)
             if udp:
-                r = _udp_attempt(addr, port, timeout, sport)
+                r = _udp_attempt(addr, port, timeout, sport, source)
             else:
-                r = _tcp_attempt(addr, port, timeout, held)
+                r = _tcp_attempt(addr, port, timeout, held, source)
             results.append(r)
             if out is not None:
                 print(r, file=out, flush=True)
@@ -172,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval", type=float, default=0.0)
     ap.add_argument("--keep", action="store_true", help="TCP: ask repeatedly on one connection")
     ap.add_argument("--sport", type=int, default=0, help="UDP: send from this source port")
+    ap.add_argument("--source", help="send from this local address")
     args = ap.parse_args(argv)
     try:
         addr, port = parse_target(args.target)
@@ -179,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     results = probe(addr, port, udp=args.udp, count=args.count, timeout=args.timeout,
                     interval=args.interval, keep=args.keep, sport=args.sport,
-                    out=sys.stdout)
+                    out=sys.stdout, source=args.source)
     return 0 if all(is_reply(r) for r in results) else 1
 
 

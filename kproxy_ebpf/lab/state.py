@@ -70,6 +70,8 @@ class LabState:
     nodes: dict[str, NodeRec] = field(default_factory=dict)
     pods: dict[str, PodRec] = field(default_factory=dict)
     external: str | None = None  # the external client's IP once created
+    external_routes: dict[str, str] = field(default_factory=dict)  # CIDR -> node (lab route)
+    external_addresses: list[str] = field(default_factory=list)   # the client's extra sources
     procs: dict[int, ProcRec] = field(default_factory=dict)
     objects: list[str] = field(default_factory=list)  # "netns:<name>", "cgroup:<path>", ...
     up: bool = False  # set when up() finished
@@ -97,6 +99,8 @@ class LabState:
             v["ports"] = [(str(p), int(n)) for p, n in v.get("ports", [])]
             st.pods[k] = PodRec(**v)
         st.external = d.get("external")
+        st.external_routes = dict(d.get("external_routes", {}))
+        st.external_addresses = list(d.get("external_addresses", []))
         st.procs = {int(k): ProcRec(**v) for k, v in d.get("procs", {}).items()}
         st.objects = list(d.get("objects", []))
         st.up = bool(d.get("up", False))

@@ -14,6 +14,9 @@ rule 1.7's short-circuit to the Cluster set): see frontends.py.
 
 nodePortAddresses follows kube-proxy: empty or "primary" means the node's primary address (its
 first InternalIP), otherwise the node addresses inside any of the listed CIDRs.
+
+loadBalancerSourceRanges restrict the LoadBalancer ingress IP frontends only (see
+lb_source_ranges); NodePorts and ExternalIPs of the same Service stay open, as in kube-proxy.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from collections.abc import Iterable, Sequence
 
 from ..desired import Frontend, FrontendKind, Problem, Scope
 from ..model import EndpointSlice, Node, Service
-from .frontends import _ipv4, _plan, _verdict
+from .frontends import _ipv4, _plan, _verdict, service_info
 
 PRIMARY = "primary"
 
@@ -39,6 +42,26 @@ def node_port_ips(node: Node, node_port_addresses: Sequence[str] = ()) -> tuple[
             nets.append(ipaddress.ip_network(cidr, strict=False))
     return tuple(ip for ip in node.addresses
                  if any(ipaddress.ip_address(ip) in net for net in nets))
+
+
+def lb_source_ranges(ranges: Sequence[str], node: Node, lb_ips: Sequence[str]) -> tuple[str, ...]:
+    """The sources a LoadBalancer IP frontend admits: () when the Service has no (valid IPv4)
+    loadBalancerSourceRanges, i.e. every source.
+
+    As kube-proxy v1.36 (pkg/proxy/nftables/proxier.go, `usesFWChain`, and the iptables
+    proxier alike): when a range holds the node's primary IP ("allowFromNode"), the Service's
+    LB ingress IPs are admitted as sources too, because a VIP-like load balancer that routes
+    its VIP to the node loops the node's own requests back with the VIP as their source.
+    """
+    if not ranges:
+        return ()
+    nets = [ipaddress.IPv4Network(r) for r in ranges]
+    node_ip = ipaddress.IPv4Address(node.addresses[0]) if node.addresses else None
+    out = set(ranges)
+    if node_ip is not None and any(node_ip in n for n in nets):
+        out.update(f"{ip}/32" for ip in lb_ips)
+    return tuple(sorted(out, key=lambda c: (ipaddress.IPv4Network(c).network_address,
+                                             ipaddress.IPv4Network(c).prefixlen)))
 
 
 def validate_cidrs(values: Iterable[str], what: str, primary_ok: bool = False) -> list[str]:
@@ -72,6 +95,8 @@ def service_ext_frontends(svc: Service, slices: Iterable[EndpointSlice], node: N
     if not ext_ips and not lb_ips and not (np_ips and any(p.node_port for p in svc.ports)):
         return []       # not reachable from outside (a plain ClusterIP): nothing to plan
     plans, _ = _plan(svc, slices, node, prefer_same_node)
+    info = service_info(svc)
+    ranges = lb_source_ranges(svc.load_balancer_source_ranges, node, lb_ips)
     out: dict[tuple, Frontend] = {}
     for plan in plans:
         sp, pe = plan.port, plan.endpoints
@@ -84,7 +109,9 @@ def service_ext_frontends(svc: Service, slices: Iterable[EndpointSlice], node: N
         for ip, port, kind in candidates:
             fe = Frontend(ip=ip, port=port, protocol=sp.protocol, kind=kind, service=plan.name,
                           action=action, backends=backends,
-                          affinity_timeout=svc.session_affinity_timeout, scope=Scope.EXT)
+                          affinity_timeout=svc.session_affinity_timeout, scope=Scope.EXT,
+                          info=info,
+                          source_ranges=ranges if kind is FrontendKind.LOAD_BALANCER else ())
             out.setdefault(fe.key, fe)     # clashes are reported by the socket scope
     return list(out.values())
 

@@ -173,6 +173,13 @@ def _verdict(pe: PortEndpoints, chosen: tuple[EndpointInfo, ...], sp: ServicePor
     return Action.FORWARD, _backends(chosen, sp)
 
 
+def service_info(svc: Service) -> ServiceInfo:
+    """The Service-wide settings every frontend of it carries (kp_svc_meta, for the CLI)."""
+    return ServiceInfo(svc.external_traffic_local, svc.internal_traffic_local,
+                       svc.health_check_node_port, svc.load_balancer_source_ranges,
+                       svc.traffic_distribution)
+
+
 def service_frontends(svc: Service, slices: Iterable[EndpointSlice], node: Node, *,
                       prefer_same_node: bool = True) -> tuple[list[Frontend], list[Problem]]:
     """Frontends of one Service for node-originated traffic, plus problems with its input.
@@ -185,9 +192,7 @@ def service_frontends(svc: Service, slices: Iterable[EndpointSlice], node: Node,
     """
     plans, problems = _plan(svc, slices, node, prefer_same_node)
     out: dict[tuple, Frontend] = {}
-    info = ServiceInfo(svc.external_traffic_local, svc.internal_traffic_local,
-                       svc.health_check_node_port, svc.load_balancer_source_ranges,
-                       svc.traffic_distribution)
+    info = service_info(svc)
     ext_ips = [ip for ip in svc.external_ips if _ipv4(svc, ip, "externalIP", problems)]
     lb_ips = [ing.ip for ing in svc.load_balancer_ingress
               if ing.ip and is_vip_ingress(ing)

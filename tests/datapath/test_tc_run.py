@@ -334,3 +334,56 @@ def test_purge_removes_flows_of_a_backend_that_left_their_frontend(tc):
     rows = conntrack.entries(tc.maps)
     assert [(r["client"], r["backend"], r["snat"], r["state"], r["service"]) for r in rows] == [
         (f"{CLIENT}:40010", f"{LOCAL_BE}:8080", None, "new", f"t/np{NP_LOCAL}")]
+
+
+# -- loadBalancerSourceRanges ---------------------------------------------------------------------
+
+LB_IP = "10.250.200.7"
+OTHER_CLIENT = "10.250.1.250"
+
+
+def lb(backends, ranges, action=Action.FORWARD) -> Frontend:
+    bs = tuple(Backend(ip, 8080, TCP, local=local) for ip, local in backends)
+    return Frontend(LB_IP, 80, TCP, FrontendKind.LOAD_BALANCER,
+                    ServicePortName("t", "lb", "", TCP), action, bs, 0, Scope.EXT,
+                    source_ranges=tuple(ranges))
+
+
+def test_source_ranges_admit_one_range_and_drop_another(tc):
+    f = lb([(LOCAL_BE, True)], ["10.250.0.0/24"])
+    assert tc.writer.apply({f.key: f}).ok
+    before = tc.stat("src_drop")
+    ret, out = tc.ingress(packet(CLIENT, 40100, LB_IP, 80))
+    p = parse(out)
+    assert ret == TC_ACT_OK and (p["dst"], p["dport"]) == (LOCAL_BE, 8080)
+    ret, _ = tc.ingress(packet(OTHER_CLIENT, 40100, LB_IP, 80))
+    assert ret == TC_ACT_SHOT and tc.stat("src_drop") == before + 1
+
+    # A range change flips it for new flows; the flow already tracked keeps going, as
+    # kube-proxy's firewall only judges "ct state new".
+    f = lb([(LOCAL_BE, True)], ["10.250.1.0/24"])
+    assert tc.writer.apply({f.key: f}).ok
+    ret, out = tc.ingress(packet(OTHER_CLIENT, 40101, LB_IP, 80))
+    assert ret == TC_ACT_OK and parse(out)["dst"] == LOCAL_BE
+    ret, _ = tc.ingress(packet(CLIENT, 40102, LB_IP, 80))
+    assert ret == TC_ACT_SHOT
+    ret, out = tc.ingress(packet(CLIENT, 40100, LB_IP, 80, flags=ACK))
+    assert ret == TC_ACT_OK and parse(out)["dst"] == LOCAL_BE
+
+    # No ranges: no filtering (and no trie lookup: the flag is clear).
+    f = lb([(LOCAL_BE, True)], [])
+    assert tc.writer.apply({f.key: f}).ok
+    assert len(tc.maps["srcrange"].keys()) == 0
+    ret, _ = tc.ingress(packet(CLIENT, 40103, LB_IP, 80))
+    assert ret == TC_ACT_OK
+
+
+def test_source_ranges_drop_before_the_no_endpoint_reject(tc):
+    """kube-proxy's firewall chain runs before DNAT and the no-endpoint reject: an outsider
+    learns nothing (dropped), an admitted client is refused."""
+    f = lb([], ["10.250.0.250/32"], action=Action.REJECT)
+    assert tc.writer.apply({f.key: f}).ok
+    ret, _ = tc.ingress(packet(OTHER_CLIENT, 40110, LB_IP, 80))
+    assert ret == TC_ACT_SHOT
+    ret, out = tc.ingress(packet(CLIENT, 40110, LB_IP, 80))
+    assert ret == TC_ACT_REDIRECT and parse(out)["proto"] == 1

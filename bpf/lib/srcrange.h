@@ -1,0 +1,42 @@
+/* lib/srcrange.h: loadBalancerSourceRanges for packets from outside the node.
+ *
+ * kube-proxy (v1.36 pkg/proxy/nftables/proxier.go, chain firewall-check, jumped to with
+ * "ct state new" from filter prerouting before DNAT) drops a NEW connection to an LB ingress
+ * IP frontend whose source is in none of the Service's ranges; NodePorts, ExternalIPs and the
+ * ClusterIP are not filtered, and a flow already tracked keeps going after a range change.
+ * The agent writes the ranges (plus the LB IPs themselves when a range holds the node's IP,
+ * kube-proxy's allowFromNode) into kp_srcrange4 and sets KP_FE_F_SRC_RANGES in the frontend's
+ * slot 0, so a frontend without ranges costs no trie lookup.
+ *
+ * bcc rewrites map operations only in the main source (datapath/source.py inlines this file).
+ */
+#ifndef KPROXY_LIB_SRCRANGE_H
+#define KPROXY_LIB_SRCRANGE_H
+
+#include "maps.h"
+
+/* The trie key that finds a range of frontend fe holding saddr. */
+static __always_inline struct kp_srcrange4_key kp_srcrange_key(const struct kp_svc4_key *fe,
+							       __be32 saddr)
+{
+	struct kp_srcrange4_key key = {
+		.prefixlen = 96, .fe_addr = fe->addr, .fe_port = fe->port, .proto = fe->proto,
+		.saddr = saddr,
+	};
+
+	return key;
+}
+
+/* Whether a new flow from saddr may use frontend fe, given its slot 0's fe_flags. */
+static __always_inline bool kp_srcrange_allows(const struct kp_svc4_key *fe, __u8 fe_flags,
+					       __be32 saddr)
+{
+	struct kp_srcrange4_key key;
+
+	if (!(fe_flags & KP_FE_F_SRC_RANGES))
+		return true;
+	key = kp_srcrange_key(fe, saddr);
+	return kp_srcrange4.lookup(&key) != NULL;
+}
+
+#endif
