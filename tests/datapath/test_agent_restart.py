@@ -45,6 +45,8 @@ def start_agent(lab, manifest: Path, name: str, flags: tuple[str, ...] = ()):
             "--cgroup", node.cgroup, "--bpffs-dir", node.bpffs, "--hostname-override", "node1",
             "--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "",
             "--min-sync-period", "50ms", *flags]
+    # The lab appends to a name's log: an earlier agent's "first sync" must not count.
+    Path(lab.log_path(name)).unlink(missing_ok=True)
     return lab.spawn("node1", argv, name)
 
 

@@ -99,7 +99,7 @@ def test_switching_modes_leaves_only_the_current_paths_programs(lab, agents):
             ("--socket-lb=true", sock_pins, set()))):
         rec = agents(f"agent-{i}", flag)
         wait_until(lambda: programmed(bpffs), 30, "the service programmed")
-        assert links(bpffs) == want_links, flag
+        assert links(bpffs) == want_links, (flag, log_of(lab, f"agent-{i}")[-2500:])
         assert pod_filters(lab) == want_filters, flag
         lines = lab.probe("client", "10.96.0.80", 80, count=20)
         assert {pod_of(x) for x in lines} <= {"a1", "b1"} and len(lines) == 20, (flag, lines)
