@@ -26,9 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import start_http_server
 
-from . import health
+from . import health, httpserve
 from .config import AgentConfig
 from .datapath import reader
 from .datapath.cidr_writer import CidrWriter
@@ -246,7 +245,8 @@ class Agent:
             health.serve(self.health, self.cfg.healthz_bind_address)
         if self.cfg.metrics_bind_address:
             host, _, port = self.cfg.metrics_bind_address.rpartition(":")
-            start_http_server(int(port), addr=host or "0.0.0.0", registry=self.metrics.registry)
+            httpserve.serve((host or "0.0.0.0", int(port)),
+                            httpserve.metrics_handler(self.metrics.registry), "metrics")
 
     def stop(self) -> None:
         """Stops watching and syncing; the programs and maps stay (the datapath outlives us)."""

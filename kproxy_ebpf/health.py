@@ -18,7 +18,9 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from . import httpserve
 
 IP_FAMILY = "IPv4"       # the one family this proxier serves (kube-proxy's per-family status)
 
@@ -85,7 +87,7 @@ def json_response(handler: BaseHTTPRequestHandler, code: int, body: dict) -> Non
     handler.wfile.write(data)
 
 
-def serve(health: ProxyHealth, address: str) -> ThreadingHTTPServer:
+def serve(health: ProxyHealth, address: str) -> httpserve.LocalHTTPServer:
     """Starts the health server on host:port in a daemon thread."""
     host, _, port = address.rpartition(":")
 
@@ -103,7 +105,4 @@ def serve(health: ProxyHealth, address: str) -> ThreadingHTTPServer:
         def log_message(self, *args):   # probes every few seconds would flood the log
             pass
 
-    server = ThreadingHTTPServer((host or "0.0.0.0", int(port)), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="healthz", daemon=True).start()
-    return server
+    return httpserve.serve((host or "0.0.0.0", int(port)), Handler, "healthz")

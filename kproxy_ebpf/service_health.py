@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
+from . import httpserve
 from .health import json_response
 from .proxy.healthcheck import HealthCheck
 
@@ -25,7 +26,7 @@ class ServiceHealthServers:
         self._address = address
         self._lock = threading.Lock()
         self._checks: dict[int, HealthCheck] = {}
-        self._servers: dict[int, ThreadingHTTPServer] = {}
+        self._servers: dict[int, httpserve.LocalHTTPServer] = {}
 
     def status(self, port: int) -> tuple[int, dict]:
         with self._lock:
@@ -56,7 +57,7 @@ class ServiceHealthServers:
     def close(self) -> None:
         self.sync({})
 
-    def _serve(self, port: int) -> ThreadingHTTPServer:
+    def _serve(self, port: int) -> httpserve.LocalHTTPServer:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -66,8 +67,6 @@ class ServiceHealthServers:
             def log_message(self, *args):   # load balancers probe every few seconds
                 pass
 
-        server = ThreadingHTTPServer((self._address, port), Handler)
-        server.daemon_threads = True
-        threading.Thread(target=server.serve_forever, name=f"hc-{port}", daemon=True).start()
+        server = httpserve.serve((self._address, port), Handler, f"hc-{port}")
         log.info("health check server on port %d", port)
         return server

@@ -1,0 +1,49 @@
+"""The agent's small HTTP servers (/healthz, /metrics, healthCheckNodePorts), each in a daemon
+thread.
+
+http.server's bind does a reverse DNS lookup of the listen address (socket.getfqdn) only to
+fill a name nobody reads. Where no resolver answers (a node's namespace in the lab, a
+hostNetwork pod with a dead resolver) that lookup waits out the resolver's 5 s timeout before
+the server exists, and it ran in the agent's start-up and in the sync that opens a
+healthCheckNodePort; so the servers here skip it.
+"""
+from __future__ import annotations
+
+import socketserver
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class LocalHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def server_bind(self) -> None:
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+
+
+def serve(address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
+          name: str) -> LocalHTTPServer:
+    """Binds now (errors reach the caller) and serves in a daemon thread named `name`."""
+    server = LocalHTTPServer(address, handler)
+    threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
+    return server
+
+
+def metrics_handler(registry) -> type[BaseHTTPRequestHandler]:
+    """/metrics in the Prometheus text format (what prometheus_client's own server sends)."""
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's naming)
+            data = generate_latest(registry)
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):   # scraped every few seconds
+            pass
+
+    return Handler
