@@ -24,7 +24,7 @@ import ipaddress
 from collections.abc import Iterable, Sequence
 
 from ..desired import Frontend, FrontendKind, Problem, Scope
-from ..model import EndpointSlice, Node, Service
+from ..model import EndpointSlice, Node, Protocol, Service
 from .frontends import _ipv4, _plan, _verdict, service_info
 
 PRIMARY = "primary"
@@ -83,9 +83,12 @@ def validate_node_port_addresses(values: Iterable[str]) -> list[str]:
 
 def service_ext_frontends(svc: Service, slices: Iterable[EndpointSlice], node: Node, *,
                           node_port_addresses: Sequence[str] = (),
-                          prefer_same_node: bool = True) -> list[Frontend]:
+                          prefer_same_node: bool = True,
+                          problems: list[Problem] | None = None) -> list[Frontend]:
     """Scope-EXT frontends of one Service. Input problems are not reported here: the socket
-    scope (service_frontends) reads the same fields and reports each once."""
+    scope (service_frontends) reads the same fields and reports each once. What only this
+    scope refuses (an SCTP port: tc_lb.c rewrites TCP and UDP; SCTP's CRC32c covers the ports
+    and no BPF helper recomputes it) goes into `problems`."""
     scratch: list[Problem] = []
     ext_ips = [ip for ip in svc.external_ips if _ipv4(svc, ip, "externalIP", scratch)]
     lb_ips = [ing.ip for ing in svc.load_balancer_ingress
@@ -100,6 +103,14 @@ def service_ext_frontends(svc: Service, slices: Iterable[EndpointSlice], node: N
     out: dict[tuple, Frontend] = {}
     for plan in plans:
         sp, pe = plan.port, plan.endpoints
+        if sp.protocol is Protocol.SCTP:
+            if problems is not None:
+                problems.append(Problem(
+                    svc.namespace, svc.name, "Service", "SCTPFromOutsideNotServed",
+                    f"port {sp.name or '(unnamed)'} {sp.port}/SCTP: NodePort, externalIPs and "
+                    "LoadBalancer traffic from outside the node is not translated for SCTP "
+                    "(TCP and UDP only); ClusterIP clients are not affected"))
+            continue
         chosen = pe.local if svc.external_traffic_local else pe.cluster
         action, backends = _verdict(pe, chosen, sp)
         candidates = [(ip, sp.port, FrontendKind.EXTERNAL_IP) for ip in ext_ips]

@@ -304,7 +304,7 @@ class ProxyState:
                 if self.node_port_addresses is not None:
                     fronts += service_ext_frontends(
                         svc, self.slices_of(*key), node, prefer_same_node=self.prefer_same_node,
-                        node_port_addresses=self.node_port_addresses)
+                        node_port_addresses=self.node_port_addresses, problems=probs)
             if self.external_ip_allowlist is not None:
                 fronts, refused = allow_external_ips(fronts, self.external_ip_allowlist)
                 probs = probs + refused

@@ -52,3 +52,11 @@ def pods_of(lines: list[str]) -> Counter:
 def served_by(c: Cluster, ip: str, count: int = 1, port: int = 80, udp: bool = False) -> set[str]:
     return set(pods_of([x for x in c.lab.probe("pod/client", ip, port, udp=udp, count=count,
                                                timeout=0.5) if is_reply(x)]))
+
+
+def seen_from_outside(c: Cluster, ip: str, port: int, udp: bool = False,
+                      source: str | None = None, count: int = 2, timeout: float = 0.5) -> set[str]:
+    """{'<pod> <the client address it saw>'} or the failures, from the external client."""
+    lines = c.lab.probe("ext", ip, port, udp=udp, count=count, timeout=timeout, source=source)
+    return {f"{ln.split()[0]} {ln.split()[1].rsplit(':', 1)[0]}" if len(ln.split()) == 2 else ln
+            for ln in lines}

@@ -23,6 +23,7 @@ from kproxy_ebpf.lab.cluster import Cluster
 from kproxy_ebpf.lab.lballoc import DEFAULT_POOL
 
 from ..support import require_controlplane, wait_until
+from .lab_services import seen_from_outside
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 
@@ -81,10 +82,7 @@ def allocated(core, name: str) -> str:
 
 def seen(c: Cluster, ip: str, port: int = 80, source: str | None = None, count: int = 2,
          timeout: float = 0.5) -> set[str]:
-    """{'<pod> <the client address it saw>'} or the failures, from the external client."""
-    lines = c.lab.probe("ext", ip, port, count=count, timeout=timeout, source=source)
-    return {f"{ln.split()[0]} {ln.split()[1].rsplit(':', 1)[0]}" if len(ln.split()) == 2 else ln
-            for ln in lines}
+    return seen_from_outside(c, ip, port, source=source, count=count, timeout=timeout)
 
 
 def lab_route(c: Cluster, *args: str) -> None:

@@ -11,6 +11,7 @@ from kubernetes import client
 from kproxy_ebpf.lab.cluster import Cluster
 
 from ..support import require_controlplane, wait_until
+from .lab_services import seen_from_outside
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 
@@ -34,10 +35,7 @@ def cluster():
 
 
 def seen_by_backend(c: Cluster, node_ip: str, udp: bool = False, count: int = 3) -> set[str]:
-    """{'<pod> <the client address it saw>'} from the external client."""
-    lines = c.lab.probe("ext", node_ip, NODE_PORT, udp=udp, count=count, timeout=0.5)
-    return {f"{ln.split()[0]} {ln.split()[1].rsplit(':', 1)[0]}" if len(ln.split()) == 2 else ln
-            for ln in lines}
+    return seen_from_outside(c, node_ip, NODE_PORT, udp=udp, count=count)
 
 
 def test_nodeport_from_outside_with_both_traffic_policies(cluster):

@@ -176,3 +176,22 @@ def test_config_validates_the_new_keys():
         c = AgentConfig(cgroup="/", **bad)
         with pytest.raises(ConfigError):
             c.validate()
+
+
+def test_sctp_ports_get_no_ext_frontends_and_a_problem():
+    """tc_lb.c rewrites TCP and UDP only (SCTP's CRC32c covers the ports): an SCTP NodePort is
+    not programmed at TC and says why, while its TCP sibling and the ClusterIPs are."""
+    service = svc(ports=(ServicePort("sig", Protocol.SCTP, 3868, node_port=30868),
+                         ServicePort("web", TCP, 80, node_port=30080)))
+    sl = EndpointSlice(namespace="ns", name="s1", service_name="svc",
+                       ports=(EndpointPort("sig", Protocol.SCTP, 3868),
+                              EndpointPort("web", TCP, 8080)),
+                       endpoints=(Endpoint(addresses=("10.0.1.5",), node_name="node-a"),))
+    state = ProxyState(NODE, node_port_addresses=())
+    state.load([service], [sl])
+    changes = state.compute()
+    ext = {k for k in changes.frontends if len(k) == 4}
+    assert ext == {("192.168.0.1", 30080, TCP, Scope.EXT)}
+    assert ("172.30.0.10", 3868, Protocol.SCTP) in changes.frontends
+    assert [p.reason for p in changes.problems] == ["SCTPFromOutsideNotServed"]
+    assert "3868/SCTP" in changes.problems[0].message
