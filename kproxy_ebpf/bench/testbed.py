@@ -326,9 +326,13 @@ class Testbed:
             for pid in cgroups.pids_recursive(info.host_cgroup):
                 procs.kill_pid(pid)
             if mode in KPROXY_MODES:
-                subprocess.run([sys.executable, "-m", "kproxy_ebpf.cli", "cleanup",
-                                "--bpffs-dir", info.bpffs, "--yes"], check=True,
-                               capture_output=True, text=True)
+                # In the node's namespace: the TC filters (external device, pod veths) live
+                # there and would otherwise keep translating for the next mode.
+                r = self.cluster.lab.exec(f"node/{node}", [
+                    sys.executable, "-m", "kproxy_ebpf.cli", "cleanup", "--bpffs-dir",
+                    info.bpffs, "--yes"], capture_output=True, text=True, timeout=120)
+                if r.returncode != 0:
+                    raise LabError(f"kproxy-ebpf cleanup on {node}: {r.stderr[-500:]}")
             elif mode in KUBE_PROXY_MODE:
                 kp = str(ensure_binaries(build=False) / "kube-proxy")
                 r = self.cluster.lab.exec(f"node/{node}", [kp, "--cleanup"],
