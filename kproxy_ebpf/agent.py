@@ -196,15 +196,15 @@ class Agent:
             log.info("socket LB off: ClusterIPs per packet on devices matching %s",
                      ", ".join(self.cfg.pod_devices))
         return dp
-        return dp
 
-    def _purge_conntrack(self) -> None:
-        """Flows whose backend left their frontend lose their TC conntrack entries."""
-        removed = conntrack.purge(self.datapath.maps, self.writer.programmed)
-        if removed:
-            log.info("purged %d conntrack entries of removed backends", removed)
+    def _purge_conntrack(self, frontends=None) -> None:
+        """Flows whose backend left their frontend (one of `frontends`, None: any) lose their
+        TC conntrack entries."""
+        res = conntrack.purge(self.datapath.maps, self.writer.programmed, frontends)
+        if res.removed:
+            log.info("purged %d conntrack entries of removed backends", res.removed)
         ct = self.datapath.maps["ct"]
-        self.metrics.map_entries.labels("ct").set(len(ct))
+        self.metrics.map_entries.labels("ct").set(res.entries)
         self.metrics.map_capacity.labels("ct").set(ct.max_entries)
 
     def _attach(self) -> None:
@@ -398,7 +398,7 @@ class Agent:
         # Scope-EXT keys are 4-tuples; with socketLB false pods' flows follow SOCK frontends.
         if self.tc is not None and (full or any(len(k) == 4 or not self.cfg.socket_lb
                                                 for k in changes.changed_keys)):
-            self._purge_conntrack()
+            self._purge_conntrack(None if full else changes.changed_keys)
         elapsed = time.monotonic() - t0
         if self._attach_pending:
             # The maps hold what could be written (a full map must not keep every other

@@ -4,8 +4,9 @@ the entries whose backend left their frontend.
 The programs already re-balance a flow whose backend id was freed; purging also covers a
 backend that left one service but still serves another (its id lives on), and frees the
 entries (and their SNAT ports) at once instead of at the next packet or LRU eviction. A purge
-walks the whole table (batched reads), so the agent runs it only after a sync that changed
-scope-EXT frontends (or, with `socketLB: false`, any frontend).
+walks the whole table (batched reads, plain tuples), so the agent runs it only after a sync
+that changed scope-EXT frontends (or, with `socketLB: false`, any frontend), for the changed
+frontends' flows only, and fully on full syncs.
 
 Flows opened by a pod of this node (KP_CT_F_POD, the per-packet ClusterIP path) belong to
 scope-SOCK frontends. Their TCP connections are never purged: the socket path translates a
@@ -16,7 +17,8 @@ clears only UDP ones). Their UDP flows are purged like any other.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 from ..desired import Scope
 from ..model import Protocol
@@ -24,37 +26,50 @@ from . import layout as L
 from .pinned import PinnedMap
 
 
-def _frontend(key, val) -> tuple:
-    """The writer's key of the flow's frontend (desired.Frontend.key)."""
-    fkey = (L.ip_str(key.daddr), L.port_host(key.dport), L.PROTO_BY_NUM.get(key.proto))
-    return fkey if val.flags & L.const("KP_CT_F_POD") else (*fkey, Scope.EXT)
+class Purge(NamedTuple):
+    removed: int        # flows deleted (each with its reply-tuple row)
+    entries: int        # rows the table held before (the fill gauge, from the same walk)
 
 
-def _backend(val, key) -> tuple:
-    return (L.ip_str(val.be_addr), L.port_host(val.be_port), L.PROTO_BY_NUM.get(key.proto))
+def _frontend(daddr: int, dport: int, proto: int, flags: int) -> tuple:
+    """The writer's key of a flow's frontend (desired.Frontend.key), from raw fields."""
+    fkey = (L.ip_str(daddr), L.port_host(dport), L.PROTO_BY_NUM.get(proto))
+    return fkey if flags & L.const("KP_CT_F_POD") else (*fkey, Scope.EXT)
 
 
-def purge(maps: Mapping[str, PinnedMap], programmed: Mapping[tuple, object]) -> int:
+def _raw_frontend(fkey: tuple) -> tuple[int, int, int]:
+    return L.ip_be(fkey[0]), L.port_be(fkey[1]), L.PROTO_NUM[fkey[2]]
+
+
+def purge(maps: Mapping[str, PinnedMap], programmed: Mapping[tuple, object],
+          frontends: Iterable[tuple] | None = None) -> Purge:
     """Deletes every entry whose frontend is gone or no longer lists its backend, with its
-    reply-tuple row. `programmed` is the writer's view (MapWriter.programmed). Returns the
-    number of flows removed."""
+    reply-tuple row. `programmed` is the writer's view (MapWriter.programmed); `frontends`
+    limits the check to flows of those frontend keys (a partial sync's changed keys), None
+    checks all. The table is read in batches as plain tuples and only the candidates are
+    decoded: with the per-packet ClusterIP path every pod connection has a row, and a partial
+    sync must not pay a Python object per row."""
+    pod, snat, tcp = L.const("KP_CT_F_POD"), L.const("KP_CT_F_SNAT"), L.PROTO_NUM[Protocol.TCP]
+    wanted = None if frontends is None else {_raw_frontend(k) for k in frontends}
+    rows = maps["ct"].unpacked()
     removed = 0
-    pod, tcp = L.const("KP_CT_F_POD"), L.PROTO_NUM[Protocol.TCP]
-    for key, val in list(maps["ct"].items()):
-        if val.flags & pod and key.proto == tcp:
+    for (saddr, daddr, sport, dport, proto), (_exp, be_addr, nat_addr, be_port, nat_port,
+                                              *_ids, _state, flags, _seen) in rows:
+        if wanted is not None and (daddr, dport, proto) not in wanted:
             continue
-        prog = programmed.get(_frontend(key, val))
-        if prog is not None and _backend(val, key) in prog.live():
+        if flags & pod and proto == tcp:
             continue
-        reply = L.CtKey(saddr=val.be_addr, sport=val.be_port, proto=key.proto)
-        if val.flags & L.const("KP_CT_F_SNAT"):
-            reply.daddr, reply.dport = val.nat_addr, val.nat_port
-        else:
-            reply.daddr, reply.dport = key.saddr, key.sport
-        maps["ct"].delete(key)
+        prog = programmed.get(_frontend(daddr, dport, proto, flags))
+        if prog is not None and (L.ip_str(be_addr), L.port_host(be_port),
+                                 L.PROTO_BY_NUM.get(proto)) in prog.live():
+            continue
+        reply = L.CtKey(saddr=be_addr, sport=be_port, proto=proto)
+        reply.daddr, reply.dport = (nat_addr, nat_port) if flags & snat else (saddr, sport)
+        maps["ct"].delete(L.CtKey(saddr=saddr, daddr=daddr, sport=sport, dport=dport,
+                                  proto=proto))
         maps["rnat"].delete(reply)
         removed += 1
-    return removed
+    return Purge(removed, len(rows))
 
 
 def entries(maps: Mapping[str, PinnedMap]) -> list[dict]:

@@ -324,11 +324,15 @@ def test_purge_removes_flows_of_a_backend_that_left_their_frontend(tc):
     reply = L.CtKey(saddr=ct.be_addr, daddr=ct.nat_addr, sport=ct.be_port, dport=ct.nat_port,
                     proto=6)
     assert tc.maps["rnat"].get(reply) is not None
-    assert conntrack.purge(tc.maps, tc.writer.programmed) == 0, "nothing changed yet"
+    assert conntrack.purge(tc.maps, tc.writer.programmed).removed == 0, "nothing changed yet"
     # The remote backend leaves NP_REMOTE (it still exists: NP_UDP uses it).
     moved = ext(NP_REMOTE, [(LOCAL_BE, True)])
     assert tc.writer.apply({moved.key: moved}, candidates=[moved.key]).ok
-    assert conntrack.purge(tc.maps, tc.writer.programmed) == 1
+    # A partial sync checks the flows of the frontends it changed only.
+    other = ext(NP_LOCAL, [(LOCAL_BE, True)])
+    res = conntrack.purge(tc.maps, tc.writer.programmed, frontends=[other.key])
+    assert res.removed == 0 and res.entries >= 2
+    assert conntrack.purge(tc.maps, tc.writer.programmed, frontends=[moved.key]).removed == 1
     assert tc.ct(40009, NP_REMOTE)[1] is None and tc.maps["rnat"].get(reply) is None
     assert tc.ct(40010, NP_LOCAL)[1] is not None
     rows = conntrack.entries(tc.maps)
