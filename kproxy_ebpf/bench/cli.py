@@ -68,7 +68,8 @@ class _TestLock:
 @click.option("--repeats", type=click.IntRange(1), help="crr runs per percentile (median).")
 @click.option("--m5-changes", type=click.IntRange(1), help="Changes measured for M5.")
 @click.option("--cold-timeout", type=click.FloatRange(1), help="Seconds a proxy may take to "
-              "program N x E before it is recorded as not finished [150].")
+              "program N x E before it is recorded as not finished, at N <= 10000; "
+              "proportionally more above [60].")
 @click.option("--scale", is_flag=True, help="The scale run of issue 11 instead of the benchmark.")
 @click.option("--idle", type=click.FloatRange(0), default=600.0, show_default=True,
               help="Scale run: the idle window after the fill, seconds.")

@@ -39,6 +39,9 @@ FIGURES = (
     Figure("m1_txn_p99", "M1 connect+request p99", "us", ("M1", "txn_us", "p99"), "lower"),
     Figure("m2_rate_1", "M2 new conn/s, 1 client", "conn/s", ("M2", "rate_1"), "higher"),
     Figure("m2_rate_2", "M2 new conn/s, 2 clients", "conn/s", ("M2", "rate_2"), "higher"),
+    # A connect or reply that times out (1 s) stalls a 1.5 s run: the rates above are only
+    # comparable where this row is 0.
+    Figure("m2_failed", "M1/M2 failed connections", "", ("M2", "failed"), "lower"),
     Figure("m3_rr_rate", "M3 keepalive req/s", "req/s", ("M3", "rr_rate"), "higher"),
     Figure("m3_rr_p99", "M3 keepalive p99", "us", ("M3", "rr_us", "p99"), "lower"),
     Figure("m3_gbit_s", "M3 bulk stream", "Gbit/s", ("M3", "gbit_s"), "higher"),
@@ -289,8 +292,13 @@ def _m9_vs_iptables(doc):
         cpu = ratio(value(doc, OURS, n, "m9_softirq"), value(doc, base, n, "m9_softirq"))
         if None in (pps, cpu):
             return None, "missing"
-        return (pps >= 1.5 and cpu <= 0.6), \
-            f"pps ours/{base} {pps:.3g}x, softirq CPU per packet {cpu:.3g}x"
+        text = f"pps ours/{base} {pps:.3g}x, softirq CPU per packet {cpu:.3g}x"
+        # NAT cannot beat forwarding without it: where plain forwarding (direct, same hops)
+        # is itself below 1.5x iptables in this lab, the pps half is out of reach here.
+        floor = ratio(value(doc, "direct", n, "m9_pps"), value(doc, base, n, "m9_pps"))
+        if floor is not None and floor < 1.5:
+            text += f" (plain forwarding without NAT: {floor:.3g}x {base}, the ceiling here)"
+        return (pps >= 1.5 and cpu <= 0.6), text
     return _at_largest(doc, one)
 
 

@@ -44,6 +44,16 @@ def test_m9_goal_missed_on_either_half(ours, why):
     assert row["status"] == "missed", why
 
 
+def test_m9_goal_names_the_ceiling_when_plain_forwarding_is_below_it():
+    # direct 1.2x iptables: NAT cannot beat forwarding without it, and the row says so
+    row = by_goal(goals.evaluate(with_m9(make_doc(), ours=(55000.0, 3000.0),
+                                         direct=(60000.0, 2500.0))), "NodePort pps")
+    assert row["status"] == "missed"
+    assert "plain forwarding without NAT: 1.2x iptables, the ceiling here" in row["measured"]
+    row = by_goal(goals.evaluate(with_m9(make_doc())), "NodePort pps")    # direct 2x: no note
+    assert "ceiling" not in row["measured"]
+
+
 def test_m9_floor_missed_and_not_measured_without_direct():
     doc = with_m9(make_doc(), ours=(70000.0, 3000.0))
     assert by_goal(goals.evaluate(doc), "plain forwarding")["status"] == "missed"  # 0.7x
@@ -141,3 +151,9 @@ def test_m9_goal_falls_back_to_iptables_legacy_when_iptables_did_not_finish():
                                                   "did_not_finish_s": 150.0}}
     row = by_goal(goals.evaluate(doc), "NodePort pps")
     assert row["status"] == "met" and "ours/iptables-legacy 2x" in row["measured"]
+
+
+def test_cold_start_cap_grows_beyond_10k():
+    cfg = suite.BenchConfig.make(False)
+    assert cfg.cold_timeout_for(100) == cfg.cold_timeout_for(10_000) == 60.0
+    assert cfg.cold_timeout_for(30_000) == 180.0

@@ -162,3 +162,14 @@ def test_a_proxy_that_did_not_finish_is_shown_and_bounds_the_goal():
     md = report.render_markdown(doc, [])
     assert "> 150 (did not finish)" in md
     assert "- iptables at N=10000: did not finish within 150s" in md
+
+
+def test_connect_failures_beside_the_rates():
+    # a 1 s timeout stalls a 1.5 s crr run: the table shows the failures next to the rates
+    doc = make_doc()
+    doc["results"]["nftables"]["10000"]["M2"]["failed"] = 20
+    doc["results"]["kproxy"]["10000"]["M2"]["failed"] = 0
+    md = report.render_markdown(doc, [])
+    row = next(line for line in md.splitlines() if line.startswith("| M1/M2 failed"))
+    cells = [c.strip() for c in row.split("|")]
+    assert "20" in cells and "0" in cells
