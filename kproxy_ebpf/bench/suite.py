@@ -42,6 +42,8 @@ NOT_SELECTED = {"iptables-legacy": "not run (left out of --quick; add it with --
 NO_M9 = {"kproxy-tc": "not run (its NodePort path is kproxy's TC program, measured under "
                       "kproxy)"}
 MIB = 1024 * 1024
+# Modes whose M1 also runs direct crr runs interleaved with their own (the M1 goal's +2 us).
+PAIRED_M1 = ("kproxy", "kproxy-tc")
 
 
 @dataclass
@@ -205,15 +207,36 @@ class ModeRun:
         return [self.tb.client.run("crr", addrs, port, duration=self.cfg.crr_seconds,
                                    threads=threads) for _ in range(runs)]
 
+    def _paired_direct(self) -> dict:
+        """M1 against the floor in the same minutes: crr runs straight to the pod IPs,
+        interleaved with this mode's runs through the ClusterIP (ABAB). The direct mode's own
+        figure is measured minutes earlier, and the machine drifts by more than the +2 us
+        the M1 goal allows; the median of the pairwise differences does not carry that drift."""
+        pods = [self.tb.pods[n] for n in self.tb.target_set]
+        return self.tb.client.run("crr", pods, TARGET_PORT, duration=self.cfg.crr_seconds)
+
     def m1_m2_m10(self) -> None:
-        self.log(f"{self.mode} N={self.n}: M1/M2 crr x{self.cfg.repeats}")
-        one = self._crr(1, self.cfg.repeats)
+        paired = self.mode in PAIRED_M1
+        self.log(f"{self.mode} N={self.n}: M1/M2 crr x{self.cfg.repeats}"
+                 + (" (interleaved with direct)" if paired else ""))
+        one, floor = [], []
+        for _ in range(self.cfg.repeats):
+            one += self._crr(1, 1)
+            if paired:
+                floor.append(self._paired_direct())
         two = self._crr(2, max(2, (self.cfg.repeats + 1) // 2))
         self.out["M1"] = {
             "connect_us": _us(stats.median_of_runs([r["connect_ns"] for r in one])),
             "txn_us": _us(stats.median_of_runs([r["txn_ns"] for r in one])),
             "runs": len(one), "failed": sum(r["failed"] for r in one),
             "connect_p99_us_runs": [round(r["connect_ns"]["p99"] / 1000, 2) for r in one]}
+        if floor:
+            self.out["M1"]["paired_direct"] = {
+                "connect_us": _us(stats.median_of_runs([r["connect_ns"] for r in floor])),
+                "added_us": {k: round(stats.median(
+                    (o["connect_ns"][k] - d["connect_ns"][k]) / 1000 for o, d in zip(one, floor)),
+                    2) for k in ("p50", "p99")},
+                "failed": sum(r["failed"] for r in floor)}
         self.out["M2"] = {
             "rate_1": round(stats.median(r["rate"] for r in one), 1),
             "rate_2": round(stats.median(r["rate"] for r in two), 1),

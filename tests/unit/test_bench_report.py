@@ -173,3 +173,18 @@ def test_connect_failures_beside_the_rates():
     row = next(line for line in md.splitlines() if line.startswith("| M1/M2 failed"))
     cells = [c.strip() for c in row.split("|")]
     assert "20" in cells and "0" in cells
+
+
+def test_m1_goal_judged_on_the_interleaved_direct_runs():
+    doc = make_doc()
+    # the direct mode, measured minutes apart, says +0.5 us at p50: met either way ...
+    assert by_goal(goals.evaluate(doc), "over direct")["status"] == "met"
+    # ... but the pairs run in the same minutes decide when they exist
+    for n in ("100", "10000"):
+        doc["results"]["kproxy"][n]["M1"]["paired_direct"] = {
+            "connect_us": {"p50": 30.0, "p99": 31.0}, "added_us": {"p50": 3.0, "p99": 1.0}}
+    row = by_goal(goals.evaluate(doc), "over direct")
+    assert row["status"] == "missed"
+    assert "interleaved p50 +3.00 us" in row["measured"] and "direct mode: p50" in row["measured"]
+    md = report.render_markdown(doc, [])
+    assert any(line.startswith("| M1 connect p50 over interleaved direct") for line in md.splitlines())
