@@ -285,8 +285,13 @@ def _m8(doc):
         failed = value(doc, OURS, n, "m8_failed")
         if None in (infl, failed):
             return None, "missing"
-        return (infl <= 0.10 and failed == 0), \
-            f"p99 inflation {_fmt(infl * 100, 1)} %, {failed} failed connections"
+        text = f"p99 inflation {_fmt(infl * 100, 1)} %, {failed} failed connections"
+        # The churn is API writes: the API server's CPU on this 2-core machine slows every
+        # connection, the floor's too. Shown, not subtracted: the goal stays as written.
+        floor = _get(doc["results"].get("direct", {}).get(str(n)), "M8", "inflation")
+        if floor is not None:
+            text += f" (direct under the same churn: {_fmt(floor * 100, 1)} %)"
+        return (infl <= 0.10 and failed == 0), text
     return _at_largest(doc, one)
 
 

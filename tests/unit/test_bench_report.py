@@ -188,3 +188,13 @@ def test_m1_goal_judged_on_the_interleaved_direct_runs():
     assert "interleaved p50 +3.00 us" in row["measured"] and "direct mode: p50" in row["measured"]
     md = report.render_markdown(doc, [])
     assert any(line.startswith("| M1 connect p50 over interleaved direct") for line in md.splitlines())
+
+
+def test_m8_shows_the_floor_inflation_under_the_same_churn():
+    doc = make_doc(failed=0)
+    doc["results"]["kproxy"]["10000"]["M8"]["inflation"] = 0.29
+    doc["results"]["direct"]["10000"]["M8"] = {"connect_p99_us": 42.0, "inflation": 0.4,
+                                               "failed": 0}
+    row = by_goal(goals.evaluate(doc), "inflation during")
+    assert row["status"] == "missed"
+    assert "(direct under the same churn: 40" in row["measured"]
