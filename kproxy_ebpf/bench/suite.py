@@ -395,15 +395,30 @@ class ModeRun:
         addrs, port, sink = self.addrs()
         self.log(f"{self.mode} N={self.n}: M3 rr and stream")
         runs = max(2, cfg.repeats // 2 + 1)
-        rr = [self.tb.client.run("rr", addrs[:1], port, duration=cfg.m3_seconds)
-              for _ in range(runs)]
-        st = [self.tb.client.run("stream", addrs[:1], sink, duration=cfg.m3_seconds)
-              for _ in range(runs)]
+        # Under kproxy modes each run is paired with one straight to the pod (as M1 does).
+        pod = [self.tb.pods[self.tb.target_set[0]]] if self.mode in PAIRED_M1 else []
+        rr, st, rr_d, st_d = [], [], [], []
+        for kind, to, ours, floor in (("rr", port, rr, rr_d), ("stream", sink, st, st_d)):
+            for _ in range(runs):
+                ours.append(self.tb.client.run(kind, addrs[:1], to, duration=cfg.m3_seconds))
+                if pod:
+                    floor.append(self.tb.client.run(kind, pod, TARGET_PORT if kind == "rr"
+                                                    else SINK_PORT, duration=cfg.m3_seconds))
         self.out["M3"] = {
             "rr_rate": round(stats.median(r["rate"] for r in rr), 1),
             "rr_us": _us(stats.median_of_runs([r["txn_ns"] for r in rr])),
             "gbit_s": round(stats.median(r["gbit_s"] for r in st), 3),
             "failed": sum(r["failed"] for r in rr + st)}
+        if pod:
+            self.out["M3"]["paired_direct"] = {
+                "rr_ratio": round(stats.median(o["rate"] / d["rate"] for o, d in zip(rr, rr_d)
+                                               if d["rate"]), 4),
+                "gbit_ratio": round(stats.median(o["gbit_s"] / d["gbit_s"]
+                                                 for o, d in zip(st, st_d) if d["gbit_s"]), 4),
+                "rr_p99_added_us": round(stats.median(
+                    (o["txn_ns"]["p99"] - d["txn_ns"]["p99"]) / 1000 for o, d in zip(rr, rr_d)),
+                    2),
+                "failed": sum(r["failed"] for r in rr_d + st_d)}
 
 
 def not_run(doc: dict, mode: str, reason: str) -> None:

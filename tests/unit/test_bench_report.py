@@ -198,3 +198,13 @@ def test_m8_shows_the_floor_inflation_under_the_same_churn():
     row = by_goal(goals.evaluate(doc), "inflation during")
     assert row["status"] == "missed"
     assert "(direct under the same churn: 40" in row["measured"]
+
+
+def test_m3_goal_judged_on_the_interleaved_pairs():
+    doc = make_doc()
+    doc["results"]["kproxy"]["10000"]["M3"]["paired_direct"] = {
+        "rr_ratio": 0.99, "gbit_ratio": 0.97, "rr_p99_added_us": 1.0}
+    row = by_goal(goals.evaluate(doc), "Gbit/s")
+    assert row["status"] == "missed" and "interleaved req/s 0.99x, Gbit/s 0.97x" in row["measured"]
+    doc["results"]["kproxy"]["10000"]["M3"]["paired_direct"]["gbit_ratio"] = 1.01
+    assert by_goal(goals.evaluate(doc), "Gbit/s")["status"] == "met"
