@@ -191,15 +191,40 @@ def _m1_vs_iptables(doc):
     return _at(doc, GOAL_N, one)
 
 
+def _paired(doc, n, *path):
+    return _get(doc.get("results", {}).get(OURS, {}).get(str(n)), *path)
+
+
 def _m1_flat(doc):
+    """Where direct runs were interleaved with ours, ours is divided by them first: the sizes
+    are measured many minutes apart and the floor itself moves (here 97 -> 104 us p99)."""
     ns = sizes(doc)
     if len(ns) < 2:
         return NOT_MEASURED, "needs two sizes"
     lo, hi = value(doc, OURS, ns[0], "m1_connect_p99"), value(doc, OURS, ns[-1], "m1_connect_p99")
     if None in (lo, hi):
         return NOT_MEASURED, "missing"
-    return (MET if hi <= lo * 1.05 else MISSED), \
-        f"p99 {_fmt(lo)} us at N={ns[0]}, {_fmt(hi)} us at N={ns[-1]} ({_fmt((hi / lo - 1) * 100, 1)} %)"
+    raw = (f"p99 {_fmt(lo)} us at N={ns[0]}, {_fmt(hi)} us at N={ns[-1]} "
+           f"({_fmt((hi / lo - 1) * 100, 1)} %)")
+    d_lo, d_hi = (_paired(doc, n, "M1", "paired_direct", "connect_us", "p99") for n in (ns[0], ns[-1]))
+    if d_lo and d_hi:
+        grow = (hi / d_hi) / (lo / d_lo) - 1
+        return (MET if grow <= 0.05 else MISSED), \
+            f"p99 over interleaved direct {_fmt(lo / d_lo)}x at N={ns[0]}, " \
+            f"{_fmt(hi / d_hi)}x at N={ns[-1]} ({_fmt(grow * 100, 1)} %); raw {raw}"
+    return (MET if hi <= lo * 1.05 else MISSED), raw
+
+
+def _m2_direct(doc):
+    """>= 0.98x direct: on the interleaved pairs where they exist (as M1)."""
+    def one(n):
+        pair = _paired(doc, n, "M1", "paired_direct", "rate_ratio")
+        r = ratio(value(doc, OURS, n, "m2_rate_1"), value(doc, "direct", n, "m2_rate_1"))
+        apart = f"ours/direct {_fmt(r)}x" if r is not None else None
+        if pair is not None:
+            return pair >= 0.98, f"interleaved {_fmt(pair)}x" + (f" ({apart})" if apart else "")
+        return (None, "missing") if r is None else (r >= 0.98, apart)
+    return _all_sizes(doc, one)
 
 
 def _ratio_goal(doc, n_pick, key, base, threshold, higher=True):
@@ -345,8 +370,7 @@ GOALS = (
     Goal("M1", "at 10k services the added p99 (minus direct) >= 10x lower than iptables",
          _m1_vs_iptables),
     Goal("M1", "flat in N: p99 at the largest N within +5 % of the smallest", _m1_flat),
-    Goal("M2", ">= 0.98x direct new connections/s at every N",
-         lambda d: _ratio_goal(d, "all", "m2_rate_1", "direct", 0.98)),
+    Goal("M2", ">= 0.98x direct new connections/s at every N", _m2_direct),
     Goal("M2", ">= 1.0x iptables at the smallest N",
          lambda d: _ratio_goal(d, "smallest", "m2_rate_1", "iptables", 1.0)),
     Goal("M2", ">= 5x iptables and >= 1.2x nftables at 10k x 10",

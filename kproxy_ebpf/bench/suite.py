@@ -236,6 +236,8 @@ class ModeRun:
                 "added_us": {k: round(stats.median(
                     (o["connect_ns"][k] - d["connect_ns"][k]) / 1000 for o, d in zip(one, floor)),
                     2) for k in ("p50", "p99")},
+                "rate_ratio": round(stats.median(o["rate"] / d["rate"] for o, d in zip(one, floor)
+                                                 if d["rate"]), 4),
                 "failed": sum(r["failed"] for r in floor)}
         self.out["M2"] = {
             "rate_1": round(stats.median(r["rate"] for r in one), 1),
