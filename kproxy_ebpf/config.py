@@ -54,7 +54,7 @@ class AgentConfig:
     # root of the node; in the lab, the simulated node's cgroup), never by accident.
     cgroup: str | None = None
     min_sync_period: float = 0.2          # seconds between two syncs at the most often
-    sync_period: float = 30.0             # full resync (and drift repair) at least this often
+    sync_period: float = 30.0             # a sync at least this often; every 10th is full
     healthz_bind_address: str = "0.0.0.0:10256"
     metrics_bind_address: str = "127.0.0.1:10249"
     map_sizes: MapSizes = field(default_factory=MapSizes)

@@ -272,3 +272,18 @@ def test_the_periodic_map_reread_is_counted_apart(monkeypatch):
     assert len(restores) == 1
     assert value("kproxy_datapath_drift_checks_total") == before + 1
     assert value("kproxy_datapath_drift_check_cpu_seconds_total") > 0
+
+
+def test_periodic_syncs_between_rereads_do_no_whole_table_work(monkeypatch):
+    """At rest, only every KERNEL_CHECK_EVERY-th periodic sync walks the table (and re-reads
+    the maps); the others cost what a partial sync with no change costs, whatever N is."""
+    h = Harness(30, monkeypatch)
+    walks = []
+    for _ in range(agent_mod.KERNEL_CHECK_EVERY):
+        h.counts["table_walks"] = 0
+        assert h.agent._sync(True)                     # the runner's periodic tick
+        walks.append(h.counts["table_walks"])
+    assert walks[:-1] == [0] * (agent_mod.KERNEL_CHECK_EVERY - 1) and walks[-1] > 0
+    h.agent._force_full = True                         # after a failure: full at once
+    h.counts["table_walks"] = 0
+    assert h.agent._sync(False) and h.counts["table_walks"] > 0
