@@ -256,11 +256,14 @@ def test_many_short_connections_reuse_snat_ports_without_a_loss(lab, nodes, few_
     and no SYN is lost. Client-first FIN: the backend ends in LAST_ACK/CLOSED, no TIME_WAIT;
     RST: the backend's socket is gone."""
     program(nodes, lab, nodeport("np-reuse"), ["b1"])
-    full = stat(few_snat_ports, "snat_full")
+    full, reuse = stat(few_snat_ports, "snat_full"), stat(few_snat_ports, "snat_reuse")
     n = 6 * (SNAT_RANGE[1] - SNAT_RANGE[0] + 1)
     lines = lab.probe("ext", "10.250.0.11", 30080, count=n, abort=abort)
     assert seen(lines) == {("b1", "10.250.0.11")}, [ln for ln in lines if "b1" not in ln][:5]
     assert stat(few_snat_ports, "snat_full") == full
+    assert stat(few_snat_ports, "snat_reuse") - reuse >= n - 2 * len(range(*SNAT_RANGE))
+    out = CliRunner().invoke(main, ["stats", "--bpffs-dir", str(few_snat_ports.bpffs), "-o", "json"])
+    assert json.loads(out.output)["tc_snat_reuse"] == stat(few_snat_ports, "snat_reuse")
     ports = {r["snat"] for r in conntrack.entries(few_snat_ports.maps)
              if r["backend"].startswith(lab.pod("b1").ip + ":8080")}
     assert ports and ports <= {f"10.250.0.11:{p}" for p in range(SNAT_RANGE[0], SNAT_RANGE[1] + 1)}
