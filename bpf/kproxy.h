@@ -83,6 +83,7 @@ enum kp_stat {                  /* index into the per-CPU counter array kp_stats
 	KP_STAT_TC_FIB_FAIL   = 16, /* no route for a translated packet: dropped */
 	KP_STAT_TC_MISS       = 17, /* a slot or backend vanished twice under the lookup */
 	KP_STAT_TC_SRC_DROP   = 18, /* a new flow from outside loadBalancerSourceRanges: dropped */
+	KP_STAT_TC_SNAT_REUSE = 19, /* a new flow took the SNAT port of an ended one */
 	KP_STAT_MAX           = 32,
 };
 
@@ -284,6 +285,10 @@ enum kp_ct_state {              /* kp_ct4_val.state */
 enum kp_ct_flags {              /* kp_ct4_val.flags */
 	KP_CT_F_SNAT = 0x01,    /* source rewritten to nat_addr:nat_port (a remote backend) */
 	KP_CT_F_POD  = 0x02,    /* opened by a pod of this node: the per-packet ClusterIP path */
+	/* TCP closes, for kp_snat_alloc's reuse of an ended flow's SNAT port (lib/ct.h). */
+	KP_CT_F_FIN_ORIG   = 0x04,  /* the client sent a FIN */
+	KP_CT_F_FIN_REPLY  = 0x08,  /* the backend sent a FIN */
+	KP_CT_F_REPLY_FIRST = 0x10, /* ... before the client did: the backend holds a TIME_WAIT */
 };
 
 enum kp_ct_timeouts {           /* seconds; references are the kernel's nf_conntrack defaults */
@@ -328,11 +333,13 @@ struct kp_tc_cfg {              /* kp_tccfg[0]: written by the agent before it a
 	__be32 snat_addr;       /* the node address remote backends see */
 	__u16  port_min;        /* SNAT source ports, host order, inclusive */
 	__u16  port_max;
+	__u16  ncpus;           /* possible CPUs: CPU c reuses the ports min + c + k * ncpus */
+	__u16  pad;
 };
 
 _Static_assert(sizeof(struct kp_ct4_key) == 16, "kp_ct4_key");
 _Static_assert(sizeof(struct kp_ct4_val) == 32, "kp_ct4_val");
-_Static_assert(sizeof(struct kp_tc_cfg) == 8, "kp_tc_cfg");
+_Static_assert(sizeof(struct kp_tc_cfg) == 12, "kp_tc_cfg");
 
 /* ---- Maps ----------------------------------------------------------------------------------
  * X(id, name, version, type, key, value, size, flags): `name` is the identifier the programs
@@ -351,7 +358,7 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 8, "kp_tc_cfg");
 	X(servicecidr, kp_svccidr4, 1, lpm_trie,     struct kp_cidr4_key,  __u32,                KP_SVCCIDR4_SIZE, KP_NO_PREALLOC) \
 	X(ct,          kp_ct4,      1, lru_hash,     struct kp_ct4_key,    struct kp_ct4_val,    KP_CT4_SIZE,      0) \
 	X(rnat,        kp_rnat4,    1, lru_hash,     struct kp_ct4_key,    struct kp_ct4_key,    KP_RNAT4_SIZE,    0) \
-	X(tccfg,       kp_tccfg,    1, array,        __u32,                struct kp_tc_cfg,     1,                0) \
+	X(tccfg,       kp_tccfg,    2, array,        __u32,                struct kp_tc_cfg,     1,                0) \
 	X(srcrange,    kp_srcrange4, 1, lpm_trie,    struct kp_srcrange4_key, __u32,             KP_SRCRANGE4_SIZE, KP_NO_PREALLOC)
 
 #ifndef KP_SVC4_SIZE

@@ -44,17 +44,27 @@
 #define KP_AFF_TC_CLIENT (1ULL << 63)
 
 /* Reserves a SNAT source port toward be:port: the reply tuple (backend -> snat:port) must be
- * unique, so a port is taken only if kp_rnat4 has no such key (BPF_NOEXIST); a collision tries
- * the next port, from a random start, KP_SNAT_TRIES times in all (the range is shared by the
- * flows to one backend only, so a collision is rare until that backend has thousands of
- * flows from this node). Returns 0 and sets v->nat_* on success. */
+ * unique, so a port whose kp_rnat4 key is free is taken with BPF_NOEXIST. A taken key whose
+ * flow has ended (kp_rnat_reusable) is taken over by rewriting its row whole; only CPU c does
+ * that, and only for the ports min + c + k * ncpus (its slice), so two new flows never take
+ * over the same row (programs on one CPU do not interleave). Without this, every flow would
+ * hold its port until the LRU map evicted the row: after a few thousand connections to one
+ * backend the range is full of ended flows and new SYNs are dropped (KP_STAT_TC_SNAT_FULL).
+ * Each of the KP_SNAT_TRIES rounds tries a port of this CPU's slice (free or reusable) and a
+ * port anywhere in the range (free only), from random starts. Returns 0 and sets v->nat_*. */
 static __always_inline int kp_snat_alloc(struct kp_ct4_key *orig, struct kp_ct4_val *v,
-					 const struct kp_tc_cfg *cfg)
+					 const struct kp_tc_cfg *cfg, __u64 now)
 {
 	struct kp_ct4_key rkey = {};
+	struct kp_ct4_key held;
+	struct kp_ct4_key *o;
 	__u32 span = (__u32)cfg->port_max - cfg->port_min + 1;
-	__u32 start = bpf_get_prandom_u32();
-	__u16 port;
+	__u32 ncpus = cfg->ncpus;
+	__u32 cpu = bpf_get_smp_processor_id();
+	__u32 slots = ncpus && cpu < ncpus && cpu < span ? (span - cpu + ncpus - 1) / ncpus : 0;
+	__u32 own = bpf_get_prandom_u32();
+	__u32 any = bpf_get_prandom_u32();
+	__u32 off;
 	int i;
 
 	if (!cfg->snat_addr || cfg->port_max < cfg->port_min)
@@ -64,15 +74,30 @@ static __always_inline int kp_snat_alloc(struct kp_ct4_key *orig, struct kp_ct4_
 	rkey.daddr = cfg->snat_addr;
 	rkey.proto = orig->proto;
 	for (i = 0; i < KP_SNAT_TRIES; i++) {
-		port = cfg->port_min + ((start + i) % span);
-		rkey.dport = kp_htons(port);
-		if (kp_rnat4.insert(&rkey, orig) == 0) {
-			v->nat_addr = cfg->snat_addr;
-			v->nat_port = rkey.dport;
-			return 0;
+		if (slots) {
+			off = cpu + ncpus * ((own + i) % slots);
+			rkey.dport = kp_htons(cfg->port_min + off);
+			if (kp_rnat4.insert(&rkey, orig) == 0)
+				goto taken;
+			o = kp_rnat4.lookup(&rkey);
+			if (o) {
+				held = *o;
+				if (kp_rnat_reusable(&rkey, &held, now) &&
+				    kp_rnat4.update(&rkey, orig) == 0) {
+					kp_count(KP_STAT_TC_SNAT_REUSE);
+					goto taken;
+				}
+			}
 		}
+		rkey.dport = kp_htons(cfg->port_min + (any + i) % span);
+		if (kp_rnat4.insert(&rkey, orig) == 0)
+			goto taken;
 	}
 	return -1;
+taken:
+	v->nat_addr = cfg->snat_addr;
+	v->nat_port = rkey.dport;
+	return 0;
 }
 
 /* A fresh flow: choose the backend and record it (kp_ct4 and its reply tuple in kp_rnat4).
@@ -131,7 +156,7 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 		c = kp_tccfg.lookup(&zero);
 		if (c)
 			cfg = *c;
-		if (kp_snat_alloc(&p->tuple, v, &cfg) != 0) {
+		if (kp_snat_alloc(&p->tuple, v, &cfg, now) != 0) {
 			kp_count(KP_STAT_TC_SNAT_FULL);
 			return -1 - TC_ACT_SHOT;
 		}
@@ -170,11 +195,16 @@ static __always_inline bool kp_ct_usable(const struct kp_pkt *p, const struct kp
 	return be.addr == v->be_addr && be.port == v->be_port;
 }
 
+/* Drops the reply row of a flow that is load-balanced anew. A SNAT flow's row stays: its port
+ * may already serve another flow (kp_snat_alloc reuses ended flows' ports), and once this one
+ * is rewritten the row no longer matches it, so kp_rnat_reusable frees it. */
 static __always_inline void kp_ct_forget(const struct kp_ct4_key *orig,
 					 const struct kp_ct4_val *v)
 {
 	struct kp_ct4_key rkey = {};
 
+	if (v->flags & KP_CT_F_SNAT)
+		return;
 	kp_ct_reply_key(orig, v, &rkey);
 	kp_rnat4.delete(&rkey);
 }
@@ -198,8 +228,9 @@ static __always_inline int kp_reply(struct __sk_buff *skb, struct kp_pkt *p, boo
 		return 0;
 	v = *row;
 	if (!!(v.flags & KP_CT_F_SNAT) != want_snat || v.be_addr != p->tuple.saddr ||
-	    v.be_port != p->tuple.sport)
-		return 0;
+	    v.be_port != p->tuple.sport ||
+	    (want_snat && (v.nat_addr != p->tuple.daddr || v.nat_port != p->tuple.dport)))
+		return 0;     /* a stale row: the flow it names has moved to another port */
 	if (kp_rewrite(skb, p, false, orig.daddr, orig.dport) < 0 ||
 	    (want_snat && kp_rewrite(skb, p, true, orig.saddr, orig.sport) < 0))
 		return -1;

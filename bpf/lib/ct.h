@@ -51,6 +51,7 @@ static __always_inline void kp_ct_track(struct kp_ct4_key *key, struct kp_ct4_va
 					__u8 tcp_flags, bool reply, __u64 now, bool fresh)
 {
 	__u8 state = v->state;
+	__u8 flags = v->flags;
 	__u64 expires;
 
 	if (key->proto == IPPROTO_TCP) {
@@ -59,20 +60,55 @@ static __always_inline void kp_ct_track(struct kp_ct4_key *key, struct kp_ct4_va
 		else if (tcp_flags & KP_TCP_FIN) {
 			if (state < KP_CT_CLOSING)
 				state = KP_CT_CLOSING;
+			if (!reply)
+				flags |= KP_CT_F_FIN_ORIG;
+			else if (!(flags & KP_CT_F_FIN_REPLY))
+				flags |= KP_CT_F_FIN_REPLY |
+					 (flags & KP_CT_F_FIN_ORIG ? 0 : KP_CT_F_REPLY_FIRST);
 		} else if (reply && state == KP_CT_NEW)
 			state = KP_CT_ESTABLISHED;
 	} else if (reply && state == KP_CT_NEW) {
 		state = KP_CT_ESTABLISHED;
 	}
 	expires = now + kp_ct_lifetime(key->proto, state);
-	if (!fresh && state == v->state && (reply ? 1 : 0) <= v->seen_reply &&
+	if (!fresh && state == v->state && flags == v->flags && (reply ? 1 : 0) <= v->seen_reply &&
 	    expires - v->expires < KP_CT_REFRESH_S * KP_NSEC_PER_SEC)
 		return;
 	v->state = state;
+	v->flags = flags;
 	v->expires = expires;
 	if (reply)
 		v->seen_reply = 1;
 	kp_ct4.update(key, v);
+}
+
+/* Whether the SNAT reply tuple rkey, which kp_rnat4 maps to the flow `orig`, may be given to a
+ * new flow: the flow no longer owns it (its row is gone, or names another SNAT port or
+ * backend: it was reopened), it has expired, or its connection has ended with no state left on
+ * the backend that a new SYN on the same tuple could meet. That is a RST (the backend's socket
+ * is gone), or FINs both ways with the client's first: the backend closed second, so it went
+ * through LAST_ACK to CLOSED and holds no TIME_WAIT. When the backend closed first it holds the
+ * tuple in TIME_WAIT (60 s in Linux), where a SYN whose sequence number and timestamp do not
+ * move past the old connection's is answered with an ACK for that one: the client resets it and
+ * retransmits a second later. Such a port waits for the row to expire (KP_CT_TCP_CLOSING_S, the
+ * kernel's conntrack time_wait, during which conntrack keeps a tuple taken too). */
+static __always_inline bool kp_rnat_reusable(const struct kp_ct4_key *rkey,
+					     const struct kp_ct4_key *orig, __u64 now)
+{
+	struct kp_ct4_val *row = kp_ct4.lookup((struct kp_ct4_key *)orig);
+	struct kp_ct4_val v;
+
+	if (!row)
+		return true;
+	v = *row;
+	if (!(v.flags & KP_CT_F_SNAT) || v.nat_addr != rkey->daddr || v.nat_port != rkey->dport ||
+	    v.be_addr != rkey->saddr || v.be_port != rkey->sport || now > v.expires)
+		return true;
+	if (orig->proto != IPPROTO_TCP)
+		return false;
+	return v.state == KP_CT_CLOSED ||
+	       (v.flags & (KP_CT_F_FIN_ORIG | KP_CT_F_FIN_REPLY | KP_CT_F_REPLY_FIRST)) ==
+		       (KP_CT_F_FIN_ORIG | KP_CT_F_FIN_REPLY);
 }
 
 /* The reply tuple of a flow: what the backend sends back. */

@@ -133,12 +133,22 @@ class TcDatapath:
 
 
 def write_config(bpffs_dir: Path, snat_addr: str, ports: tuple[int, int]) -> None:
-    """The SNAT address and port range (kp_tccfg[0]), read by every packet that needs SNAT.
-    One row of fixed-size fields, rewritten whole: a reader sees the old or the new one."""
+    """The SNAT address and port range (kp_tccfg[0]), read by every packet that needs SNAT,
+    and the number of possible CPUs, which splits the range into per-CPU slices for reusing
+    the ports of ended flows (tc_lb.c kp_snat_alloc). One row of fixed-size fields, rewritten
+    whole: a reader sees the old or the new one."""
     ipaddress.IPv4Address(snat_addr)
     with PinnedMap(bpffs_dir / L.MAPS["tccfg"].name, L.MAPS["tccfg"]) as cfg:
         cfg.put(L.U32(0), L.STRUCTS["kp_tc_cfg"](
-            snat_addr=L.ip_be(snat_addr), port_min=ports[0], port_max=ports[1]))
+            snat_addr=L.ip_be(snat_addr), port_min=ports[0], port_max=ports[1],
+            ncpus=possible_cpus()))
+
+
+def possible_cpus() -> int:
+    """How many CPU ids the kernel may hand out (/sys/devices/system/cpu/possible, e.g.
+    "0-3"): bpf_get_smp_processor_id() is below it."""
+    text = Path("/sys/devices/system/cpu/possible").read_text().strip()
+    return max(int(part.split("-")[-1]) for part in text.split(",")) + 1
 
 
 def _ensure_clsact(ipr, index: int) -> None:

@@ -620,9 +620,10 @@ class Lab:
 
     def probe(self, target: str, addr: str, port: int, udp: bool = False, count: int = 1,
               timeout: float = 1.0, interval: float = 0.0, keep: bool = False,
-              sport: int = 0, source: str | None = None) -> list[str]:
+              sport: int = 0, source: str | None = None, abort: bool = False) -> list[str]:
         """Run probe.py inside the target; one result line per attempt (see probe.py).
-        `source`: send from this address of the target (see add_external_address)."""
+        `source`: send from this address of the target (see add_external_address);
+        `abort`: TCP connections end with a RST."""
         host = f"[{addr}]" if ":" in addr else addr
         argv = [self.python, "-I", "-S", PROBE_SCRIPT, f"{host}:{port}", "--count", str(count),
                 "--timeout", str(timeout), "--interval", str(interval)]
@@ -634,6 +635,8 @@ class Lab:
             argv += ["--sport", str(sport)]
         if source:
             argv += ["--source", source]
+        if abort:
+            argv.append("--abort")
         r = self.exec(target, argv, capture_output=True, text=True,
                       timeout=count * (timeout + interval) * 2 + 10)
         lines = r.stdout.splitlines()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import errno
 import socket
+import struct
 import sys
 import time
 
@@ -74,12 +75,14 @@ class _TcpLines:
         line, self.buf = self.buf.split(b"\n", 1)
         return line.decode(errors="replace").strip()
 
-    def close(self) -> None:
+    def close(self, abort: bool = False) -> None:
+        if abort:  # SO_LINGER 0: the close sends a RST, no FIN and no TIME_WAIT
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.sock.close()
 
 
-def _tcp_attempt(addr: str, port: int, timeout: float,
-                 held: list[_TcpLines] | None, source: str | None = None) -> str:
+def _tcp_attempt(addr: str, port: int, timeout: float, held: list[_TcpLines] | None,
+                 source: str | None = None, abort: bool = False) -> str:
     conn = held[0] if held else None
     try:
         if conn is None:
@@ -95,7 +98,7 @@ def _tcp_attempt(addr: str, port: int, timeout: float,
         if held is not None:
             held[:] = [conn]
         else:
-            conn.close()
+            conn.close(abort)
         return line
     if conn is not None:
         conn.close()
@@ -127,10 +130,10 @@ def _udp_attempt(addr: str, port: int, timeout: float, sport: int = 0,
 
 def probe(addr: str, port: int, udp: bool = False, count: int = 1, timeout: float = 1.0,
           interval: float = 0.0, keep: bool = False, sport: int = 0, out=None,
-          source: str | None = None) -> list[str]:
+          source: str | None = None, abort: bool = False) -> list[str]:
     """Make `count` attempts against addr:port; returns one result line per attempt.
     UDP with `sport` sends every attempt from that source port; `source`: the local address
-    to send from (a client with several addresses).
+    to send from (a client with several addresses); `abort`: TCP connections end with a RST.
 
     `out`, if given, is a text stream that gets each line as soon as it is known.
     """
@@ -143,7 +146,7 @@ def probe(addr: str, port: int, udp: bool = False, count: int = 1, timeout: floa
             if udp:
                 r = _udp_attempt(addr, port, timeout, sport, source)
             else:
-                r = _tcp_attempt(addr, port, timeout, held, source)
+                r = _tcp_attempt(addr, port, timeout, held, source, abort)
             results.append(r)
             if out is not None:
                 print(r, file=out, flush=True)
@@ -178,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="TCP: ask repeatedly on one connection")
     ap.add_argument("--sport", type=int, default=0, help="UDP: send from this source port")
     ap.add_argument("--source", help="send from this local address")
+    ap.add_argument("--abort", action="store_true", help="TCP: close with a RST, not a FIN")
     args = ap.parse_args(argv)
     try:
         addr, port = parse_target(args.target)
@@ -185,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     results = probe(addr, port, udp=args.udp, count=args.count, timeout=args.timeout,
                     interval=args.interval, keep=args.keep, sport=args.sport,
-                    out=sys.stdout, source=args.source)
+                    out=sys.stdout, source=args.source, abort=args.abort)
     return 0 if all(is_reply(r) for r in results) else 1
 
 

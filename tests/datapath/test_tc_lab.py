@@ -21,7 +21,8 @@ from click.testing import CliRunner
 from kproxy_ebpf.cli import main
 from kproxy_ebpf.datapath import conntrack
 from kproxy_ebpf.datapath.loader import open_pinned_maps, remove_pins
-from kproxy_ebpf.datapath.tc import TcDatapath, attached, detach_all
+from kproxy_ebpf.datapath import layout as L
+from kproxy_ebpf.datapath.tc import TcDatapath, attached, detach_all, write_config
 from kproxy_ebpf.datapath.writer import MapWriter
 from kproxy_ebpf.lab import Lab
 from kproxy_ebpf.lab import nsutil
@@ -232,3 +233,42 @@ def test_health_check_node_port_answers_on_each_node(lab, nodes):
     finally:
         for hc in servers:
             hc.close()
+
+
+SNAT_RANGE = (61000, 61015)   # 16 SNAT ports: a few dozen connections use each one again
+
+
+@pytest.fixture
+def few_snat_ports(nodes):
+    """node1 SNATs from SNAT_RANGE only, so reusing a port is the common case, not the rare
+    one (the default range has 4536 ports per backend)."""
+    node1 = nodes[0]
+    write_config(node1.bpffs, "10.250.0.11", SNAT_RANGE)
+    yield node1
+    write_config(node1.bpffs, "10.250.0.11", TcDatapath.snat_ports)
+
+
+@pytest.mark.parametrize("abort", [False, True], ids=["fin-client-first", "rst"])
+def test_many_short_connections_reuse_snat_ports_without_a_loss(lab, nodes, few_snat_ports,
+                                                                 abort):
+    """Every port of the range serves several connections in a row: a port whose flow has
+    ended is taken again (a closed flow's reply row must not hold it until the map evicts it),
+    and no SYN is lost. Client-first FIN: the backend ends in LAST_ACK/CLOSED, no TIME_WAIT;
+    RST: the backend's socket is gone."""
+    program(nodes, lab, nodeport("np-reuse"), ["b1"])
+    full, reuse = stat(few_snat_ports, "snat_full"), stat(few_snat_ports, "snat_reuse")
+    n = 6 * (SNAT_RANGE[1] - SNAT_RANGE[0] + 1)
+    lines = lab.probe("ext", "10.250.0.11", 30080, count=n, abort=abort)
+    assert seen(lines) == {("b1", "10.250.0.11")}, [ln for ln in lines if "b1" not in ln][:5]
+    assert stat(few_snat_ports, "snat_full") == full
+    assert stat(few_snat_ports, "snat_reuse") - reuse >= n - 2 * len(range(*SNAT_RANGE))
+    out = CliRunner().invoke(main, ["stats", "--bpffs-dir", str(few_snat_ports.bpffs), "-o", "json"])
+    assert json.loads(out.output)["tc_snat_reuse"] == stat(few_snat_ports, "snat_reuse")
+    ports = {r["snat"] for r in conntrack.entries(few_snat_ports.maps)
+             if r["backend"].startswith(lab.pod("b1").ip + ":8080")}
+    assert ports and ports <= {f"10.250.0.11:{p}" for p in range(SNAT_RANGE[0], SNAT_RANGE[1] + 1)}
+
+
+def stat(node: TcNode, name: str) -> int:
+    idx = {n: v for v, n in L.STAT_NAMES.items()}[f"tc_{name}"]
+    return sum(node.maps["stats"].get(L.U32(idx)))

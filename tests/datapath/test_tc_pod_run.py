@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from kproxy_ebpf.datapath import conntrack, libbpf
+from kproxy_ebpf.datapath import conntrack
 from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
 from kproxy_ebpf.lab import nsutil
 
 from .test_tc_run import (ACK, LOCAL_BE, NETNS, NODE, PORTS, REMOTE_BE, RST, SYN, TC_ACT_OK,  # noqa: F401
-                          TC_ACT_REDIRECT, TC_ACT_SHOT, TCP, UDP, harness, packet, parse)
+                          TC_ACT_REDIRECT, TC_ACT_SHOT, TCP, UDP, TcRun, harness, packet, parse)
 
 pytestmark = pytest.mark.root
 
@@ -29,47 +29,26 @@ def cip(port, backends, action=Action.FORWARD, proto=TCP) -> Frontend:
                     ServicePortName("t", f"cip{port}", "", proto), action, bs, 0, Scope.SOCK)
 
 
+class PodRun(TcRun):
+    def from_pod(self, frame: bytes) -> tuple[int, bytes]:
+        return self.run("kp_from_pod", frame)
+
+    def to_pod(self, frame: bytes) -> tuple[int, bytes]:
+        return self.run("kp_to_pod", frame)
+
+    def ct(self, sport, dport, proto=TCP):
+        return super().ct(POD, sport, VIP, dport, proto)[1]
+
+
 @pytest.fixture
 def pod(harness):
-    from kproxy_ebpf.datapath.writer import MapWriter
-
-    fds, maps = harness
     # The pods' /32 routes of a node: here one route for the pod CIDR, toward the veth.
     nsutil.set_route(NETNS, "10.244.1.0/24", "kpt1")
-    writer = MapWriter(maps)
-    writer.restore()
-    fes = [cip(REMOTE, [(REMOTE_BE, False)]), cip(LOCAL, [(LOCAL_BE, True)]),
-           cip(REJECT, [], Action.REJECT), cip(DROP, [], Action.DROP),
-           cip(HAIRPIN, [(POD, True)]), cip(DNS, [(REMOTE_BE, False)], proto=UDP)]
-    assert writer.apply({f.key: f for f in fes}).ok
-    for name in ("ct", "rnat"):
-        for k in maps[name].keys():
-            maps[name].delete(k)
-
-    class Run:
-        def __init__(self):
-            self.maps, self.writer = maps, writer
-
-        def run(self, prog: str, frame: bytes) -> tuple[int, bytes]:
-            return nsutil.run_in_thread(NETNS, lambda: libbpf.prog_test_run(fds[prog], frame))
-
-        def from_pod(self, frame: bytes) -> tuple[int, bytes]:
-            return self.run("kp_from_pod", frame)
-
-        def to_pod(self, frame: bytes) -> tuple[int, bytes]:
-            return self.run("kp_to_pod", frame)
-
-        def ct(self, sport, dport, proto=TCP):
-            key = L.CtKey(saddr=L.ip_be(POD), daddr=L.ip_be(VIP), sport=L.port_be(sport),
-                          dport=L.port_be(dport), proto=L.PROTO_NUM[proto])
-            return maps["ct"].get(key)
-
-        def stat(self, name) -> int:
-            idx = {n: v for v, n in L.STAT_NAMES.items()}[name]
-            return sum(maps["stats"].get(L.U32(idx)))
-
-    yield Run()
-    writer.apply({})
+    run = PodRun(harness, [cip(REMOTE, [(REMOTE_BE, False)]), cip(LOCAL, [(LOCAL_BE, True)]),
+                           cip(REJECT, [], Action.REJECT), cip(DROP, [], Action.DROP),
+                           cip(HAIRPIN, [(POD, True)]), cip(DNS, [(REMOTE_BE, False)], proto=UDP)])
+    yield run
+    run.close()
 
 
 def tuple_of(p: dict) -> tuple:

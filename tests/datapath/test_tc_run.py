@@ -9,6 +9,7 @@ its return value.
 """
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import time
@@ -20,7 +21,7 @@ from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.datapath import libbpf
 from kproxy_ebpf.datapath.loader import compile_program, open_pinned_maps, remove_pins
 from kproxy_ebpf.datapath.paths import bpf_dir
-from kproxy_ebpf.datapath.tc import PROGRAMS, write_config
+from kproxy_ebpf.datapath.tc import PROGRAMS, possible_cpus, write_config
 from kproxy_ebpf.datapath.writer import MapWriter
 from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
 from kproxy_ebpf.lab import nsutil
@@ -127,42 +128,58 @@ def ext(port, backends, action=Action.FORWARD, proto=TCP, affinity=0) -> Fronten
                     ServicePortName("t", f"np{port}", "", proto), action, bs, affinity, Scope.EXT)
 
 
+class TcRun:
+    """One test's view of the harness: its frontends programmed, conntrack emptied, programs
+    run with BPF_PROG_TEST_RUN inside the netns (on CPU `cpu` when given: kp_snat_alloc reuses
+    a port only on the CPU whose slice holds it). close() removes the frontends."""
+
+    def __init__(self, harness, frontends: list[Frontend]):
+        self.fds, self.maps = harness
+        self.writer = MapWriter(self.maps)
+        self.writer.restore()
+        assert self.writer.apply({f.key: f for f in frontends}).ok
+        for name in ("ct", "rnat"):
+            for k in self.maps[name].keys():
+                self.maps[name].delete(k)
+
+    def run(self, prog: str, frame: bytes, cpu: int | None = None) -> tuple[int, bytes]:
+        def go():
+            if cpu is not None:
+                os.sched_setaffinity(0, {cpu})     # this thread only
+            return libbpf.prog_test_run(self.fds[prog], frame)
+        return nsutil.run_in_thread(NETNS, go)
+
+    def ct(self, src, sport, dst, dport, proto=TCP):
+        key = L.CtKey(saddr=L.ip_be(src), daddr=L.ip_be(dst), sport=L.port_be(sport),
+                      dport=L.port_be(dport), proto=L.PROTO_NUM[proto])
+        return key, self.maps["ct"].get(key)
+
+    def stat(self, name) -> int:
+        idx = {n: v for v, n in L.STAT_NAMES.items()}[name]
+        return sum(self.maps["stats"].get(L.U32(idx)))
+
+    def close(self) -> None:
+        self.writer.apply({})
+
+
+class ExtRun(TcRun):
+    def ingress(self, frame: bytes, cpu: int | None = None) -> tuple[int, bytes]:
+        return self.run("kp_from_outside", frame, cpu)
+
+    def egress(self, frame: bytes) -> tuple[int, bytes]:
+        return self.run("kp_to_outside", frame)
+
+    def ct(self, sport, dport, proto=TCP, src=CLIENT):
+        return super().ct(src, sport, NODE, dport, proto)
+
+
 @pytest.fixture
 def tc(harness):
-    fds, maps = harness
-    writer = MapWriter(maps)
-    writer.restore()
-    fes = [ext(NP_REMOTE, [(REMOTE_BE, False)]), ext(NP_LOCAL, [(LOCAL_BE, True)]),
-           ext(NP_REJECT, [], Action.REJECT), ext(NP_DROP, [], Action.DROP),
-           ext(NP_UDP, [(REMOTE_BE, False)], proto=UDP)]
-    assert writer.apply({f.key: f for f in fes}).ok
-    for name in ("ct", "rnat"):
-        for k in maps[name].keys():
-            maps[name].delete(k)
-
-    class Run:
-        def __init__(self):
-            self.maps, self.writer = maps, writer
-
-        def ingress(self, frame: bytes) -> tuple[int, bytes]:
-            return nsutil.run_in_thread(NETNS, lambda: libbpf.prog_test_run(
-                fds["kp_from_outside"], frame))
-
-        def egress(self, frame: bytes) -> tuple[int, bytes]:
-            return nsutil.run_in_thread(NETNS, lambda: libbpf.prog_test_run(
-                fds["kp_to_outside"], frame))
-
-        def ct(self, sport, dport, proto=TCP, src=CLIENT):
-            key = L.CtKey(saddr=L.ip_be(src), daddr=L.ip_be(NODE), sport=L.port_be(sport),
-                          dport=L.port_be(dport), proto=L.PROTO_NUM[proto])
-            return key, maps["ct"].get(key)
-
-        def stat(self, name) -> int:
-            idx = {n: v for v, n in L.STAT_NAMES.items()}[f"tc_{name}"]
-            return sum(maps["stats"].get(L.U32(idx)))
-
-    yield Run()
-    writer.apply({})
+    run = ExtRun(harness, [ext(NP_REMOTE, [(REMOTE_BE, False)]), ext(NP_LOCAL, [(LOCAL_BE, True)]),
+                           ext(NP_REJECT, [], Action.REJECT), ext(NP_DROP, [], Action.DROP),
+                           ext(NP_UDP, [(REMOTE_BE, False)], proto=UDP)])
+    yield run
+    run.close()
 
 
 def now_ns() -> int:
@@ -201,14 +218,14 @@ def test_local_backend_dnat_only_and_the_reply_on_egress(tc):
 
 
 def test_remote_backend_dnat_snat_and_the_reply(tc):
-    before = tc.stat("snat")
+    before = tc.stat("tc_snat")
     ret, out = tc.ingress(packet(CLIENT, 40001, NODE, NP_REMOTE))
     p = parse(out)
     assert ret == TC_ACT_REDIRECT, "sent past the stack (its source is a local address now)"
     assert (p["src"], p["dst"], p["dport"]) == (NODE, REMOTE_BE, 8080)
     assert PORTS[0] <= p["sport"] <= PORTS[1]
     assert p["ip_ok"] and p["l4_ok"]
-    assert tc.stat("snat") == before + 1
+    assert tc.stat("tc_snat") == before + 1
     nat_port = p["sport"]
 
     # A second packet of the flow keeps backend and port.
@@ -239,38 +256,123 @@ def test_udp_both_ways(tc, udp_csum):
     assert ct.expires - now_ns() <= 120 * 10**9 and ct.expires - now_ns() > 100 * 10**9
 
 
+def reply_key(port: int) -> L.CtKey:
+    """The reply tuple REMOTE_BE:8080 -> NODE:port of a flow SNATed to `port`."""
+    return L.CtKey(saddr=L.ip_be(REMOTE_BE), daddr=L.ip_be(NODE), sport=L.port_be(8080),
+                   dport=L.port_be(port), proto=6)
+
+
+def hold(tc, port: int, sport: int) -> None:
+    """A live flow from 10.250.0.99:sport to NP_REMOTE that holds SNAT port `port`."""
+    key = L.CtKey(saddr=L.ip_be("10.250.0.99"), daddr=L.ip_be(NODE), sport=L.port_be(sport),
+                  dport=L.port_be(NP_REMOTE), proto=6)
+    tc.maps["ct"].put(key, L.CtVal(
+        expires=now_ns() + 3600 * 10**9, be_addr=L.ip_be(REMOTE_BE), be_port=L.port_be(8080),
+        nat_addr=L.ip_be(NODE), nat_port=L.port_be(port), state=L.const("KP_CT_ESTABLISHED"),
+        flags=L.const("KP_CT_F_SNAT"), seen_reply=1))
+    tc.maps["rnat"].put(reply_key(port), key)
+
+
 def test_port_collision_takes_another_port_and_exhaustion_drops(tc):
-    """The range has 4 ports; three are taken toward the backend by other flows, so the new
-    flow must get the fourth; with all four taken the flow is dropped and counted."""
-    taken = [PORTS[0], PORTS[0] + 1, PORTS[0] + 2]
-    for port in taken:
-        rkey = L.CtKey(saddr=L.ip_be(REMOTE_BE), daddr=L.ip_be(NODE), sport=L.port_be(8080),
-                       dport=L.port_be(port), proto=6)
-        tc.maps["rnat"].put(rkey, L.CtKey(saddr=L.ip_be("10.250.0.99"), proto=6))
+    """The range has 4 ports; three are held toward the backend by live flows, so the new
+    flow must get the fourth; with all four held the flow is dropped and counted."""
+    for i, port in enumerate([PORTS[0], PORTS[0] + 1, PORTS[0] + 2]):
+        hold(tc, port, 50000 + i)
     _, out = tc.ingress(packet(CLIENT, 40002, NODE, NP_REMOTE))
     assert parse(out)["sport"] == PORTS[1]
-    full = tc.stat("snat_full")
+    full = tc.stat("tc_snat_full")
     ret, _ = tc.ingress(packet(CLIENT, 40003, NODE, NP_REMOTE))
-    assert ret == TC_ACT_SHOT and tc.stat("snat_full") == full + 1
+    assert ret == TC_ACT_SHOT and tc.stat("tc_snat_full") == full + 1
     assert tc.ct(40003, NP_REMOTE)[1] is None
 
 
-def test_expired_entry_is_balanced_anew_and_its_reply_tuple_forgotten(tc):
+def open_all_ports(tc) -> dict[int, int]:
+    """One live flow per SNAT port (client ports 41000...): {SNAT port: client port}."""
+    held = {}
+    for sport in range(41000, 41000 + PORTS[1] - PORTS[0] + 1):
+        _, out = tc.ingress(packet(CLIENT, sport, NODE, NP_REMOTE))
+        held[parse(out)["sport"]] = sport
+    assert sorted(held) == list(range(PORTS[0], PORTS[1] + 1))
+    return held
+
+
+def cpu_of(port: int) -> int:
+    """The CPU whose slice holds `port` (tc.write_config sets ncpus to the possible CPUs)."""
+    return (port - PORTS[0]) % possible_cpus()
+
+
+# The ends of a connection, as (direction, TCP flags) in order: "in" from the client, "out"
+# the backend's reply.
+ENDS = {"rst-client": [("in", RST | ACK)],
+        "rst-backend": [("out", RST | ACK)],
+        "fin-client-first": [("in", FIN | ACK), ("out", FIN | ACK), ("in", ACK)],
+        "fin-backend-first": [("out", FIN | ACK), ("in", FIN | ACK), ("out", ACK)]}
+
+
+@pytest.mark.parametrize("end", sorted(ENDS))
+def test_an_ended_flows_snat_port_goes_to_a_new_flow_unless_the_backend_holds_a_time_wait(
+        tc, end):
+    """The range is full of live flows; one of them ends. A RST leaves no state on the
+    backend, nor does a close the client began (the backend closes second: no TIME_WAIT);
+    so the next flow gets that port. A close the backend began leaves it in TIME_WAIT for the
+    tuple: the port stays held (a SYN there may be answered for the old connection) until the
+    row expires, and the new flow is dropped as the range is full."""
+    held = open_all_ports(tc)
+    port = PORTS[0] + 1
+    for way, flags in [("out", SYN | ACK)] + ENDS[end]:
+        if way == "in":
+            tc.ingress(packet(CLIENT, held[port], NODE, NP_REMOTE, flags=flags))
+        else:
+            ret, _ = tc.ingress(packet(REMOTE_BE, 8080, NODE, port, flags=flags))
+            assert ret == TC_ACT_REDIRECT
+    reuse, full = tc.stat("tc_snat_reuse"), tc.stat("tc_snat_full")
+    ret, out = tc.ingress(packet(CLIENT, 42000, NODE, NP_REMOTE), cpu=cpu_of(port))
+    if end == "fin-backend-first":
+        assert ret == TC_ACT_SHOT and tc.stat("tc_snat_full") == full + 1
+        return
+    assert ret == TC_ACT_REDIRECT and parse(out)["sport"] == port
+    assert tc.stat("tc_snat_reuse") == reuse + 1
+    # The port's replies now reach the new flow only; the old flow's row is not touched.
+    _, out = tc.ingress(packet(REMOTE_BE, 8080, NODE, port, flags=SYN | ACK))
+    assert (parse(out)["dst"], parse(out)["dport"]) == (CLIENT, 42000)
+    _, old = tc.ct(held[port], NP_REMOTE)
+    assert L.port_host(old.nat_port) == port and old.state >= L.const("KP_CT_CLOSING")
+
+
+def test_an_ended_flows_port_is_reused_only_by_the_cpu_whose_slice_holds_it(tc):
+    """Two new flows on two CPUs never take over the same row: a CPU reuses only the ports of
+    its own slice (min + cpu + k * ncpus)."""
+    if possible_cpus() < 2:
+        pytest.skip("one CPU: every port is in its slice")
+    held = open_all_ports(tc)
+    port = PORTS[0] + 1
+    tc.ingress(packet(CLIENT, held[port], NODE, NP_REMOTE, flags=RST))
+    other = (cpu_of(port) + 1) % possible_cpus()
+    if other not in os.sched_getaffinity(0):
+        pytest.skip(f"CPU {other} is not ours to run on")
+    ret, _ = tc.ingress(packet(CLIENT, 42001, NODE, NP_REMOTE), cpu=other)
+    assert ret == TC_ACT_SHOT
+    ret, out = tc.ingress(packet(CLIENT, 42001, NODE, NP_REMOTE), cpu=cpu_of(port))
+    assert ret == TC_ACT_REDIRECT and parse(out)["sport"] == port
+
+
+def test_expired_entry_is_balanced_anew_and_its_old_reply_tuple_is_dead(tc):
     _, out = tc.ingress(packet(CLIENT, 40004, NODE, NP_REMOTE))
     old_port = parse(out)["sport"]
     key, ct = tc.ct(40004, NP_REMOTE)
     ct.expires = 1                          # long past
     tc.maps["ct"].put(key, ct)
-    expired = tc.stat("ct_expired")
+    expired = tc.stat("tc_ct_expired")
     _, out = tc.ingress(packet(CLIENT, 40004, NODE, NP_REMOTE, flags=ACK))
-    assert tc.stat("ct_expired") == expired + 1
+    assert tc.stat("tc_ct_expired") == expired + 1
     new_port = parse(out)["sport"]
     _, ct = tc.ct(40004, NP_REMOTE)
     assert ct.expires > now_ns()
-    old_reply = L.CtKey(saddr=L.ip_be(REMOTE_BE), daddr=L.ip_be(NODE), sport=L.port_be(8080),
-                        dport=L.port_be(old_port), proto=6)
     if new_port != old_port:
-        assert tc.maps["rnat"].get(old_reply) is None
+        # The old port's row may stay (another flow may own the port by now): it no longer
+        # matches the flow, so a reply there is not translated into it.
+        ret, out = tc.ingress(packet(REMOTE_BE, 8080, NODE, old_port, flags=ACK))
+        assert ret == TC_ACT_OK and parse(out)["dport"] == old_port
 
 
 def test_tcp_states_follow_the_flags(tc):
@@ -310,9 +412,9 @@ def test_reject_answers_icmp_port_unreachable(tc):
 
 
 def test_drop_drops(tc):
-    before = tc.stat("drop")
+    before = tc.stat("tc_drop")
     ret, _ = tc.ingress(packet(CLIENT, 40008, NODE, NP_DROP))
-    assert ret == TC_ACT_SHOT and tc.stat("drop") == before + 1
+    assert ret == TC_ACT_SHOT and tc.stat("tc_drop") == before + 1
 
 
 def test_purge_removes_flows_of_a_backend_that_left_their_frontend(tc):
@@ -356,12 +458,12 @@ def lb(backends, ranges, action=Action.FORWARD) -> Frontend:
 def test_source_ranges_admit_one_range_and_drop_another(tc):
     f = lb([(LOCAL_BE, True)], ["10.250.0.0/24"])
     assert tc.writer.apply({f.key: f}).ok
-    before = tc.stat("src_drop")
+    before = tc.stat("tc_src_drop")
     ret, out = tc.ingress(packet(CLIENT, 40100, LB_IP, 80))
     p = parse(out)
     assert ret == TC_ACT_OK and (p["dst"], p["dport"]) == (LOCAL_BE, 8080)
     ret, _ = tc.ingress(packet(OTHER_CLIENT, 40100, LB_IP, 80))
-    assert ret == TC_ACT_SHOT and tc.stat("src_drop") == before + 1
+    assert ret == TC_ACT_SHOT and tc.stat("tc_src_drop") == before + 1
 
     # A range change flips it for new flows; the flow already tracked keeps going, as
     # kube-proxy's firewall only judges "ct state new".
