@@ -219,6 +219,8 @@ class Cluster:
             argv = [sys.executable, "-m", "kproxy_ebpf.cli", "run",
                     "--kubeconfig", self.info.lab_kubeconfig, "--hostname-override", node,
                     "--cgroup", info.cgroup, "--bpffs-dir", info.bpffs,
+                    # per lab, so `lab down` (which removes the state dir) takes it along
+                    "--program-cache", os.path.join(self.lab.state_dir, "programs"),
                     "--healthz-bind-address", "0.0.0.0:10256",
                     "--metrics-bind-address", "127.0.0.1:10249"]
         else:
