@@ -162,3 +162,16 @@ def test_a_proxy_that_did_not_finish_is_shown_and_bounds_the_goal():
     md = report.render_markdown(doc, [])
     assert "> 150 (did not finish)" in md
     assert "- iptables at N=10000: did not finish within 150s" in md
+
+
+def test_m6_is_judged_on_the_cached_cold_start_with_the_compile_beside_it():
+    doc = make_doc(ours_m6=0.8)
+    doc["results"]["kproxy"]["10000"]["M6"].update(first_start_s=2.9, program_cache="hit")
+    row = by_goal(goals.evaluate(doc), "cold start <= 1 s")
+    assert row["status"] == "met"
+    assert row["measured"] == "N=10000: 0.80 s (program cache warm; first start, compile: 2.90 s)"
+    doc["results"]["kproxy"]["10000"]["M6"]["program_cache"] = "compiled"    # said, not hidden
+    assert "program cache compiled" in by_goal(goals.evaluate(doc), "cold start")["measured"]
+    doc["ratios"], doc["goals"] = goals.ratios(doc), goals.evaluate(doc)
+    md = report.render_markdown(doc, [])
+    assert "| M6 first start, compile (s) |" in md and "| M6 cold start (s) |" in md
