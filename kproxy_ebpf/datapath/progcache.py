@@ -9,9 +9,11 @@ under bpf/, the -D flags (map sizes), the programs asked for, layout.py's map an
 the kernel release, bcc's version and the header tree. A later start with the same key opens
 or creates the pinned maps through libbpf exactly as bcc would (type, key/value size,
 max_entries, flags, name, pin path), substitutes their fds and loads the programs with
-bpf_prog_load. Cilium does the same for its datapath objects: it hashes the inputs of a
-compile (headers, configuration) and reuses the object built for that hash
-(pkg/datapath/loader: the template cache keyed by a hash of the datapath config).
+bpf_prog_load. Cilium does the same for its datapath objects (cilium/cilium
+pkg/datapath/loader: hash.go takes a sha256 over the node configuration header it writes for
+the compile, cache.go's ObjectCache maps that hash to the ELF object compiled for it under
+templates/<hash>/). Cilium's loader relocates ELF objects itself; bcc gives no object file, so
+the unit cached here is the relocated instruction stream with its map references recorded.
 
 Anything wrong with an entry (missing, unreadable, another key, a map that differs, the
 verifier says no) raises CacheMiss: the caller compiles as without a cache. Loading is all or
