@@ -40,7 +40,29 @@ def _open_maps(bpffs_dir: str):
     return maps
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _LazyGroup(click.Group):
+    """`lab` and `bench` are imported only when asked for: they pull in the Kubernetes client
+    models and pyroute2 (~0.35 s), which `run` (the agent's cold start) must not pay."""
+    LAZY = {"lab": "kproxy_ebpf.lab.cli", "bench": "kproxy_ebpf.bench.cli"}
+
+    def list_commands(self, ctx):
+        import importlib.util
+
+        lazy = [n for n, mod in self.LAZY.items() if importlib.util.find_spec(mod)]
+        return sorted(set(super().list_commands(ctx)) | set(lazy))
+
+    def get_command(self, ctx, name):
+        if name in self.LAZY and name not in self.commands:
+            import importlib
+
+            try:
+                self.add_command(getattr(importlib.import_module(self.LAZY[name]), name))
+            except ImportError:     # optional in an agent-only image
+                return None
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kproxy-ebpf")
 def main() -> None:
     """An eBPF replacement for kube-proxy."""
@@ -398,25 +420,6 @@ def _cleanup_kube_proxy(yes: bool, dry_run: bool) -> None:
     if report.errors:
         sys.exit(1)
 
-
-def _register_lab() -> None:
-    try:
-        from .lab.cli import lab
-    except ImportError:     # the lab is optional in an agent-only image
-        return
-    main.add_command(lab)
-
-
-def _register_bench() -> None:
-    try:
-        from .bench.cli import bench
-    except ImportError:     # like the lab: not part of an agent-only image
-        return
-    main.add_command(bench)
-
-
-_register_lab()
-_register_bench()
 
 if __name__ == "__main__":
     sys.exit(main())
