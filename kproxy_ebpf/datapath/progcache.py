@@ -188,12 +188,14 @@ def entry_path(cache_dir: Path, key: str) -> Path:
 def store(cache_dir: Path, key: str, inputs: dict, programs: list[dict]) -> Path:
     """Writes an entry atomically (a reader sees the old file or the whole new one).
     programs: name, prog_type (int), attach_type, license, kern_version, insns (bytes), refs."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    # Root's alone: whoever can write an entry chooses the programs the agent loads.
+    cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     entry = {"key": key, "inputs": inputs, "programs": [
         {**p, "insns": base64.b64encode(p["insns"]).decode()} for p in programs]}
     path = entry_path(cache_dir, key)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(entry))
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write(json.dumps(entry))
     os.replace(tmp, path)
     return path
 
