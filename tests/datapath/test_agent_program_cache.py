@@ -15,6 +15,7 @@ import pytest
 from kproxy_ebpf.datapath.loader import remove_pins
 
 from .conftest import pod_of
+from .test_agent_bad_input import metrics, sample
 from .test_agent_restart import log_of, programmed
 from .test_agent_socket_lb import agents  # noqa: F401 - the fixture
 
@@ -42,11 +43,14 @@ def test_a_restart_loads_from_the_cache_and_serves_both_paths(lab, agents, tmp_p
     lab.kill(first.pid)
 
     # socket path, pinned maps adopted
-    second = agents("agent-c2", flag)
+    second = agents("agent-c2", flag, "--metrics-bind-address=127.0.0.1:10249")
     wait_programmed(bpffs)
     serves(lab)
     log = log_of(lab, "agent-c2")
     assert HIT in log and "compiled and loaded" not in log, log[-2000:]
+    m = metrics(lab)
+    assert sample(m, 'kproxy_program_cache_loads_total{result="hit"}') == 1
+    assert sample(m, 'kproxy_program_cache_loads_total{result="miss"}') == 0
     assert "libbcc" not in Path(f"/proc/{second.pid}/maps").read_text()
     lab.kill(second.pid)
 
