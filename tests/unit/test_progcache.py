@@ -282,3 +282,19 @@ def test_the_parent_reads_the_status_line_and_logs_a_fallback(caplog):
     job._report({"cache": "fallback", "reason": "entry x is corrupt"}, 2.0)
     assert job.cache_result == "fallback"
     assert "program cache not used, compiling instead: entry x is corrupt" in caplog.text
+
+
+def test_cleanup_empties_the_program_cache_unless_told_to_keep_it(tmp_path):
+    from click.testing import CliRunner
+
+    from kproxy_ebpf.cli import main
+
+    cache = tmp_path / "programs"
+    cache.mkdir()
+    (cache / "k1.json").write_text("{}")
+    args = ["cleanup", "--yes", "--bpffs-dir", str(tmp_path / "none")]
+    out = CliRunner().invoke(main, [*args, "--program-cache", ""])
+    assert out.exit_code == 0 and (cache / "k1.json").exists()
+    out = CliRunner().invoke(main, [*args, "--program-cache", str(cache)])
+    assert out.exit_code == 0, out.output
+    assert f"removed {cache / 'k1.json'}" in out.output and not cache.exists()
