@@ -101,7 +101,8 @@ class Agent:
                                 if cfg.north_south else None,
                                 external_ip_allowlist=None if cfg.external_ip_allowlist is None
                                 else tuple(cfg.external_ip_allowlist))
-        self.datapath = Datapath(Path(cfg.bpffs_dir), Path(cfg.cgroup), cfg.map_sizes)
+        self.datapath = Datapath(Path(cfg.bpffs_dir), Path(cfg.cgroup), cfg.map_sizes,
+                                 Path(cfg.program_cache) if cfg.program_cache else None)
         self.tc: TcDatapath | None = None
         self.svc_health = ServiceHealthServers(
             lambda: self.health.status(with_node=False)[0] == 200)
@@ -146,6 +147,7 @@ class Agent:
             self.metrics.watch_api(self.source.counters)
             self.source.start()
             self.datapath.load(job)
+            self.metrics.program_loads.labels(job.cache_result).inc()
             if target:
                 self.tc = self._load_tc(job, *target)
         except BaseException:

@@ -40,7 +40,29 @@ def _open_maps(bpffs_dir: str):
     return maps
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _LazyGroup(click.Group):
+    """`lab` and `bench` are imported only when asked for: they pull in the Kubernetes client
+    models and pyroute2 (~0.35 s), which `run` (the agent's cold start) must not pay."""
+    LAZY = {"lab": "kproxy_ebpf.lab.cli", "bench": "kproxy_ebpf.bench.cli"}
+
+    def list_commands(self, ctx):
+        import importlib.util
+
+        lazy = [n for n, mod in self.LAZY.items() if importlib.util.find_spec(mod)]
+        return sorted(set(super().list_commands(ctx)) | set(lazy))
+
+    def get_command(self, ctx, name):
+        if name in self.LAZY and name not in self.commands:
+            import importlib
+
+            try:
+                self.add_command(getattr(importlib.import_module(self.LAZY[name]), name))
+            except ImportError:     # optional in an agent-only image
+                return None
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kproxy-ebpf")
 def main() -> None:
     """An eBPF replacement for kube-proxy."""
@@ -53,6 +75,9 @@ def main() -> None:
 @click.option("--master", help="API server address, overriding the kubeconfig's.")
 @click.option("--hostname-override", help="This node's name (default: the host name).")
 @click.option("--bpffs-dir", help=f"Pin directory for maps and links [{DEFAULT_BPFFS}].")
+@click.option("--program-cache",
+              help="Directory of compiled programs reused across restarts ('' disables) "
+                   "[/var/cache/kproxy-ebpf/programs].")
 @click.option("--cgroup", help="cgroup v2 directory the socket hooks attach to (required).")
 @click.option("--min-sync-period", help="Shortest time between two syncs, e.g. 200ms.")
 @click.option("--sync-period", help="Full resync period, e.g. 30s.")
@@ -347,19 +372,30 @@ def ct_list(bpffs_dir: str, output: str, service_filter: str | None) -> None:
                    "(its KUBE-* iptables chains, legacy and nft, and its nftables tables), "
                    "as `kube-proxy --cleanup` does. kproxy's own pins stay.")
 @click.option("--dry-run", is_flag=True, help="With --kube-proxy-leftovers: only list.")
-def cleanup(bpffs_dir: str, yes: bool, kube_proxy_leftovers: bool, dry_run: bool) -> None:
-    """Detach the socket hooks and this netns's TC programs and remove the pinned maps
-    (services stop being translated)."""
+@click.option("--program-cache", envvar="KPROXY_PROGRAM_CACHE",
+              default="/var/cache/kproxy-ebpf/programs", show_default=True,
+              help="The agent's compiled-program cache, emptied too ('' keeps it).")
+def cleanup(bpffs_dir: str, yes: bool, kube_proxy_leftovers: bool, dry_run: bool,
+            program_cache: str) -> None:
+    """Detach the socket hooks and this netns's TC programs, remove the pinned maps
+    (services stop being translated) and the compiled-program cache."""
     if kube_proxy_leftovers:
         _cleanup_kube_proxy(yes, dry_run)
         return
     from .datapath.loader import remove_pins
+    from .datapath.progcache import remove as remove_program_cache
 
     if not Path(bpffs_dir).exists():
         click.echo(f"nothing pinned under {bpffs_dir}")
-        return
-    if not yes:
+    elif not yes:
         click.confirm(f"Detach kproxy from this node and remove {bpffs_dir}?", abort=True)
+    if program_cache and Path(program_cache).is_dir():
+        # Keyed by its inputs, it can never serve wrong programs; it goes because an operator
+        # cleaning up expects nothing of kproxy left on the node.
+        for path in remove_program_cache(Path(program_cache)):
+            click.echo(f"removed {path}")
+    if not Path(bpffs_dir).exists():
+        return
     from .datapath.tc import detach_all
 
     for what in detach_all():
@@ -384,25 +420,6 @@ def _cleanup_kube_proxy(yes: bool, dry_run: bool) -> None:
     if report.errors:
         sys.exit(1)
 
-
-def _register_lab() -> None:
-    try:
-        from .lab.cli import lab
-    except ImportError:     # the lab is optional in an agent-only image
-        return
-    main.add_command(lab)
-
-
-def _register_bench() -> None:
-    try:
-        from .bench.cli import bench
-    except ImportError:     # like the lab: not part of an agent-only image
-        return
-    main.add_command(bench)
-
-
-_register_lab()
-_register_bench()
 
 if __name__ == "__main__":
     sys.exit(main())

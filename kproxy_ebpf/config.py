@@ -50,6 +50,9 @@ class AgentConfig:
     master: str | None = None             # API server host:port, overrides the kubeconfig's
     hostname_override: str | None = None  # the Node name; default: the host name
     bpffs_dir: str = "/sys/fs/bpf/kproxy"
+    # Compiled programs by a hash of their inputs (datapath/progcache.py): a restart or an
+    # upgrade with identical programs loads them without clang. "" disables the cache.
+    program_cache: str = "/var/cache/kproxy-ebpf/programs"
     # No default on purpose: the hooks go where the operator says (in a cluster, the cgroup2
     # root of the node; in the lab, the simulated node's cgroup), never by accident.
     cgroup: str | None = None

@@ -42,6 +42,10 @@ class Metrics:
         # The periodic re-read of the maps (drift repair) is the one O(N) step of the idle
         # agent: its CPU is counted apart so an operator (and the scale run) can tell it
         # from the per-change work.
+        self.program_loads = Counter(P + "program_cache_loads_total",
+                                     "Program loads at start, by how: hit (from the program "
+                                     "cache), miss (no entry: compiled), fallback (a bad entry: "
+                                     "compiled), off.", ["result"], registry=r)
         self.drift_checks = Counter(P + "datapath_drift_checks_total",
                                     "Re-reads of the maps to repair drift.", registry=r)
         self.drift_check_cpu = Counter(P + "datapath_drift_check_cpu_seconds_total",

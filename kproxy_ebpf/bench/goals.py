@@ -52,7 +52,10 @@ FIGURES = (
     Figure("m3_gbit_s", "M3 bulk stream", "Gbit/s", ("M3", "gbit_s"), "higher"),
     Figure("m5_p50", "M5 one change p50", "ms", ("M5", "p50_ms"), "lower"),
     Figure("m5_p99", "M5 one change p99", "ms", ("M5", "p99_ms"), "lower"),
+    # kproxy's cold start runs with its program cache warm; its first start (empty cache:
+    # the bcc compile) is shown beside it. kube-proxy has no compile step.
     Figure("m6_cold", "M6 cold start", "s", ("M6", "cold_start_s"), "lower"),
+    Figure("m6_first", "M6 first start, compile", "s", ("M6", "first_start_s"), "lower"),
     Figure("m6_cpu", "M6 cold start CPU", "s", ("M6", "cpu_s"), "lower"),
     Figure("m7_rss", "M7 RSS (peak, churn)", "MiB", ("M7", "churn", "rss_mib"), "lower"),
     Figure("m7_steady", "M7 CPU at rest", "mCPU", ("M7", "steady", "mcpu"), "lower"),
@@ -280,7 +283,14 @@ def _m5_abs(doc):
 def _m6_abs(doc):
     def one(n):
         v = value(doc, OURS, n, "m6_cold")
-        return (None, "missing") if v is None else (v <= 1.0, f"{_fmt(v)} s")
+        if v is None:
+            return None, "missing"
+        first = value(doc, OURS, n, "m6_first")
+        if first is None:         # a run from before the program cache
+            return v <= 1.0, f"{_fmt(v)} s"
+        cache = _get(doc["results"][OURS][str(n)], "M6", "program_cache")
+        how = "program cache warm" if cache == "hit" else f"program cache {cache}"
+        return v <= 1.0, f"{_fmt(v)} s ({how}; first start, compile: {_fmt(first)} s)"
     return _at(doc, GOAL_N, one)
 
 

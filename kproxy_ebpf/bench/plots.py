@@ -13,7 +13,7 @@ PLOTS = (
     ("m5_change", "M5 one EndpointSlice change until a connection sees it", "ms",
      ("m5_p50", "m5_p99")),
     ("m6_cold", "M6 cold start until all N x E are programmed and answering", "s",
-     ("m6_cold",)),
+     ("m6_cold", "m6_first")),
     ("m7_rss", "M7 proxy resident memory (peak under churn)", "MiB", ("m7_rss",)),
     ("m7_cpu", "M7 proxy CPU at rest and under 100 changes/s (children included)", "mCPU",
      ("m7_steady", "m7_churn")),

@@ -261,6 +261,20 @@ class Testbed:
             return False
         return state not in ("Z", "X")
 
+    def clear_program_cache(self) -> None:
+        """Empties the lab's compiled-program cache: the next kproxy start compiles."""
+        from ..datapath.progcache import remove
+
+        remove(Path(self.cluster.program_cache_dir))
+
+    def program_cache_result(self, node: str = "node1") -> str:
+        """How the running agent loaded its programs, from its log: cache hit or compile."""
+        try:
+            text = Path(self.cluster.lab.log_path(self.cluster.proxy_name(node))).read_text()
+        except OSError:
+            return "unknown"
+        return "hit" if "programs from the program cache in" in text else "compiled"
+
     def proxy_log_tail(self, node: str = "node1", lines: int = 5) -> str:
         try:
             text = Path(self.cluster.lab.log_path(self.cluster.proxy_name(node))).read_text()
@@ -330,7 +344,8 @@ class Testbed:
                 # there and would otherwise keep translating for the next mode.
                 r = self.cluster.lab.exec(f"node/{node}", [
                     sys.executable, "-m", "kproxy_ebpf.cli", "cleanup", "--bpffs-dir",
-                    info.bpffs, "--yes"], capture_output=True, text=True, timeout=120)
+                    info.bpffs, "--yes", "--program-cache", ""],    # the cache stays warm
+                    capture_output=True, text=True, timeout=120)
                 if r.returncode != 0:
                     raise LabError(f"kproxy-ebpf cleanup on {node}: {r.stderr[-500:]}")
             elif mode in KUBE_PROXY_MODE:

@@ -218,3 +218,80 @@ def prog_test_run(prog_fd: int, data: bytes) -> tuple[int, bytes]:
                        data_size_out=len(out), repeat=1)
     _check(_lib().bpf_prog_test_run_opts(prog_fd, ctypes.byref(opts)), "prog test run")
     return opts.retval, out.raw[:opts.data_size_out]
+
+
+class MapCreateOpts(ctypes.Structure):
+    """struct bpf_map_create_opts (libbpf 1.x)."""
+    _fields_ = [
+        ("sz", ctypes.c_size_t), ("btf_fd", ctypes.c_uint32),
+        ("btf_key_type_id", ctypes.c_uint32), ("btf_value_type_id", ctypes.c_uint32),
+        ("btf_vmlinux_value_type_id", ctypes.c_uint32), ("inner_map_fd", ctypes.c_uint32),
+        ("map_flags", ctypes.c_uint32), ("map_extra", ctypes.c_uint64),
+        ("numa_node", ctypes.c_uint32), ("map_ifindex", ctypes.c_uint32),
+    ]
+
+
+class ProgLoadOpts(ctypes.Structure):
+    """struct bpf_prog_load_opts (libbpf 1.1; sz tells newer libbpf which fields we know)."""
+    _fields_ = [
+        ("sz", ctypes.c_size_t), ("attempts", ctypes.c_int),
+        ("expected_attach_type", ctypes.c_uint32), ("prog_btf_fd", ctypes.c_uint32),
+        ("prog_flags", ctypes.c_uint32), ("prog_ifindex", ctypes.c_uint32),
+        ("kern_version", ctypes.c_uint32), ("attach_btf_id", ctypes.c_uint32),
+        ("attach_btf_obj_fd", ctypes.c_uint32), ("attach_prog_fd", ctypes.c_int),
+        ("func_info", ctypes.c_void_p), ("func_info_cnt", ctypes.c_uint32),
+        ("func_info_rec_size", ctypes.c_uint32), ("line_info", ctypes.c_void_p),
+        ("line_info_cnt", ctypes.c_uint32), ("line_info_rec_size", ctypes.c_uint32),
+        ("log_level", ctypes.c_uint32), ("log_size", ctypes.c_uint32),
+        ("log_buf", ctypes.c_char_p),
+    ]
+
+
+class VerifierRejected(BpfError):
+    """bpf_prog_load failed; .log holds the verifier's log (its tail when it was longer)."""
+
+
+def map_create(map_type: int, name: str, key_size: int, value_size: int, max_entries: int,
+               flags: int = 0) -> int:
+    """Creates a map (BPF_MAP_CREATE); returns its fd."""
+    lib = _lib()
+    fn = lib.bpf_map_create
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32,
+                   ctypes.c_uint32, ctypes.POINTER(MapCreateOpts)]
+    fn.restype = ctypes.c_int
+    opts = MapCreateOpts(sz=ctypes.sizeof(MapCreateOpts), map_flags=flags)
+    return _check(fn(map_type, name.encode(), key_size, value_size, max_entries,
+                     ctypes.byref(opts)), f"create map {name}")
+
+
+LOG_SIZE = 4 << 20
+
+
+def prog_load(prog_type: int, name: str, license_: str, insns: bytes,
+              expected_attach_type: int = 0, kern_version: int = 0) -> int:
+    """Loads a program (BPF_PROG_LOAD) from its raw instructions; returns its fd. A rejection
+    is retried once with a verifier log (not on the fast path: logging slows the verifier)."""
+    fn = _lib().bpf_prog_load
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                   ctypes.c_size_t, ctypes.POINTER(ProgLoadOpts)]
+    fn.restype = ctypes.c_int
+
+    def load(log_buf=None) -> int:
+        opts = ProgLoadOpts(sz=ctypes.sizeof(ProgLoadOpts),
+                            expected_attach_type=expected_attach_type, kern_version=kern_version)
+        if log_buf is not None:
+            opts.log_level, opts.log_size = 1, len(log_buf)
+            opts.log_buf = ctypes.cast(log_buf, ctypes.c_char_p)
+        return fn(prog_type, name.encode(), license_.encode(), insns, len(insns) // 8,
+                  ctypes.byref(opts))
+
+    ret = load()
+    if ret >= 0:
+        return ret
+    buf = ctypes.create_string_buffer(LOG_SIZE)
+    ret = load(buf)
+    if ret >= 0:        # passed with a log: take it (the first failure was transient)
+        return ret
+    err = VerifierRejected(-ret, f"load program {name}: {os.strerror(-ret)}")
+    err.log = buf.value.decode(errors="replace")
+    raise err

@@ -88,6 +88,7 @@ class Datapath:
     bpffs_dir: Path
     cgroup: Path
     sizes: MapSizes = field(default_factory=MapSizes)
+    program_cache: Path | None = None      # datapath/progcache.py; None: always compile
     maps: dict[str, PinnedMap] = field(default_factory=dict)
     _progs: dict[str, int] = field(default_factory=dict)     # program name -> fd
 
@@ -99,7 +100,8 @@ class Datapath:
         """Starts compiling sock_lb.c (and `extra` programs, e.g. the TC ones, which share the
         maps) in a child process; bcc there adopts the maps already pinned in bpffs_dir."""
         kernel.require(str(self.cgroup))      # a clear error before bcc's compile errors
-        return spawn(self.bpffs_dir, sock_programs() + list(extra), self.sizes)
+        return spawn(self.bpffs_dir, sock_programs() + list(extra), self.sizes,
+                     self.program_cache)
 
     def load(self, job: LoadJob | None = None) -> None:
         """Waits for the child (started here unless `job` is given), takes the socket

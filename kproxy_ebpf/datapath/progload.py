@@ -5,7 +5,9 @@ does not give back, all resident in the agent for its whole life although it is 
 second at start. So a child process does the bcc part and exits: it compiles each program file
 against the maps pinned in the bpffs directory (adopting them, or creating and pinning them),
 checks bcc's view of every map against layout.py, loads the programs and pins each one into a
-private staging directory. The agent opens those pins with BPF_OBJ_GET (datapath/libbpf.py),
+private staging directory. With a program cache (datapath/progcache.py) the child first tries
+to load the programs recorded by an earlier compile with the same inputs, without bcc or clang,
+and records them after a compile otherwise. The agent opens those pins with BPF_OBJ_GET (datapath/libbpf.py),
 unpins them and attaches the programs itself; it never imports bcc. The child runs while the
 agent lists the cluster, so the compile is off the cold start's critical path.
 
@@ -26,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..config import MapSizes
-from . import libbpf
+from . import libbpf, progcache
 from .pinned import LayoutMismatch
 
 log = logging.getLogger(__name__)
@@ -53,18 +55,22 @@ class Program:
 class LoadJob:
     """A running child; result() waits for it and hands back an fd per program name."""
 
-    def __init__(self, bpffs_dir: Path, programs: list[Program], sizes: MapSizes):
+    def __init__(self, bpffs_dir: Path, programs: list[Program], sizes: MapSizes,
+                 cache_dir: Path | None = None):
         self.bpffs_dir = bpffs_dir
         self.stage = bpffs_dir / f"stage_{os.getpid()}_{time.monotonic_ns()}"
         self.programs = programs
+        self.cache_result = "off"     # hit, miss (no entry yet), fallback (a bad entry) or off
         request = {"bpffs_dir": str(bpffs_dir), "stage": str(self.stage),
-                   "sizes": asdict(sizes), "programs": [asdict(p) for p in programs]}
+                   "sizes": asdict(sizes), "programs": [asdict(p) for p in programs],
+                   "cache_dir": str(cache_dir) if cache_dir else None}
         self.started = time.monotonic()
         # stderr into a file, not a pipe: a chatty compile must never block on a full pipe
         # while the agent is busy listing.
         self._err = tempfile.TemporaryFile(mode="w+")
+        self._out = tempfile.TemporaryFile(mode="w+")     # the child's status line
         self._proc = subprocess.Popen([sys.executable, "-m", __name__, json.dumps(request)],
-                                      stdout=subprocess.DEVNULL, stderr=self._err)
+                                      stdout=self._out, stderr=self._err)
         self._fds: dict[str, int] | None = None
 
     def result(self) -> dict[str, int]:
@@ -88,13 +94,33 @@ class LoadJob:
                 for fd in fds.values():
                     os.close(fd)
                 raise
+            self._out.seek(0)
+            status = _status(self._out.read())
         finally:
             self._err.close()
+            self._out.close()
             remove_stage(self.stage)
-        log.info("compiled and loaded %d programs in %.2f s (child process)",
-                 len(self.programs), time.monotonic() - self.started)
+        self._report(status, time.monotonic() - self.started)
         self._fds = fds
         return fds
+
+    def _report(self, status: dict, seconds: float) -> None:
+        """One log line on how the programs were loaded, and why not from the cache."""
+        self.cache_result = status.get("cache", "off")
+        n = len(self.programs)
+        if self.cache_result == "hit":
+            log.info("loaded %d programs from the program cache in %.2f s (no compile; "
+                     "entry %s)", n, seconds, status.get("key", "?")[:12])
+            return
+        if self.cache_result == "fallback":
+            log.warning("program cache not used, compiling instead: %s", status.get("reason"))
+        elif self.cache_result == "miss":
+            log.info("program cache: %s; compiling", status.get("reason"))
+        log.info("compiled and loaded %d programs in %.2f s (child process)", n, seconds)
+        if status.get("stored"):
+            log.info("program cache: stored %s for the next start", status["stored"])
+        elif status.get("store_error"):
+            log.warning("program cache: this compile was not stored: %s", status["store_error"])
 
     def cancel(self) -> None:
         """Stops a child that is no longer wanted (start-up failed elsewhere)."""
@@ -102,6 +128,7 @@ class LoadJob:
             self._proc.kill()
         self._proc.wait()
         self._err.close()
+        self._out.close()
         remove_stage(self.stage)
 
 
@@ -125,13 +152,26 @@ def remove_stale_stages(bpffs_dir: Path, keep_live: bool = True) -> list[str]:
     return removed
 
 
-def spawn(bpffs_dir: Path, programs: list[Program], sizes: MapSizes | None = None) -> LoadJob:
+def spawn(bpffs_dir: Path, programs: list[Program], sizes: MapSizes | None = None,
+          cache_dir: Path | None = None) -> LoadJob:
     """Starts the child. bpffs is made ready here, so the child only compiles."""
     from .loader import ensure_bpffs
 
     ensure_bpffs(bpffs_dir)
     remove_stale_stages(bpffs_dir)
-    return LoadJob(bpffs_dir, programs, sizes or MapSizes())
+    return LoadJob(bpffs_dir, programs, sizes or MapSizes(), cache_dir)
+
+
+def _status(out: str) -> dict:
+    """The child's last stdout line (JSON); {} if it printed none (an old child, a crash)."""
+    for line in reversed(out.strip().splitlines()):
+        try:
+            status = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(status, dict):
+            return status
+    return {}
 
 
 # -- the child -----------------------------------------------------------------------------
@@ -154,24 +194,88 @@ def check_bcc_layout(bpf) -> None:
                         raise LayoutMismatch(f"{spec.name}: field {fname} offset differs")
 
 
-def _child(request: dict) -> None:
-    from bcc import BPF
-
-    from .loader import compile_program
-    from .paths import bpf_dir
-
+def _child(request: dict) -> dict:
+    """Loads the programs into the stage; returns the status line for the parent."""
     bpffs, stage = Path(request["bpffs_dir"]), Path(request["stage"])
     sizes = MapSizes(**request["sizes"])
     stage.mkdir()
-    compiled = {}
-    for p in request["programs"]:
+    cache_dir = Path(request["cache_dir"]) if request.get("cache_dir") else None
+    if cache_dir is None:
+        _compile(request["programs"], bpffs, sizes, stage)
+        return {"cache": "off"}
+    inputs = cache_inputs(request["programs"], sizes)
+    key = progcache.cache_key(inputs)
+    names = [p["name"] for p in request["programs"]]
+    try:
+        fds = progcache.load(cache_dir, key, bpffs, sizes, names)
+    except progcache.CacheMiss as exc:
+        status = {"cache": "miss" if exc.expected else "fallback", "reason": str(exc)}
+    else:
+        for name, fd in fds.items():
+            libbpf.obj_pin(fd, str(stage / name))
+        progcache.touch(cache_dir, key)
+        return {"cache": "hit", "key": key}
+    records = _compile(request["programs"], bpffs, sizes, stage)
+    try:
+        if isinstance(records, str):
+            raise progcache.CacheMiss(records)
+        status["stored"] = str(progcache.store(cache_dir, key, inputs, records))
+        progcache.prune(cache_dir)
+    except (progcache.CacheMiss, OSError) as exc:
+        status["store_error"] = str(exc)
+    return status
+
+
+def cache_inputs(programs: list[dict], sizes: MapSizes) -> dict:
+    """The program cache's key inputs for this request. The compile flags without the pin
+    directory and the include path: neither reaches the instructions (the maps are recorded
+    by id, bpf/'s files by content), so labs and nodes with other paths share entries."""
+    from .loader import size_cflags
+    from .paths import bpf_dir, kernel_headers
+
+    try:
+        headers = str(kernel_headers())
+    except FileNotFoundError:
+        headers = "none"
+    return progcache.key_inputs(bpf_dir(), ["-Wno-macro-redefined", *size_cflags(sizes)],
+                                programs, headers)
+
+
+def _compile(programs: list[dict], bpffs: Path, sizes: MapSizes, stage: Path) -> list | str:
+    """Compiles with bcc and pins each program into the stage. Returns what the program
+    cache records of each, or why they cannot be recorded."""
+    from bcc import BPF
+    from bcc.libbcc import lib as bcc_lib
+
+    from .layout import MAPS
+    from .loader import compile_program
+    from .paths import bpf_dir
+
+    compiled, records, why_not = {}, [], ""
+    for p in programs:
         if p["source"] not in compiled:
             compiled[p["source"]] = bpf = compile_program(bpf_dir() / p["source"], bpffs, sizes)
             check_bcc_layout(bpf)
+        bpf = compiled[p["source"]]
         kwargs = {} if p["attach_type"] is None else {"attach_type": p["attach_type"]}
-        fn = compiled[p["source"]].load_func(p["name"].encode(), getattr(BPF, p["prog_type"]),
-                                             **kwargs)
+        prog_type = getattr(BPF, p["prog_type"])
+        fn = bpf.load_func(p["name"].encode(), prog_type, **kwargs)
         libbpf.obj_pin(fn.fd, str(stage / p["name"]))
+        if why_not:
+            continue
+        try:
+            fd_of = {mid: bpf[spec.base.encode()].map_fd for mid, spec in MAPS.items()}
+            progcache.check_bcc_maps(fd_of, sizes)
+            records.append({
+                "name": p["name"], "prog_type": prog_type, "attach_type": p["attach_type"],
+                "license": bcc_lib.bpf_module_license(bpf.module).decode(),
+                "kern_version": bcc_lib.bpf_module_kern_version(bpf.module),
+                "insns": bpf.dump_func(p["name"].encode()),
+                "refs": progcache.map_refs(bpf.dump_func(p["name"].encode()),
+                                           {fd: mid for mid, fd in fd_of.items()})})
+        except progcache.CacheMiss as exc:
+            why_not = f"{p['name']}: {exc}"
+    return why_not or records
 
 
 def _die_with_parent() -> None:
@@ -185,7 +289,7 @@ def _die_with_parent() -> None:
 def main() -> None:
     _die_with_parent()
     try:
-        _child(json.loads(sys.argv[1]))
+        print(json.dumps(_child(json.loads(sys.argv[1]))), flush=True)
     except LayoutMismatch as exc:
         print(f"{exc}", file=sys.stderr)
         sys.exit(EXIT_LAYOUT)

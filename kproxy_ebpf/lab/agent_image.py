@@ -18,6 +18,8 @@ What is taken from `helm template` (nothing is restated here):
 A lab node is a network namespace and a cgroup, not a machine: its "host paths" are
   /sys/fs/bpf    -> /sys/fs/bpf/kproxy-<lab>-node<i>   (a directory of the one bpffs)
   /sys/fs/cgroup -> the node's cgroup v2 directory      (where its pods' processes live)
+  /var/cache/kproxy-ebpf/programs -> the node's files in the lab (the program cache, removed
+                   by `lab down` with them)
 A hostPath the lab cannot map fails. The container joins the node's network namespace
 (hostNetwork) and lives inside the node's cgroup (podman --cgroup-parent), never privileged.
 
@@ -53,6 +55,7 @@ PODMAN = ["podman", "--runtime", "runc"]
 NPROC = 4096
 CGROUP_V1_ROOT = "/sys/fs/cgroup"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+PROGRAM_CACHE = "/var/cache/kproxy-ebpf/programs"   # the chart's hostPaths.programCache default
 _PROPAGATION = {"HostToContainer": "rslave", "Bidirectional": "rshared", "None": "rprivate"}
 
 
@@ -184,9 +187,12 @@ def check_against_agent(objects: list[dict], workdir: Path) -> None:
 
 # -- from the pod spec to podman flags ---------------------------------------------------------
 
-def node_host_path(path: str, node: NodeInfo) -> str:
+def node_host_path(path: str, node: NodeInfo, files_dir: Path | None = None) -> str:
     """A lab node's view of a host path (see the module docstring)."""
     norm = os.path.normpath(path)
+    if norm == PROGRAM_CACHE and files_dir is not None:
+        os.makedirs(files_dir / "programs", exist_ok=True)
+        return str(files_dir / "programs")
     if norm == "/sys/fs/bpf":
         os.makedirs(node.bpffs, exist_ok=True)
         return node.bpffs
@@ -267,7 +273,7 @@ def mount_flags(spec: AgentSpec, node: NodeInfo, files_dir: Path) -> list[str]:
             raise LabError(f"volumeMount {m['name']} has no volume")
         ro = m.get("readOnly", False)
         if "hostPath" in vol:
-            src = node_host_path(vol["hostPath"]["path"], node)
+            src = node_host_path(vol["hostPath"]["path"], node, files_dir)
             opts = ["ro"] if ro else []
             prop = m.get("mountPropagation")
             if prop:

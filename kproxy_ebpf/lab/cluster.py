@@ -204,6 +204,12 @@ class Cluster:
     def proxy_name(self, node: str) -> str:
         return f"proxy-{node}"
 
+    @property
+    def program_cache_dir(self) -> str:
+        """The lab's agents' compiled-program cache (datapath/progcache.py): in the lab's
+        state directory, so `lab down` removes it with the lab."""
+        return os.path.join(self.lab.state_dir, "programs")
+
     def start_proxy(self, node: str, mode: str | None = None,
                     env: dict[str, str] | None = None,
                     extra_args: list[str] | None = None) -> int:
@@ -219,6 +225,7 @@ class Cluster:
             argv = [sys.executable, "-m", "kproxy_ebpf.cli", "run",
                     "--kubeconfig", self.info.lab_kubeconfig, "--hostname-override", node,
                     "--cgroup", info.cgroup, "--bpffs-dir", info.bpffs,
+                    "--program-cache", self.program_cache_dir,
                     "--healthz-bind-address", "0.0.0.0:10256",
                     "--metrics-bind-address", "127.0.0.1:10249"]
         else:

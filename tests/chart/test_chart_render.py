@@ -86,7 +86,21 @@ def test_daemonset_is_what_an_operator_expects(rendered):
     assert env["KUBERNETES_SERVICE_PORT"]["value"] == "6443"
     assert env["KPROXY_HOSTNAME_OVERRIDE"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
-    assert host_paths == {"bpffs": "/sys/fs/bpf", "cgroup": "/sys/fs/cgroup"}
+    assert host_paths == {"bpffs": "/sys/fs/bpf", "cgroup": "/sys/fs/cgroup",
+                          "program-cache": "/var/cache/kproxy-ebpf/programs"}
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert env["KPROXY_PROGRAM_CACHE"]["value"] == mounts["program-cache"] == \
+        "/var/cache/kproxy-ebpf/programs"
+
+
+def test_the_program_cache_can_be_turned_off(helm):
+    (ds,) = by_kind(agent_image.helm_template({"hostPaths": {
+        "bpffs": "/sys/fs/bpf", "cgroupRoot": "/sys/fs/cgroup", "programCache": ""}}),
+        "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert "program-cache" not in {v["name"] for v in pod["volumes"]}
+    assert {e["name"]: e.get("value") for e in c["env"]}["KPROXY_PROGRAM_CACHE"] == ""
 
 
 def test_rbac_only_reads_and_reports(rendered):

@@ -2,6 +2,7 @@
 line and a metric, the agent keeps running, and what was already programmed keeps working."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -108,7 +109,8 @@ def test_bad_input_and_a_full_map_are_reported_and_harm_nothing(lab, tmp_path):
                       "healthzBindAddress: 127.0.0.1:10256\nminSyncPeriod: 50ms\n")
     argv = [sys.executable, "-m", "kproxy_ebpf.cli", "run", "--config", str(config),
             "--manifests", str(manifest), "--cgroup", node.cgroup, "--bpffs-dir", node.bpffs,
-            "--hostname-override", "node1"]
+            "--hostname-override", "node1",
+            "--program-cache", os.path.join(lab.state_dir, "programs")]
     agent = lab.spawn("node1", argv, "agent-bad")
     try:
         wait_until(lambda: "first sync:" in log_of(lab, "agent-bad"), 30, "the first sync")

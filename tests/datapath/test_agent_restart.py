@@ -44,7 +44,9 @@ def start_agent(lab, manifest: Path, name: str, flags: tuple[str, ...] = ()):
     argv = [sys.executable, "-m", "kproxy_ebpf.cli", "run", "--manifests", str(manifest),
             "--cgroup", node.cgroup, "--bpffs-dir", node.bpffs, "--hostname-override", "node1",
             "--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "",
-            "--min-sync-period", "50ms", *flags]
+            "--min-sync-period", "50ms",
+            # the lab's own program cache (gone with the lab); a later --program-cache wins
+            "--program-cache", os.path.join(lab.state_dir, "programs"), *flags]
     # The lab appends to a name's log: an earlier agent's "first sync" must not count.
     Path(lab.log_path(name)).unlink(missing_ok=True)
     return lab.spawn("node1", argv, name)

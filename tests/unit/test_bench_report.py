@@ -223,3 +223,16 @@ def test_flatness_and_rate_use_the_interleaved_floor():
     assert flat["status"] == "met" and "over interleaved direct" in flat["measured"]
     rate = by_goal(goals.evaluate(doc), "0.98x direct new")
     assert rate["status"] == "missed" and "N=100: interleaved 0.97x" in rate["measured"]
+
+
+def test_m6_is_judged_on_the_cached_cold_start_with_the_compile_beside_it():
+    doc = make_doc(ours_m6=0.8)
+    doc["results"]["kproxy"]["10000"]["M6"].update(first_start_s=2.9, program_cache="hit")
+    row = by_goal(goals.evaluate(doc), "cold start <= 1 s")
+    assert row["status"] == "met"
+    assert row["measured"] == "N=10000: 0.80 s (program cache warm; first start, compile: 2.90 s)"
+    doc["results"]["kproxy"]["10000"]["M6"]["program_cache"] = "compiled"    # said, not hidden
+    assert "program cache compiled" in by_goal(goals.evaluate(doc), "cold start")["measured"]
+    doc["ratios"], doc["goals"] = goals.ratios(doc), goals.evaluate(doc)
+    md = report.render_markdown(doc, [])
+    assert "| M6 first start, compile (s) |" in md and "| M6 cold start (s) |" in md

@@ -38,6 +38,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- define "kproxy-ebpf.cgroupMount" -}}/run/kproxy-ebpf/cgroup{{- end -}}
 {{- define "kproxy-ebpf.configDir" -}}/etc/kproxy-ebpf{{- end -}}
 
+{{/* Where the container sees the program cache (the agent's default). */}}
+{{- define "kproxy-ebpf.programCache" -}}/var/cache/kproxy-ebpf/programs{{- end -}}
+
 {{/* Settings this agent version cannot honour yet: refuse them instead of ignoring them. */}}
 {{- define "kproxy-ebpf.checkDatapath" -}}
 {{- if .Values.datapath.nodePortRange -}}
