@@ -346,14 +346,19 @@ class Agent:
         with self._sync_lock:
             if self._stop.is_set():
                 return True
+            full = full or self._force_full
+            cpu0 = time.thread_time()
             try:
-                return self._sync_locked(full or self._force_full)
+                return self._sync_locked(full)
             except Exception:
                 # Whatever the writer did not finish is redone by a full sync: the changes
                 # compute() handed over are not lost with the exception.
                 log.exception("sync failed; the next one will be a full sync")
                 self._force_full = self._recheck_kernel = self._recompute = True
                 return False
+            finally:
+                if full:
+                    self.metrics.full_sync_cpu.inc(time.thread_time() - cpu0)
 
     def _sync_locked(self, full: bool) -> bool:
         assert self.writer is not None

@@ -272,3 +272,17 @@ def test_the_periodic_map_reread_is_counted_apart(monkeypatch):
     assert len(restores) == 1
     assert value("kproxy_datapath_drift_checks_total") == before + 1
     assert value("kproxy_datapath_drift_check_cpu_seconds_total") > 0
+
+
+def test_full_sync_cpu_is_counted_and_partial_syncs_are_not(monkeypatch):
+    """The scale run takes kproxy's periodic work out of its per-change windows by this
+    counter: every full sync adds to it (the map re-read included), a partial sync does not."""
+    h = Harness(3, monkeypatch)
+    value = lambda: h.agent.metrics.registry.get_sample_value(
+        "kproxy_sync_full_cpu_seconds_total") or 0.0
+    assert h.agent._sync(True)
+    after_full = value()
+    assert after_full > 0
+    h.agent.upsert("EndpointSlice", endpoint_slice(0, (True, False, True)))
+    assert h.agent._sync(False)
+    assert value() == after_full
