@@ -351,15 +351,23 @@ class Agent:
         with self._sync_lock:
             if self._stop.is_set():
                 return True
+            # The runner asks for a full sync every syncPeriod: such a periodic sync is made
+            # partial between two map re-reads (_sync_locked); its CPU is periodic work all the
+            # same (the scale run takes it out of its per-change windows).
+            periodic = full and not self._force_full
+            full = full or self._force_full
+            cpu0 = time.thread_time()
             try:
-                return self._sync_locked(full or self._force_full,
-                                         periodic=full and not self._force_full)
+                return self._sync_locked(full, periodic=periodic)
             except Exception:
                 # Whatever the writer did not finish is redone by a full sync: the changes
                 # compute() handed over are not lost with the exception.
                 log.exception("sync failed; the next one will be a full sync")
                 self._force_full = self._recheck_kernel = self._recompute = True
                 return False
+            finally:
+                if full:
+                    self.metrics.full_sync_cpu.inc(time.thread_time() - cpu0)
 
     def _sync_locked(self, full: bool, periodic: bool = False) -> bool:
         assert self.writer is not None

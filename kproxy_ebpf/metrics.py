@@ -51,6 +51,12 @@ class Metrics:
         self.drift_check_cpu = Counter(P + "datapath_drift_check_cpu_seconds_total",
                                        "CPU time the sync thread spent re-reading the maps.",
                                        registry=r)
+        # Every full sync's CPU (the periodic one every syncPeriod, re-reads included): the
+        # scale run takes it out of its per-change windows exactly.
+        self.full_sync_cpu = Counter(P + "sync_full_cpu_seconds_total",
+                                     "CPU time the sync thread spent in full and periodic "
+                                     "syncs (the periodic ones between map re-reads are partial).",
+                                     registry=r)
         self.programming = Histogram(
             P + "network_programming_duration_seconds",
             "From the change that triggered an EndpointSlice update (its last-change-trigger-"

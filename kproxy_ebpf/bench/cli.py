@@ -77,7 +77,7 @@ class _TestLock:
               help="Scale run: Services to fill.")
 @click.option("--scale-change-ns", default="1000,10000", show_default=True,
               help="Scale run: the N at which CPU per single change is measured.")
-@click.option("--scale-changes", type=click.IntRange(1), default=30, show_default=True,
+@click.option("--scale-changes", type=click.IntRange(1), default=200, show_default=True,
               help="Scale run: single changes per measurement.")
 @click.option("--scale-change-window", type=click.FloatRange(1), default=60.0, show_default=True,
               help="Scale run: seconds the single changes are spread over (and the idle "

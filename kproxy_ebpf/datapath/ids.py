@@ -12,7 +12,7 @@ restart, so they are used last of all: only after the cursor wraps and the queue
 """
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 
 
 class IdsExhausted(RuntimeError):
@@ -27,8 +27,10 @@ class IdAllocator:
             raise ValueError(f"{name}: max_id must be >= 1, got {max_id}")
         self.max_id = max_id
         self.name = name
+        # Keys to ids only: no reverse index (5 MiB at 100,000 backends). An id is bound iff
+        # some key holds it; the rare questions by id (restore's checks, the wrap-around scan)
+        # build one from _by_key for the occasion.
         self._by_key: dict[Hashable, int] = {}
-        self._by_id: dict[int, Hashable] = {}
         self._next = 1                         # every id >= _next is free and never handed out
         self._freed: dict[int, None] = {}      # free ids below _next, oldest first (ordered set)
 
@@ -45,7 +47,8 @@ class IdAllocator:
         return self._by_key.get(key)
 
     def key_of(self, id_: int) -> Hashable | None:
-        return self._by_id.get(id_)
+        """The key holding id_ (O(n): for tests and tools, not the write path)."""
+        return next((k for k, i in self._by_key.items() if i == id_), None)
 
     @property
     def free(self) -> int:
@@ -59,32 +62,41 @@ class IdAllocator:
 
     def _scan(self) -> int | None:
         """The first id that is neither bound nor queued, after wrap-around (rare: O(max_id))."""
+        bound = set(self._by_key.values())
         for id_ in range(1, self.max_id + 1):
-            if id_ not in self._by_id and id_ not in self._freed:
+            if id_ not in bound and id_ not in self._freed:
                 return id_
         return None
 
     def _bind(self, key: Hashable, id_: int) -> int:
         self._by_key[key] = id_
-        self._by_id[id_] = key
         return id_
 
     def restore(self, key: Hashable, id_: int) -> None:
-        """Record that key already holds id_ (read back from kernel state)."""
-        if not 1 <= id_ <= self.max_id:
-            raise ValueError(f"{self.name}: id {id_} for {key!r} is outside 1..{self.max_id}")
-        owner = self._by_id.get(id_)
-        if owner is not None and owner != key:
-            raise ValueError(f"{self.name}: id {id_} restored for {key!r} "
-                             f"is already held by {owner!r}")
-        held = self._by_key.get(key)
-        if held is not None and held != id_:
-            raise ValueError(f"{self.name}: {key!r} restored with id {id_} "
-                             f"but already holds {held}")
-        if id_ >= self._next:
-            self._advance_to(id_ + 1)
-        self._freed.pop(id_, None)
-        self._bind(key, id_)
+        """Record that key already holds id_ (read back from kernel state). O(n): a whole
+        map's worth goes through restore_all."""
+        self.restore_all([(key, id_)])
+
+    def restore_all(self, pairs: Iterable[tuple[Hashable, int]]) -> None:
+        """Record that each key already holds its id; an id held by another key, or a key
+        restored with a second id, is a ValueError (the pairs before it are kept)."""
+        owners = {i: k for k, i in self._by_key.items()}     # for this call only
+        for key, id_ in pairs:
+            if not 1 <= id_ <= self.max_id:
+                raise ValueError(f"{self.name}: id {id_} for {key!r} is outside 1..{self.max_id}")
+            owner = owners.get(id_)
+            if owner is not None and owner != key:
+                raise ValueError(f"{self.name}: id {id_} restored for {key!r} "
+                                 f"is already held by {owner!r}")
+            held = self._by_key.get(key)
+            if held is not None and held != id_:
+                raise ValueError(f"{self.name}: {key!r} restored with id {id_} "
+                                 f"but already holds {held}")
+            if id_ >= self._next:
+                self._advance_to(id_ + 1)
+            self._freed.pop(id_, None)
+            owners[id_] = key
+            self._bind(key, id_)
 
     def acquire(self, key: Hashable) -> int:
         """The id of key, allocating one if it has none yet."""
@@ -109,6 +121,5 @@ class IdAllocator:
         id_ = self._by_key.pop(key, None)
         if id_ is None:
             return None
-        del self._by_id[id_]
         self._freed[id_] = None
         return id_

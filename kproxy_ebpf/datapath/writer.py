@@ -144,6 +144,61 @@ class _OneByOne:
             self.real.delete(k)
 
 
+class SlotRows:
+    """A frontend's slot rows 1..n as the writer remembers them: slot -> (backend, be_flags).
+
+    Packed for 100,000 endpoints: one list of backend keys (None: no row in that slot, e.g. a
+    hole restored from the maps) and the u8 flags in a bytearray, instead of a dict of
+    (backend, flags) tuples (~1 KiB less per frontend of 10). Read and written like that
+    dict; get() and iteration build the tuples on the fly."""
+
+    __slots__ = ("_be", "_flags")
+
+    def __init__(self) -> None:
+        self._be: list[BackendKey | None] = []
+        self._flags = bytearray()
+
+    def get(self, slot: int, default=None) -> Slot | None:
+        i = slot - 1
+        if 0 <= i < len(self._be) and self._be[i] is not None:
+            return (self._be[i], self._flags[i])
+        return default
+
+    def __getitem__(self, slot: int) -> Slot:
+        row = self.get(slot)
+        if row is None:
+            raise KeyError(slot)
+        return row
+
+    def __contains__(self, slot: object) -> bool:
+        return isinstance(slot, int) and self.get(slot) is not None
+
+    def __setitem__(self, slot: int, row: Slot) -> None:
+        if slot < 1:
+            raise KeyError(slot)
+        grow = slot - len(self._be)
+        if grow > 0:
+            self._be.extend([None] * grow)
+            self._flags.extend(bytes(grow))
+        self._be[slot - 1], self._flags[slot - 1] = row
+
+    def pop(self, slot: int, default=None) -> Slot | None:
+        row = self.get(slot)
+        if row is None:
+            return default
+        self._be[slot - 1] = None
+        while self._be and self._be[-1] is None:      # no tail of holes kept
+            self._be.pop()
+            self._flags.pop()
+        return row
+
+    def __iter__(self):
+        return (i + 1 for i, b in enumerate(self._be) if b is not None)
+
+    def __len__(self) -> int:
+        return sum(b is not None for b in self._be)
+
+
 @dataclass(slots=True)
 class Programmed:
     """What the kernel holds for one frontend."""
@@ -152,7 +207,7 @@ class Programmed:
     action: Action
     affinity: int
     count: int | None                               # None: slot 0 not written yet
-    rows: dict[int, Slot] = field(default_factory=dict)   # slot -> (backend, flags)
+    rows: SlotRows = field(default_factory=SlotRows)      # slot -> (backend, flags)
     ranges: frozenset[str] = frozenset()            # kp_srcrange4 rows of this frontend
     range_flag: bool = False                        # slot 0's KP_FE_F_SRC_RANGES
 
@@ -227,8 +282,8 @@ class MapWriter:
             spn = ServicePortName(_cstr(ns), _cstr(name), _cstr(port_name),
                                   L.PROTO_BY_NUM.get(proto, Protocol.TCP))
             names[sid] = spn
-            self.svc_ids.restore(spn, sid)
             self._named[spn] = tuple(view)
+        self.svc_ids.restore_all((spn, sid) for sid, spn in names.items())
         ports: dict[int, int] = {}
 
         def addr(ip: int, port: int, proto: int) -> tuple[str, int, Protocol]:
@@ -239,8 +294,8 @@ class MapWriter:
 
         backends: dict[int, BackendKey] = {}
         for (bid,), (ip, port, proto) in self.be.unpacked():
-            bkey = backends[bid] = addr(ip, port, proto)
-            self.backend_ids.restore(bkey, bid)
+            backends[bid] = addr(ip, port, proto)
+        self.backend_ids.restore_all((bkey, bid) for bid, bkey in backends.items())
         # Both scopes (sockets, and packets from outside the node) are this writer's; rows of
         # a scope it does not know belong to some other writer and are left alone.
         rows = [(k, v) for k, v in self.svc.unpacked() if k[3] in L.SCOPE_BY_NUM]

@@ -144,6 +144,12 @@ def test_scale_goals_and_render(tmp_path):
     assert [r["status"] for r in rows] == ["met", "met", "met", "met"]
     doc["results"]["kproxy"]["per_change"]["10000"]["cpu_ms_per_change"] = 9.0
     assert goals.scale_goals(doc)[2]["status"] == "missed"
+    assert "sub-window range" not in goals.scale_goals(doc)[2]["measured"]
+    for n, lo, hi in (("1000", 4.0, 6.0), ("10000", 8.0, 11.0)):
+        doc["results"]["kproxy"]["per_change"][n].update(
+            cpu_ms_per_change_min=lo, cpu_ms_per_change_max=hi)
+    assert "sub-window range N=1000: 4.00..6.00, N=10000: 8.00..11.00 ms" in \
+        goals.scale_goals(doc)[2]["measured"]
     paths = report.write_scale(doc, tmp_path, None)
     md = (tmp_path / "scale-latest.md").read_text()
     assert "CPU per endpoint change at N=1000" in md and "0.09x" in md   # 20/230

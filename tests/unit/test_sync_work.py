@@ -287,3 +287,17 @@ def test_periodic_syncs_between_rereads_do_no_whole_table_work(monkeypatch):
     h.agent._force_full = True                         # after a failure: full at once
     h.counts["table_walks"] = 0
     assert h.agent._sync(False) and h.counts["table_walks"] > 0
+
+
+def test_full_sync_cpu_is_counted_and_partial_syncs_are_not(monkeypatch):
+    """The scale run takes kproxy's periodic work out of its per-change windows by this
+    counter: every full sync adds to it (the map re-read included), a partial sync does not."""
+    h = Harness(3, monkeypatch)
+    value = lambda: h.agent.metrics.registry.get_sample_value(
+        "kproxy_sync_full_cpu_seconds_total") or 0.0
+    assert h.agent._sync(True)
+    after_full = value()
+    assert after_full > 0
+    h.agent.upsert("EndpointSlice", endpoint_slice(0, (True, False, True)))
+    assert h.agent._sync(False)
+    assert value() == after_full

@@ -1,0 +1,42 @@
+"""The scale run's CPU-per-change arithmetic (bench/scale.py per_change_cpu)."""
+import pytest
+
+from kproxy_ebpf.bench.scale import Sub, per_change_cpu
+
+
+def test_background_and_counted_periodic_work_are_taken_out():
+    # Background 10 ms/s; a counted full sync of 0.3 s lands in one idle and one busy
+    # sub-window; each change costs 2 ms; 25 changes per 7.5 s sub-window.
+    idle = [Sub(0.075 + (0.3 if i == 2 else 0), 0.3 if i == 2 else 0, 7.5, 0) for i in range(8)]
+    busy = [Sub(0.075 + 0.05 + (0.3 if i == 5 else 0), 0.3 if i == 5 else 0, 7.5, 25)
+            for i in range(8)]
+    r = per_change_cpu(idle, busy)
+    assert r["ms_per_change"] == pytest.approx(2.0)
+    assert r["ms_min"] == pytest.approx(2.0) and r["ms_max"] == pytest.approx(2.0)
+    assert r["idle_rate_ms_per_s"] == pytest.approx(10.0)
+    assert r["periodic_s_excluded"] == {"idle": 0.3, "changes": 0.3}
+
+
+def test_uncounted_periodic_work_moves_the_median_not_the_figure():
+    """kube-proxy's resync is not counted: it shows in the spread (max), not the median."""
+    idle = [Sub(0.1 + (1.0 if i == 0 else 0), 0, 10.0, 0) for i in range(8)]
+    busy = [Sub(0.1 + 25 * 0.004 * (1 + i % 2 * 0.1) + (1.0 if i == 2 else 0), 0, 10.0, 25)
+            for i in range(8)]
+    r = per_change_cpu(idle, busy)
+    assert 4.0 <= r["ms_per_change"] <= 4.4
+    assert r["ms_min"] == pytest.approx(4.0)
+    assert r["ms_max"] == pytest.approx(4.0 + 1000 / 25)
+    assert r["idle_rate_ms_per_s"] == pytest.approx(10.0)
+
+
+def test_sub_windows_of_unequal_length_are_scaled_by_their_wall_time():
+    idle = [Sub(0.2, 0, 20.0, 0), Sub(0.1, 0, 10.0, 0), Sub(0.1, 0, 10.0, 0)]
+    busy = [Sub(0.1 + 10 * 0.001, 0, 10.0, 10), Sub(0.3 + 30 * 0.001, 0, 30.0, 30)]
+    assert per_change_cpu(idle, busy)["ms_sub_windows"] == [1.0, 1.0]
+
+
+def test_a_window_without_changes_is_an_error_not_a_division_by_zero():
+    with pytest.raises(ValueError):
+        per_change_cpu([Sub(0.1, 0, 1.0, 0)], [Sub(0.1, 0, 1.0, 0)])
+    with pytest.raises(ValueError):
+        per_change_cpu([], [Sub(0.1, 0, 1.0, 1)])
