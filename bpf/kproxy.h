@@ -289,6 +289,7 @@ enum kp_ct_flags {              /* kp_ct4_val.flags */
 	KP_CT_F_FIN_ORIG   = 0x04,  /* the client sent a FIN */
 	KP_CT_F_FIN_REPLY  = 0x08,  /* the backend sent a FIN */
 	KP_CT_F_REPLY_FIRST = 0x10, /* ... before the client did: the backend holds a TIME_WAIT */
+	KP_CT_F_LAST_ACK   = 0x20,  /* the client ACKed the backend's FIN (client first) */
 };
 
 enum kp_ct_timeouts {           /* seconds; references are the kernel's nf_conntrack defaults */

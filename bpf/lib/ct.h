@@ -65,6 +65,11 @@ static __always_inline void kp_ct_track(struct kp_ct4_key *key, struct kp_ct4_va
 			else if (!(flags & KP_CT_F_FIN_REPLY))
 				flags |= KP_CT_F_FIN_REPLY |
 					 (flags & KP_CT_F_FIN_ORIG ? 0 : KP_CT_F_REPLY_FIRST);
+		} else if (!reply && (tcp_flags & KP_TCP_ACK) &&
+			   (flags & (KP_CT_F_FIN_ORIG | KP_CT_F_FIN_REPLY)) ==
+				   (KP_CT_F_FIN_ORIG | KP_CT_F_FIN_REPLY)) {
+			/* the client's ACK of the backend's FIN: the backend leaves LAST_ACK */
+			flags |= KP_CT_F_LAST_ACK;
 		} else if (reply && state == KP_CT_NEW)
 			state = KP_CT_ESTABLISHED;
 	} else if (reply && state == KP_CT_NEW) {
@@ -86,8 +91,10 @@ static __always_inline void kp_ct_track(struct kp_ct4_key *key, struct kp_ct4_va
  * new flow: the flow no longer owns it (its row is gone, or names another SNAT port or
  * backend: it was reopened), it has expired, or its connection has ended with no state left on
  * the backend that a new SYN on the same tuple could meet. That is a RST (the backend's socket
- * is gone), or FINs both ways with the client's first: the backend closed second, so it went
- * through LAST_ACK to CLOSED and holds no TIME_WAIT. When the backend closed first it holds the
+ * is gone), or FINs both ways with the client's first and the client's ACK of the backend's
+ * FIN passed: the backend closed second, so it went through LAST_ACK to CLOSED and holds no
+ * TIME_WAIT (before that ACK it is still in LAST_ACK, where a new SYN on the tuple gets a
+ * challenge ACK and the client's connect waits for its 1 s retransmit). When the backend closed first it holds the
  * tuple in TIME_WAIT (60 s in Linux), where a SYN whose sequence number and timestamp do not
  * move past the old connection's is answered with an ACK for that one: the client resets it and
  * retransmits a second later. Such a port waits for the row to expire (KP_CT_TCP_CLOSING_S, the
@@ -107,8 +114,9 @@ static __always_inline bool kp_rnat_reusable(const struct kp_ct4_key *rkey,
 	if (orig->proto != IPPROTO_TCP)
 		return false;
 	return v.state == KP_CT_CLOSED ||
-	       (v.flags & (KP_CT_F_FIN_ORIG | KP_CT_F_FIN_REPLY | KP_CT_F_REPLY_FIRST)) ==
-		       (KP_CT_F_FIN_ORIG | KP_CT_F_FIN_REPLY);
+	       (v.flags & (KP_CT_F_FIN_ORIG | KP_CT_F_FIN_REPLY | KP_CT_F_REPLY_FIRST |
+			   KP_CT_F_LAST_ACK)) ==
+		       (KP_CT_F_FIN_ORIG | KP_CT_F_FIN_REPLY | KP_CT_F_LAST_ACK);
 }
 
 /* The reply tuple of a flow: what the backend sends back. */

@@ -306,6 +306,8 @@ def cpu_of(port: int) -> int:
 ENDS = {"rst-client": [("in", RST | ACK)],
         "rst-backend": [("out", RST | ACK)],
         "fin-client-first": [("in", FIN | ACK), ("out", FIN | ACK), ("in", ACK)],
+        # the client's last ACK not yet through: the backend is still in LAST_ACK
+        "fin-client-first-unacked": [("in", FIN | ACK), ("out", FIN | ACK)],
         "fin-backend-first": [("out", FIN | ACK), ("in", FIN | ACK), ("out", ACK)]}
 
 
@@ -316,7 +318,8 @@ def test_an_ended_flows_snat_port_goes_to_a_new_flow_unless_the_backend_holds_a_
     backend, nor does a close the client began (the backend closes second: no TIME_WAIT);
     so the next flow gets that port. A close the backend began leaves it in TIME_WAIT for the
     tuple: the port stays held (a SYN there may be answered for the old connection) until the
-    row expires, and the new flow is dropped as the range is full."""
+    row expires, and the new flow is dropped as the range is full; so it is while the backend
+    waits in LAST_ACK for the client's ACK of its FIN."""
     held = open_all_ports(tc)
     port = PORTS[0] + 1
     for way, flags in [("out", SYN | ACK)] + ENDS[end]:
@@ -327,7 +330,7 @@ def test_an_ended_flows_snat_port_goes_to_a_new_flow_unless_the_backend_holds_a_
             assert ret == TC_ACT_REDIRECT
     reuse, full = tc.stat("tc_snat_reuse"), tc.stat("tc_snat_full")
     ret, out = tc.ingress(packet(CLIENT, 42000, NODE, NP_REMOTE), cpu=cpu_of(port))
-    if end == "fin-backend-first":
+    if end in ("fin-backend-first", "fin-client-first-unacked"):
         assert ret == TC_ACT_SHOT and tc.stat("tc_snat_full") == full + 1
         return
     assert ret == TC_ACT_REDIRECT and parse(out)["sport"] == port
