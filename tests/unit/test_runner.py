@@ -56,3 +56,16 @@ def test_failed_sync_retries_with_backoff(failures, delay):
     assert s.due(start)[0] == pytest.approx(start + delay)
     run_at(s, start + delay, ok=True)
     assert s.failures == 0
+
+
+def test_a_periodic_sync_does_not_hold_back_the_next_change():
+    s = Schedule(min_interval=0.2, max_interval=30)
+    run_at(s, 0.0)
+    s.request()
+    run_at(s, 5.0)               # a change
+    assert run_at(s, 30.0)       # the periodic sync, nothing requested
+    s.request()                  # a change 10 ms after it: synced at once
+    assert s.due(30.01) == (30.01, False)
+    run_at(s, 30.01)
+    s.request()                  # the next change is spaced from the last change's sync
+    assert s.due(30.05)[0] == pytest.approx(30.21)
