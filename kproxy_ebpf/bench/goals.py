@@ -150,6 +150,11 @@ def _fmt(x, nd=2) -> str:
     return "n/a" if x is None else f"{x:.{nd}f}"
 
 
+def _paired(doc, n, *path):
+    """A figure of our mode at N by path (the interleaved-direct pairs among them)."""
+    return _get(doc.get("results", {}).get(OURS, {}).get(str(n)), *path)
+
+
 def _m1_direct(doc):
     """Judged on the direct runs interleaved with ours where they exist (the same minutes);
     the direct mode's figure, measured minutes apart, is shown beside."""
@@ -158,8 +163,7 @@ def _m1_direct(doc):
         o99, d99 = value(doc, OURS, n, "m1_connect_p99"), value(doc, "direct", n, "m1_connect_p99")
         apart = (f"direct mode: p50 {o50 - d50:+.2f} us, p99 {o99 - d99:+.2f} us"
                  if None not in (o50, d50, o99, d99) else None)
-        added = _get(doc.get("results", {}).get(OURS, {}).get(str(n)),
-                     "M1", "paired_direct", "added_us")
+        added = _paired(doc, n, "M1", "paired_direct", "added_us")
         if added:
             a50, a99 = added["p50"], added["p99"]
             text = f"interleaved p50 {a50:+.2f} us, p99 {a99:+.2f} us"
@@ -192,10 +196,6 @@ def _m1_vs_iptables(doc):
         ok = ipt_added > 0 and ours_added * 10 <= ipt_added
         return ok, f"added p99 ours {_fmt(ours_added)} us, {base} {_fmt(ipt_added)} us"
     return _at(doc, GOAL_N, one)
-
-
-def _paired(doc, n, *path):
-    return _get(doc.get("results", {}).get(OURS, {}).get(str(n)), *path)
 
 
 def _m1_flat(doc):
@@ -259,7 +259,7 @@ def _m3_direct(doc):
         o99, d99 = value(doc, OURS, n, "m3_rr_p99"), value(doc, "direct", n, "m3_rr_p99")
         apart = (f"req/s {_fmt(rr)}x, Gbit/s {_fmt(gb)}x, p99 {o99 - d99:+.2f} us"
                  if None not in (rr, gb, o99, d99) else None)
-        pair = _get(doc.get("results", {}).get(OURS, {}).get(str(n)), "M3", "paired_direct")
+        pair = _paired(doc, n, "M3", "paired_direct")
         if pair:
             prr, pgb, p99 = pair["rr_ratio"], pair["gbit_ratio"], pair["rr_p99_added_us"]
             text = f"interleaved req/s {_fmt(prr)}x, Gbit/s {_fmt(pgb)}x, p99 {p99:+.2f} us"
