@@ -304,6 +304,11 @@ enum kp_ct_timeouts {           /* seconds; references are the kernel's nf_connt
 	KP_CT_UDP_STREAM_S  = 120,   /* nf_conntrack_udp_timeout_stream */
 	KP_CT_REFRESH_S     = 1,     /* an entry's expiry is rewritten at most once a second */
 	KP_SNAT_TRIES       = 8,     /* source ports tried before a flow counts as exhausted */
+	/* An ended flow's SNAT port is given to a new flow only this long after the flow's last
+	 * packet (its RST, or the client's ACK of the backend's FIN) passed: that packet must reach
+	 * the backend first (lib/ct.h kp_rnat_reusable). Linux's tcp_tw_reuse waits 1 s too
+	 * before it reuses a TIME_WAIT tuple for a new connection (tcp_twsk_unique). */
+	KP_SNAT_REUSE_S     = 1,
 };
 
 

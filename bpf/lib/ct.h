@@ -94,8 +94,8 @@ static __always_inline void kp_ct_track(struct kp_ct4_key *key, struct kp_ct4_va
  * is gone), or FINs both ways with the client's first and the client's ACK of the backend's
  * FIN passed: the backend closed second, so it went through LAST_ACK to CLOSED and holds no
  * TIME_WAIT (before that ACK it is still in LAST_ACK, where a new SYN on the tuple gets a
- * challenge ACK and the client's connect waits for its 1 s retransmit). When the backend closed first it holds the
- * tuple in TIME_WAIT (60 s in Linux), where a SYN whose sequence number and timestamp do not
+ * challenge ACK and the client's connect waits for its 1 s retransmit), KP_SNAT_REUSE_S ago at
+ * least. When the backend closed first it holds the tuple in TIME_WAIT (60 s in Linux), where a SYN whose sequence number and timestamp do not
  * move past the old connection's is answered with an ACK for that one: the client resets it and
  * retransmits a second later. Such a port waits for the row to expire (KP_CT_TCP_CLOSING_S, the
  * kernel's conntrack time_wait, during which conntrack keeps a tuple taken too). */
@@ -113,10 +113,18 @@ static __always_inline bool kp_rnat_reusable(const struct kp_ct4_key *rkey,
 		return true;
 	if (orig->proto != IPPROTO_TCP)
 		return false;
-	return v.state == KP_CT_CLOSED ||
-	       (v.flags & (KP_CT_F_FIN_ORIG | KP_CT_F_FIN_REPLY | KP_CT_F_REPLY_FIRST |
-			   KP_CT_F_LAST_ACK)) ==
-		       (KP_CT_F_FIN_ORIG | KP_CT_F_FIN_REPLY | KP_CT_F_LAST_ACK);
+	if (v.state != KP_CT_CLOSED &&
+	    (v.flags & (KP_CT_F_FIN_ORIG | KP_CT_F_FIN_REPLY | KP_CT_F_REPLY_FIRST |
+			KP_CT_F_LAST_ACK)) !=
+		    (KP_CT_F_FIN_ORIG | KP_CT_F_FIN_REPLY | KP_CT_F_LAST_ACK))
+		return false;
+	/* Ended, but its last packet may not have reached the backend yet: it passed this node
+	 * when the row was last written (expires = then + the state's lifetime). Packets of one
+	 * tuple sent from two CPUs can be handled in parallel at the backend; a SYN that meets the
+	 * socket the ACK (or RST) is closing at that moment is dropped without an answer (seen in
+	 * the lab: ACK and SYN 2 us apart, the connect timed out). */
+	return now + kp_ct_lifetime(orig->proto, v.state) >=
+	       v.expires + KP_SNAT_REUSE_S * KP_NSEC_PER_SEC;
 }
 
 /* The reply tuple of a flow: what the backend sends back. */

@@ -22,7 +22,8 @@ from kproxy_ebpf.cli import main
 from kproxy_ebpf.datapath import conntrack
 from kproxy_ebpf.datapath.loader import open_pinned_maps, remove_pins
 from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath.tc import TcDatapath, attached, detach_all, write_config
+from kproxy_ebpf.datapath.tc import (TcDatapath, attached, detach_all, possible_cpus,
+                                     write_config)
 from kproxy_ebpf.datapath.writer import MapWriter
 from kproxy_ebpf.lab import Lab
 from kproxy_ebpf.lab import nsutil
@@ -235,38 +236,50 @@ def test_health_check_node_port_answers_on_each_node(lab, nodes):
             hc.close()
 
 
-SNAT_RANGE = (61000, 61015)   # 16 SNAT ports: a few dozen connections use each one again
+SNAT_PORTS = 4   # 2 per CPU on 2 CPUs: each port is used again and again
 
 
-@pytest.fixture
-def few_snat_ports(nodes):
-    """node1 SNATs from SNAT_RANGE only, so reusing a port is the common case, not the rare
-    one (the default range has 4536 ports per backend)."""
+@pytest.fixture(params=[False, True], ids=["fin-client-first", "rst"])
+def few_snat_ports(request, nodes):
+    """node1 SNATs from SNAT_PORTS ports only, so reusing a port is the common case, not the
+    rare one (the default range has 4536 ports per backend). Each test gets ports no earlier
+    test used: a port that ended less than KP_SNAT_REUSE_S ago is not taken."""
     node1 = nodes[0]
-    write_config(node1.bpffs, "10.250.0.11", SNAT_RANGE)
-    yield node1
+    first = 61000 + SNAT_PORTS * request.param_index
+    node1.snat_range = (first, first + SNAT_PORTS - 1)
+    write_config(node1.bpffs, "10.250.0.11", node1.snat_range)
+    yield node1, request.param
     write_config(node1.bpffs, "10.250.0.11", TcDatapath.snat_ports)
 
 
-@pytest.mark.parametrize("abort", [False, True], ids=["fin-client-first", "rst"])
-def test_many_short_connections_reuse_snat_ports_without_a_loss(lab, nodes, few_snat_ports,
-                                                                 abort):
+def test_many_short_connections_reuse_snat_ports_without_a_loss(lab, nodes, few_snat_ports):
     """Every port of the range serves several connections in a row: a port whose flow has
     ended is taken again (a closed flow's reply row must not hold it until the map evicts it),
     and no SYN is lost. Client-first FIN: the backend ends in LAST_ACK/CLOSED, no TIME_WAIT;
-    RST: the backend's socket is gone."""
+    RST: the backend's socket is gone. A port is taken again KP_SNAT_REUSE_S after its flow
+    ended, so the connections are spaced for one CPU's ports to come free in turn."""
+    node1, abort = few_snat_ports
     program(nodes, lab, nodeport("np-reuse"), ["b1"])
-    full, reuse = stat(few_snat_ports, "snat_full"), stat(few_snat_ports, "snat_reuse")
-    n = 6 * (SNAT_RANGE[1] - SNAT_RANGE[0] + 1)
-    lines = lab.probe("ext", "10.250.0.11", 30080, count=n, abort=abort)
+    full, reuse = stat(node1, "snat_full"), stat(node1, "snat_reuse")
+    before = snat_ports_toward(lab, node1, "b1")
+    n = 3 * SNAT_PORTS
+    # The smallest CPU slice (ports // ncpus) cycles once per KP_SNAT_REUSE_S, 40 % to spare.
+    gap = 1.4 * L.const("KP_SNAT_REUSE_S") / max(1, SNAT_PORTS // possible_cpus())
+    lines = lab.probe("ext", "10.250.0.11", 30080, count=n, abort=abort, interval=gap)
     assert seen(lines) == {("b1", "10.250.0.11")}, [ln for ln in lines if "b1" not in ln][:5]
-    assert stat(few_snat_ports, "snat_full") == full
-    assert stat(few_snat_ports, "snat_reuse") - reuse >= n - 2 * len(range(*SNAT_RANGE))
-    out = CliRunner().invoke(main, ["stats", "--bpffs-dir", str(few_snat_ports.bpffs), "-o", "json"])
-    assert json.loads(out.output)["tc_snat_reuse"] == stat(few_snat_ports, "snat_reuse")
-    ports = {r["snat"] for r in conntrack.entries(few_snat_ports.maps)
-             if r["backend"].startswith(lab.pod("b1").ip + ":8080")}
-    assert ports and ports <= {f"10.250.0.11:{p}" for p in range(SNAT_RANGE[0], SNAT_RANGE[1] + 1)}
+    assert stat(node1, "snat_full") == full
+    assert stat(node1, "snat_reuse") - reuse >= n - SNAT_PORTS
+    out = CliRunner().invoke(main, ["stats", "--bpffs-dir", str(node1.bpffs), "-o", "json"])
+    assert json.loads(out.output)["tc_snat_reuse"] == stat(node1, "snat_reuse")
+    first, last = node1.snat_range
+    used = snat_ports_toward(lab, node1, "b1") - before
+    assert used and used <= {f"10.250.0.11:{p}" for p in range(first, last + 1)}
+
+
+def snat_ports_toward(lab, node: TcNode, pod: str) -> set[str]:
+    """The SNAT address:port of every conntrack row toward `pod`'s TCP port."""
+    return {r["snat"] for r in conntrack.entries(node.maps)
+            if r["backend"].startswith(lab.pod(pod).ip + ":8080")}
 
 
 def stat(node: TcNode, name: str) -> int:

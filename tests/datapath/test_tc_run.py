@@ -301,6 +301,14 @@ def cpu_of(port: int) -> int:
     return (port - PORTS[0]) % possible_cpus()
 
 
+def ended_long_ago(tc, sport: int) -> None:
+    """Moves the flow from CLIENT:sport back in time by KP_SNAT_REUSE_S, as if its last
+    packet had passed that long ago (its port may then go to a new flow)."""
+    key, ct = tc.ct(sport, NP_REMOTE)
+    ct.expires -= L.const("KP_SNAT_REUSE_S") * 10**9
+    tc.maps["ct"].put(key, ct)
+
+
 # The ends of a connection, as (direction, TCP flags) in order: "in" from the client, "out"
 # the backend's reply.
 ENDS = {"rst-client": [("in", RST | ACK)],
@@ -316,7 +324,8 @@ def test_an_ended_flows_snat_port_goes_to_a_new_flow_unless_the_backend_holds_a_
         tc, end):
     """The range is full of live flows; one of them ends. A RST leaves no state on the
     backend, nor does a close the client began (the backend closes second: no TIME_WAIT);
-    so the next flow gets that port. A close the backend began leaves it in TIME_WAIT for the
+    so the next flow gets that port, once the end is KP_SNAT_REUSE_S old (the flow's last
+    packet must reach the backend before a SYN on the same tuple). A close the backend began leaves it in TIME_WAIT for the
     tuple: the port stays held (a SYN there may be answered for the old connection) until the
     row expires, and the new flow is dropped as the range is full; so it is while the backend
     waits in LAST_ACK for the client's ACK of its FIN."""
@@ -329,9 +338,13 @@ def test_an_ended_flows_snat_port_goes_to_a_new_flow_unless_the_backend_holds_a_
             ret, _ = tc.ingress(packet(REMOTE_BE, 8080, NODE, port, flags=flags))
             assert ret == TC_ACT_REDIRECT
     reuse, full = tc.stat("tc_snat_reuse"), tc.stat("tc_snat_full")
+    # Just ended: the last packet may still be on its way to the backend; the port waits.
+    ret, _ = tc.ingress(packet(CLIENT, 42000, NODE, NP_REMOTE), cpu=cpu_of(port))
+    assert ret == TC_ACT_SHOT and tc.stat("tc_snat_full") == full + 1
+    ended_long_ago(tc, held[port])
     ret, out = tc.ingress(packet(CLIENT, 42000, NODE, NP_REMOTE), cpu=cpu_of(port))
     if end in ("fin-backend-first", "fin-client-first-unacked"):
-        assert ret == TC_ACT_SHOT and tc.stat("tc_snat_full") == full + 1
+        assert ret == TC_ACT_SHOT and tc.stat("tc_snat_full") == full + 2
         return
     assert ret == TC_ACT_REDIRECT and parse(out)["sport"] == port
     assert tc.stat("tc_snat_reuse") == reuse + 1
@@ -350,6 +363,7 @@ def test_an_ended_flows_port_is_reused_only_by_the_cpu_whose_slice_holds_it(tc):
     held = open_all_ports(tc)
     port = PORTS[0] + 1
     tc.ingress(packet(CLIENT, held[port], NODE, NP_REMOTE, flags=RST))
+    ended_long_ago(tc, held[port])
     other = (cpu_of(port) + 1) % possible_cpus()
     if other not in os.sched_getaffinity(0):
         pytest.skip(f"CPU {other} is not ours to run on")
