@@ -81,27 +81,63 @@ def remove_tree(path: str, root: str = ROOT) -> list[str]:
         except FileNotFoundError:
             pass
         except OSError as e:
-            problems.append(f"rmdir {d}: {e.strerror} (pids {pids(d, root)})")
+            left = ", ".join(_describe(pid) for pid in pids(d, root))
+            problems.append(f"rmdir {d}: {e.strerror} (pids [{left}])")
     return problems
 
 
+def _describe(pid: int) -> str:
+    """`pid (comm, state S, ppid P)`, what a leftover process in a cgroup tells about itself."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return f"{pid} (gone)"
+    comm = stat[stat.find("(") + 1:stat.rfind(")")]
+    state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+    return f"{pid} ({comm}, state {state}, ppid {ppid})"
+
+
+def kill_all(path: str, root: str = ROOT, timeout: float = 3.0) -> bool:
+    """SIGKILL every process in the cgroup and its descendants at once (cgroup.kill, Linux
+    5.14): unlike a pid-by-pid sweep it also gets a child forked while the sweep ran. Waits
+    until they have exited; False when some are left (or the kernel has no cgroup.kill)."""
+    path = check(path, root)
+    try:
+        with open(os.path.join(path, "cgroup.kill"), "w") as f:
+            f.write("1")
+    except FileNotFoundError:
+        return False
+    deadline = time.monotonic() + timeout
+    while _populated(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _populated(path: str) -> bool:
+    try:
+        with open(os.path.join(path, "cgroup.events")) as f:
+            return "populated 1" in f.read()
+    except FileNotFoundError:
+        return False
+
+
 def _rmdir_when_empty(d: str, root: str, timeout: float = 3.0) -> None:
-    """rmdir, waiting out tasks that were killed but are still exiting: they are no longer
-    in cgroup.procs, yet keep the cgroup populated (EBUSY) until the kernel releases them.
-    cgroup.events says when that has happened."""
+    """rmdir, waiting out tasks that were killed but are still exiting: they may still be
+    listed in cgroup.procs, or no longer listed yet keep the cgroup populated (EBUSY) until
+    the kernel releases them. cgroup.events says when that has happened."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             os.rmdir(d)
             return
         except OSError as e:
-            if e.errno != errno.EBUSY or time.monotonic() > deadline or pids(d, root):
+            if e.errno != errno.EBUSY or time.monotonic() > deadline:
                 raise
-        try:
-            with open(os.path.join(d, "cgroup.events")) as f:
-                populated = "populated 1" in f.read()
-        except FileNotFoundError:
+        if not os.path.isdir(d):
             return
-        if not populated:
+        if not _populated(d):
             continue
         time.sleep(0.02)

@@ -655,11 +655,24 @@ class Lab:
                 else:
                     del st.procs[pid]
         for cg in cgroup_paths:
-            if os.path.isdir(cg):
-                for pid in cgroups.pids_recursive(cg, self.cgroup_root):
-                    if not procs.kill_pid(pid):
-                        problems.append(f"pid {pid} in {cg} survived SIGKILL")
+            problems += [f"pid {pid} in {cg} survived SIGKILL" for pid in self._sweep(cg)[1]]
         return problems
+
+    def _sweep(self, cg: str) -> tuple[list[int], list[int]]:
+        """Kills what is left in cgroup `cg` and below (children of what we started, leftovers
+        of `exec`): (killed, survived) pids."""
+        killed: list[int] = []
+        survived: list[int] = []
+        if not os.path.isdir(cg):
+            return killed, survived
+        for pid in cgroups.pids_recursive(cg, self.cgroup_root):
+            (killed if procs.kill_pid(pid) else survived).append(pid)
+        # A process killed above may have forked meanwhile (kube-proxy starting an
+        # iptables-restore as it stops): the sweep never saw that child, which holds the
+        # cgroup and the netns. The kernel kills the whole tree at once.
+        if cgroups.pids_recursive(cg, self.cgroup_root):
+            cgroups.kill_all(cg, self.cgroup_root)
+        return killed, survived
 
     # ---- teardown --------------------------------------------------------------------------
 
@@ -700,12 +713,9 @@ class Lab:
                     report.removed.append(f"pid {pid} ({rec.name}): {result}")
                     if result == "stuck":
                         report.problems.append(f"pid {pid} ({rec.name}) survived SIGKILL")
-            if os.path.isdir(self.cgroup):
-                for pid in cgroups.pids_recursive(self.cgroup, self.cgroup_root):
-                    ok = procs.kill_pid(pid)
-                    report.removed.append(f"pid {pid} (found in lab cgroup)")
-                    if not ok:
-                        report.problems.append(f"pid {pid} in lab cgroup survived SIGKILL")
+            killed, survived = self._sweep(self.cgroup)
+            report.removed += [f"pid {pid} (found in lab cgroup)" for pid in killed + survived]
+            report.problems += [f"pid {pid} in lab cgroup survived SIGKILL" for pid in survived]
             owned = [n for n in nsutil.list_netns() if self._owns(n, longer)]
             # Pods first, then nodes, the external client and the underlay.
             owned.sort(key=lambda n: (not n.startswith(f"{self.prefix}-p-"),

@@ -364,6 +364,10 @@ def test_down_removes_everything(lab, host_before):
     lab.spawn("net", ["sleep", "60"], "cp-standin")
     # An unrecorded child left in a pod cgroup (as `lab exec ... &` could leave) goes too.
     lab.exec("a", ["sh", "-c", "sleep 60 >/dev/null 2>&1 &"])
+    # One that forks when it is stopped (kube-proxy starting iptables-restore as it dies):
+    # the child is born after the sweep listed the cgroup's processes.
+    lab.exec("node1", ["sh", "-c", "(trap 'sleep 60 & exit' TERM; while :; do sleep 0.05; done)"
+                                   " >/dev/null 2>&1 &"])
     report = lab.down()
     assert report.ok, report.problems
     assert _leftovers() == []
