@@ -39,6 +39,9 @@ class EndpointInfo:
         return self.serving and self.terminating
 
 
+_NONE: frozenset[str] = frozenset()
+
+
 def _valid_port(port: int | None) -> bool:
     # kube-proxy ignores nil and 0; anything outside 1..65535 cannot be encoded either.
     return port is not None and 0 < port <= 65535
@@ -67,17 +70,17 @@ def endpoints_by_port(slices: Iterable[EndpointSlice],
                 if not ep.addresses:
                     continue
                 local = bool(node_name) and ep.node_name == node_name
+                # Positional (this runs per endpoint and port), in field order: ip (kube-proxy
+                # uses only the first address), port, ready, serving, terminating, node_name,
+                # zone, hint_zones, hint_nodes, local.
                 info = EndpointInfo(
-                    ip=ep.addresses[0],        # kube-proxy uses only the first address
-                    port=sport.port,
-                    ready=ep.ready is None or ep.ready,
-                    serving=ep.serving is None or ep.serving,
-                    terminating=ep.terminating is not None and ep.terminating,
-                    node_name=ep.node_name,
-                    zone=ep.zone,
-                    hint_zones=frozenset(ep.hint_zones),
-                    hint_nodes=frozenset(ep.hint_nodes),
-                    local=local,
+                    ep.addresses[0], sport.port,
+                    ep.ready is None or ep.ready, ep.serving is None or ep.serving,
+                    ep.terminating is not None and ep.terminating,
+                    ep.node_name, ep.zone,
+                    frozenset(ep.hint_zones) if ep.hint_zones else _NONE,
+                    frozenset(ep.hint_nodes) if ep.hint_nodes else _NONE,
+                    local,
                 )
                 key = (info.ip, info.port)
                 if key not in bucket or (local and not bucket[key].local):
