@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import attrgetter
 
 from ..model import EndpointSlice, Protocol
 
@@ -40,6 +41,7 @@ class EndpointInfo:
 
 
 _NONE: frozenset[str] = frozenset()
+_IP_PORT = attrgetter("ip", "port")
 
 
 def _valid_port(port: int | None) -> bool:
@@ -85,5 +87,5 @@ def endpoints_by_port(slices: Iterable[EndpointSlice],
                 key = (info.ip, info.port)
                 if key not in bucket or (local and not bucket[key].local):
                     bucket[key] = info
-    return {pk: tuple(sorted(b.values(), key=lambda e: (e.ip, e.port)))
+    return {pk: tuple(sorted(b.values(), key=_IP_PORT))
             for pk, b in merged.items()}
