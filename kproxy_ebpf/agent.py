@@ -171,13 +171,13 @@ class Agent:
         # within the health timeout (say the API server is unreachable), /healthz says so.
         self.health.queued_update()
         limit_malloc_arenas()
-        self.pause_gc()
         target = self._tc_target() if self.cfg.north_south or not self.cfg.socket_lb else None
         # bcc compiles in a child process (datapath/progload.py) while the sources list the
         # cluster: the compile is off the cold start's critical path, and LLVM never enters
         # this process. Listing only fills ProxyState; nothing syncs before the maps are
         # adopted below (the runner starts after the first complete list, and after start()).
         job = self.datapath.start_load(tc.tc_programs() if target else [])
+        self.pause_gc()          # until the first sync: the LIST and the first sync are cold work
         try:
             self.source = self._make_source()
             self.metrics.watch_api(self.source.counters)
@@ -190,6 +190,7 @@ class Agent:
             job.cancel()
             if self.source:
                 self.source.stop()
+            self._resume_gc()
             raise
         release_heap()
         self.writer = MapWriter(self.datapath.maps)
