@@ -111,12 +111,11 @@ def pause_gc() -> bool:
 
 
 def resume_gc() -> float:
-    """Collect the cycles made while paused, then freeze the survivors (the agent's long-lived
-    state: later collections never scan it again, gc.freeze's purpose) and resume. Returns
-    the CPU seconds spent."""
+    """Collect the cycles made while paused and resume; returns the CPU seconds spent. (No
+    gc.freeze() of the survivors: a frozen object is never collected, so any startup object
+    that later became cyclic garbage would stay for good.)"""
     cpu0 = time.thread_time()
     gc.collect()
-    gc.freeze()
     gc.enable()
     return time.thread_time() - cpu0
 
@@ -226,7 +225,7 @@ class Agent:
             if self._gc_timer is not None:
                 self._gc_timer.cancel()
             self.gc_resume_cpu = resume_gc()
-        log.info("cyclic GC resumed (collect and freeze: %.0f ms CPU)", self.gc_resume_cpu * 1000)
+        log.info("cyclic GC resumed (one collection: %.0f ms CPU)", self.gc_resume_cpu * 1000)
 
     def _tc_target(self) -> tuple[list[str], str | None] | None:
         """The external devices and the SNAT address for tc_lb.c (north-south), and with
