@@ -365,9 +365,10 @@ class MapWriter:
             refs[bkey] += 1
             self._slot_rows += 1
         self._restore_ranges()
-        # Anything unreferenced (a crash between writes) is garbage now.
-        self._unref = {b for b, _ in self.backend_ids}
-        self._svc_unref = {spn for spn, _ in self.svc_ids}
+        # Anything unreferenced (a crash between writes) is garbage now: only those are
+        # candidates (a set difference, not a _gc() look at each of 100,000 backends).
+        self._unref = self.backend_ids.keys() - self._refs.keys()
+        self._svc_unref = self.svc_ids.keys() - self._svc_refs.keys()
         self._gc()
         return len(self.programmed)
 
