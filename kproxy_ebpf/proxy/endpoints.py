@@ -58,6 +58,7 @@ def endpoints_by_port(slices: Iterable[EndpointSlice],
     over a remote one, otherwise the first one seen stays. Each list is sorted by (ip, port).
     """
     merged: dict[PortKey, dict[tuple[str, int], EndpointInfo]] = {}
+    named = bool(node_name)
     for sl in sorted(slices, key=lambda s: (s.namespace, s.name)):
         # A slice labelled service.kubernetes.io/headless is outside kube-proxy's informer
         # (its label selector, cmd/kube-proxy/app/server.go): its endpoints do not count.
@@ -68,15 +69,19 @@ def endpoints_by_port(slices: Iterable[EndpointSlice],
                 continue
             assert sport.port is not None
             bucket = merged.setdefault((sport.name, sport.protocol), {})
+            port = sport.port
             for ep in sl.endpoints:
                 if not ep.addresses:
                     continue
-                local = bool(node_name) and ep.node_name == node_name
-                # Positional (this runs per endpoint and port), in field order: ip (kube-proxy
-                # uses only the first address), port, ready, serving, terminating, node_name,
-                # zone, hint_zones, hint_nodes, local.
-                info = EndpointInfo(
-                    ep.addresses[0], sport.port,
+                ip = ep.addresses[0]            # kube-proxy uses only the first address
+                local = named and ep.node_name == node_name
+                seen = bucket.get((ip, port))
+                if seen is not None and (seen.local or not local):
+                    continue
+                # Positional (this runs per endpoint and port), in field order: ip, port,
+                # ready, serving, terminating, node_name, zone, hint_zones, hint_nodes, local.
+                bucket[(ip, port)] = EndpointInfo(
+                    ip, port,
                     ep.ready is None or ep.ready, ep.serving is None or ep.serving,
                     ep.terminating is not None and ep.terminating,
                     ep.node_name, ep.zone,
@@ -84,8 +89,5 @@ def endpoints_by_port(slices: Iterable[EndpointSlice],
                     frozenset(ep.hint_nodes) if ep.hint_nodes else _NONE,
                     local,
                 )
-                key = (info.ip, info.port)
-                if key not in bucket or (local and not bucket[key].local):
-                    bucket[key] = info
     return {pk: tuple(sorted(b.values(), key=_IP_PORT))
             for pk, b in merged.items()}
