@@ -11,6 +11,8 @@ agent's own and do not mix with the writer's map operations (measured by its own
 
 Phases (CPU is process time of this single-threaded run):
   list   an agent (re)starting on a full cluster: one paginated LIST of each resource, first sync
+         (with the cyclic GC paused as Agent.start() pauses it; gc_resume_cpu_s is the collection
+         that ends the pause after the first sync, off the cold start's critical path)
   fill   an agent watching while the cluster is created: ADDED events, a partial sync every
          --events-per-sync events (the 200 ms minSyncPeriod at the rate objects arrive) and a
          full sync every --syncs-per-full partial syncs (the 30 s syncPeriod)
@@ -241,14 +243,18 @@ def phase_list(n: int, e: int) -> dict:
     refl["node"]._list_fn = Pages(1, lambda i: node_json())
     refl["services"]._list_fn = Pages(n, lambda i: service_json(i, 10 + i))
     refl["endpointslices"]._list_fn = Pages(n, lambda i: slice_json(i, e, 10 + n + i))
+    if hasattr(agent, "pause_gc"):      # as Agent.start() (absent in older code)
+        agent.pause_gc()
     t0 = time.process_time()
     for r in refl.values():
         r._list()
     listed = time.process_time() - t0 - sum(r._list_fn.cpu for r in refl.values())
     t0 = time.process_time()
     agent._sync(True)
-    return {"list_cpu_s": round(listed, 2),
-            "first_sync_cpu_s": round(time.process_time() - t0, 2), "agent": agent}
+    first = time.process_time() - t0
+    resumed = getattr(agent, "gc_resume_cpu", 0.0)   # ends the first sync, after programming
+    return {"list_cpu_s": round(listed, 2), "first_sync_cpu_s": round(first - resumed, 2),
+            "gc_resume_cpu_s": round(resumed, 2), "agent": agent}
 
 
 def phase_fill(n: int, e: int, events_per_sync: int, syncs_per_full: int) -> dict:

@@ -12,7 +12,7 @@ restart, so they are used last of all: only after the cursor wraps and the queue
 """
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator, KeysView
 
 
 class IdsExhausted(RuntimeError):
@@ -42,6 +42,10 @@ class IdAllocator:
 
     def __iter__(self) -> Iterator[tuple[Hashable, int]]:
         return iter(list(self._by_key.items()))
+
+    def keys(self) -> KeysView[Hashable]:
+        """The keys holding an id (a live view)."""
+        return self._by_key.keys()
 
     def get(self, key: Hashable) -> int | None:
         return self._by_key.get(key)

@@ -167,12 +167,16 @@ TRAFFIC_DISTRIBUTION_BY_NUM = {v: k for k, v in TRAFFIC_DISTRIBUTION.items()}
 MetaView = tuple[int, int, int, int]     # flags, healthCheckNodePort, source ranges, distribution
 
 
+_META_ETP_LOCAL, _META_ITP_LOCAL, _TD_OTHER = (const("KP_META_F_ETP_LOCAL"),
+                                               const("KP_META_F_ITP_LOCAL"), const("KP_TD_OTHER"))
+
+
 def meta_view(info: ServiceInfo) -> MetaView:
     """What kp_svc_meta holds of a Service's settings."""
-    flags = ((const("KP_META_F_ETP_LOCAL") if info.external_local else 0)
-             | (const("KP_META_F_ITP_LOCAL") if info.internal_local else 0))
+    flags = ((_META_ETP_LOCAL if info.external_local else 0)
+             | (_META_ITP_LOCAL if info.internal_local else 0))
     return (flags, info.health_check_node_port, min(len(info.source_ranges), 255),
-            TRAFFIC_DISTRIBUTION.get(info.traffic_distribution, const("KP_TD_OTHER")))
+            TRAFFIC_DISTRIBUTION.get(info.traffic_distribution, _TD_OTHER))
 
 
 def policy_of(view: MetaView) -> dict:

@@ -40,7 +40,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ..desired import Action, Frontend, FrontendKind, ServicePortName
+from ..desired import Action, Backend, Frontend, FrontendKind, ServicePortName
 from ..model import Protocol
 from . import layout as L
 from .ids import IdAllocator, IdsExhausted
@@ -66,9 +66,25 @@ _NATIVE_U32, _NATIVE_U32_PACK = struct.Struct("=I").unpack, struct.Struct("=I").
 
 
 def _backend_row(b: BackendKey) -> bytes:
-    """kp_backend4 of (ip, port, protocol): address and port in network byte order."""
-    return _BACKEND(_NATIVE_U32(socket.inet_aton(b[0]))[0],
-                    int.from_bytes(b[1].to_bytes(2, "big"), sys.byteorder), L.PROTO_NUM[b[2]])
+    """kp_backend4 of (ip, port, protocol): address and port in network byte order. The
+    address leads the row (checked below), so a row is its 4 bytes and the packed rest of
+    (port, protocol), which few backends differ in."""
+    tail = _BACKEND_TAIL.get((b[1], b[2]))
+    if tail is None:
+        tail = _BACKEND_TAIL[(b[1], b[2])] = _BACKEND(
+            0, int.from_bytes(b[1].to_bytes(2, "big"), sys.byteorder), L.PROTO_NUM[b[2]])[4:]
+    return socket.inet_aton(b[0]) + tail
+
+
+_BACKEND_TAIL: dict[tuple[int, Protocol], bytes] = {}
+if L.G.STRUCTS["kp_backend4"]["fields"][0] != ("addr", 0, "be32"):
+    raise ImportError("kp_backend4 no longer starts with its be32 addr: fix _backend_row")
+
+
+# be_flags of each (local, terminating, ready): L.backend_flags without a call per endpoint.
+_FLAGS = {(loc, term, ready): L.backend_flags(Backend("", 0, Protocol.TCP, local=loc,
+                                                      terminating=term, ready=ready))
+          for loc in (False, True) for term in (False, True) for ready in (False, True)}
 
 
 def _is_head(key) -> bool:
@@ -127,6 +143,12 @@ class _Recording:
                  if self.svc else "del-garbage"][0].append(key)
         return True
 
+    def put_many(self, keys: list, values: list) -> None:
+        """Rows that are all slots 1..n (svc) or all backend rows, in order: put() each."""
+        ops_keys, ops_values = self.ops["put-slots" if self.svc else "put-rows"]
+        ops_keys += keys
+        ops_values += values
+
 
 class _OneByOne:
     """A map written element by element where a plan would batch: the source-range rows are
@@ -181,6 +203,17 @@ class SlotRows:
             self._be.extend([None] * grow)
             self._flags.extend(bytes(grow))
         self._be[slot - 1], self._flags[slot - 1] = row
+
+    def above(self, count: int) -> list[int]:
+        """The slots above `count` that hold a row, in order."""
+        be = self._be
+        return [i + 1 for i in range(count, len(be)) if be[i] is not None]
+
+    def fill(self, backends: list[BackendKey], flags: bytes) -> None:
+        """Slots 1..n of a frontend that has none yet, at once."""
+        if self._be:
+            raise ValueError("fill() is for a frontend without slot rows")
+        self._be, self._flags = list(backends), bytearray(flags)
 
     def pop(self, slot: int, default=None) -> Slot | None:
         row = self.get(slot)
@@ -332,9 +365,10 @@ class MapWriter:
             refs[bkey] += 1
             self._slot_rows += 1
         self._restore_ranges()
-        # Anything unreferenced (a crash between writes) is garbage now.
-        self._unref = {b for b, _ in self.backend_ids}
-        self._svc_unref = {spn for spn, _ in self.svc_ids}
+        # Anything unreferenced (a crash between writes) is garbage now: only those are
+        # candidates (a set difference, not a _gc() look at each of 100,000 backends).
+        self._unref = self.backend_ids.keys() - self._refs.keys()
+        self._svc_unref = self.svc_ids.keys() - self._svc_refs.keys()
         self._gc()
         return len(self.programmed)
 
@@ -424,7 +458,14 @@ class MapWriter:
     def _wanted(fe: Frontend) -> dict[BackendKey, int]:
         if fe.action is not Action.FORWARD:
             return {}
-        return {b.key: L.backend_flags(b) for b in fe.backends}
+        # Backend.key and L.backend_flags inline (this runs per endpoint); a flag that is not
+        # a bool misses the table and takes the function.
+        get = _FLAGS.get
+        out = {(b.ip, b.port, b.protocol): get((b.local, b.terminating, b.ready))
+               for b in fe.backends}
+        if None in out.values():
+            out = {b.key: L.backend_flags(b) for b in fe.backends}
+        return out
 
     def _same(self, key: FrontendKey, fe: Frontend) -> bool:
         p = self.programmed.get(key)
@@ -463,7 +504,7 @@ class MapWriter:
                      for s in range(1, (prog.count or 0) + 1)]
         wanted = self._wanted(fe)
         order = stable_slots([b for b in old_order if b is not None], wanted) \
-            if None not in old_order else sorted(wanted)
+            if old_order and None not in old_order else sorted(wanted)
 
         svc_id = self.svc_ids.acquire(fe.service)
         self._svc_unref.add(fe.service)     # in case this write fails before slot 0
@@ -473,6 +514,36 @@ class MapWriter:
 
         head = L.frontend_svc_key(key)      # encoded once; slot keys are packed from it
         fields = (head.addr, head.port, head.proto, head.scope)
+        if not prog.rows and isinstance(self.svc, _Recording):
+            self._fill_slots(prog, fields, order, wanted, res)
+        else:
+            self._write_slots(prog, fields, order, wanted, res)
+        ranges = self._ranges(fe)
+        for cidr in sorted(ranges - prog.ranges):      # rows before the flag that needs them
+            self.src.put(L.srcrange_key(key, cidr), L.U32(0))
+            prog.ranges = prog.ranges | {cidr}
+            self._range_rows += 1
+            res.writes += 1
+        # Only now may slot 0 announce the new count.
+        self.svc.put(head, L.SvcVal(
+            svc_id=svc_id, affinity_timeout=fe.affinity_timeout, count=len(order),
+            action=L.ACTION_NUM[fe.action], kind=L.KIND_NUM[fe.kind],
+            fe_flags=L.FE_F_SRC_RANGES if ranges else 0))
+        prog.range_flag = bool(ranges)
+        res.writes += 1
+        self._drop_ranges(key, prog, prog.ranges - ranges, res)   # after the flag let go
+        self._set_service(prog, fe.service)
+        prog.kind, prog.action = fe.kind, fe.action
+        prog.affinity, prog.count = fe.affinity_timeout, len(order)
+        for slot in prog.rows.above(len(order)):
+            self.svc.delete(L.frontend_svc_key(key, slot))
+            self._ref(prog, slot, None)
+            res.writes += 1
+        res.updated += 1
+
+    def _write_slots(self, prog: Programmed, fields: tuple, order: list[BackendKey],
+                     wanted: dict[BackendKey, int], res: ApplyResult) -> None:
+        """Slot rows 1..n that differ from what the kernel holds, each with its bookkeeping."""
         rows, refs, unref, ids = prog.rows, self._refs, self._unref, self.backend_ids
         for slot, bkey in enumerate(order, start=1):
             row = (bkey, wanted[bkey])
@@ -491,28 +562,38 @@ class MapWriter:
                 rows[slot] = row
                 refs[bkey] += 1
                 res.writes += 1
-        ranges = self._ranges(fe)
-        for cidr in sorted(ranges - prog.ranges):      # rows before the flag that needs them
-            self.src.put(L.srcrange_key(key, cidr), L.U32(0))
-            prog.ranges = prog.ranges | {cidr}
-            self._range_rows += 1
-            res.writes += 1
-        # Only now may slot 0 announce the new count.
-        self.svc.put(head, L.SvcVal(
-            svc_id=svc_id, affinity_timeout=fe.affinity_timeout, count=len(order),
-            action=L.ACTION_NUM[fe.action], kind=L.KIND_NUM[fe.kind],
-            fe_flags=L.FE_F_SRC_RANGES if ranges else 0))
-        prog.range_flag = bool(ranges)
-        res.writes += 1
-        self._drop_ranges(key, prog, prog.ranges - ranges, res)   # after the flag let go
-        self._set_service(prog, fe.service)
-        prog.kind, prog.action = fe.kind, fe.action
-        prog.affinity, prog.count = fe.affinity_timeout, len(order)
-        for slot in sorted(s for s in prog.rows if s > len(order)):
-            self.svc.delete(L.frontend_svc_key(key, slot))
-            self._ref(prog, slot, None)
-            res.writes += 1
-        res.updated += 1
+
+    def _fill_slots(self, prog: Programmed, fields: tuple, order: list[BackendKey],
+                    wanted: dict[BackendKey, int], res: ApplyResult) -> None:
+        """_write_slots for a frontend without slot rows while a plan batches (a cold start's
+        every frontend): the same rows in the same order, each list handed to the plan at
+        once and the bookkeeping done in bulk. A backend row is packed before its id is taken,
+        so a failure (a bad address, no id left) leaves every id taken named by a slot row;
+        the slots recorded until then are kept, as _write_slots keeps them."""
+        get, acquire = self.backend_ids.get, self.backend_ids.acquire
+        pack_key, (addr, port, proto, scope) = _SVC_KEY.pack, fields
+        be_keys: list[bytes] = []
+        be_rows: list[bytes] = []
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        try:
+            for slot, bkey in enumerate(order, start=1):
+                bid = get(bkey)
+                if bid is None:
+                    row = _backend_row(bkey)
+                    bid = acquire(bkey)
+                    be_keys.append(_ID(bid))
+                    be_rows.append(row)
+                keys.append(pack_key(addr, port, proto, scope, slot))
+                values.append(_SVC_VAL(bid, 0, 0, 0, 0, 0, wanted[bkey], 0))
+        finally:
+            done = order[:len(keys)]
+            self.be.put_many(be_keys, be_rows)
+            self.svc.put_many(keys, values)
+            prog.rows.fill(done, bytes(wanted[b] for b in done))
+            self._refs.update(done)
+            self._slot_rows += len(done)
+            res.writes += len(be_keys) + len(done)
 
     def _delete_frontend(self, key: FrontendKey, res: ApplyResult) -> None:
         prog = self.programmed[key]

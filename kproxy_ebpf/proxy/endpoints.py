@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import attrgetter
 
 from ..model import EndpointSlice, Protocol
 
@@ -39,6 +40,10 @@ class EndpointInfo:
         return self.serving and self.terminating
 
 
+_NONE: frozenset[str] = frozenset()
+_IP_PORT = attrgetter("ip", "port")
+
+
 def _valid_port(port: int | None) -> bool:
     # kube-proxy ignores nil and 0; anything outside 1..65535 cannot be encoded either.
     return port is not None and 0 < port <= 65535
@@ -53,6 +58,7 @@ def endpoints_by_port(slices: Iterable[EndpointSlice],
     over a remote one, otherwise the first one seen stays. Each list is sorted by (ip, port).
     """
     merged: dict[PortKey, dict[tuple[str, int], EndpointInfo]] = {}
+    named = bool(node_name)
     for sl in sorted(slices, key=lambda s: (s.namespace, s.name)):
         # A slice labelled service.kubernetes.io/headless is outside kube-proxy's informer
         # (its label selector, cmd/kube-proxy/app/server.go): its endpoints do not count.
@@ -63,24 +69,25 @@ def endpoints_by_port(slices: Iterable[EndpointSlice],
                 continue
             assert sport.port is not None
             bucket = merged.setdefault((sport.name, sport.protocol), {})
+            port = sport.port
             for ep in sl.endpoints:
                 if not ep.addresses:
                     continue
-                local = bool(node_name) and ep.node_name == node_name
-                info = EndpointInfo(
-                    ip=ep.addresses[0],        # kube-proxy uses only the first address
-                    port=sport.port,
-                    ready=ep.ready is None or ep.ready,
-                    serving=ep.serving is None or ep.serving,
-                    terminating=ep.terminating is not None and ep.terminating,
-                    node_name=ep.node_name,
-                    zone=ep.zone,
-                    hint_zones=frozenset(ep.hint_zones),
-                    hint_nodes=frozenset(ep.hint_nodes),
-                    local=local,
+                ip = ep.addresses[0]            # kube-proxy uses only the first address
+                local = named and ep.node_name == node_name
+                seen = bucket.get((ip, port))
+                if seen is not None and (seen.local or not local):
+                    continue
+                # Positional (this runs per endpoint and port), in field order: ip, port,
+                # ready, serving, terminating, node_name, zone, hint_zones, hint_nodes, local.
+                bucket[(ip, port)] = EndpointInfo(
+                    ip, port,
+                    ep.ready is None or ep.ready, ep.serving is None or ep.serving,
+                    ep.terminating is not None and ep.terminating,
+                    ep.node_name, ep.zone,
+                    frozenset(ep.hint_zones) if ep.hint_zones else _NONE,
+                    frozenset(ep.hint_nodes) if ep.hint_nodes else _NONE,
+                    local,
                 )
-                key = (info.ip, info.port)
-                if key not in bucket or (local and not bucket[key].local):
-                    bucket[key] = info
-    return {pk: tuple(sorted(b.values(), key=lambda e: (e.ip, e.port)))
+    return {pk: tuple(sorted(b.values(), key=_IP_PORT))
             for pk, b in merged.items()}

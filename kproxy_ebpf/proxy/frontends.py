@@ -158,10 +158,12 @@ def _backend_order(b: Backend) -> tuple[str, int]:
 def _backends(eps: Iterable[EndpointInfo], sp: ServicePort) -> tuple[Backend, ...]:
     # (ip, port) is unique within a port's endpoints (endpoints_by_port) and the protocol is
     # the port's, so this is Backend's full order, without its generated __lt__ per compare.
-    return tuple(sorted(
-        (Backend(ip=e.ip, port=e.port, protocol=sp.protocol, node_name=e.node_name,
-                 local=e.local, ready=e.ready, serving=e.serving, terminating=e.terminating)
-         for e in eps), key=_backend_order))
+    # Positional arguments and a list: this runs once per endpoint and port of every Service.
+    proto = sp.protocol
+    out = [Backend(e.ip, e.port, proto, e.node_name, e.local, e.ready, e.serving, e.terminating)
+           for e in eps]
+    out.sort(key=_backend_order)
+    return tuple(out)
 
 
 def _verdict(pe: PortEndpoints, chosen: tuple[EndpointInfo, ...], sp: ServicePort

@@ -297,18 +297,19 @@ class ProxyState:
         for key in sorted(targets):
             svc = self._services.get(key)
             if svc is None:
-                fronts, probs = [], []
+                fronts, probs, slices = [], [], []
             else:
-                fronts, probs = service_frontends(svc, self.slices_of(*key), node,
+                slices = self.slices_of(*key)
+                fronts, probs = service_frontends(svc, slices, node,
                                                   prefer_same_node=self.prefer_same_node)
                 if self.node_port_addresses is not None:
                     fronts += service_ext_frontends(
-                        svc, self.slices_of(*key), node, prefer_same_node=self.prefer_same_node,
+                        svc, slices, node, prefer_same_node=self.prefer_same_node,
                         node_port_addresses=self.node_port_addresses, problems=probs)
             if self.external_ip_allowlist is not None:
                 fronts, refused = allow_external_ips(fronts, self.external_ip_allowlist)
                 probs = probs + refused
-            hc = health_check(svc, self.slices_of(*key), node) if svc is not None else None
+            hc = health_check(svc, slices, node) if svc is not None else None
             if hc is not None:
                 self._health[key] = hc
             else:

@@ -68,7 +68,10 @@ def categorize(endpoints: Sequence[EndpointInfo], node_name: str, zone: str | No
     and not terminating (e.g. failing its readiness probe) is in neither set.
     """
     mode = topology_mode(endpoints, node_name, zone, prefer_same_node=prefer_same_node)
-    cluster = tuple(e for e in endpoints if e.ready and _passes(e, mode, node_name, zone))
+    if mode is TopologyMode.NONE:        # no filter: no call per endpoint
+        cluster = tuple([e for e in endpoints if e.ready])
+    else:
+        cluster = tuple([e for e in endpoints if e.ready and _passes(e, mode, node_name, zone)])
     if not cluster:
         cluster = tuple(e for e in endpoints if e.serving_terminating)
     local = tuple(e for e in endpoints if e.local and e.ready)

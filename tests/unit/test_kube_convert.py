@@ -400,3 +400,38 @@ def test_service_cidr_from_api(obj, expected, want_reasons):
 def test_service_cidr_without_a_name_is_rejected():
     got, rejections = service_cidr_from_api({"metadata": {}, "spec": {"cidrs": ["10.96.0.0/16"]}})
     assert got is None and reasons(rejections) == ["InvalidMetadata"]
+
+
+@pytest.mark.parametrize("entry", [
+    {"addresses": ["10.0.0.1"], "conditions": {"ready": True}},
+    {"addresses": ["10.0.0.1"], "conditions": {"ready": False, "serving": True, "terminating": True},
+     "nodeName": "n1", "zone": "z1", "targetRef": {"kind": "Pod", "name": "p"}},
+    {"addresses": ["10.0.0.1"], "conditions": {}, "nodeName": "", "zone": None},
+    {"addresses": ["010.0.0.1"], "conditions": {"ready": True}},     # lenient parse
+    {"addresses": [" 10.0.0.1 "], "conditions": {"ready": True}},
+    {"addresses": ["fe80::1"], "conditions": {"ready": True}},       # not IPv4: rejected
+    {"addresses": ["10.0.0.1"], "conditions": {"ready": 1}},         # not a boolean
+    {"addresses": ["10.0.0.1"], "conditions": {"ready": "true"}},
+    {"addresses": ["10.0.0.1"], "conditions": None},
+    {"addresses": ["10.0.0.1"]},
+    {"addresses": ["10.0.0.1", "10.0.0.2"], "conditions": {"ready": True}},
+    {"addresses": [], "conditions": {"ready": True}},
+    {"addresses": [7], "conditions": {"ready": True}},
+    {"addresses": "10.0.0.1", "conditions": {"ready": True}},
+    {"addresses": ["10.0.0.1"], "conditions": {"ready": True}, "nodeName": 5, "zone": ["z"]},
+    {"addresses": ["10.0.0.1"], "conditions": {"ready": True},
+     "hints": {"forZones": [{"name": "z1"}], "forNodes": [{"name": "n1"}]}},
+    {"addresses": ["10.0.0.1"], "conditions": {"ready": True}, "hints": {}},
+    ["not", "an", "object"],
+])
+@pytest.mark.parametrize("address_type", ["IPv4", "FQDN"])
+def test_the_short_endpoint_path_gives_what_the_checked_one_gives(entry, address_type):
+    """_endpoints' short path (entries as the API server writes them) and _endpoint's field by
+    field checks agree on every entry: the same Endpoint, the same rejections."""
+    from kproxy_ebpf.kube.convert import _Collector, _endpoint, _endpoints
+
+    short, checked = _Collector("EndpointSlice", "ns", "s", ""), _Collector("EndpointSlice", "ns", "s", "")
+    got = _endpoints([entry], address_type, short)
+    want = _endpoint("endpoints[0]", entry, address_type, checked)
+    assert got == ((want,) if want is not None else ())
+    assert short.items == checked.items

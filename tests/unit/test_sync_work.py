@@ -301,3 +301,42 @@ def test_full_sync_cpu_is_counted_and_partial_syncs_are_not(monkeypatch):
     h.agent.upsert("EndpointSlice", endpoint_slice(0, (True, False, True)))
     assert h.agent._sync(False)
     assert value() == after_full
+
+
+def test_the_cyclic_gc_is_paused_until_the_first_sync(monkeypatch):
+    """start() pauses the collector; the first sync ends the pause (one collection), after
+    the node is programmed; a later sync changes nothing."""
+    import gc
+
+    resumed = []
+    real_resume = agent_mod.resume_gc
+    monkeypatch.setattr(agent_mod, "resume_gc", lambda: resumed.append(1) or real_resume())
+    h = Harness(3, monkeypatch)         # its first sync ran with the collector on: no pause
+    assert gc.isenabled() and not resumed
+    h.agent._synced_once = False        # as a fresh agent: start() pauses, the first sync ends it
+    try:
+        h.agent.pause_gc()
+        assert not gc.isenabled()
+        h.agent.upsert("EndpointSlice", endpoint_slice(0, (True, False, True)))
+        assert h.agent._sync(False)
+        assert gc.isenabled() and resumed == [1]
+        assert h.agent._sync(True) and resumed == [1]
+    finally:
+        h.agent._resume_gc()
+        gc.enable()
+
+
+def test_the_gc_pause_ends_by_time_when_no_sync_comes(monkeypatch):
+    """An API server that never answers must not keep the collector off."""
+    import gc
+
+    monkeypatch.setattr(agent_mod, "GC_PAUSE_MAX", 0.01)
+    h = Harness(1, monkeypatch)
+    h.agent._synced_once = False
+    try:
+        h.agent.pause_gc()
+        assert h.agent._gc_timer is not None
+        h.agent._gc_timer.join(5)
+        assert gc.isenabled() and not h.agent._gc_paused
+    finally:
+        gc.enable()

@@ -300,3 +300,59 @@ def test_a_policy_change_rewrites_the_meta_row_for_the_cli(maps):
     fresh = MapWriter(maps)
     fresh.restore()
     assert fresh.apply(table(changed)).writes == 0
+
+
+def _mixed_table():
+    """Frontends sharing some backends, in every endpoint state, with odd ports."""
+    desired = {}
+    for i in range(40):
+        bs = [Backend(f"10.244.{i % 3}.{(i * 7 + j) % 50}", 8080 + (j % 2), TCP,
+                      local=bool(j & 1), terminating=bool(j & 2), ready=not j & 4)
+              for j in range(i % 9)]
+        f = fe(ip=f"10.96.4.{i}", port=80 + i, name=f"m{i}", backends=bs, affinity=i % 3,
+               action=Action.FORWARD if bs else Action.REJECT)
+        desired[f.key] = f
+    return desired
+
+
+def test_bulk_filled_rows_equal_the_per_row_encoding(monkeypatch):
+    """A cold apply fills whole frontends at once (bulk-packed rows, no ctypes object per
+    row): the maps end up byte for byte as the one-by-one path writes them, ids included,
+    and every row is what layout.py's ctypes types encode."""
+    import kproxy_ebpf.datapath.writer as W
+
+    desired = _mixed_table()
+    bulk = {n: FakeMap(L.MAPS[n]) for n in ("svc", "backend", "meta")}
+    assert MapWriter(bulk).apply(desired).ok and bulk["svc"].batches
+    monkeypatch.setattr(W, "BATCH_MIN", 10**9)
+    single = {n: FakeMap(L.MAPS[n]) for n in ("svc", "backend", "meta")}
+    w = MapWriter(single)
+    assert w.apply(desired).ok and not single["svc"].batches
+    for name in ("svc", "backend", "meta"):
+        assert bulk[name].rows == single[name].rows, name
+    for f in desired.values():
+        for slot, b in enumerate(f.backends, start=1):
+            bid = w.backend_ids.get(b.key)
+            assert single["backend"].rows[L.raw(L.U32(bid))] == L.raw(L.backend_val(*b.key))
+            key = L.raw(L.svc_key(f.ip, f.port, TCP, slot=slot))
+            assert single["svc"].rows[key] == L.raw(L.SvcVal(backend_id=bid,
+                                                             be_flags=L.backend_flags(b)))
+
+
+def test_a_failure_half_way_through_a_bulk_fill_keeps_the_ids_it_took(maps):
+    """A bad backend address in the middle of a cold fill: the frontend is reported, the slots
+    before it stay accounted for, no id is left without a row naming it."""
+    desired = {}
+    for i in range(20):
+        f = fe(ip=f"10.96.5.{i}", name=f"f{i}", backends=[f"10.244.5.{i * 4 + j}" for j in range(4)])
+        desired[f.key] = f
+    bad = fe(ip="10.96.5.99", name="bad", backends=["10.244.6.1", "10.244.6.3", "not-an-ip"])
+    desired[bad.key] = bad
+    w = MapWriter(maps)
+    res = w.apply(desired)
+    assert list(res.failed) == [bad.key]
+    # the two good backends of `bad` (slots 1, 2; no slot 0 yet) stay, as one by one
+    assert len(w.backend_ids) == 80 + 2 and w.row_counts()["svc"] == 20 * 5 + 1 + 2
+    fresh = MapWriter(maps)
+    fresh.restore()
+    assert fresh.row_counts() == w.row_counts()
