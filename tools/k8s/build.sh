@@ -72,7 +72,7 @@ build_etcd() {
 build_helm() {
   local hgomod hmin
   hgomod=$(cd / && go mod download -json "helm.sh/helm/v3@$HELM_VERSION" | field GoMod)
-  hmin=$(sed -n 's#^[[:space:]]*k8s\.io/client-go v0\.\([0-9]\{1,\}\)\..*#\1#p' "$hgomod" | head -1)
+  hmin=$(sed -n 's#^[[:space:]]*k8s\.io/client-go v0\.\([0-9]\{1,\}\)\..*#\1#p' "$hgomod" | sed -n 1p)
   # The Makefile's ldflags: without them `helm template` assumes Kubernetes 1.20.
   local v=helm.sh/helm/v3
   log "building helm $HELM_VERSION"
@@ -87,6 +87,7 @@ have etcd || build_etcd
 have helm || build_helm
 have kube-apiserver kube-controller-manager kube-proxy kubectl || build_kube
 "$OUT/kube-apiserver" --version >&2
-"$OUT/etcd" --version | head -1 >&2
+# Not `| head -1`: under pipefail, etcd's SIGPIPE when head exits early fails the script (141).
+"$OUT/etcd" --version | sed -n 1p >&2
 "$OUT/helm" version --short >&2
 echo "$OUT"
