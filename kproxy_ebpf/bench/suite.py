@@ -104,23 +104,6 @@ class ColdStartTimeout(Exception):
         self.seconds = seconds
 
 
-def next_write_ns(t_write: int, t_seen: int, interval: float) -> int:
-    """When M5 may write its next change so that it is alone and not rate-limited.
-
-    The proxy's minimum sync interval (kube-proxy's token bucket) runs from the start of the
-    sync that applied this change, which lies between the write and the moment it was seen.
-    "seen + interval" is always past it. A sync normally starts within milliseconds of the
-    write, so "write + interval + 0.5 s" is past it too, and for a sync longer than the
-    interval (kube-proxy at 1,000 and more) the next change can follow as soon as this one is
-    seen: that saves ~1 s per change, minutes per run. The 0.5 s margin bounds what one
-    late-starting sync costs the next changes (paced from the write with no margin, one late
-    change made the next ones wait out the interval in turn: 171, 151, 131 ... ms)."""
-    after_seen = t_seen + int(0.05e9)
-    safe = t_seen + int(max(0.05, interval * 1.1) * 1e9)
-    early = t_write + int((interval * 1.1 + 0.5) * 1e9)
-    return max(after_seen, min(safe, early))
-
-
 def _us(dist: dict) -> dict:
     return {k: round(v / 1000, 2) for k, v in dist.items()}
 
@@ -291,16 +274,19 @@ class ModeRun:
     # -- M5 ------------------------------------------------------------------------------------
     def m5(self) -> None:
         tb, cfg = self.tb, self.cfg
-        interval = MIN_SYNC_S[self.mode]
-        spacing = max(0.05, interval * 1.1)     # as in next_write_ns
-        self.log(f"{self.mode} N={self.n}: M5 {cfg.m5_changes} changes, each alone")
-        lat_ms, missed = [], 0
+        spacing = max(0.05, MIN_SYNC_S[self.mode] * 1.1)
+        from_end = self.mode not in KPROXY_MODES
+        self.log(f"{self.mode} N={self.n}: M5 {cfg.m5_changes} changes, each {spacing:.2f}s after "
+                 + ("the proxy's sync that applied the previous one ended" if from_end
+                    else "the previous one was seen"))
+        lat_ms, missed, unended = [], 0, 0
         with tb.client.watch([tb.vips[M5_SERVICE]], SERVICE_PORT, interval_us=500,
                              timeout_ms=200) as w:
             if not w.expect(tb.m5_current, 60).get("ok"):
                 raise RuntimeError(f"{self.mode}: {M5_SERVICE} does not answer")
             for _ in range(cfg.m5_changes):
                 new, path, ops = tb.m5_change()
+                syncs = tb.kube_proxy_syncs() if from_end else 0
                 w.send(new, 60)
                 t_write = time.time_ns()
                 tb.api.json_patch(path, ops)
@@ -310,9 +296,14 @@ class ModeRun:
                     lat_ms.append((res["seen_realtime_ns"] - t_write) / 1e6)
                 else:
                     missed += 1
-                seen_ns = res.get("seen_realtime_ns") or time.time_ns()
-                time.sleep(max(0.0, next_write_ns(t_write, seen_ns, interval) - time.time_ns())
-                           / 1e9)
+                # Pacing: each change alone, not held back by the proxy's minimum sync
+                # interval. Our runner counts it from a sync's start (before "seen").
+                # kube-proxy 1.36's runner (pkg/proxy/runner) waits it out after a sync *ends*,
+                # and a sync goes on after its rules are in (conntrack cleanup, metrics): wait
+                # for its sync counter to move on, then the interval.
+                if from_end and not tb.wait_kube_proxy_sync_end(syncs, 30.0):
+                    unended += 1
+                time.sleep(spacing)
         self.out["M5"] = {
             "changes": cfg.m5_changes, "seen": len(lat_ms), "missed": missed,
             "pacing": f"alone: next write at the earliest of seen + {spacing:.2f} s and "

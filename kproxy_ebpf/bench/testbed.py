@@ -376,6 +376,21 @@ class Testbed:
 
         return parse_prometheus(nsutil.run_in_thread(self.cluster.lab.node_netns(node), get))
 
+    def kube_proxy_syncs(self, node: str = "node1") -> float:
+        """How many syncs kube-proxy has finished: its sync duration histogram's count,
+        observed as a sync returns (after its conntrack cleanup)."""
+        return metric(self.metrics(node), "kubeproxy_sync_proxy_rules_duration_seconds_count")
+
+    def wait_kube_proxy_sync_end(self, before: float, timeout: float,
+                                 node: str = "node1") -> bool:
+        """Waits until kube-proxy finished a sync after `before` syncs (polled every 20 ms)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.kube_proxy_syncs(node) > before:
+                return True
+            time.sleep(0.02)
+        return False
+
     def programmed(self, node: str = "node1") -> bool:
         """Whether the proxy reports everything listed as programmed: kproxy's backend gauge
         covers all N x E (+ live) endpoints with nothing pending; kube-proxy has finished a
