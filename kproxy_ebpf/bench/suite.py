@@ -306,8 +306,8 @@ class ModeRun:
                 time.sleep(spacing)
         self.out["M5"] = {
             "changes": cfg.m5_changes, "seen": len(lat_ms), "missed": missed,
-            "pacing": f"alone: next write at the earliest of seen + {spacing:.2f} s and "
-                      f"write + {spacing + 0.5:.2f} s, never before seen + 0.05 s",
+            "spacing_s": spacing, "spacing_from": "sync end" if from_end else "seen",
+            "sync_end_not_seen": unended,
             "p50_ms": round(stats.percentile(lat_ms, 50), 3) if lat_ms else None,
             "p99_ms": round(stats.percentile(lat_ms, 99), 3) if lat_ms else None,
             "max_ms": round(max(lat_ms), 3) if lat_ms else None,
