@@ -4,7 +4,8 @@
  * would hide exactly what is measured (a connect4 hook or an iptables walk costs ns to us).
  *
  *   crr     connect, send 'c', read the one-line reply, close (RST); repeated for
- *           --duration seconds or --count transactions per thread. Records connect()
+ *           --duration seconds or --count transactions per thread (both: whichever comes
+ *           first, so a proxy that stalls cannot hold a run for minutes). Records connect()
  *           latency (the SYN/SYN-ACK round trip plus whatever the proxy adds on the way) and
  *           the whole transaction, and counts which backend answered (its name).
  *   rr      one keepalive connection per thread, 1-byte request / one-line reply.
@@ -66,6 +67,7 @@ static struct sockaddr_in addrs[MAX_ADDRS];
 static int naddrs, threads = 1, cpu = -1, timeout_ms = 1000, interval_us, window = 1;
 static double duration = 1.0;
 static long count_per_thread;
+static int duration_set;
 
 static uint64_t now_ns(clockid_t clk)
 {
@@ -179,6 +181,14 @@ static int transaction(const struct sockaddr_in *to, char *name, uint64_t *conn_
 	return 0;
 }
 
+/* Whether a loop goes on: --count transactions, --duration seconds, or both. */
+static int more(long done, uint64_t deadline)
+{
+	if (count_per_thread && done >= count_per_thread)
+		return 0;
+	return (count_per_thread && !duration_set) || now_ns(CLOCK_MONOTONIC) < deadline;
+}
+
 static void *run_crr(void *arg)
 {
 	struct worker *w = arg;
@@ -186,7 +196,7 @@ static void *run_crr(void *arg)
 	long i = w->idx, done = 0;
 	char name[NAME_LEN];
 
-	while ((count_per_thread ? done < count_per_thread : now_ns(CLOCK_MONOTONIC) < deadline)) {
+	while (more(done, deadline)) {
 		uint64_t t0, c = 0;
 		int err = transaction(&addrs[i++ % naddrs], name, &c, &t0);
 
@@ -214,7 +224,7 @@ static void *run_rr(void *arg)
 		count_err(w, errno);
 		return NULL;
 	}
-	while ((count_per_thread ? (long)w->ok < count_per_thread : now_ns(CLOCK_MONOTONIC) < deadline)) {
+	while (more((long)w->ok, deadline)) {
 		uint64_t t0 = now_ns(CLOCK_MONOTONIC);
 		ssize_t n;
 
@@ -289,7 +299,7 @@ static void *run_udp(void *arg)
 		return NULL;
 	}
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	while ((count_per_thread ? (long)w->ok < count_per_thread : now_ns(CLOCK_MONOTONIC) < deadline)) {
+	while (more((long)w->ok, deadline)) {
 		ssize_t n;
 		uint64_t t0;
 
@@ -537,7 +547,7 @@ int main(int argc, char **argv)
 		else if (!strcmp(a, "--port"))
 			port = atoi(v);
 		else if (!strcmp(a, "--duration"))
-			duration = atof(v);
+			duration = atof(v), duration_set = 1;
 		else if (!strcmp(a, "--count"))
 			count_per_thread = atol(v);
 		else if (!strcmp(a, "--threads"))

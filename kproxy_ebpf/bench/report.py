@@ -90,7 +90,9 @@ def render_markdown(doc: dict, plots: list[str]) -> str:
            "runs of each percentile; kproxy = socket LB (ours), kproxy-tc = ClusterIP per "
            "packet at TC (`--socket-lb=false`; its ratios are the tc/ columns). M9 = "
            "NodePort from the lab's external client to node1, backends on node2 (node1 "
-           "forwards and SNATs); its direct is the same hops with no NAT.", ""]
+           "forwards and SNATs); its direct is the same hops with no NAT. ours/iptables is "
+           "against kube-proxy iptables on the nft backend where it has the figure, else on "
+           "the legacy backend.", ""]
     out += env_lines(doc.get("environment", {}))
     out.append(f"- run time {doc.get('run_seconds')} s; sizes {goals.sizes(doc)} Services x "
                f"{doc.get('config', {}).get('endpoints')} endpoints")

@@ -38,10 +38,17 @@ ALL_MODES = ("direct", "iptables", "iptables-legacy", "nftables", "kproxy", "kpr
 DEFAULT_MODES = ("direct", "iptables", "iptables-legacy", "nftables", "kproxy", "kproxy-tc")
 QUICK_MODES = ("direct", "iptables", "nftables", "kproxy", "kproxy-tc")
 NOT_SELECTED = {"iptables-legacy": "not run (left out of --quick; add it with --modes)"}
+# A full run with both iptables backends measures the nft one's cold start (M6) only: the issue
+# asks for both backends where the nft one finishes at the sizes asked, and it does not at
+# 10,000 x 10 (> 60 s here), so the legacy backend is the iptables baseline; the nft one's M6
+# at each N shows where it stops keeping up. `--modes iptables` alone measures it in full.
+COLD_ONLY_WHY = ("M6 only in a full run: the nft backend does not finish at 10,000 x 10, "
+                 "iptables-legacy is the iptables baseline; `--modes iptables` measures it fully")
 # kproxy-tc serves NodePort with the same TC program as kproxy: M9 once, under kproxy.
 NO_M9 = {"kproxy-tc": "not run (its NodePort path is kproxy's TC program, measured under "
                       "kproxy)"}
 MIB = 1024 * 1024
+M10_EXTRA_S = 20.0     # cap on the crr run that tops M10 up to m10_connections
 # Modes whose M1 also runs direct crr runs interleaved with their own (the M1 goal's +2 us).
 PAIRED_M1 = ("kproxy", "kproxy-tc")
 
@@ -73,6 +80,7 @@ class BenchConfig:
     # ">= 10x iptables" stays decidable against one that does not finish.
     cold_timeout: float = 60.0
     pin: bool = True
+    cold_only: list[str] = field(default_factory=list)    # modes measured for M6 only
     lab_name: str = "bench"
     tools_dir: str = "build/bench"
 
@@ -91,6 +99,8 @@ class BenchConfig:
         for k, v in kw.items():
             if v is not None:
                 setattr(base, k, v)
+        if not quick and {"iptables", "iptables-legacy"} <= set(base.modes):
+            base.cold_only = ["iptables"]
         return base
 
 
@@ -146,6 +156,9 @@ class ModeRun:
                 self.out["skipped"] = str(e)
                 return self.out
         try:
+            if self.mode in self.cfg.cold_only:
+                self.out["cold_start_only"] = COLD_ONLY_WHY
+                return self.out
             if self.mode.startswith("iptables"):
                 self.out["kube_services_before"] = self.tb.kube_services_position()
             self.m1_m2_m10()
@@ -267,15 +280,22 @@ class ModeRun:
         missing = self.cfg.m10_connections - sum(counts.values())
         if missing > 0:
             addrs, port, _ = self.addrs()
-            extra = self.tb.client.run("crr", addrs, port, count=missing // 2 + 1, threads=2)
+            # At most M10_EXTRA_S: a proxy whose connects time out (kube-proxy at 10k, where
+            # the runs above stall) would otherwise spend minutes on 1 s timeouts; the
+            # chi-square is judged over the connections it did make.
+            extra = self.tb.client.run("crr", addrs, port, count=missing // 2 + 1, threads=2,
+                                       duration=M10_EXTRA_S)
             counts = stats.merge_counts([counts, extra["backends"]])
-        self.out["M10"] = {**stats.spread(counts, self.tb.target_set), "counts": counts}
+        self.out["M10"] = {**stats.spread(counts, self.tb.target_set), "counts": counts,
+                           "wanted": self.cfg.m10_connections}
 
     # -- M5 ------------------------------------------------------------------------------------
     def m5(self) -> None:
         tb, cfg = self.tb, self.cfg
-        spacing = max(0.05, MIN_SYNC_S[self.mode] * 1.1)
         from_end = self.mode not in KPROXY_MODES
+        # From a sync's end (polled every 20 ms, so never early) the interval plus 50 ms is
+        # enough; from "seen" (ours) a 10 % margin.
+        spacing = MIN_SYNC_S[self.mode] + 0.05 if from_end else MIN_SYNC_S[self.mode] * 1.1
         self.log(f"{self.mode} N={self.n}: M5 {cfg.m5_changes} changes, each {spacing:.2f}s after "
                  + ("the proxy's sync that applied the previous one ended" if from_end
                     else "the previous one was seen"))
@@ -498,5 +518,8 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
     for m, why in NO_M9.items():
         if doc["results"].get(m):
             doc["not_run"][f"M9 {m}"] = why
+    for m in cfg.cold_only:
+        if doc["results"].get(m):
+            doc["not_run"][f"{m} M1-M5, M7-M10"] = COLD_ONLY_WHY
     doc["run_seconds"] = round(time.monotonic() - t_start, 1)
     return doc
