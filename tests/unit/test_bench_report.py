@@ -85,6 +85,28 @@ def test_goals_marked_met_and_missed():
     assert by_goal(rows, "zero failed")["status"] == "missed"
 
 
+def test_iptables_ratios_fall_back_to_the_legacy_backend_where_nft_has_no_figure():
+    doc = make_doc()
+    legacy = doc["results"]["iptables"].pop("10000")       # nft: cold start only, say
+    doc["results"]["iptables"]["10000"] = {"M6": {"cold_start_s": None}}
+    doc["results"]["iptables-legacy"] = {"10000": legacy}
+    r = goals.ratios(doc)
+    assert r["10000"]["m2_rate_1"]["iptables"] == pytest.approx(9950 / 2000, rel=1e-3)
+    assert r["100"]["m2_rate_1"]["iptables"] == pytest.approx(9900 / 9000, rel=1e-3)
+
+
+def test_m1_vs_iptables_takes_ours_over_the_interleaved_direct_runs():
+    # ours 60 us over the direct mode (drift between minutes), 1 us over its interleaved runs
+    doc = make_doc(ours_p99_10k=90.0)
+    assert by_goal(goals.evaluate(doc), "10x lower than iptables")["status"] == "missed"
+    doc["results"]["kproxy"]["10000"]["M1"]["paired_direct"] = {"added_us": {"p50": 0.5,
+                                                                             "p99": 1.0}}
+    row = by_goal(goals.evaluate(doc), "10x lower than iptables")
+    assert row["status"] == "met" and "over interleaved direct" in row["measured"]
+    doc["results"]["kproxy"]["10000"]["M1"]["paired_direct"]["added_us"]["p99"] = 40.0
+    assert by_goal(goals.evaluate(doc), "10x lower than iptables")["status"] == "missed"
+
+
 def test_goals_at_10k_not_measured_without_10k():
     doc = make_doc()
     for mode in doc["results"].values():
