@@ -116,10 +116,16 @@ def render_markdown(doc: dict, plots: list[str]) -> str:
                    ("kube_services_before", "kube_services_after")]
             pos = [p for p in pos if p]
             if pos:
+                rolls = pos[0].get("rolls")
+                tail = doc.get("config", {}).get("iptables_tail", 0.1)
+                placed = ("" if rolls is None else
+                          f" after {rolls} re-sync{'' if rolls == 1 else 's'} (the bench "
+                          f"re-syncs until it sits in the last {tail:.0%}, where the rule "
+                          f"walk is longest)")
                 out += [f"{mode}: the target's rule sat at position "
                         + " then ".join(f"{p['position']} of {p['rules']}" for p in pos)
-                        + " in KUBE-SERVICES (kube-proxy writes that chain in Go map order, "
-                          "random on every sync).", ""]
+                        + f" in KUBE-SERVICES{placed} (kube-proxy writes that chain in Go map "
+                          "order, random on every sync).", ""]
     out += ["## Goals", ""] + render_goals(doc.get("goals", [])) + [""]
     if plots:
         out += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots] + [""]

@@ -431,6 +431,23 @@ class Testbed:
         pos = next((i + 1 for i, line in enumerate(rules) if want in line), None)
         return {"position": pos, "rules": len(rules)}
 
+    def place_target_late(self, tail: float, budget_s: float) -> dict | None:
+        """Re-syncs kube-proxy iptables until the target's rule sits in the last `tail` share
+        of KUBE-SERVICES, where the rule walk is longest (the case the issue measures). Each
+        sync writes the chain in a fresh Go map order, and a filler endpoint change is a sync
+        that touches nothing measured; stops after budget_s with the position it has."""
+        t0 = time.monotonic()
+        pos, rolls = self.kube_services_position(), 0
+        while (pos and pos["position"] and pos["position"] < (1 - tail) * pos["rules"]
+               and time.monotonic() - t0 < budget_s):
+            before = self.kube_proxy_syncs()
+            self.api.json_patch(*self.filler_change(0))
+            if not self.wait_kube_proxy_sync_end(before, 60.0):
+                break
+            rolls += 1
+            pos = self.kube_services_position()
+        return pos and {**pos, "rolls": rolls, "seconds": round(time.monotonic() - t0, 1)}
+
     # -- changes -------------------------------------------------------------------------------
     def m5_change(self) -> tuple[str, str, list]:
         """The next M5 change: the single endpoint of kpbench-m5 moves to the other pod."""
