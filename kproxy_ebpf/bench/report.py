@@ -116,16 +116,16 @@ def render_markdown(doc: dict, plots: list[str]) -> str:
                    ("kube_services_before", "kube_services_after")]
             pos = [p for p in pos if p]
             if pos:
-                rolls = pos[0].get("rolls")
+                first = pos[0]
                 tail = doc.get("config", {}).get("iptables_tail", 0.1)
-                placed = ("" if rolls is None else
-                          f" after {rolls} re-sync{'' if rolls == 1 else 's'} (the bench "
-                          f"re-syncs until it sits in the last {tail:.0%}, where the rule "
-                          f"walk is longest)")
-                out += [f"{mode}: the target's rule sat at position "
+                who = ("the target's rule" if "service" not in first else
+                       f"the rule of {first['service']}, the latest of the target and its "
+                       f"copies (M1/M2 went through it; wanted: the last {tail:.0%}, where the "
+                       f"rule walk is longest; {first['rolls']} re-syncs to get there),")
+                out += [f"{mode}: {who} sat at position "
                         + " then ".join(f"{p['position']} of {p['rules']}" for p in pos)
-                        + f" in KUBE-SERVICES{placed} (kube-proxy writes that chain in Go map "
-                          "order, random on every sync).", ""]
+                        + " in KUBE-SERVICES (kube-proxy writes that chain in Go map order, "
+                          "random on every sync).", ""]
     out += ["## Goals", ""] + render_goals(doc.get("goals", [])) + [""]
     if plots:
         out += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots] + [""]

@@ -36,6 +36,11 @@ TARGET = "kpbench-target"
 M5_SERVICE = "kpbench-m5"
 NODEPORT = "kpbench-np"        # M9: a NodePort Service (TCP and UDP) reached from outside
 CLIENT_POD = "kpbench-client"
+# Copies of the target (same pods, same ports) for kube-proxy iptables: its KUBE-SERVICES
+# order follows Go map iteration, so one Service's rule lands anywhere (seen: mostly in the
+# first half); of 24 copies the latest sat past 90 % of the chain in every sync tried, and
+# M1/M2 measure through that one (Testbed.place_target_late).
+LATE_COPIES = 24
 PROXY_MODES = ("iptables", "iptables-legacy", "nftables", "kproxy", "kproxy-tc")
 KPROXY_MODES = ("kproxy", "kproxy-tc")
 # kproxy-tc: the agent with socket LB off, ClusterIP served per packet at TC (issue 8's
@@ -57,6 +62,10 @@ MIN_SYNC_S = {"iptables": 1.0, "iptables-legacy": 1.0, "nftables": 1.0, "kproxy"
 
 def backend_name(i: int) -> str:
     return f"kpbench-be-{i:02d}"
+
+
+def late_copy_name(i: int) -> str:
+    return f"kpbench-late-{i:02d}"
 
 
 def metric(samples: dict[str, float], name: str, default: float = 0.0) -> float:
@@ -145,10 +154,11 @@ class Testbed:
             wait_answers(self.client, ip, fill.TARGET_PORT, name)
         self.target_set = [backend_name(i) for i in range(min(self.endpoints, self.live))]
         # The target has a request port and a sink port (M3's bulk stream).
-        self.vips[TARGET] = fill.create_service(
-            self.api, TARGET, [self.pods[n] for n in self.target_set],
-            ports=(("req", fill.SERVICE_PORT, fill.TARGET_PORT),
-                   ("sink", fill.SINK_SERVICE_PORT, fill.SINK_PORT)))
+        for name in [TARGET] + [late_copy_name(i) for i in range(LATE_COPIES)]:
+            self.vips[name] = fill.create_service(
+                self.api, name, [self.pods[n] for n in self.target_set],
+                ports=(("req", fill.SERVICE_PORT, fill.TARGET_PORT),
+                       ("sink", fill.SINK_SERVICE_PORT, fill.SINK_PORT)))
         self.m5_current = backend_name(0)
         self.vips[M5_SERVICE] = fill.create_service(self.api, M5_SERVICE,
                                                     [self.pods[self.m5_current]])
@@ -286,7 +296,7 @@ class Testbed:
         """Map sizes for the largest fill of the run, never below kproxy's defaults (the
         header's: they hold 10,000 Services of 10 endpoints; a Service costs 1 + E rows in the
         service map). Everything else (sync periods) stays at its default."""
-        n = max(self.max_services, self.filled) + 16
+        n = max(self.max_services, self.filled) + 16 + 2 * LATE_COPIES   # + two-port copies
         def fit(rows: int, default: int) -> int:
             return max(default, 1 << (int(rows * 1.25) - 1).bit_length())
         default = {name: MAPS[name].default_size for name in ("svc", "backend", "meta")}
@@ -417,36 +427,48 @@ class Testbed:
                        f"backends within {timeout:.0f}s; see "
                        f"{self.cluster.lab.log_path(self.cluster.proxy_name(node))}")
 
-    def kube_services_position(self, node: str = "node1") -> dict | None:
-        """Where the target's ClusterIP rule sits in iptables KUBE-SERVICES (kube-proxy
+    def kube_services_position(self, service: str = TARGET, node: str = "node1") -> dict | None:
+        """Where a Service's ClusterIP rule sits in iptables KUBE-SERVICES (kube-proxy
         iptables mode writes that chain in Go map order, so the position is random per sync:
         pkg/proxy/iptables/proxier.go, `for svcName, svc := range proxier.svcPortMap`)."""
+        got = self._kube_services_positions([service], node)
+        return got and {"position": got[0][service], "rules": got[1]}
+
+    def _kube_services_positions(self, services: list[str], node: str = "node1"
+                                 ) -> tuple[dict[str, int | None], int] | None:
         save = "iptables-legacy-save" if self.mode == "iptables-legacy" else "iptables-save"
         r = self.cluster.lab.exec(f"node/{node}", [save, "-t", "nat"],
                                   capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             return None
         rules = [line for line in r.stdout.splitlines() if line.startswith("-A KUBE-SERVICES ")]
-        want = f"-d {self.vips[TARGET]}/32"
-        pos = next((i + 1 for i, line in enumerate(rules) if want in line), None)
-        return {"position": pos, "rules": len(rules)}
+        return {s: next((i + 1 for i, line in enumerate(rules)
+                         if f"-d {self.vips[s]}/32" in line), None) for s in services}, len(rules)
 
     def place_target_late(self, tail: float, budget_s: float) -> dict | None:
-        """Re-syncs kube-proxy iptables until the target's rule sits in the last `tail` share
-        of KUBE-SERVICES, where the rule walk is longest (the case the issue measures). Each
-        sync writes the chain in a fresh Go map order, and a filler endpoint change is a sync
-        that touches nothing measured; stops after budget_s with the position it has."""
-        t0 = time.monotonic()
-        pos, rolls = self.kube_services_position(), 0
-        while (pos and pos["position"] and pos["position"] < (1 - tail) * pos["rules"]
-               and time.monotonic() - t0 < budget_s):
+        """For kube-proxy iptables: of the target and its copies, the one whose rule sits
+        latest in KUBE-SERVICES, where the rule walk is longest (the case the issue measures),
+        as {"service", "position", "rules", "rolls", "seconds"}. Should none be in the last
+        `tail` share, kube-proxy re-syncs (a filler endpoint change: nothing measured moves),
+        each sync writing the chain in a fresh order, for at most budget_s."""
+        t0, rolls = time.monotonic(), 0
+        names = [TARGET] + [late_copy_name(i) for i in range(LATE_COPIES)]
+        while True:
+            got = self._kube_services_positions(names)
+            if got is None:
+                return None
+            positions, rules = got
+            service = max(names, key=lambda s: positions[s] or 0)
+            if ((positions[service] or 0) >= (1 - tail) * rules
+                    or time.monotonic() - t0 >= budget_s):
+                break
             before = self.kube_proxy_syncs()
             self.api.json_patch(*self.filler_change(0))
             if not self.wait_kube_proxy_sync_end(before, 60.0):
                 break
             rolls += 1
-            pos = self.kube_services_position()
-        return pos and {**pos, "rolls": rolls, "seconds": round(time.monotonic() - t0, 1)}
+        return {"service": service, "position": positions[service], "rules": rules,
+                "rolls": rolls, "seconds": round(time.monotonic() - t0, 1)}
 
     # -- changes -------------------------------------------------------------------------------
     def m5_change(self) -> tuple[str, str, list]:

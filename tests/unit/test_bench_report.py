@@ -266,16 +266,18 @@ def test_m6_is_judged_on_the_cached_cold_start_with_the_compile_beside_it():
     assert "| M6 first start, compile (s) |" in md and "| M6 cold start (s) |" in md
 
 
-def test_markdown_says_where_the_iptables_target_sat_and_how_it_got_there():
+def test_markdown_says_where_the_iptables_target_sat_and_which_copy_was_measured():
     doc = make_doc()
     r = doc["results"]["iptables"]["10000"]
-    r["kube_services_before"] = {"position": 9700, "rules": 10007, "rolls": 7, "seconds": 21.0}
-    r["kube_services_after"] = {"position": 9700, "rules": 10007}
+    r["kube_services_before"] = {"service": "kpbench-late-07", "position": 9700, "rules": 10031,
+                                 "rolls": 0, "seconds": 0.4}
+    r["kube_services_after"] = {"position": 9700, "rules": 10031}
     doc["results"]["iptables"]["100"]["kube_services_before"] = {"position": 4, "rules": 107}
     doc["ratios"], doc["goals"] = goals.ratios(doc), goals.evaluate(doc)
     md = report.render_markdown(doc, [])
-    assert ("iptables: the target's rule sat at position 9700 of 10007 then 9700 of 10007 in "
-            "KUBE-SERVICES after 7 re-syncs (the bench re-syncs until it sits in the last 10%, "
-            "where the rule walk is longest)") in md
-    # a run from before the placement: the position alone
-    assert "position 4 of 107 in KUBE-SERVICES (kube-proxy writes" in md
+    assert ("iptables: the rule of kpbench-late-07, the latest of the target and its copies "
+            "(M1/M2 went through it; wanted: the last 10%, where the rule walk is longest; "
+            "0 re-syncs to get there), sat at position 9700 of 10031 then 9700 of 10031 in "
+            "KUBE-SERVICES") in md
+    # a run from before the copies: the target's position alone
+    assert "the target's rule sat at position 4 of 107 in KUBE-SERVICES (kube-proxy" in md
