@@ -38,8 +38,8 @@ NODEPORT = "kpbench-np"        # M9: a NodePort Service (TCP and UDP) reached fr
 CLIENT_POD = "kpbench-client"
 # Copies of the target (same pods, same ports) for kube-proxy iptables: its KUBE-SERVICES
 # order follows Go map iteration, so one Service's rule lands anywhere (seen: mostly in the
-# first half); of 24 copies the latest sat past 90 % of the chain in every sync tried, and
-# M1/M2 measure through that one (Testbed.place_target_late).
+# first half); the latest of 25 sat past 90 % of the chain in 6 of 6 syncs tried at N=1000,
+# and M1/M2 measure through that one (Testbed.place_target_late).
 LATE_COPIES = 24
 PROXY_MODES = ("iptables", "iptables-legacy", "nftables", "kproxy", "kproxy-tc")
 KPROXY_MODES = ("kproxy", "kproxy-tc")
@@ -66,6 +66,22 @@ def backend_name(i: int) -> str:
 
 def late_copy_name(i: int) -> str:
     return f"kpbench-late-{i:02d}"
+
+
+def rule_positions(save: str, vips: dict[str, str], port: int
+                   ) -> tuple[dict[str, int | None], int]:
+    """From `iptables-save -t nat`: the 1-based position in KUBE-SERVICES of each Service's
+    ClusterIP rule for `port` (each port of a Service is a rule of its own, placed on its
+    own), and the chain's length."""
+    rules = [line.split() for line in save.splitlines() if line.startswith("-A KUBE-SERVICES ")]
+
+    def at(vip: str) -> int | None:
+        for i, words in enumerate(rules, 1):
+            if (f"{vip}/32" in words and "--dport" in words
+                    and words[words.index("--dport") + 1] == str(port)):
+                return i
+        return None
+    return {name: at(vip) for name, vip in vips.items()}, len(rules)
 
 
 def metric(samples: dict[str, float], name: str, default: float = 0.0) -> float:
@@ -441,9 +457,7 @@ class Testbed:
                                   capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             return None
-        rules = [line for line in r.stdout.splitlines() if line.startswith("-A KUBE-SERVICES ")]
-        return {s: next((i + 1 for i, line in enumerate(rules)
-                         if f"-d {self.vips[s]}/32" in line), None) for s in services}, len(rules)
+        return rule_positions(r.stdout, {s: self.vips[s] for s in services}, fill.SERVICE_PORT)
 
     def place_target_late(self, tail: float, budget_s: float) -> dict | None:
         """For kube-proxy iptables: of the target and its copies, the one whose rule sits
