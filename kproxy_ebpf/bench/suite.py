@@ -222,6 +222,14 @@ class ModeRun:
             first["program_cache"] = self.tb.program_cache_result()
             self.tb.stop_proxy()
         self.out["M6"] = self._start("cold start")
+        # The watcher's SYNs to the ClusterIP before kube-proxy's rules were in went out
+        # un-NATed and left UNREPLIED conntrack entries (SYN_SENT: 120 s). A later connection
+        # from the same client port matches one, is forwarded to the ClusterIP itself and
+        # times out: that stalled kube-proxy's crr runs at 10k to a few connections/s. kproxy
+        # never meets them (its socket LB connects to the pod, its TC path rewrites the
+        # address before netfilter sees it); they are the watcher's, not the proxy's, so every
+        # mode starts its measurements without them.
+        self.tb.flush_conntrack()
         if first:
             self.out["M6"].update(first_start_s=first["cold_start_s"],
                                   first_start_cpu_s=first["cpu_s"],
@@ -252,14 +260,6 @@ class ModeRun:
         meter = tb.meter()
         after = meter.sample()
         cpu = cpu_between(CpuSample(t0, 0.0, cg_before), after)
-        # The watcher's SYNs to the ClusterIP before kube-proxy's rules were in went out
-        # un-NATed and left UNREPLIED conntrack entries (SYN_SENT: 120 s). A later connection
-        # from the same client port matches one, is forwarded to the ClusterIP itself and
-        # times out: that stalled kube-proxy's crr runs at 10k to a few connections/s. kproxy
-        # never meets them (its socket LB connects to the pod, its TC path rewrites the
-        # address before netfilter sees it); they are the watcher's, not the proxy's, so every
-        # mode starts its measurements without them.
-        tb.flush_conntrack()
         self.log(f"{self.mode} N={self.n}: {what} {max(answer_s, programmed_s):.2f}s")
         return {"answer_s": round(answer_s, 4), "programmed_s": round(programmed_s, 4),
                 "cold_start_s": round(max(answer_s, programmed_s), 4),

@@ -68,6 +68,10 @@ def late_copy_name(i: int) -> str:
     return f"kpbench-late-{i:02d}"
 
 
+# The Services with the target's pods and ports: the target itself and its copies.
+TARGET_AND_COPIES = (TARGET, *(late_copy_name(i) for i in range(LATE_COPIES)))
+
+
 def rule_positions(save: str, vips: dict[str, str], port: int
                    ) -> tuple[dict[str, int | None], int]:
     """From `iptables-save -t nat`: the 1-based position in KUBE-SERVICES of each Service's
@@ -170,7 +174,7 @@ class Testbed:
             wait_answers(self.client, ip, fill.TARGET_PORT, name)
         self.target_set = [backend_name(i) for i in range(min(self.endpoints, self.live))]
         # The target has a request port and a sink port (M3's bulk stream).
-        for name in [TARGET] + [late_copy_name(i) for i in range(LATE_COPIES)]:
+        for name in TARGET_AND_COPIES:
             self.vips[name] = fill.create_service(
                 self.api, name, [self.pods[n] for n in self.target_set],
                 ports=(("req", fill.SERVICE_PORT, fill.TARGET_PORT),
@@ -466,13 +470,12 @@ class Testbed:
         `tail` share, kube-proxy re-syncs (a filler endpoint change: nothing measured moves),
         each sync writing the chain in a fresh order, for at most budget_s."""
         t0, rolls = time.monotonic(), 0
-        names = [TARGET] + [late_copy_name(i) for i in range(LATE_COPIES)]
         while True:
-            got = self._kube_services_positions(names)
+            got = self._kube_services_positions(list(TARGET_AND_COPIES))
             if got is None:
                 return None
             positions, rules = got
-            service = max(names, key=lambda s: positions[s] or 0)
+            service = max(TARGET_AND_COPIES, key=lambda s: positions[s] or 0)
             if ((positions[service] or 0) >= (1 - tail) * rules
                     or time.monotonic() - t0 >= budget_s):
                 break
