@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -48,8 +49,8 @@ WATCH_TYPES = ("ADDED", "MODIFIED", "DELETED")
 EventHandler = Callable[[str, Any], None]
 # The client's generated list method (or a partial of it), called with keyword arguments only.
 ListFunc = Callable[..., Any]
-# One LIST request: keyword arguments (limit, _continue) -> the parsed JSON body.
-PageFunc = Callable[..., dict]
+# One LIST request: keyword arguments (limit, _continue) -> the raw JSON body.
+PageFunc = Callable[..., bytes]
 
 RESOURCES = ("services", "endpointslices", "node")
 
@@ -264,7 +265,7 @@ class Reflector:
     # -- LIST -----------------------------------------------------------------------------------
 
     def _list(self) -> None:
-        listed = list_pages(lambda **kw: self._request_json(self._list_fn, **kw),
+        listed = list_pages(lambda **kw: self._request_body(self._list_fn, **kw),
                             page_size=self.page_size, transform=self._transform,
                             stopped=self._stop.is_set)
         if listed is None:
@@ -279,7 +280,7 @@ class Reflector:
         self._deliver(SYNC, items)
         self.synced.set()
 
-    def _request_json(self, fn: ListFunc, **kwargs: Any) -> dict:
+    def _request_body(self, fn: ListFunc, **kwargs: Any) -> bytes:
         resp = self._call(fn, _request_timeout=(self.connect_timeout, self.list_read_timeout), **kwargs)
         complete = False
         try:
@@ -288,7 +289,7 @@ class Reflector:
         finally:
             # A connection with an unread rest of a body must not go back to the pool.
             self._release(resp, reuse=complete)
-        return _json_object(data, "list response")
+        return data
 
     def _call(self, fn: ListFunc, **kwargs: Any) -> Any:
         """Call the client, mapping HTTP 410 to ResourceExpired, and track the response."""
@@ -391,35 +392,100 @@ def list_pages(fetch: PageFunc, *, page_size: int = 500,
                stopped: Callable[[], bool] = lambda: False) -> tuple[list, str, int] | None:
     """A complete LIST in pages of `page_size` (limit/continue), as client-go's pager does.
 
-    Returns (items, resourceVersion, pages), each item passed through `transform` while its
-    page is at hand, or None when `stopped()` turned true between two pages. Raises WatchError
-    on a malformed response; fetch's own errors (a 410 for an expired continue token) pass.
+    fetch(limit=, _continue=) returns one page's raw JSON body. Returns (items,
+    resourceVersion, pages), each item passed through `transform` while its page is at hand,
+    or None when `stopped()` turned true between two pages. Raises WatchError on a malformed
+    response; fetch's own errors (a 410 for an expired continue token) pass.
+
+    The next page is requested as soon as this one has arrived, on a thread of its own, while
+    this one is decoded and transformed: its continue token is read from the head of the raw
+    body (the API server writes the list's metadata before its items), so the server encodes
+    page k+1 on the other core while we decode page k instead of both waiting in turn. The
+    token is checked against the decoded one; should they differ (another server's layout),
+    the early request is dropped and the page fetched again in order.
     """
     items: list[Any] = []
-    cont: str | None = None
     pages = 0
     rv = ""
+    ahead: _Ahead | None = _Ahead(fetch, {"limit": page_size})
     while True:
-        kwargs: dict[str, Any] = {"limit": page_size}
-        if cont:
-            kwargs["_continue"] = cont
-        body = fetch(**kwargs)
+        assert ahead is not None
+        raw = ahead.result()
         pages += 1
-        meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
-        page = body.get("items")
-        if page is not None and not isinstance(page, list):
-            raise WatchError(f"list response items is a {type(page).__name__}, not a list")
-        items.extend(map(transform, page or ()) if transform else page or ())
-        del body, page
-        rv = str(meta.get("resourceVersion") or rv)
-        cont = meta.get("continue") or None
+        peeked = _peek_continue(raw)
+        ahead = _Ahead(fetch, {"limit": page_size, "_continue": peeked}) if peeked else None
+        try:
+            body = _json_object(raw, "list response")
+            del raw
+            meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+            page = body.get("items")
+            if page is not None and not isinstance(page, list):
+                raise WatchError(f"list response items is a {type(page).__name__}, not a list")
+            items.extend(map(transform, page or ()) if transform else page or ())
+            del body, page
+            rv = str(meta.get("resourceVersion") or rv)
+            cont = meta.get("continue") or None
+        except BaseException:
+            if ahead is not None:
+                ahead.discard()
+            raise
+        if ahead is not None and cont != peeked:
+            ahead.discard()
+            ahead = None
         if not cont:
             break
         if stopped():
+            if ahead is not None:
+                ahead.discard()
             return None
+        if ahead is None:
+            ahead = _Ahead(fetch, {"limit": page_size, "_continue": cont})
     if not rv:
         raise WatchError("list response carries no resourceVersion")
     return items, rv, pages
+
+
+class _Ahead:
+    """One page request running on its own thread while the caller decodes the page before
+    it (the socket reads release the GIL)."""
+
+    def __init__(self, fetch: PageFunc, kwargs: dict[str, Any]) -> None:
+        self._value: bytes | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fetch, kwargs),
+                                        name=f"{threading.current_thread().name}-page",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, fetch: PageFunc, kwargs: dict[str, Any]) -> None:
+        try:
+            self._value = fetch(**kwargs)
+        except BaseException as exc:        # re-raised on the caller's thread by result()
+            self._error = exc
+
+    def result(self) -> bytes:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._value is not None
+        return self._value
+
+    def discard(self) -> None:
+        """Wait for the request and forget it, whatever it gave: at most one is in flight."""
+        self._thread.join()
+
+
+# The list's metadata.continue, ahead of its items, as the API server writes it. A token is
+# base64 (no quotes, no escapes); anything else reads as "no token" and is fetched in order.
+_CONTINUE = re.compile(rb'"continue"\s*:\s*"([A-Za-z0-9+/=_-]+)"')
+_PEEK_BYTES = 4096
+
+
+def _peek_continue(raw: bytes) -> str | None:
+    """The continue token from the head of a raw list body, if it stands before the items."""
+    items = raw.find(b'"items"', 0, _PEEK_BYTES)
+    m = _CONTINUE.search(raw, 0, items) if items > 0 else None
+    return m.group(1).decode() if m else None
 
 
 def _json_object(data: bytes, what: str) -> dict:
@@ -525,10 +591,10 @@ def list_once(api_client: Any, resource: str, *, node_name: str | None = None,
     for one-shot readers such as `kproxy-ebpf check`."""
     fn = list_function(api_client, resource, node_name=node_name, label_selector=label_selector)
 
-    def fetch(**kwargs: Any) -> dict:
+    def fetch(**kwargs: Any) -> bytes:
         resp = fn(_preload_content=False, _request_timeout=timeout, **kwargs)
         try:
-            return _json_object(resp.data, "list response")
+            return resp.data
         finally:
             resp.release_conn()
 

@@ -278,11 +278,15 @@ def test_paginated_list_delivers_exactly_one_sync_with_all_items():
 
 
 def test_transform_converts_each_page_as_it_arrives():
-    """With a transform, the SYNC carries its results and no page outlives its conversion
-    (the LIST of 10k slices must not be held as JSON); watch events still carry the JSON."""
+    """With a transform, the SYNC carries its results and each page is converted when it
+    arrives (the LIST of 10k slices is never held as JSON); watch events still carry the
+    JSON. The next page is requested while this one is converted: page 1's objects wait here
+    until that request has come, so a LIST that asks in turn fails the test."""
     converted: list[tuple[str, int]] = []
 
     def transform(o: dict) -> str:
+        if o["metadata"]["name"] in ("a", "b"):
+            wait_until(lambda: len(api.list_calls) >= 2)
         converted.append((o["metadata"]["name"], len(api.list_calls)))
         return o["metadata"]["name"].upper()
 
@@ -290,10 +294,44 @@ def test_transform_converts_each_page_as_it_arrives():
                          page([obj("c", "9")], rv="100")],
                   watches=[watch(ev("ADDED", obj("d", "101")))])
     refl, seen = drive(api, transform=transform)
-    # Each object was converted before the next page was requested.
-    assert converted == [("a", 1), ("b", 1), ("c", 2)]
+    assert converted == [("a", 2), ("b", 2), ("c", 2)]
+    assert [c.get("_continue") for c in api.list_calls] == [None, "tok-1"]
     assert seen[0] == (SYNC, ["A", "B", "C"])
     assert seen[1][0] == "ADDED" and seen[1][1]["metadata"]["name"] == "d"
+
+
+def _keyed_pages(bodies: dict[str | None, bytes]) -> tuple[Callable[..., bytes], list]:
+    calls: list[str | None] = []
+
+    def fetch(limit: int, _continue: str | None = None) -> bytes:
+        calls.append(_continue)
+        return bodies[_continue]
+    return fetch, calls
+
+
+def test_a_continue_token_read_early_that_the_body_contradicts_is_dropped():
+    """The early token comes from the head of the raw body; when the decoded metadata says
+    otherwise (here an annotation named "continue" stands first), that request is dropped
+    and the page the decoded token names is fetched in order."""
+    fetch, calls = _keyed_pages({
+        None: b'{"metadata":{"annotations":{"continue":"zzz"},"resourceVersion":"7",'
+              b'"continue":"tok-1"},"items":[{"n":1}]}',
+        "zzz": b'{"this page": "is never used"}',
+        "tok-1": b'{"metadata":{"resourceVersion":"7"},"items":[{"n":2}]}'})
+    assert reflector_mod.list_pages(fetch, page_size=1) == ([{"n": 1}, {"n": 2}], "7", 2)
+    assert calls == [None, "zzz", "tok-1"]
+
+
+@pytest.mark.parametrize("first", [
+    b'{"items":[{"n":1}],"metadata":{"resourceVersion":"7","continue":"tok-1"}}',  # items first
+    b'{"metadata":{"resourceVersion":"7","continue":"tok.1?"},"items":[{"n":1}]}',  # not base64
+], ids=["metadata-after-items", "odd-token"])
+def test_a_body_without_an_early_token_is_paged_in_order(first):
+    nxt = "tok-1" if b"tok-1" in first else "tok.1?"
+    fetch, calls = _keyed_pages({None: first,
+                                 nxt: b'{"metadata":{"resourceVersion":"7"},"items":[{"n":2}]}'})
+    assert reflector_mod.list_pages(fetch, page_size=1) == ([{"n": 1}, {"n": 2}], "7", 2)
+    assert calls == [None, nxt]
 
 
 def test_empty_list_still_syncs():

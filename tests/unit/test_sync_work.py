@@ -304,8 +304,8 @@ def test_full_sync_cpu_is_counted_and_partial_syncs_are_not(monkeypatch):
 
 
 def test_the_cyclic_gc_is_paused_until_the_first_sync(monkeypatch):
-    """start() pauses the collector; the first sync ends the pause (one collection), after
-    the node is programmed; a later sync changes nothing."""
+    """start() pauses the collector; the first sync ends the pause (the startup objects are
+    frozen, not scanned), after the node is programmed; a later sync changes nothing."""
     import gc
 
     resumed = []
@@ -319,10 +319,11 @@ def test_the_cyclic_gc_is_paused_until_the_first_sync(monkeypatch):
         assert not gc.isenabled()
         h.agent.upsert("EndpointSlice", endpoint_slice(0, (True, False, True)))
         assert h.agent._sync(False)
-        assert gc.isenabled() and resumed == [1]
+        assert gc.isenabled() and resumed == [1] and gc.get_freeze_count() > 0
         assert h.agent._sync(True) and resumed == [1]
     finally:
         h.agent._resume_gc()
+        gc.unfreeze()           # the test process's objects go back to the collector
         gc.enable()
 
 
@@ -339,4 +340,5 @@ def test_the_gc_pause_ends_by_time_when_no_sync_comes(monkeypatch):
         h.agent._gc_timer.join(5)
         assert gc.isenabled() and not h.agent._gc_paused
     finally:
+        gc.unfreeze()
         gc.enable()
