@@ -175,23 +175,29 @@ class Agent:
         # within the health timeout (say the API server is unreachable), /healthz says so.
         self.health.queued_update()
         limit_malloc_arenas()
-        target = self._tc_target() if self.cfg.north_south or not self.cfg.socket_lb else None
-        # bcc compiles in a child process (datapath/progload.py) while the sources list the
-        # cluster: the compile is off the cold start's critical path, and LLVM never enters
-        # this process. Listing only fills ProxyState; nothing syncs before the maps are
-        # adopted below (the runner starts after the first complete list, and after start()).
-        job = self.datapath.start_load(tc.tc_programs() if target else [])
         self.pause_gc()          # until the first sync: the LIST and the first sync are cold work
+        job = None
         try:
+            # The LIST first: it is the longest part of a cold start, and what follows (netlink
+            # for the TC devices, pyroute2's import) runs while it waits on the API server.
+            # Listing only fills ProxyState; nothing syncs before the maps are adopted below
+            # (the runner starts after the first complete list, and after start()).
             self.source = self._make_source()
             self.metrics.watch_api(self.source.counters)
             self.source.start()
+            target = self._tc_target() if self.cfg.north_south or not self.cfg.socket_lb \
+                else None
+            # bcc compiles in a child process (datapath/progload.py) while the sources list
+            # the cluster: the compile is off the cold start's critical path, and LLVM never
+            # enters this process.
+            job = self.datapath.start_load(tc.tc_programs() if target else [])
             self.datapath.load(job)
             self.metrics.program_loads.labels(job.cache_result).inc()
             if target:
                 self.tc = self._load_tc(job, *target)
         except BaseException:
-            job.cancel()
+            if job is not None:
+                job.cancel()
             if self.source:
                 self.source.stop()
             self._resume_gc()

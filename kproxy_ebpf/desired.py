@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .model import Protocol
 
@@ -49,8 +50,10 @@ class ServicePortName:
         return f"{base}:{self.port}" if self.port else base
 
 
-@dataclass(frozen=True, order=True, slots=True)
-class Backend:
+class Backend(NamedTuple):
+    """One endpoint a frontend forwards to. A NamedTuple (ordered and compared field by
+    field): 100,000 are made per full compute at 10k Services x 10, and a frozen dataclass's
+    __init__ cost 3x as much."""
     ip: str
     port: int
     protocol: Protocol

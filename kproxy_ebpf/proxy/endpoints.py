@@ -11,8 +11,8 @@ the slice port's number is the backend port.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from operator import attrgetter
+from typing import NamedTuple
 
 from ..model import EndpointSlice, Protocol
 
@@ -20,9 +20,10 @@ from ..model import EndpointSlice, Protocol
 PortKey = tuple[str, Protocol]
 
 
-@dataclass(frozen=True, slots=True)
-class EndpointInfo:
-    """One endpoint of one service port, with conditions already defaulted."""
+class EndpointInfo(NamedTuple):
+    """One endpoint of one service port, with conditions already defaulted. A NamedTuple, not
+    a frozen dataclass: 100,000 are made per full compute at 10k Services x 10, and a frozen
+    dataclass's __init__ (one object.__setattr__ per field) cost 3x as much."""
     ip: str
     port: int
     ready: bool

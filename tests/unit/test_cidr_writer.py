@@ -3,6 +3,7 @@ bpf/lib/servicecidr.h reads, written in an order where no address is dropped by 
 from __future__ import annotations
 
 import ipaddress
+import socket
 
 from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.datapath.cidr_writer import CIP_PASS, CIP_REJECT, CidrWriter
@@ -84,3 +85,44 @@ def test_full_clusterip_map_holds_back_new_ranges_and_is_retried():
     res = ApplyResult()
     w.apply(want(["10.96.0.0/16"], ["10.96.0.10"], ["10.96.0.20"]), res)
     assert res.ok and verdict(m, "10.96.0.20") == "pass" and verdict(m, "10.96.0.10") == "refused"
+
+
+def many(n, third=96):
+    return [f"10.{third}.{i >> 8}.{i & 255}" for i in range(1, n + 1)]
+
+
+def test_many_clusterips_go_in_batches_with_the_same_rows():
+    """A cold start's ClusterIP rows (one per Service) are batched; what lands is what single
+    puts write, and the ranges still come after every row."""
+    m = maps()
+    w = CidrWriter(m)
+    res = ApplyResult()
+    ours, foreign = many(300), many(100, third=97)
+    w.apply(want(["10.96.0.0/16"], ours, foreign), res)
+    assert res.ok and res.writes == 401 and m["clusterip"].batches == 1
+    assert {verdict(m, ip) for ip in ours} == {"refused"}
+    assert {verdict(m, ip) for ip in foreign} == {"pass"}
+    assert [op for op, _ in m["clusterip"].ops] == ["put"] * 400
+    fresh = CidrWriter(m)
+    fresh.restore()
+    assert fresh.cluster_ips == w.cluster_ips
+
+
+def test_a_batch_that_fails_is_written_one_by_one_and_each_error_is_named():
+    """A map that fills up mid-batch (rows the writer does not know of take room): the rows
+    go again one by one, so the result names each address that did not fit, and the ranges
+    are held back until a retry writes the rest."""
+    m = maps(cip_size=200)
+    for ip in many(100, third=200):         # not this writer's rows
+        m["clusterip"].rows[socket.inet_aton(ip)] = L.raw(L.CipVal(action=CIP_PASS))
+    w = CidrWriter(m)
+    res = ApplyResult()
+    w.apply(want(["10.96.0.0/16"], many(150)), res)
+    assert m["clusterip"].batches == 1, "the batch was tried first"
+    assert not res.ok and res.full_maps == {L.MAPS["clusterip"].name}
+    assert len(res.errors) == 50 and all(e.startswith("ClusterIP 10.96.") for e in res.errors)
+    assert m["servicecidr"].rows == {} and len(w.cluster_ips) == 100
+    m["clusterip"].max_entries = 1000
+    res = ApplyResult()
+    w.apply(want(["10.96.0.0/16"], many(150)), res)
+    assert res.ok and {verdict(m, ip) for ip in many(150)} == {"refused"}
