@@ -199,6 +199,15 @@ class MemoryMap:
     def delete(self, key) -> bool:
         return self.rows.pop(self.raw(key), None) is not None
 
+    # The batch calls, so that the writer plans and batches as it does on real maps.
+    def put_batch(self, keys, values) -> None:
+        for k, v in zip(keys, values):
+            self.put(k, v)
+
+    def delete_batch(self, keys) -> None:
+        for k in keys:
+            self.delete(k)
+
     def items(self):
         return [(self.spec.key.from_buffer_copy(k), self.spec.value.from_buffer_copy(v))
                 for k, v in self.rows.items()]
