@@ -9,10 +9,11 @@ writer is replaced by a stand-in that reads what the real writer reads (`desired
 candidate keys, the whole table on a full sync) and writes nothing, so the numbers are the
 agent's own and do not mix with the writer's map operations (measured by its own benchmark).
 
-Phases (CPU is process time of this single-threaded run):
+Phases (CPU is process time; a LIST's next page is made on a thread of its own, and its CPU,
+the API server's work, is left out):
   list   an agent (re)starting on a full cluster: one paginated LIST of each resource, first sync
-         (with the cyclic GC paused as Agent.start() pauses it; gc_resume_cpu_s is the collection
-         that ends the pause after the first sync, off the cold start's critical path)
+         (with the cyclic GC paused as Agent.start() pauses it; gc_resume_cpu_s is the freeze
+         that ends the pause after the first sync)
   fill   an agent watching while the cluster is created: ADDED events, a partial sync every
          --events-per-sync events (the 200 ms minSyncPeriod at the rate objects arrive) and a
          full sync every --syncs-per-full partial syncs (the 30 s syncPeriod)
