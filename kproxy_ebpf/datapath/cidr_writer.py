@@ -24,6 +24,11 @@ CIP_REJECT, CIP_PASS = L.const("KP_CIP_REJECT"), L.const("KP_CIP_PASS")
 ACTIONS = {"reject": CIP_REJECT, "pass": CIP_PASS, None: None}
 
 
+def _cip_key(ip: str) -> bytes:
+    """kp_cip4's key: the address in network order, i.e. its 4 bytes as inet_aton gives them."""
+    return socket.inet_aton(ip)
+
+
 def _cidr_key(cidr: str) -> L.Cidr4Key:
     net = ipaddress.IPv4Network(cidr)
     return L.Cidr4Key(prefixlen=net.prefixlen, addr=L.ip_be(str(net.network_address)))
@@ -83,8 +88,7 @@ class CidrWriter:
             return False
         values = {a: L.raw(L.CipVal(action=a)) for a in set(actions.values()) if a is not None}
         try:
-            # kp_cip4's key is the address in network order: its 4 bytes as inet_aton gives them.
-            self.cip.put_batch([socket.inet_aton(ip) for ip in ips],
+            self.cip.put_batch([_cip_key(ip) for ip in ips],
                                [values[actions[ip]] for ip in ips])
         except (MapFull, OSError):
             return False
@@ -93,11 +97,11 @@ class CidrWriter:
         return True
 
     def _put_ip(self, ip: str, action: int) -> None:
-        self.cip.put(L.U32(L.ip_be(ip)), L.CipVal(action=action))
+        self.cip.put(_cip_key(ip), L.CipVal(action=action))
         self.cluster_ips[ip] = action
 
     def _delete_ip(self, ip: str) -> None:
-        self.cip.delete(L.U32(L.ip_be(ip)))
+        self.cip.delete(_cip_key(ip))
         del self.cluster_ips[ip]
 
     def _put_cidr(self, cidr: str) -> None:

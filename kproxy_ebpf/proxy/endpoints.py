@@ -21,9 +21,8 @@ PortKey = tuple[str, Protocol]
 
 
 class EndpointInfo(NamedTuple):
-    """One endpoint of one service port, with conditions already defaulted. A NamedTuple, not
-    a frozen dataclass: 100,000 are made per full compute at 10k Services x 10, and a frozen
-    dataclass's __init__ (one object.__setattr__ per field) cost 3x as much."""
+    """One endpoint of one service port, with conditions already defaulted. A NamedTuple for
+    its construction cost, as model.Endpoint."""
     ip: str
     port: int
     ready: bool
