@@ -177,24 +177,27 @@ class Agent:
         limit_malloc_arenas()
         self.pause_gc()          # until the first sync: the LIST and the first sync are cold work
         job = None
+        want_tc = self.cfg.north_south or not self.cfg.socket_lb
         try:
-            # The LIST first: it is the longest part of a cold start, and what follows (netlink
-            # for the TC devices, pyroute2's import) runs while it waits on the API server.
-            # Listing only fills ProxyState; nothing syncs before the maps are adopted below
-            # (the runner starts after the first complete list, and after start()).
+            # The cold start's two long parts run side by side: bcc compiles (or loads from the
+            # program cache) in a child process (datapath/progload.py; LLVM never enters this
+            # process) while the sources list the cluster. The child starts first, from the
+            # configuration alone: on a small cluster the load is the longer part; on a large
+            # one the LIST is, and what follows it here (the client's import, netlink for the
+            # TC devices) runs while it waits on the API server. Listing only fills
+            # ProxyState; nothing syncs before the maps are adopted below (the runner starts
+            # after the first complete list, and after start()).
+            job = self.datapath.start_load(tc.tc_programs() if want_tc else [])
             self.source = self._make_source()
             self.metrics.watch_api(self.source.counters)
             self.source.start()
-            target = self._tc_target() if self.cfg.north_south or not self.cfg.socket_lb \
-                else None
-            # bcc compiles in a child process (datapath/progload.py) while the sources list
-            # the cluster: the compile is off the cold start's critical path, and LLVM never
-            # enters this process.
-            job = self.datapath.start_load(tc.tc_programs() if target else [])
+            target = self._tc_target() if want_tc else None
             self.datapath.load(job)
             self.metrics.program_loads.labels(job.cache_result).inc()
             if target:
                 self.tc = self._load_tc(job, *target)
+            elif want_tc:
+                job.release(tc.PROGRAMS)     # no device to attach to (_tc_target logged why)
         except BaseException:
             if job is not None:
                 job.cancel()

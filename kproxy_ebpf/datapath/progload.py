@@ -104,6 +104,13 @@ class LoadJob:
         self._fds = fds
         return fds
 
+    def release(self, names) -> None:
+        """Closes the fds of programs loaded but not wanted after all."""
+        for name in names:
+            fd = (self._fds or {}).pop(name, None)
+            if fd is not None:
+                os.close(fd)
+
     def _report(self, status: dict, seconds: float) -> None:
         """One log line on how the programs were loaded, and why not from the cache."""
         self.cache_result = status.get("cache", "off")

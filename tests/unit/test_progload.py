@@ -34,3 +34,21 @@ def test_stages_of_dead_agents_are_removed_and_live_ones_kept(tmp_path):
     assert live.is_dir() and not dead.exists()
     assert progload.remove_stale_stages(tmp_path, keep_live=False) == [str(live)]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_release_closes_only_the_named_programs_fds(tmp_path):
+    # An agent whose TC programs were loaded for a device it then did not find gives them back.
+    import os
+
+    job = progload.LoadJob(tmp_path, [], MapSizes())
+    job.cancel()
+    r1, w1 = os.pipe()
+    r2, w2 = os.pipe()
+    job._fds = {"kp_from_outside": r1, "kp_connect4": r2}
+    job.release(["kp_from_outside", "kp_to_outside"])
+    assert job._fds == {"kp_connect4": r2}
+    with pytest.raises(OSError):
+        os.fstat(r1)
+    os.fstat(r2)
+    for fd in (w1, r2, w2):
+        os.close(fd)
