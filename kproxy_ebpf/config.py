@@ -42,6 +42,7 @@ class MapSizes:
     ct: int = _default_size("ct")              # TC connection tracking (LRU)
     rnat: int = _default_size("rnat")          # TC reply tuple -> original tuple (LRU)
     srcrange: int = _default_size("srcrange")  # loadBalancerSourceRanges (LPM trie)
+    extaddr: int = _default_size("extaddr")    # addresses of scope-EXT frontends (TC filter)
 
 
 @dataclass

@@ -27,6 +27,11 @@ cleared the flag or stopped needing them, so a reader never sees the flag withou
 (it would drop every client). While ranges change, the union of old and new is admitted for
 the moment between the two writes, never nothing.
 
+kp_extaddr4 holds each address some scope-EXT frontend uses (counted here, one row per
+address): tc_lb.c lets a packet from outside to any other address (pod-to-pod traffic between
+nodes) pass without a conntrack or service lookup. An address's row is written before the slot 0
+of the first frontend on it and deleted after the slot 0 delete of the last, as the range rows.
+
 The writer restores its bookkeeping from the maps, so a new agent process adopts what the last
 one programmed and rewrites only what differs. It never decides policy.
 """
@@ -63,6 +68,7 @@ _SVC_VAL = struct.Struct(L.MAPS["svc"].value_format).pack
 _ID = struct.Struct(L.MAPS["backend"].key_format).pack
 _BACKEND = struct.Struct(L.MAPS["backend"].value_format).pack
 _NATIVE_U32, _NATIVE_U32_PACK = struct.Struct("=I").unpack, struct.Struct("=I").pack
+_EXT_ROW = _NATIVE_U32_PACK(1)      # kp_extaddr4's value: only the key's presence is read
 
 
 def _backend_row(b: BackendKey) -> bytes:
@@ -287,6 +293,7 @@ class MapWriter:
     def __init__(self, maps: Mapping[str, PinnedMap]):
         self.svc, self.be, self.meta = maps["svc"], maps["backend"], maps["meta"]
         self.src = maps.get("srcrange")     # None: no source ranges written (tests' fakes)
+        self.ext = maps.get("extaddr")      # None: no EXT address rows written (likewise)
         self.programmed: dict[FrontendKey, Programmed] = {}
         self.backend_ids = IdAllocator(MAX_ID, "backend ids")
         self.svc_ids = IdAllocator(MAX_ID, "service ids")
@@ -297,6 +304,8 @@ class MapWriter:
         self._svc_unref: set[ServicePortName] = set()
         self._slot_rows = 0         # slot rows (1..n) of every frontend: O(1) row counts
         self._range_rows = 0        # kp_srcrange4 rows of every frontend, likewise
+        self._ext_refs: Counter[str] = Counter()    # EXT frontends holding each address row
+        self._ext_held: set[FrontendKey] = set()    # ...and those frontends
 
     # -- restore ---------------------------------------------------------------------------
     def restore(self) -> int:
@@ -365,6 +374,7 @@ class MapWriter:
             refs[bkey] += 1
             self._slot_rows += 1
         self._restore_ranges()
+        self._restore_ext_addrs()
         # Anything unreferenced (a crash between writes) is garbage now: only those are
         # candidates (a set difference, not a _gc() look at each of 100,000 backends).
         self._unref = self.backend_ids.keys() - self._refs.keys()
@@ -386,6 +396,31 @@ class MapWriter:
                 prog.ranges = prog.ranges | {cidr}
                 self._range_rows += 1
 
+    def _restore_ext_addrs(self) -> None:
+        """The address rows the EXT frontends found need: missing ones are written (maps of
+        an agent that kept none, before the programs that read them attach), rows no frontend
+        holds are deleted. A frontend whose row cannot be written holds none, so the next
+        apply rewrites it (see _same) and reports the failure."""
+        self._ext_refs.clear()
+        self._ext_held.clear()
+        if self.ext is None:
+            return
+        held = [k for k, p in self.programmed.items() if len(k) == 4 and p.count is not None]
+        have = {L.ip_str(k.value) for k in self.ext.keys()}
+        for addr in sorted({k[0] for k in held} - have):
+            try:
+                self.ext.put(socket.inet_aton(addr), _EXT_ROW)
+                have.add(addr)
+            except (MapFull, OSError) as exc:
+                log.error("no %s row for %s (%s): packets from outside to it pass untranslated "
+                          "until a sync writes it", self.ext.spec.name, addr, exc)
+        for key in held:
+            if key[0] in have:
+                self._ext_held.add(key)
+                self._ext_refs[key[0]] += 1
+        for addr in sorted(have - self._ext_refs.keys()):
+            self.ext.delete(socket.inet_aton(addr))
+
     # -- apply -----------------------------------------------------------------------------
     def apply(self, desired: Mapping[FrontendKey, Frontend],
               candidates: Iterable[FrontendKey] | None = None) -> ApplyResult:
@@ -396,16 +431,18 @@ class MapWriter:
         keys = sorted(set(self.programmed) | set(desired) if candidates is None else set(candidates))
         if self._fits_batch(desired, keys):
             plan = _Plan()
-            real = self.svc, self.be, self.meta, self.src
+            real = self.svc, self.be, self.meta, self.src, self.ext
             self.svc, self.be, self.meta = (_Recording(self.svc, plan, True),
                                             _Recording(self.be, plan, False),
                                             _Recording(self.meta, plan, False))
             if self.src is not None:
                 self.src = _Recording(_OneByOne(self.src), plan, False)
+            if self.ext is not None:
+                self.ext = _Recording(_OneByOne(self.ext), plan, False)
             try:
                 self._apply_keys(desired, keys, res)
             finally:
-                self.svc, self.be, self.meta, self.src = real
+                self.svc, self.be, self.meta, self.src, self.ext = real
             # A failure here leaves the bookkeeping ahead of the kernel: the caller must
             # restore() before the next apply (the agent does, after any failed sync).
             plan.replay()
@@ -425,6 +462,8 @@ class MapWriter:
         used = self.row_counts()
         ranges = sum(len(desired[k].source_ranges) for k in keys if k in desired)
         if self.src is not None and used.get("srcrange", 0) + ranges > self.src.max_entries:
+            return False
+        if self.ext is not None and used.get("extaddr", 0) + len(keys) > self.ext.max_entries:
             return False
         return (used["svc"] + rows <= self.svc.max_entries
                 and used["backend"] + rows <= self.be.max_entries
@@ -470,6 +509,8 @@ class MapWriter:
     def _same(self, key: FrontendKey, fe: Frontend) -> bool:
         p = self.programmed.get(key)
         if p is None or p.count is None:
+            return False
+        if self.ext is not None and len(key) == 4 and key not in self._ext_held:
             return False
         wanted = self._wanted(fe)
         return (p.kind, p.service, p.action, p.affinity) == (
@@ -518,6 +559,8 @@ class MapWriter:
             self._fill_slots(prog, fields, order, wanted, res)
         else:
             self._write_slots(prog, fields, order, wanted, res)
+        if len(key) == 4 and key not in self._ext_held:
+            self._hold_ext_addr(key, res)              # the address row before any slot 0
         ranges = self._ranges(fe)
         for cidr in sorted(ranges - prog.ranges):      # rows before the flag that needs them
             self.src.put(L.srcrange_key(key, cidr), L.U32(0))
@@ -607,8 +650,28 @@ class MapWriter:
             self.svc.delete(L.frontend_svc_key(key, slot))
             self._ref(prog, slot, None)
             res.writes += 1
+        self._release_ext_addr(key, res)               # after its slot 0 is gone
         del self.programmed[key]
         res.deleted += 1
+
+    def _hold_ext_addr(self, key: FrontendKey, res: ApplyResult) -> None:
+        if self.ext is None:
+            return
+        if not self._ext_refs[key[0]]:
+            self.ext.put(socket.inet_aton(key[0]), _EXT_ROW)
+            res.writes += 1
+        self._ext_refs[key[0]] += 1
+        self._ext_held.add(key)
+
+    def _release_ext_addr(self, key: FrontendKey, res: ApplyResult) -> None:
+        if key not in self._ext_held:
+            return
+        self._ext_held.discard(key)
+        self._ext_refs[key[0]] -= 1
+        if not self._ext_refs[key[0]]:
+            del self._ext_refs[key[0]]
+            self.ext.delete(socket.inet_aton(key[0]))
+            res.writes += 1
 
     def _drop_ranges(self, key: FrontendKey, prog: Programmed, gone: frozenset[str],
                      res: ApplyResult) -> None:
@@ -680,6 +743,8 @@ class MapWriter:
                   "backend": len(self.backend_ids), "meta": len(self._named)}
         if self.src is not None:
             counts["srcrange"] = self._range_rows
+        if self.ext is not None:
+            counts["extaddr"] = len(self._ext_refs)
         return counts
 
     def stats(self) -> dict[str, int]:

@@ -196,6 +196,46 @@ def test_not_a_frontend_passes_untouched(tc):
     assert (ret, out[:len(frame)]) == (TC_ACT_OK, frame)
 
 
+def test_a_packet_to_an_address_of_no_ext_frontend_skips_the_lookups(tc):
+    # Only packets to an EXT frontend's address (kp_extaddr4) or to the SNAT address reach
+    # conntrack and the service map: a conntrack row alone does not translate a packet sent
+    # to any other address (pod-to-pod traffic between nodes leaves after two small lookups).
+    tc.ingress(packet(CLIENT, 40010, NODE, NP_LOCAL))
+    key, row = tc.ct(40010, NP_LOCAL)
+    other = L.U32(L.ip_be("10.244.9.9"))
+    key.daddr = other.value
+    tc.maps["ct"].put(key, row)
+    frame = packet(CLIENT, 40010, "10.244.9.9", NP_LOCAL, flags=ACK)
+    ret, out = tc.ingress(frame)
+    assert (ret, out[:len(frame)]) == (TC_ACT_OK, frame)
+    tc.maps["extaddr"].put(other, L.U32(1))       # the same packet, its address now listed
+    try:
+        assert parse(tc.ingress(frame)[1])["dst"] == LOCAL_BE
+    finally:
+        tc.maps["extaddr"].delete(other)
+
+
+def test_a_snat_reply_is_translated_with_no_frontend_on_the_snat_address(harness):
+    # An external IP's flow to a remote backend: the reply comes to the node address, which
+    # no frontend uses here; the SNAT address in kp_tccfg lets it through.
+    eip = "192.0.2.7"
+    run = ExtRun(harness, [Frontend(eip, 80, TCP, FrontendKind.EXTERNAL_IP,
+                                    ServicePortName("t", "eip", "", TCP), Action.FORWARD,
+                                    (Backend(REMOTE_BE, 8080, TCP),), 0, Scope.EXT)])
+    try:
+        assert [L.ip_str(k.value) for k in run.maps["extaddr"].keys()] == [eip]
+        _, out = run.ingress(packet(CLIENT, 40020, eip, 80))
+        p = parse(out)
+        assert (p["src"], p["dst"]) == (NODE, REMOTE_BE)
+        ret, out = run.ingress(packet(REMOTE_BE, 8080, NODE, p["sport"], flags=SYN | ACK))
+        r = parse(out)
+        assert ret == TC_ACT_REDIRECT
+        assert (r["src"], r["sport"], r["dst"], r["dport"]) == (eip, 80, CLIENT, 40020)
+    finally:
+        run.close()
+    assert run.maps["extaddr"].keys() == []
+
+
 def test_local_backend_dnat_only_and_the_reply_on_egress(tc):
     ret, out = tc.ingress(packet(CLIENT, 40000, NODE, NP_LOCAL))
     p = parse(out)

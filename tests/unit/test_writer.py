@@ -26,7 +26,10 @@ def consistent(maps) -> None:
     for key, val in maps["svc"].items():
         if key.slot:
             assert val.backend_id in backends, f"slot {key.slot} names a freed backend"
+    ext = {L.raw(k) for k in maps["extaddr"].keys()} if "extaddr" in maps else None
     for key, val in maps["svc"].items():
+        if ext is not None and key.slot == 0 and key.scope == L.SCOPE_EXT:
+            assert L.raw(L.U32(key.addr)) in ext, f"{L.key_tuple(key)}: no kp_extaddr4 row"
         if key.slot != 0 or val.action != L.const("KP_ACTION_FORWARD"):
             continue
         for slot in range(1, val.count + 1):

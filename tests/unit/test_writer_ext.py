@@ -90,3 +90,81 @@ def test_restart_adopts_both_scopes_and_rewrites_nothing(maps):
     assert set(fresh.programmed) == set(desired)
     res = fresh.apply(desired)
     assert res.ok and res.writes == 0
+
+
+# -- kp_extaddr4: the addresses tc_lb.c lets through to its lookups ----------------------------
+def ext_maps(extaddr_entries=1000):
+    m = {}
+    for name in ("svc", "backend", "meta", "extaddr"):
+        m[name] = FakeMap(L.MAPS[name], max_entries=extaddr_entries if name == "extaddr"
+                          else 100000, on_op=lambda: consistent(m))
+    return m
+
+
+def ext_fe(ip, port, backends=("10.244.2.10",)):
+    bs = tuple(sorted(Backend(b, 8080, TCP) for b in backends))
+    return Frontend(ip, port, TCP, FrontendKind.NODE_PORT, SPN, Action.FORWARD, bs, 0, Scope.EXT)
+
+
+def addrs(maps):
+    return sorted(L.ip_str(k.value) for k in maps["extaddr"].keys())
+
+
+@pytest.mark.parametrize("n", [2, 40])     # 40 frontends: enough rows for the batched path
+def test_an_address_row_outlives_every_ext_frontend_on_it_and_no_other(n):
+    # consistent() runs after every single map operation, batched or not: an EXT slot 0 is
+    # never without its address row.
+    maps = ext_maps()
+    w = MapWriter(maps)
+    node = [ext_fe("10.250.0.11", 30000 + i) for i in range(n)]
+    lb = ext_fe("192.0.2.7", 80)
+    sock = fe(["10.244.2.10"])                     # socket scope: no address row
+    res = w.apply(table(*node, lb, sock))
+    assert res.ok and addrs(maps) == ["10.250.0.11", "192.0.2.7"]
+    assert [op for op, _ in maps["extaddr"].ops] == ["put", "put"]
+    res = w.apply(table(*node[1:], sock))
+    assert res.ok and addrs(maps) == ["10.250.0.11"]
+    res = w.apply(table(sock))
+    assert res.ok and addrs(maps) == []
+    assert w.row_counts()["extaddr"] == 0
+
+
+def test_restore_writes_missing_address_rows_and_drops_stale_ones():
+    # The maps of an agent that kept no address rows (an upgrade): the rows appear in
+    # restore(), before the agent attaches programs that would otherwise pass every packet.
+    maps = ext_maps()
+    MapWriter(maps).apply(table(ext_fe("10.250.0.11", 30080), ext_fe("192.0.2.7", 80)))
+    for m in maps.values():
+        m.on_op = None            # the state restore() starts from is not consistent()
+    maps["extaddr"].rows = {L.raw(L.U32(L.ip_be("198.51.100.1"))): L.raw(L.U32(1))}
+    w = MapWriter(maps)
+    assert w.restore() == 2
+    assert addrs(maps) == ["10.250.0.11", "192.0.2.7"]
+    assert w.apply(table(ext_fe("10.250.0.11", 30080))).ok
+    assert addrs(maps) == ["10.250.0.11"]
+
+
+def test_a_full_address_map_fails_the_frontend_before_its_slot_zero():
+    maps = ext_maps(extaddr_entries=1)
+    w = MapWriter(maps)
+    res = w.apply(table(ext_fe("10.250.0.11", 30080), ext_fe("192.0.2.7", 80)))
+    assert res.full_maps == {L.MAPS["extaddr"].name}
+    assert addrs(maps) == ["10.250.0.11"]
+    heads = [L.ip_str(k.addr) for k in maps["svc"].keys() if k.slot == 0]
+    assert heads == ["10.250.0.11"]
+
+
+def test_an_address_row_restore_cannot_write_is_retried_by_the_next_apply():
+    maps = ext_maps()
+    MapWriter(maps).apply(table(ext_fe("10.250.0.11", 30080), ext_fe("192.0.2.7", 80)))
+    for m in maps.values():
+        m.on_op = None
+    maps["extaddr"].rows.clear()
+    maps["extaddr"].max_entries = 1
+    w = MapWriter(maps)
+    assert w.restore() == 2                     # logged, not raised
+    assert addrs(maps) == ["10.250.0.11"]
+    maps["extaddr"].max_entries = 2
+    res = w.apply(table(ext_fe("10.250.0.11", 30080), ext_fe("192.0.2.7", 80)))
+    assert res.ok and res.updated == 1
+    assert addrs(maps) == ["10.250.0.11", "192.0.2.7"]
