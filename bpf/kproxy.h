@@ -366,7 +366,8 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 12, "kp_tc_cfg");
 	X(rnat,        kp_rnat4,    1, lru_hash,     struct kp_ct4_key,    struct kp_ct4_key,    KP_RNAT4_SIZE,    0) \
 	X(tccfg,       kp_tccfg,    2, array,        __u32,                struct kp_tc_cfg,     1,                0) \
 	X(srcrange,    kp_srcrange4, 1, lpm_trie,    struct kp_srcrange4_key, __u32,             KP_SRCRANGE4_SIZE, KP_NO_PREALLOC) \
-	X(extaddr,     kp_extaddr4, 1, hash,         __be32,               __u32,                KP_EXTADDR4_SIZE, 0)
+	X(extaddr,     kp_extaddr4, 1, hash,         __be32,               __u32,                KP_EXTADDR4_SIZE, 0) \
+	X(extbe,       kp_extbe4,   1, hash,         __be32,               __u32,                KP_EXTBE4_SIZE,   0)
 
 #ifndef KP_SVC4_SIZE
 #define KP_SVC4_SIZE   262144  /* frontends plus one row per backend slot (10k x 10: 110k) */
@@ -397,6 +398,9 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 12, "kp_tc_cfg");
 #endif
 #ifndef KP_EXTADDR4_SIZE
 #define KP_EXTADDR4_SIZE 16384 /* addresses of scope-EXT frontends: node IPs, external and LB IPs */
+#endif
+#ifndef KP_EXTBE4_SIZE
+#define KP_EXTBE4_SIZE 16384   /* local backends of scope-EXT frontends (their replies' sources) */
 #endif
 #ifndef KP_SRCRANGE4_SIZE
 #define KP_SRCRANGE4_SIZE 16384 /* loadBalancerSourceRanges rows: one per (LB frontend, range) */

@@ -43,6 +43,7 @@ class MapSizes:
     rnat: int = _default_size("rnat")          # TC reply tuple -> original tuple (LRU)
     srcrange: int = _default_size("srcrange")  # loadBalancerSourceRanges (LPM trie)
     extaddr: int = _default_size("extaddr")    # addresses of scope-EXT frontends (TC filter)
+    extbe: int = _default_size("extbe")        # their local backends (TC filter)
 
 
 @dataclass

@@ -25,35 +25,51 @@ struct kp_pkt {
 	__u8  tcp_flags;
 };
 
-/* Fills p for an IPv4 TCP/UDP packet at the Ethernet header; -1 for anything else (other
- * protocols, IP options are fine, non-first fragments carry no ports and are left alone). */
-static __always_inline int kp_parse(struct __sk_buff *skb, struct kp_pkt *p)
-{
-	struct iphdr ip;
+/* The EtherType and the IPv4 header, read with one helper call. */
+struct kp_l3 {
 	__be16 proto;
-	__be16 ports[2];
+	struct iphdr ip;
+} __attribute__((packed));
 
-	if (bpf_skb_load_bytes(skb, offsetof(struct ethhdr, h_proto), &proto, sizeof(proto)) < 0 ||
-	    proto != kp_htons(ETH_P_IP))
+/* The first half of parsing, enough for the TC filters (addresses): fills p's addresses,
+ * protocol and L4 offset for an IPv4 TCP/UDP packet at the Ethernet header; -1 for anything
+ * else (other protocols; IP options are fine, non-first fragments carry no ports and are left
+ * alone). Each bpf_skb_load_bytes is a helper call, so a packet takes two: this one, and
+ * kp_parse_l4's, which a packet the filters let pass never makes. */
+static __always_inline int kp_parse_l3(struct __sk_buff *skb, struct kp_pkt *p)
+{
+	struct kp_l3 h;
+
+	if (bpf_skb_load_bytes(skb, offsetof(struct ethhdr, h_proto), &h, sizeof(h)) < 0 ||
+	    h.proto != kp_htons(ETH_P_IP) || h.ip.version != 4 || h.ip.ihl < 5)
 		return -1;
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0 || ip.version != 4 || ip.ihl < 5)
+	if (h.ip.protocol != IPPROTO_TCP && h.ip.protocol != IPPROTO_UDP)
 		return -1;
-	if (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP)
+	if (h.ip.frag_off & kp_htons(KP_IP_OFFSET))
 		return -1;
-	if (ip.frag_off & kp_htons(KP_IP_OFFSET))
-		return -1;
-	p->l4_off = ETH_HLEN + ip.ihl * 4;
-	if (bpf_skb_load_bytes(skb, p->l4_off, ports, sizeof(ports)) < 0)
-		return -1;
-	p->tuple.saddr = ip.saddr;
-	p->tuple.daddr = ip.daddr;
-	p->tuple.sport = ports[0];
-	p->tuple.dport = ports[1];
-	p->tuple.proto = ip.protocol;
-	p->tcp_flags = 0;
-	if (ip.protocol == IPPROTO_TCP &&
-	    bpf_skb_load_bytes(skb, p->l4_off + 13, &p->tcp_flags, 1) < 0)
-		return -1;
+	p->l4_off = ETH_HLEN + h.ip.ihl * 4;
+	p->tuple.saddr = h.ip.saddr;
+	p->tuple.daddr = h.ip.daddr;
+	p->tuple.proto = h.ip.protocol;
+	return 0;
+}
+
+/* The ports, and a TCP header's flags (its byte 13): 14 bytes of TCP, 4 of UDP. */
+static __always_inline int kp_parse_l4(struct __sk_buff *skb, struct kp_pkt *p)
+{
+	__u8 l4[14];
+
+	if (p->tuple.proto == IPPROTO_TCP) {
+		if (bpf_skb_load_bytes(skb, p->l4_off, l4, 14) < 0)
+			return -1;
+		p->tcp_flags = l4[13];
+	} else {
+		if (bpf_skb_load_bytes(skb, p->l4_off, l4, 4) < 0)
+			return -1;
+		p->tcp_flags = 0;
+	}
+	__builtin_memcpy(&p->tuple.sport, l4, sizeof(p->tuple.sport));
+	__builtin_memcpy(&p->tuple.dport, l4 + 2, sizeof(p->tuple.dport));
 	return 0;
 }
 

@@ -27,10 +27,11 @@ cleared the flag or stopped needing them, so a reader never sees the flag withou
 (it would drop every client). While ranges change, the union of old and new is admitted for
 the moment between the two writes, never nothing.
 
-kp_extaddr4 holds each address some scope-EXT frontend uses (counted here, one row per
-address): tc_lb.c lets a packet from outside to any other address (pod-to-pod traffic between
-nodes) pass without a conntrack or service lookup. An address's row is written before the slot 0
-of the first frontend on it and deleted after the slot 0 delete of the last, as the range rows.
+Scope-EXT frontends also hold address rows (held_addrs.py): their own address in kp_extaddr4
+and their local backends' in kp_extbe4, which tc_lb.c reads so that packets of no EXT flow
+(pod-to-pod traffic between nodes) pass without a conntrack or service lookup. Like the range
+rows, a frontend holds an address before the slot 0 that needs it and lets go after the slot 0
+that stopped needing it.
 
 The writer restores its bookkeeping from the maps, so a new agent process adopts what the last
 one programmed and rewrites only what differs. It never decides policy.
@@ -48,6 +49,7 @@ from dataclasses import dataclass, field
 from ..desired import Action, Backend, Frontend, FrontendKind, ServicePortName
 from ..model import Protocol
 from . import layout as L
+from .held_addrs import HeldAddrs
 from .ids import IdAllocator, IdsExhausted
 from .pinned import MapFull, PinnedMap
 
@@ -68,7 +70,6 @@ _SVC_VAL = struct.Struct(L.MAPS["svc"].value_format).pack
 _ID = struct.Struct(L.MAPS["backend"].key_format).pack
 _BACKEND = struct.Struct(L.MAPS["backend"].value_format).pack
 _NATIVE_U32, _NATIVE_U32_PACK = struct.Struct("=I").unpack, struct.Struct("=I").pack
-_EXT_ROW = _NATIVE_U32_PACK(1)      # kp_extaddr4's value: only the key's presence is read
 
 
 def _backend_row(b: BackendKey) -> bytes:
@@ -249,6 +250,8 @@ class Programmed:
     rows: SlotRows = field(default_factory=SlotRows)      # slot -> (backend, flags)
     ranges: frozenset[str] = frozenset()            # kp_srcrange4 rows of this frontend
     range_flag: bool = False                        # slot 0's KP_FE_F_SRC_RANGES
+    addr_held: bool = False                         # EXT: its address's kp_extaddr4 row
+    local_held: frozenset[str] = frozenset()        # EXT: its local backends' kp_extbe4 rows
 
     def live(self) -> dict[BackendKey, int]:
         """The backends lookups can reach, with their flags."""
@@ -293,7 +296,9 @@ class MapWriter:
     def __init__(self, maps: Mapping[str, PinnedMap]):
         self.svc, self.be, self.meta = maps["svc"], maps["backend"], maps["meta"]
         self.src = maps.get("srcrange")     # None: no source ranges written (tests' fakes)
-        self.ext = maps.get("extaddr")      # None: no EXT address rows written (likewise)
+        # The TC filters (None where the map is missing: tests' fakes).
+        self.ext_addrs = HeldAddrs(maps["extaddr"]) if "extaddr" in maps else None
+        self.ext_locals = HeldAddrs(maps["extbe"]) if "extbe" in maps else None
         self.programmed: dict[FrontendKey, Programmed] = {}
         self.backend_ids = IdAllocator(MAX_ID, "backend ids")
         self.svc_ids = IdAllocator(MAX_ID, "service ids")
@@ -304,8 +309,6 @@ class MapWriter:
         self._svc_unref: set[ServicePortName] = set()
         self._slot_rows = 0         # slot rows (1..n) of every frontend: O(1) row counts
         self._range_rows = 0        # kp_srcrange4 rows of every frontend, likewise
-        self._ext_refs: Counter[str] = Counter()    # EXT frontends holding each address row
-        self._ext_held: set[FrontendKey] = set()    # ...and those frontends
 
     # -- restore ---------------------------------------------------------------------------
     def restore(self) -> int:
@@ -374,7 +377,7 @@ class MapWriter:
             refs[bkey] += 1
             self._slot_rows += 1
         self._restore_ranges()
-        self._restore_ext_addrs()
+        self._restore_filters()
         # Anything unreferenced (a crash between writes) is garbage now: only those are
         # candidates (a set difference, not a _gc() look at each of 100,000 backends).
         self._unref = self.backend_ids.keys() - self._refs.keys()
@@ -396,30 +399,25 @@ class MapWriter:
                 prog.ranges = prog.ranges | {cidr}
                 self._range_rows += 1
 
-    def _restore_ext_addrs(self) -> None:
-        """The address rows the EXT frontends found need: missing ones are written (maps of
-        an agent that kept none, before the programs that read them attach), rows no frontend
-        holds are deleted. A frontend whose row cannot be written holds none, so the next
-        apply rewrites it (see _same) and reports the failure."""
-        self._ext_refs.clear()
-        self._ext_held.clear()
-        if self.ext is None:
-            return
-        held = [k for k, p in self.programmed.items() if len(k) == 4 and p.count is not None]
-        have = {L.ip_str(k.value) for k in self.ext.keys()}
-        for addr in sorted({k[0] for k in held} - have):
-            try:
-                self.ext.put(socket.inet_aton(addr), _EXT_ROW)
-                have.add(addr)
-            except (MapFull, OSError) as exc:
-                log.error("no %s row for %s (%s): packets from outside to it pass untranslated "
-                          "until a sync writes it", self.ext.spec.name, addr, exc)
-        for key in held:
-            if key[0] in have:
-                self._ext_held.add(key)
-                self._ext_refs[key[0]] += 1
-        for addr in sorted(have - self._ext_refs.keys()):
-            self.ext.delete(socket.inet_aton(addr))
+    def _restore_filters(self) -> None:
+        """The TC filter rows of the EXT frontends found (see HeldAddrs.restore). A frontend
+        whose row could not be written does not hold it, so the next apply rewrites it (see
+        _same) and reports the failure."""
+        ext = [(k, p) for k, p in self.programmed.items() if len(k) == 4 and p.count is not None]
+        if self.ext_addrs is not None:
+            failed = self.ext_addrs.restore(k[0] for k, _ in ext)
+            for k, p in ext:
+                p.addr_held = k[0] not in failed
+                if p.addr_held:
+                    self.ext_addrs.adopt(k[0])
+        if self.ext_locals is not None:
+            local = {k: frozenset(row[0][0] for row in map(p.rows.get, range(1, p.count + 1))
+                                  if row is not None and row[1] & L.F_LOCAL) for k, p in ext}
+            failed = self.ext_locals.restore(set().union(*local.values()))
+            for k, p in ext:
+                p.local_held = local[k] - failed
+                for addr in p.local_held:
+                    self.ext_locals.adopt(addr)
 
     # -- apply -----------------------------------------------------------------------------
     def apply(self, desired: Mapping[FrontendKey, Frontend],
@@ -431,18 +429,22 @@ class MapWriter:
         keys = sorted(set(self.programmed) | set(desired) if candidates is None else set(candidates))
         if self._fits_batch(desired, keys):
             plan = _Plan()
-            real = self.svc, self.be, self.meta, self.src, self.ext
+            real = self.svc, self.be, self.meta, self.src
+            filters = [f for f in (self.ext_addrs, self.ext_locals) if f is not None]
+            real_filters = [f.map for f in filters]
             self.svc, self.be, self.meta = (_Recording(self.svc, plan, True),
                                             _Recording(self.be, plan, False),
                                             _Recording(self.meta, plan, False))
             if self.src is not None:
                 self.src = _Recording(_OneByOne(self.src), plan, False)
-            if self.ext is not None:
-                self.ext = _Recording(_OneByOne(self.ext), plan, False)
+            for f in filters:
+                f.map = _Recording(_OneByOne(f.map), plan, False)
             try:
                 self._apply_keys(desired, keys, res)
             finally:
-                self.svc, self.be, self.meta, self.src, self.ext = real
+                self.svc, self.be, self.meta, self.src = real
+                for f, m in zip(filters, real_filters):
+                    f.map = m
             # A failure here leaves the bookkeeping ahead of the kernel: the caller must
             # restore() before the next apply (the agent does, after any failed sync).
             plan.replay()
@@ -463,8 +465,11 @@ class MapWriter:
         ranges = sum(len(desired[k].source_ranges) for k in keys if k in desired)
         if self.src is not None and used.get("srcrange", 0) + ranges > self.src.max_entries:
             return False
-        if self.ext is not None and used.get("extaddr", 0) + len(keys) > self.ext.max_entries:
-            return False
+        ext = [desired[k] for k in keys if len(k) == 4 and k in desired]
+        for f, name, need in ((self.ext_addrs, "extaddr", len(ext)),
+                              (self.ext_locals, "extbe", sum(len(fe.backends) for fe in ext))):
+            if f is not None and used.get(name, 0) + need > f.map.max_entries:
+                return False
         return (used["svc"] + rows <= self.svc.max_entries
                 and used["backend"] + rows <= self.be.max_entries
                 and used["meta"] + len(todo) <= self.meta.max_entries)
@@ -510,7 +515,7 @@ class MapWriter:
         p = self.programmed.get(key)
         if p is None or p.count is None:
             return False
-        if self.ext is not None and len(key) == 4 and key not in self._ext_held:
+        if len(key) == 4 and not self._filters_held(p, fe):
             return False
         wanted = self._wanted(fe)
         return (p.kind, p.service, p.action, p.affinity) == (
@@ -559,8 +564,8 @@ class MapWriter:
             self._fill_slots(prog, fields, order, wanted, res)
         else:
             self._write_slots(prog, fields, order, wanted, res)
-        if len(key) == 4 and key not in self._ext_held:
-            self._hold_ext_addr(key, res)              # the address row before any slot 0
+        if len(key) == 4:
+            self._hold_filters(key, fe, prog, res)     # before the slot 0 that needs them
         ranges = self._ranges(fe)
         for cidr in sorted(ranges - prog.ranges):      # rows before the flag that needs them
             self.src.put(L.srcrange_key(key, cidr), L.U32(0))
@@ -575,6 +580,9 @@ class MapWriter:
         prog.range_flag = bool(ranges)
         res.writes += 1
         self._drop_ranges(key, prog, prog.ranges - ranges, res)   # after the flag let go
+        if self.ext_locals is not None:
+            for addr in sorted(prog.local_held - self._locals(fe)):  # after slot 0 let go
+                self._release_local(prog, addr, res)
         self._set_service(prog, fe.service)
         prog.kind, prog.action = fe.kind, fe.action
         prog.affinity, prog.count = fe.affinity_timeout, len(order)
@@ -650,28 +658,37 @@ class MapWriter:
             self.svc.delete(L.frontend_svc_key(key, slot))
             self._ref(prog, slot, None)
             res.writes += 1
-        self._release_ext_addr(key, res)               # after its slot 0 is gone
+        for addr in sorted(prog.local_held):           # after its slot 0 is gone
+            self._release_local(prog, addr, res)
+        if prog.addr_held:
+            self.ext_addrs.release(key[0], res)
+            prog.addr_held = False
         del self.programmed[key]
         res.deleted += 1
 
-    def _hold_ext_addr(self, key: FrontendKey, res: ApplyResult) -> None:
-        if self.ext is None:
-            return
-        if not self._ext_refs[key[0]]:
-            self.ext.put(socket.inet_aton(key[0]), _EXT_ROW)
-            res.writes += 1
-        self._ext_refs[key[0]] += 1
-        self._ext_held.add(key)
+    # -- TC filter rows (EXT frontends) ------------------------------------------------------
+    def _locals(self, fe: Frontend) -> frozenset[str]:
+        """The local backends' addresses an EXT frontend needs in kp_extbe4: their replies
+        leave through kp_to_outside, which looks for their flows only from those."""
+        if self.ext_locals is None or fe.action is not Action.FORWARD:
+            return frozenset()
+        return frozenset(b.ip for b in fe.backends if b.local)
 
-    def _release_ext_addr(self, key: FrontendKey, res: ApplyResult) -> None:
-        if key not in self._ext_held:
-            return
-        self._ext_held.discard(key)
-        self._ext_refs[key[0]] -= 1
-        if not self._ext_refs[key[0]]:
-            del self._ext_refs[key[0]]
-            self.ext.delete(socket.inet_aton(key[0]))
-            res.writes += 1
+    def _filters_held(self, prog: Programmed, fe: Frontend) -> bool:
+        return (self.ext_addrs is None or prog.addr_held) and prog.local_held == self._locals(fe)
+
+    def _hold_filters(self, key: FrontendKey, fe: Frontend, prog: Programmed,
+                      res: ApplyResult) -> None:
+        if self.ext_addrs is not None and not prog.addr_held:
+            self.ext_addrs.hold(key[0], res)
+            prog.addr_held = True
+        for addr in sorted(self._locals(fe) - prog.local_held):
+            self.ext_locals.hold(addr, res)
+            prog.local_held = prog.local_held | {addr}
+
+    def _release_local(self, prog: Programmed, addr: str, res: ApplyResult) -> None:
+        self.ext_locals.release(addr, res)
+        prog.local_held = prog.local_held - {addr}
 
     def _drop_ranges(self, key: FrontendKey, prog: Programmed, gone: frozenset[str],
                      res: ApplyResult) -> None:
@@ -743,8 +760,9 @@ class MapWriter:
                   "backend": len(self.backend_ids), "meta": len(self._named)}
         if self.src is not None:
             counts["srcrange"] = self._range_rows
-        if self.ext is not None:
-            counts["extaddr"] = len(self._ext_refs)
+        for f, name in ((self.ext_addrs, "extaddr"), (self.ext_locals, "extbe")):
+            if f is not None:
+                counts[name] = len(f.refs)
         return counts
 
     def stats(self) -> dict[str, int]:

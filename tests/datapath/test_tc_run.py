@@ -55,7 +55,8 @@ def pseudo(src: str, dst: str, proto: int, length: int) -> bytes:
     return socket.inet_aton(src) + socket.inet_aton(dst) + struct.pack("!BBH", 0, proto, length)
 
 
-def packet(src, sport, dst, dport, proto=TCP, flags=SYN, payload=b"hello", udp_csum=True) -> bytes:
+def packet(src, sport, dst, dport, proto=TCP, flags=SYN, payload=b"hello", udp_csum=True,
+           ip_options=b"", frag=0) -> bytes:
     num = L.PROTO_NUM[proto]
     if proto is TCP:
         l4 = struct.pack("!HHIIBBHHH", sport, dport, 1000, 0, 5 << 4, flags, 65535, 0, 0) + payload
@@ -66,18 +67,20 @@ def packet(src, sport, dst, dport, proto=TCP, flags=SYN, payload=b"hello", udp_c
     if proto is TCP or udp_csum:
         c = csum(pseudo(src, dst, num, len(l4)) + l4) or 0xFFFF
         l4 = l4[:off] + struct.pack("!H", c) + l4[off + 2:]
-    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(l4), 1, 0, 64, num, 0,
-                     socket.inet_aton(src), socket.inet_aton(dst))
+    hl = 20 + len(ip_options)
+    ip = struct.pack("!BBHHHBBH4s4s", 0x40 | hl // 4, 0, hl + len(l4), 1, frag, 64, num, 0,
+                     socket.inet_aton(src), socket.inet_aton(dst)) + ip_options
     ip = ip[:10] + struct.pack("!H", csum(ip)) + ip[12:]
     eth = bytes.fromhex("02000000000a02000000000b") + struct.pack("!H", 0x0800)
     return eth + ip + l4
 
 
 def parse(frame: bytes) -> dict:
-    ip = frame[14:34]
+    hl = (frame[14] & 0x0F) * 4
+    ip = frame[14:14 + hl]
     proto, src, dst = ip[9], socket.inet_ntoa(ip[12:16]), socket.inet_ntoa(ip[16:20])
     total = struct.unpack("!H", ip[2:4])[0]
-    l4 = frame[34:14 + total]
+    l4 = frame[14 + hl:14 + total]
     out = {"src": src, "dst": dst, "proto": proto, "ip_ok": csum(ip) == 0}
     if proto == 1:
         out.update(type=l4[0], code=l4[1], l4_ok=csum(l4) == 0, quote=l4[8:36])
@@ -236,6 +239,27 @@ def test_a_snat_reply_is_translated_with_no_frontend_on_the_snat_address(harness
     assert run.maps["extaddr"].keys() == []
 
 
+def test_ip_options_move_the_ports_and_a_short_udp_packet_is_whole(tc):
+    frame = packet(CLIENT, 40040, NODE, NP_LOCAL, ip_options=b"\x01\x01\x01\x00")
+    ret, out = tc.ingress(frame)
+    p = parse(out)
+    assert ret == TC_ACT_OK and (p["dst"], p["dport"], p["sport"]) == (LOCAL_BE, 8080, 40040)
+    assert p["ip_ok"] and p["l4_ok"]
+    _, out = tc.ingress(packet(CLIENT, 5001, NODE, NP_UDP, proto=UDP, payload=b""))
+    p = parse(out)
+    assert (p["dst"], p["dport"]) == (REMOTE_BE, 8080) and p["l4_ok"]
+
+
+def test_what_is_not_an_unfragmented_ipv4_tcp_or_udp_header_passes_untouched(tc):
+    later_fragment = packet(CLIENT, 40041, NODE, NP_LOCAL, frag=100)   # no ports in it
+    arp = bytes.fromhex("ffffffffffff02000000000b0806") + bytes(28)
+    cut_tcp = packet(CLIENT, 40042, NODE, NP_LOCAL)[:14 + 20 + 10]      # no flags byte
+    for frame in (later_fragment, arp, cut_tcp):
+        for hook in (tc.ingress, tc.egress):
+            ret, out = hook(frame)
+            assert (ret, out[:len(frame)]) == (TC_ACT_OK, frame)
+
+
 def test_local_backend_dnat_only_and_the_reply_on_egress(tc):
     ret, out = tc.ingress(packet(CLIENT, 40000, NODE, NP_LOCAL))
     p = parse(out)
@@ -255,6 +279,29 @@ def test_local_backend_dnat_only_and_the_reply_on_egress(tc):
     # The egress hook leaves the SNAT flows' replies to the ingress hook, and vice versa.
     ret, out = tc.ingress(packet(LOCAL_BE, 8080, CLIENT, 40000, flags=ACK))
     assert parse(out)["src"] == LOCAL_BE
+
+
+def test_a_reply_from_no_local_ext_backend_is_not_looked_up_on_egress(tc):
+    # kp_to_outside looks for a reply's flow only when its source is a local backend of an
+    # EXT frontend (kp_extbe4): a conntrack reply row alone does not translate a packet from
+    # any other address.
+    tc.ingress(packet(CLIENT, 40030, NODE, NP_LOCAL))
+    other = L.U32(L.ip_be("10.244.1.99"))
+    orig, _ = tc.ct(40030, NP_LOCAL)
+    rkey = L.CtKey(saddr=other.value, daddr=L.ip_be(CLIENT), sport=L.port_be(8080),
+                   dport=L.port_be(40030), proto=L.PROTO_NUM[TCP])
+    tc.maps["rnat"].put(rkey, orig)
+    row = tc.ct(40030, NP_LOCAL)[1]
+    row.be_addr = other.value
+    tc.maps["ct"].put(orig, row)
+    frame = packet("10.244.1.99", 8080, CLIENT, 40030, flags=SYN | ACK)
+    ret, out = tc.egress(frame)
+    assert (ret, out[:len(frame)]) == (TC_ACT_OK, frame)
+    tc.maps["extbe"].put(other, L.U32(1))         # the same packet, its source now listed
+    try:
+        assert parse(tc.egress(frame)[1])["src"] == NODE
+    finally:
+        tc.maps["extbe"].delete(other)
 
 
 def test_remote_backend_dnat_snat_and_the_reply(tc):

@@ -27,6 +27,8 @@ def consistent(maps) -> None:
         if key.slot:
             assert val.backend_id in backends, f"slot {key.slot} names a freed backend"
     ext = {L.raw(k) for k in maps["extaddr"].keys()} if "extaddr" in maps else None
+    ext_be = {L.raw(k) for k in maps["extbe"].keys()} if "extbe" in maps else None
+    be_addr = {k.value: v.addr for k, v in maps["backend"].items()}
     for key, val in maps["svc"].items():
         if ext is not None and key.slot == 0 and key.scope == L.SCOPE_EXT:
             assert L.raw(L.U32(key.addr)) in ext, f"{L.key_tuple(key)}: no kp_extaddr4 row"
@@ -37,6 +39,9 @@ def consistent(maps) -> None:
             row = rows.get(L.raw(skey))
             assert row is not None, f"slot {slot} of {L.key_tuple(key)} missing (count {val.count})"
             assert row.backend_id in backends, f"slot {slot} names a freed backend"
+            if ext_be is not None and key.scope == L.SCOPE_EXT and row.be_flags & L.F_LOCAL:
+                assert L.raw(L.U32(be_addr[row.backend_id])) in ext_be, \
+                    f"slot {slot} of {L.key_tuple(key)}: its local backend has no kp_extbe4 row"
 
 
 @pytest.fixture

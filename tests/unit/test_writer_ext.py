@@ -95,19 +95,19 @@ def test_restart_adopts_both_scopes_and_rewrites_nothing(maps):
 # -- kp_extaddr4: the addresses tc_lb.c lets through to its lookups ----------------------------
 def ext_maps(extaddr_entries=1000):
     m = {}
-    for name in ("svc", "backend", "meta", "extaddr"):
+    for name in ("svc", "backend", "meta", "extaddr", "extbe"):
         m[name] = FakeMap(L.MAPS[name], max_entries=extaddr_entries if name == "extaddr"
                           else 100000, on_op=lambda: consistent(m))
     return m
 
 
-def ext_fe(ip, port, backends=("10.244.2.10",)):
-    bs = tuple(sorted(Backend(b, 8080, TCP) for b in backends))
+def ext_fe(ip, port, backends=("10.244.2.10",), local=()):
+    bs = tuple(sorted(Backend(b, 8080, TCP, local=b in local) for b in backends))
     return Frontend(ip, port, TCP, FrontendKind.NODE_PORT, SPN, Action.FORWARD, bs, 0, Scope.EXT)
 
 
-def addrs(maps):
-    return sorted(L.ip_str(k.value) for k in maps["extaddr"].keys())
+def addrs(maps, name="extaddr"):
+    return sorted(L.ip_str(k.value) for k in maps[name].keys())
 
 
 @pytest.mark.parametrize("n", [2, 40])     # 40 frontends: enough rows for the batched path
@@ -168,3 +168,40 @@ def test_an_address_row_restore_cannot_write_is_retried_by_the_next_apply():
     res = w.apply(table(ext_fe("10.250.0.11", 30080), ext_fe("192.0.2.7", 80)))
     assert res.ok and res.updated == 1
     assert addrs(maps) == ["10.250.0.11", "192.0.2.7"]
+
+
+def test_local_backends_of_ext_frontends_hold_their_rows_and_remote_ones_none():
+    # consistent() checks after every operation that each local backend an EXT slot names
+    # has its kp_extbe4 row (kp_to_outside looks for reply flows only from those).
+    maps = ext_maps()
+    w = MapWriter(maps)
+    a = ext_fe("10.250.0.11", 30080, ["10.244.1.10", "10.244.1.11", "10.244.2.10"],
+               local=("10.244.1.10", "10.244.1.11"))
+    b = ext_fe("10.250.0.11", 30081, ["10.244.1.10"], local=("10.244.1.10",))
+    sock = dataclasses.replace(fe(["10.244.1.12"]), backends=(Backend("10.244.1.12", 8080, TCP,
+                                                                      local=True),))
+    assert w.apply(table(a, b, sock)).ok
+    assert addrs(maps, "extbe") == ["10.244.1.10", "10.244.1.11"]
+    a2 = ext_fe("10.250.0.11", 30080, ["10.244.1.10", "10.244.2.10"], local=("10.244.1.10",))
+    assert w.apply(table(a2, b, sock)).ok
+    assert addrs(maps, "extbe") == ["10.244.1.10"]
+    rejecting = dataclasses.replace(b, action=Action.REJECT, backends=())
+    assert w.apply(table(a2, rejecting)).ok
+    assert addrs(maps, "extbe") == ["10.244.1.10"]
+    assert w.apply(table(rejecting)).ok
+    assert addrs(maps, "extbe") == [] and addrs(maps) == ["10.250.0.11"]
+    assert w.row_counts()["extbe"] == 0
+
+
+def test_restore_rebuilds_the_local_backend_rows():
+    maps = ext_maps()
+    a = ext_fe("10.250.0.11", 30080, ["10.244.1.10", "10.244.2.10"], local=("10.244.1.10",))
+    MapWriter(maps).apply(table(a))
+    for m in maps.values():
+        m.on_op = None
+    maps["extbe"].rows = {L.raw(L.U32(L.ip_be("10.244.9.9"))): L.raw(L.U32(1))}
+    w = MapWriter(maps)
+    assert w.restore() == 1
+    assert addrs(maps, "extbe") == ["10.244.1.10"]
+    assert w.apply(table(a)).updated == 0           # nothing left to rewrite
+    assert w.apply({}).ok and addrs(maps, "extbe") == []
