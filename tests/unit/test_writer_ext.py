@@ -205,3 +205,13 @@ def test_restore_rebuilds_the_local_backend_rows():
     assert addrs(maps, "extbe") == ["10.244.1.10"]
     assert w.apply(table(a)).updated == 0           # nothing left to rewrite
     assert w.apply({}).ok and addrs(maps, "extbe") == []
+
+
+def test_the_cli_dump_shows_the_filter_rows_as_addresses():
+    from kproxy_ebpf.datapath import reader
+
+    maps = ext_maps()
+    MapWriter(maps).apply(table(ext_fe("10.250.0.11", 30080, ["10.244.1.10"],
+                                       local=("10.244.1.10",))))
+    assert reader.dump(maps["extaddr"]) == [{"key": "10.250.0.11", "value": 1}]
+    assert reader.dump(maps["extbe"]) == [{"key": "10.244.1.10", "value": 1}]
