@@ -76,8 +76,26 @@ FIGURES = (
     Figure("m9_pps", "M9 NodePort UDP forwarded", "pkt/s", ("M9", "pps"), "higher"),
     Figure("m9_softirq", "M9 softirq CPU per packet", "ns", ("M9", "softirq_ns_per_pkt"),
            "lower"),
+    Figure("m9_bpf_in", "M9 kp_from_outside per packet (bpf_stats)", "ns",
+           ("M9", "bpf_ns", "kp_from_outside", "ns"), "lower"),
+    Figure("m9_bpf_out", "M9 kp_to_outside per packet (bpf_stats)", "ns",
+           ("M9", "bpf_ns", "kp_to_outside", "ns"), "lower"),
     Figure("m10_p", "M10 spread chi-square p", "", ("M10", "p_value"), "higher"),
     Figure("m10_dev", "M10 max deviation from uniform", "", ("M10", "max_deviation"), "lower"),
+    # M10's lookup cost as N grows: the kernel's run time per program run (bench/bpfcost.py)
+    # over crr through the ClusterIP ("Service") and straight to the pods ("pod IP").
+    Figure("m10_connect4", "M10 kp_connect4 per connect, Service", "ns",
+           ("M10", "bpf_ns", "service", "kp_connect4", "ns"), "lower"),
+    Figure("m10_connect4_miss", "M10 kp_connect4 per connect, pod IP", "ns",
+           ("M10", "bpf_ns", "pod", "kp_connect4", "ns"), "lower"),
+    Figure("m10_from_pod", "M10 kp_from_pod per packet, Service", "ns",
+           ("M10", "bpf_ns", "service", "kp_from_pod", "ns"), "lower"),
+    Figure("m10_to_pod", "M10 kp_to_pod per packet, Service", "ns",
+           ("M10", "bpf_ns", "service", "kp_to_pod", "ns"), "lower"),
+    Figure("m10_from_outside_pod", "M10 kp_from_outside per packet, pod IP", "ns",
+           ("M10", "bpf_ns", "pod", "kp_from_outside", "ns"), "lower"),
+    Figure("m10_to_outside_pod", "M10 kp_to_outside per packet, pod IP", "ns",
+           ("M10", "bpf_ns", "pod", "kp_to_outside", "ns"), "lower"),
 )
 FIGURE_BY_KEY = {f.key: f for f in FIGURES}
 

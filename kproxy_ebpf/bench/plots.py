@@ -20,6 +20,8 @@ PLOTS = (
     ("m8_p99", "M8 connect p99 during 50 changes/s", "us", ("m8_p99",)),
     ("m9_nodeport_crr", "M9 NodePort new connections/s from outside (node1 -> node2)",
      "conn/s", ("m9_crr_rate",)),
+    ("m10_lookup", "M10 lookup cost: kernel run time per connect (bpf_stats; kproxy modes)",
+     "ns", ("m10_connect4", "m10_connect4_miss", "m10_from_pod")),
 )
 # M9's rates at the largest N, one bar per mode (they are measured at that N only).
 M9_BARS = (("m9_pps", "UDP packets forwarded/s"), ("m9_softirq", "softirq ns per packet"),

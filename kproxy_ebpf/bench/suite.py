@@ -24,7 +24,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 
-from . import stats
+from . import bpfcost, stats
 from .fill import SERVICE_PORT, SINK_PORT, SINK_SERVICE_PORT, TARGET_PORT, Churner
 from ..lab.nsutil import LabError
 from .loadgen import ProxyDied
@@ -325,6 +325,20 @@ class ModeRun:
             counts = stats.merge_counts([counts, extra["backends"]])
         self.out["M10"] = {**stats.spread(counts, self.tb.target_set), "counts": counts,
                            "wanted": self.cfg.m10_connections}
+        if self.mode in KPROXY_MODES:
+            self.out["M10"]["bpf_ns"] = self.lookup_cost()
+
+    def lookup_cost(self) -> dict:
+        """M10's lookup cost as N grows (bpfcost.py): each program's run time per connect
+        or packet over one crr run through the ClusterIP and one straight to the pods (no
+        Service: the miss path, and the TC filters on plain pod traffic between nodes)."""
+        addrs, port, _ = self.addrs()
+        pods = [self.tb.pods[n] for n in self.tb.target_set]
+        secs = self.cfg.crr_seconds
+        return {"service": bpfcost.measure(
+                    lambda: self.tb.client.run("crr", addrs, port, duration=secs)),
+                "pod": bpfcost.measure(
+                    lambda: self.tb.client.run("crr", pods, TARGET_PORT, duration=secs))}
 
     # -- M5 ------------------------------------------------------------------------------------
     def m5(self) -> None:
@@ -462,6 +476,8 @@ class ModeRun:
                     "pps": round(stats.median(2 * f["rate"] for f, _ in flood), 1),
                     "pps_runs": [round(2 * f["rate"], 1) for f, _ in flood],
                     "softirq_ns_per_pkt": stats.median_or_none(c for _, c in flood)})
+                if self.mode in KPROXY_MODES:     # the TC programs per packet, on their own
+                    m9["bpf_ns"] = bpfcost.measure(lambda: self._udp_rate(addrs[:1], udp))
         # per kind: a UDP timeout costs 200 ms of one run, a lost SYN a second of a crr run
         m9["failed"] = {k: sum(r["failed"] for r in rs) for k, rs in kinds.items()}
         m9["errors"] = {k: stats.merge_counts(r["errors"] for r in rs) for k, rs in kinds.items()}
