@@ -199,6 +199,18 @@ def test_not_a_frontend_passes_untouched(tc):
     assert (ret, out[:len(frame)]) == (TC_ACT_OK, frame)
 
 
+def passes_until_listed(tc, hook, frame, filter_map, addr, field, want) -> None:
+    """A TC filter at work: `frame` passes `hook` untouched while `addr` has no row in
+    `filter_map`, and is translated (its `field` becomes `want`) once it has one."""
+    ret, out = hook(frame)
+    assert (ret, out[:len(frame)]) == (TC_ACT_OK, frame)
+    tc.maps[filter_map].put(addr, L.U32(1))
+    try:
+        assert parse(hook(frame)[1])[field] == want
+    finally:
+        tc.maps[filter_map].delete(addr)
+
+
 def test_a_packet_to_an_address_of_no_ext_frontend_skips_the_lookups(tc):
     # Only packets to an EXT frontend's address (kp_extaddr4) or to the SNAT address reach
     # conntrack and the service map: a conntrack row alone does not translate a packet sent
@@ -209,13 +221,7 @@ def test_a_packet_to_an_address_of_no_ext_frontend_skips_the_lookups(tc):
     key.daddr = other.value
     tc.maps["ct"].put(key, row)
     frame = packet(CLIENT, 40010, "10.244.9.9", NP_LOCAL, flags=ACK)
-    ret, out = tc.ingress(frame)
-    assert (ret, out[:len(frame)]) == (TC_ACT_OK, frame)
-    tc.maps["extaddr"].put(other, L.U32(1))       # the same packet, its address now listed
-    try:
-        assert parse(tc.ingress(frame)[1])["dst"] == LOCAL_BE
-    finally:
-        tc.maps["extaddr"].delete(other)
+    passes_until_listed(tc, tc.ingress, frame, "extaddr", other, "dst", LOCAL_BE)
 
 
 def test_a_snat_reply_is_translated_with_no_frontend_on_the_snat_address(harness):
@@ -295,13 +301,7 @@ def test_a_reply_from_no_local_ext_backend_is_not_looked_up_on_egress(tc):
     row.be_addr = other.value
     tc.maps["ct"].put(orig, row)
     frame = packet("10.244.1.99", 8080, CLIENT, 40030, flags=SYN | ACK)
-    ret, out = tc.egress(frame)
-    assert (ret, out[:len(frame)]) == (TC_ACT_OK, frame)
-    tc.maps["extbe"].put(other, L.U32(1))         # the same packet, its source now listed
-    try:
-        assert parse(tc.egress(frame)[1])["src"] == NODE
-    finally:
-        tc.maps["extbe"].delete(other)
+    passes_until_listed(tc, tc.egress, frame, "extbe", other, "src", NODE)
 
 
 def test_remote_backend_dnat_snat_and_the_reply(tc):
