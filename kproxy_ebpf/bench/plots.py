@@ -20,7 +20,7 @@ PLOTS = (
     ("m8_p99", "M8 connect p99 during 50 changes/s", "us", ("m8_p99",)),
     ("m9_nodeport_crr", "M9 NodePort new connections/s from outside (node1 -> node2)",
      "conn/s", ("m9_crr_rate",)),
-    ("m10_lookup", "M10 lookup cost: kernel run time per connect (bpf_stats; kproxy modes)",
+    ("m10_lookup", "M10 lookup cost: kernel run time per connect or packet (bpf_stats)",
      "ns", ("m10_connect4", "m10_connect4_miss", "m10_from_pod")),
 )
 # M9's rates at the largest N, one bar per mode (they are measured at that N only).
@@ -29,6 +29,9 @@ M9_BARS = (("m9_pps", "UDP packets forwarded/s"), ("m9_softirq", "softirq ns per
 STYLE = {"direct": "k", "iptables": "tab:red", "iptables-legacy": "tab:purple",
          "nftables": "tab:orange", "kproxy": "tab:blue", "kproxy-tc": "tab:green"}
 LOG_Y = {"m5_change", "m6_cold", "m7_cpu"}
+# Line labels where a plot has several figures and their labels' last word is not enough.
+SHORT = {"m10_connect4": "kp_connect4, Service", "m10_connect4_miss": "kp_connect4, pod IP",
+         "m10_from_pod": "kp_from_pod per packet, Service"}
 
 
 def _pyplot():
@@ -51,12 +54,13 @@ def bench_plots(doc: dict, out_dir: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
         drew = False
         for mode, color in STYLE.items():
-            for key, dash in zip(keys, ("-", "--")):
+            for key, dash in zip(keys, ("-", "--", ":")):
                 pts = [(n, goals.value(doc, mode, n, key)) for n in ns]
                 pts = [(n, v) for n, v in pts if isinstance(v, (int, float))]
                 if not pts:
                     continue
-                label = mode if len(keys) == 1 else f"{mode} {goals.FIGURE_BY_KEY[key].label.split()[-1]}"
+                label = mode if len(keys) == 1 else \
+                    f"{mode} {SHORT.get(key) or goals.FIGURE_BY_KEY[key].label.split()[-1]}"
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], dash, color=color,
                         marker="o", label=label)
                 drew = True
