@@ -12,7 +12,6 @@ removed ranges go before the ClusterIP rows they covered.
 from __future__ import annotations
 
 import ipaddress
-import socket
 from collections.abc import Mapping
 
 from ..desired import ServiceCIDRSet
@@ -22,11 +21,6 @@ from .writer import BATCH_MIN, ApplyResult
 
 CIP_REJECT, CIP_PASS = L.const("KP_CIP_REJECT"), L.const("KP_CIP_PASS")
 ACTIONS = {"reject": CIP_REJECT, "pass": CIP_PASS, None: None}
-
-
-def _cip_key(ip: str) -> bytes:
-    """kp_cip4's key: the address in network order, i.e. its 4 bytes as inet_aton gives them."""
-    return socket.inet_aton(ip)
 
 
 def _cidr_key(cidr: str) -> L.Cidr4Key:
@@ -88,7 +82,7 @@ class CidrWriter:
             return False
         values = {a: L.raw(L.CipVal(action=a)) for a in set(actions.values()) if a is not None}
         try:
-            self.cip.put_batch([_cip_key(ip) for ip in ips],
+            self.cip.put_batch([L.addr_key(ip) for ip in ips],
                                [values[actions[ip]] for ip in ips])
         except (MapFull, OSError):
             return False
@@ -97,11 +91,11 @@ class CidrWriter:
         return True
 
     def _put_ip(self, ip: str, action: int) -> None:
-        self.cip.put(_cip_key(ip), L.CipVal(action=action))
+        self.cip.put(L.addr_key(ip), L.CipVal(action=action))
         self.cluster_ips[ip] = action
 
     def _delete_ip(self, ip: str) -> None:
-        self.cip.delete(_cip_key(ip))
+        self.cip.delete(L.addr_key(ip))
         del self.cluster_ips[ip]
 
     def _put_cidr(self, cidr: str) -> None:

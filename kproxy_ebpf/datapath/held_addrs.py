@@ -9,7 +9,6 @@ the last release deletes it; here they are only counted.
 from __future__ import annotations
 
 import logging
-import socket
 import struct
 from collections import Counter
 from collections.abc import Iterable
@@ -31,7 +30,7 @@ class HeldAddrs:
         """One more holder of addr; its row is written first if it had none (a failure
         raises before anything is counted)."""
         if not self.refs[addr]:
-            self.map.put(socket.inet_aton(addr), _ROW)
+            self.map.put(L.addr_key(addr), _ROW)
             res.writes += 1
         self.refs[addr] += 1
 
@@ -39,7 +38,7 @@ class HeldAddrs:
         self.refs[addr] -= 1
         if not self.refs[addr]:
             del self.refs[addr]
-            self.map.delete(socket.inet_aton(addr))
+            self.map.delete(L.addr_key(addr))
             res.writes += 1
 
     def adopt(self, addr: str) -> None:
@@ -57,11 +56,11 @@ class HeldAddrs:
         failed = set()
         for addr in sorted(wanted - have):
             try:
-                self.map.put(socket.inet_aton(addr), _ROW)
+                self.map.put(L.addr_key(addr), _ROW)
             except (MapFull, OSError) as exc:
                 log.error("no %s row for %s (%s): packets from outside for it pass untranslated "
                           "until a sync writes it", self.map.spec.name, addr, exc)
                 failed.add(addr)
         for addr in sorted(have - wanted):
-            self.map.delete(socket.inet_aton(addr))
+            self.map.delete(L.addr_key(addr))
         return failed

@@ -115,6 +115,7 @@ class MapSpec:
         self.id, self.base, self.version = mid, row["name"], row["version"]
         self.type = row["type"]
         self.key, self.value = _ctype(row["key"]), _ctype(row["value"])
+        self.by_addr = row["key"] == "__be32"       # keyed by a bare IPv4 address
         self.key_format, self.value_format = struct_format(row["key"]), struct_format(row["value"])
         self.size_macro, self.default_size = row["size_macro"], row["size"]
         self.lru = self.type.startswith("lru_")
@@ -202,6 +203,12 @@ def ip_be(ip: str) -> int:
 
 def ip_str(value: int) -> str:
     return socket.inet_ntoa(struct.pack("=I", value))
+
+
+def addr_key(ip: str) -> bytes:
+    """The key of a map keyed by a bare __be32 address (kp_cip4, kp_extaddr4, kp_extbe4):
+    its 4 bytes in network order, as inet_aton gives them."""
+    return socket.inet_aton(ip)
 
 
 def port_be(port: int) -> int:

@@ -115,9 +115,8 @@ def _plain(obj) -> object:
 def dump(m: PinnedMap) -> list[dict]:
     """Every row of a map, decoded; per-CPU values are summed (and listed per CPU)."""
     rows = []
-    by_addr = L.G.MAPS[m.spec.id]["key"] == "__be32"     # clusterip, extaddr, extbe
     for key, value in m.items():
-        if by_addr:
+        if m.spec.by_addr:                  # clusterip, extaddr, extbe
             row = {"key": L.ip_str(key.value), "value": _plain(value)}
         elif m.spec.percpu:
             per_cpu = [v for v in value]

@@ -564,8 +564,9 @@ class MapWriter:
             self._fill_slots(prog, fields, order, wanted, res)
         else:
             self._write_slots(prog, fields, order, wanted, res)
+        local = self._locals(fe) if len(key) == 4 else frozenset()
         if len(key) == 4:
-            self._hold_filters(key, fe, prog, res)     # before the slot 0 that needs them
+            self._hold_filters(key, local, prog, res)  # before the slot 0 that needs them
         ranges = self._ranges(fe)
         for cidr in sorted(ranges - prog.ranges):      # rows before the flag that needs them
             self.src.put(L.srcrange_key(key, cidr), L.U32(0))
@@ -580,9 +581,8 @@ class MapWriter:
         prog.range_flag = bool(ranges)
         res.writes += 1
         self._drop_ranges(key, prog, prog.ranges - ranges, res)   # after the flag let go
-        if self.ext_locals is not None:
-            for addr in sorted(prog.local_held - self._locals(fe)):  # after slot 0 let go
-                self._release_local(prog, addr, res)
+        for addr in sorted(prog.local_held - local):   # after slot 0 let go
+            self._release_local(prog, addr, res)
         self._set_service(prog, fe.service)
         prog.kind, prog.action = fe.kind, fe.action
         prog.affinity, prog.count = fe.affinity_timeout, len(order)
@@ -677,12 +677,12 @@ class MapWriter:
     def _filters_held(self, prog: Programmed, fe: Frontend) -> bool:
         return (self.ext_addrs is None or prog.addr_held) and prog.local_held == self._locals(fe)
 
-    def _hold_filters(self, key: FrontendKey, fe: Frontend, prog: Programmed,
+    def _hold_filters(self, key: FrontendKey, local: frozenset[str], prog: Programmed,
                       res: ApplyResult) -> None:
         if self.ext_addrs is not None and not prog.addr_held:
             self.ext_addrs.hold(key[0], res)
             prog.addr_held = True
-        for addr in sorted(self._locals(fe) - prog.local_held):
+        for addr in sorted(local - prog.local_held):
             self.ext_locals.hold(addr, res)
             prog.local_held = prog.local_held | {addr}
 

@@ -28,7 +28,7 @@ def consistent(maps) -> None:
             assert val.backend_id in backends, f"slot {key.slot} names a freed backend"
     ext = {L.raw(k) for k in maps["extaddr"].keys()} if "extaddr" in maps else None
     ext_be = {L.raw(k) for k in maps["extbe"].keys()} if "extbe" in maps else None
-    be_addr = {k.value: v.addr for k, v in maps["backend"].items()}
+    be_addr = {k.value: v.addr for k, v in maps["backend"].items()} if ext_be is not None else {}
     for key, val in maps["svc"].items():
         if ext is not None and key.slot == 0 and key.scope == L.SCOPE_EXT:
             assert L.raw(L.U32(key.addr)) in ext, f"{L.key_tuple(key)}: no kp_extaddr4 row"
