@@ -212,6 +212,19 @@ static __always_inline void kp_ct_forget(const struct kp_ct4_key *orig,
 	kp_rnat4.delete(&rkey);
 }
 
+/* Whether a packet on a flow's reply tuple belongs to another connection: the flow has
+ * expired (the kernel's conntrack would have dropped it), or it has ended and the packet is a
+ * SYN-ACK, which opens a connection. A client that reuses its source port toward the backend
+ * directly makes exactly that tuple: the kernel picks ephemeral ports per destination, so
+ * within the ended flow's 120 s it happens as soon as a client connects at some rate (the
+ * benchmark's crr to pod IPs right after one through the Service stalled on it). A SYN-ACK on
+ * a live flow is the backend repeating itself and stays the flow's. */
+static __always_inline bool kp_reply_is_another(const struct kp_pkt *p,
+						const struct kp_ct4_val *v, __u64 now)
+{
+	return now > v->expires || ((p->tcp_flags & KP_TCP_SYN) && v->state >= KP_CT_CLOSING);
+}
+
 /* The reply of a tracked flow (tuple = backend -> client or SNAT address): rewrites it to
  * frontend -> client. want_snat selects which kind of flow this hook serves. Returns 1 when
  * translated (*snat tells which kind), 0 when the packet is no reply we know. */
@@ -221,6 +234,7 @@ static __always_inline int kp_reply(struct __sk_buff *skb, struct kp_pkt *p, boo
 	struct kp_ct4_key *o;
 	struct kp_ct4_val v;
 	struct kp_ct4_val *row;
+	__u64 now;
 
 	o = kp_rnat4.lookup(&p->tuple);
 	if (!o)
@@ -234,10 +248,18 @@ static __always_inline int kp_reply(struct __sk_buff *skb, struct kp_pkt *p, boo
 	    v.be_port != p->tuple.sport ||
 	    (want_snat && (v.nat_addr != p->tuple.daddr || v.nat_port != p->tuple.dport)))
 		return 0;     /* a stale row: the flow it names has moved to another port */
+	now = bpf_ktime_get_ns();
+	if (kp_reply_is_another(p, &v, now)) {
+		/* The new connection owns the tuple now, so its later packets skip the flow too. A
+		 * SNAT row stays: kp_snat_alloc decides when its port is free. */
+		if (!want_snat)
+			kp_rnat4.delete(&p->tuple);
+		return 0;
+	}
 	if (kp_rewrite(skb, p, false, orig.daddr, orig.dport) < 0 ||
 	    (want_snat && kp_rewrite(skb, p, true, orig.saddr, orig.sport) < 0))
 		return -1;
-	kp_ct_track(&orig, &v, p->tcp_flags, true, bpf_ktime_get_ns(), false);
+	kp_ct_track(&orig, &v, p->tcp_flags, true, now, false);
 	kp_count(KP_STAT_TC_REPLY);
 	return 1;
 }

@@ -14,8 +14,9 @@ from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
 from kproxy_ebpf.lab import nsutil
 
-from .test_tc_run import (ACK, LOCAL_BE, NETNS, NODE, PORTS, REMOTE_BE, RST, SYN, TC_ACT_OK,  # noqa: F401
-                          TC_ACT_REDIRECT, TC_ACT_SHOT, TCP, UDP, TcRun, harness, packet, parse)
+from .test_tc_run import (ACK, FIN, LOCAL_BE, NETNS, NODE, PORTS, REMOTE_BE, RST, SYN,  # noqa: F401
+                          TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TCP, UDP, TcRun, harness,
+                          packet, parse)
 
 pytestmark = pytest.mark.root
 
@@ -167,3 +168,60 @@ def test_a_flow_whose_backend_id_now_names_another_backend_is_rebalanced(pod):
     _, out = pod.from_pod(packet(POD, 5002, VIP, DNS, proto=UDP))
     assert parse(out)["dst"] == REMOTE_BE
     assert pod.ct(5002, DNS, UDP).be_addr == L.ip_be(REMOTE_BE)
+
+
+def connect_and_close(pod, sport: int, ending: list[tuple[str, int]]) -> None:
+    """A connection from POD:sport through the ClusterIP to REMOTE_BE, ended by `ending`."""
+    pod.from_pod(packet(POD, sport, VIP, REMOTE))
+    pod.to_pod(packet(REMOTE_BE, 8080, POD, sport, flags=SYN | ACK))
+    pod.from_pod(packet(POD, sport, VIP, REMOTE, flags=ACK))
+    for way, flags in ending:
+        if way == "in":
+            pod.from_pod(packet(POD, sport, VIP, REMOTE, flags=flags))
+        else:
+            pod.to_pod(packet(REMOTE_BE, 8080, POD, sport, flags=flags))
+
+
+@pytest.mark.parametrize("ending", [
+    [("in", FIN | ACK), ("out", FIN | ACK), ("in", ACK)],
+    [("out", FIN | ACK), ("in", FIN | ACK), ("out", ACK)],
+    [("in", RST)],
+], ids=["fin-client-first", "fin-backend-first", "rst"])
+def test_a_direct_connection_on_an_ended_flows_reply_tuple_is_left_alone(pod, ending):
+    """The pod's next connection from the same port straight to the backend's pod IP (the
+    kernel picks ephemeral ports per destination, so reuse within the ended flow's 120 s is
+    common; the benchmark's crr to pod IPs after one through the Service met it at once) has
+    the ended flow's reply tuple. Its SYN-ACK must reach the client from the backend, not from
+    the ClusterIP, or the connect fails: it opens a new connection, and it frees the tuple
+    for the rest of that connection."""
+    connect_and_close(pod, 40010, ending)
+    frame = packet(POD, 40010, REMOTE_BE, 8080)
+    ret, out = pod.from_pod(frame)
+    assert (ret, out[:len(frame)]) == (TC_ACT_OK, frame)
+    for flags in (SYN | ACK, ACK):
+        frame = packet(REMOTE_BE, 8080, POD, 40010, flags=flags)
+        ret, out = pod.to_pod(frame)
+        assert (ret, out[:len(frame)]) == (TC_ACT_OK, frame), f"flags {flags:#x}"
+
+
+def test_a_live_flows_retransmitted_syn_ack_is_still_translated(pod):
+    """The SYN-ACK rule above is for ended flows only: a backend repeats its SYN-ACK when the
+    client's ACK is lost, and that one belongs to the live flow."""
+    connect_and_close(pod, 40011, [])
+    _, out = pod.to_pod(packet(REMOTE_BE, 8080, POD, 40011, flags=SYN | ACK))
+    assert tuple_of(parse(out)) == (VIP, REMOTE, POD, 40011)
+
+
+def test_an_expired_flow_translates_no_reply(pod):
+    """A reply after the flow's conntrack lifetime is no longer the flow's, as when the kernel's
+    conntrack has dropped the entry: a UDP socket that reused the port toward the backend
+    directly gets its answers from the backend."""
+    pod.from_pod(packet(POD, 5003, VIP, DNS, proto=UDP))
+    key = L.CtKey(saddr=L.ip_be(POD), daddr=L.ip_be(VIP), sport=L.port_be(5003),
+                  dport=L.port_be(DNS), proto=L.PROTO_NUM[UDP])
+    ct = pod.ct(5003, DNS, UDP)
+    ct.expires = 1                          # long past
+    pod.maps["ct"].put(key, ct)
+    frame = packet(REMOTE_BE, 8080, POD, 5003, proto=UDP)
+    ret, out = pod.to_pod(frame)
+    assert (ret, out[:len(frame)]) == (TC_ACT_OK, frame)
