@@ -40,6 +40,10 @@ FIGURES = (
            ("M1", "paired_direct", "added_us", "p50"), "lower"),
     Figure("m1_added_p99", "M1 connect p99 over interleaved direct", "us",
            ("M1", "paired_direct", "added_us", "p99"), "lower"),
+    # The two rows above mean something only where this is 0 (a stalled direct run has few
+    # connects: kproxy-tc's were before 738fa96).
+    Figure("m1_paired_failed", "M1 interleaved direct failed connections", "",
+           ("M1", "paired_direct", "failed"), "lower"),
     Figure("m1_txn_p50", "M1 connect+request p50", "us", ("M1", "txn_us", "p50"), "lower"),
     Figure("m1_txn_p99", "M1 connect+request p99", "us", ("M1", "txn_us", "p99"), "lower"),
     Figure("m2_rate_1", "M2 new conn/s, 1 client", "conn/s", ("M2", "rate_1"), "higher"),
