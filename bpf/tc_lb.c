@@ -3,7 +3,7 @@
  *
  * kp_from_outside (clsact ingress):
  *   - a packet to no address of a scope-EXT frontend and not to the SNAT address passes at
- *     once (kp_ext_dest);
+ *     once;
  *   - a reply to a flow this node SNATed (backend -> node address:SNAT port) is translated back
  *     (frontend -> client) and sent out by route, past the stack (its source is now local);
  *   - a packet to a scope-EXT frontend is load-balanced with lib/lb.h (the same lookup as the
@@ -275,19 +275,13 @@ static __always_inline int kp_pod_unmatched(struct __sk_buff *skb, const struct 
 	return kp_icmp_unreach(skb, p, err == -ECONNREFUSED ? ICMP_PORT_UNREACH : ICMP_HOST_UNREACH);
 }
 
-/* Whether a packet from outside can be ours: sent to an address of some scope-EXT frontend
- * (kp_extaddr4, which the agent writes before the frontend's slot 0 and deletes after it), or
- * to the SNAT address (a reply of a SNAT flow). Any other packet, such as pod-to-pod traffic
- * between nodes, leaves after these two lookups in small maps instead of three in the large
- * conntrack and service maps (kp_from_outside per such packet: 650-900 ns before, ~200 ns
- * after, with the parse split around it; docs/architecture.md). */
-static __always_inline bool kp_ext_dest(__be32 daddr)
+/* Whether daddr is the SNAT address: only then can a packet be the reply of a SNAT flow (a
+ * remote EXT backend's, or a pod's hairpin), so only then is kp_rnat4 asked for one. */
+static __always_inline bool kp_snat_dest(__be32 daddr)
 {
 	struct kp_tc_cfg *c;
 	__u32 zero = 0;
 
-	if (kp_extaddr4.lookup(&daddr))
-		return true;
 	c = kp_tccfg.lookup(&zero);
 	return c && c->snat_addr && c->snat_addr == daddr;
 }
@@ -302,13 +296,22 @@ static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 	struct kp_ct4_val *row;
 	__u64 now;
 	bool fresh = false;
+	bool to_snat;
 	int ret;
 
-	if (kp_parse_l3(skb, &p) < 0 ||
-	    (scope == KP_SCOPE_EXT && !kp_ext_dest(p.tuple.daddr)) ||
+	/* From outside, a packet can be ours only if it is sent to an address of some scope-EXT
+	 * frontend (kp_extaddr4, which the agent writes before the frontend's slot 0 and deletes
+	 * after it) or to the SNAT address. Any other, such as pod-to-pod traffic between nodes,
+	 * leaves after these two lookups in small maps instead of three in the large conntrack
+	 * and service maps (kp_from_outside per such packet: 650-900 ns before, ~200 ns after,
+	 * with the parse split around it; docs/architecture.md). */
+	if (kp_parse_l3(skb, &p) < 0)
+		return TC_ACT_OK;
+	to_snat = kp_snat_dest(p.tuple.daddr);
+	if ((scope == KP_SCOPE_EXT && !to_snat && !kp_extaddr4.lookup(&p.tuple.daddr)) ||
 	    kp_parse_l4(skb, &p) < 0)
 		return TC_ACT_OK;
-	ret = kp_reply(skb, &p, true);
+	ret = to_snat ? kp_reply(skb, &p, true) : 0;
 	if (ret < 0)
 		return TC_ACT_SHOT;
 	if (ret > 0) {
