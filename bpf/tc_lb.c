@@ -103,17 +103,28 @@ taken:
 	return 0;
 }
 
+/* The SNAT address and port range (kp_tccfg), copied once; zeroes until the agent wrote it. */
+static __always_inline struct kp_tc_cfg kp_tc_config(void)
+{
+	struct kp_tc_cfg cfg = {};
+	struct kp_tc_cfg *c;
+	__u32 zero = 0;
+
+	c = kp_tccfg.lookup(&zero);
+	if (c)
+		cfg = *c;
+	return cfg;
+}
+
 /* A fresh flow: choose the backend and record it (kp_ct4 and its reply tuple in kp_rnat4).
  * Returns 1 with *v filled, 0 when the packet is no frontend's, or a TC verdict (< 0 - 1). */
 static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
-				       struct kp_ct4_val *v, __u64 now, __u8 scope)
+				       struct kp_ct4_val *v, const struct kp_tc_cfg *cfg,
+				       __u64 now, __u8 scope)
 {
 	struct kp_lb_req req = {};
 	struct kp_lb_res res = {};
 	struct kp_ct4_key rkey = {};
-	struct kp_tc_cfg cfg = {};
-	struct kp_tc_cfg *c;
-	__u32 zero = 0;
 
 	req.key.addr = p->tuple.daddr;
 	req.key.port = p->tuple.dport;
@@ -156,10 +167,7 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 	if (scope == KP_SCOPE_SOCK)
 		v->flags = KP_CT_F_POD;
 	if (scope == KP_SCOPE_EXT ? !(res.be_flags & KP_BE_F_LOCAL) : res.be.addr == p->tuple.saddr) {
-		c = kp_tccfg.lookup(&zero);
-		if (c)
-			cfg = *c;
-		if (kp_snat_alloc(&p->tuple, v, &cfg, now) != 0) {
+		if (kp_snat_alloc(&p->tuple, v, cfg, now) != 0) {
 			kp_count(KP_STAT_TC_SNAT_FULL);
 			return -1 - TC_ACT_SHOT;
 		}
@@ -275,15 +283,15 @@ static __always_inline int kp_pod_unmatched(struct __sk_buff *skb, const struct 
 	return kp_icmp_unreach(skb, p, err == -ECONNREFUSED ? ICMP_PORT_UNREACH : ICMP_HOST_UNREACH);
 }
 
-/* Whether daddr is the SNAT address: only then can a packet be the reply of a SNAT flow (a
- * remote EXT backend's, or a pod's hairpin), so only then is kp_rnat4 asked for one. */
-static __always_inline bool kp_snat_dest(__be32 daddr)
+/* Whether a packet to the SNAT address can be the reply of a SNAT flow (a remote EXT
+ * backend's, or a pod's hairpin): its destination port is one kp_snat_alloc gives out. A
+ * request to a NodePort on the same address (30000-32767 by default, below the range) skips
+ * that kp_rnat4 lookup. */
+static __always_inline bool kp_snat_port(const struct kp_tc_cfg *cfg, __be16 dport)
 {
-	struct kp_tc_cfg *c;
-	__u32 zero = 0;
+	__u16 port = kp_htons(dport);       /* the swap is its own inverse */
 
-	c = kp_tccfg.lookup(&zero);
-	return c && c->snat_addr && c->snat_addr == daddr;
+	return port >= cfg->port_min && port <= cfg->port_max;
 }
 
 /* The ingress of both TC paths: kp_from_outside (scope EXT, external devices) and kp_from_pod
@@ -294,6 +302,7 @@ static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 	struct kp_ct4_key orig;
 	struct kp_ct4_val v;
 	struct kp_ct4_val *row;
+	struct kp_tc_cfg cfg;
 	__u64 now;
 	bool fresh = false;
 	bool to_snat;
@@ -307,11 +316,13 @@ static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 	 * with the parse split around it; docs/architecture.md). */
 	if (kp_parse_l3(skb, &p) < 0)
 		return TC_ACT_OK;
-	to_snat = kp_snat_dest(p.tuple.daddr);
+	cfg = kp_tc_config();
+	to_snat = cfg.snat_addr && cfg.snat_addr == p.tuple.daddr;
 	if ((scope == KP_SCOPE_EXT && !to_snat && !kp_extaddr4.lookup(&p.tuple.daddr)) ||
 	    kp_parse_l4(skb, &p) < 0)
 		return TC_ACT_OK;
-	ret = to_snat ? kp_reply(skb, &p, true) : 0;
+	/* Only a packet to the SNAT address and a port of its range can be a SNAT flow's reply. */
+	ret = to_snat && kp_snat_port(&cfg, p.tuple.dport) ? kp_reply(skb, &p, true) : 0;
 	if (ret < 0)
 		return TC_ACT_SHOT;
 	if (ret > 0) {
@@ -334,7 +345,7 @@ static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 		}
 	}
 	if (!row) {
-		ret = kp_new_flow(skb, &p, &v, now, scope);
+		ret = kp_new_flow(skb, &p, &v, &cfg, now, scope);
 		if (ret == 0)
 			return scope == KP_SCOPE_SOCK ? kp_pod_unmatched(skb, &p) : TC_ACT_OK;
 		if (ret < 0)

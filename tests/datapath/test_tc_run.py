@@ -327,6 +327,32 @@ def test_remote_backend_dnat_snat_and_the_reply(tc):
     assert L.CT_STATE_NAMES[tc.ct(40001, NP_REMOTE)[1].state] == "established"
 
 
+def moved_snat_reply(run, key: L.CtKey, addr: str | None = None, port: int | None = None) -> bytes:
+    """Rewrites the SNAT flow `key` as if it had been given `addr`:`port` (each kept where
+    None), with its kp_rnat4 row, and returns the backend's reply to it: a reply that
+    kp_reply() would translate if it were asked."""
+    ct = run.maps["ct"].get(key)
+    if addr is not None:
+        ct.nat_addr = L.ip_be(addr)
+    if port is not None:
+        ct.nat_port = L.port_be(port)
+    run.maps["ct"].put(key, ct)
+    reply = L.CtKey(saddr=ct.be_addr, daddr=ct.nat_addr, sport=ct.be_port, dport=ct.nat_port,
+                    proto=key.proto)
+    run.maps["rnat"].put(reply, key)
+    return packet(L.ip_str(ct.be_addr), L.port_host(ct.be_port), L.ip_str(ct.nat_addr),
+                  L.port_host(ct.nat_port), flags=SYN | ACK)
+
+
+def test_only_a_port_of_the_snat_range_is_asked_for_a_snat_reply(tc):
+    """A request to a NodePort on the SNAT address (NodePorts sit below snatPortRange) skips
+    the kp_rnat4 lookup: only a destination port of the range can be a SNAT flow's."""
+    tc.ingress(packet(CLIENT, 40002, NODE, NP_REMOTE))
+    frame = moved_snat_reply(tc, tc.ct(40002, NP_REMOTE)[0], port=PORTS[0] - 1)
+    ret, out = tc.ingress(frame)
+    assert (ret, out[:len(frame)]) == (TC_ACT_OK, frame)
+
+
 @pytest.mark.parametrize("udp_csum", [True, False], ids=["checksum", "no-checksum"])
 def test_udp_both_ways(tc, udp_csum):
     _, out = tc.ingress(packet(CLIENT, 5000, NODE, NP_UDP, proto=UDP, udp_csum=udp_csum))
