@@ -221,16 +221,20 @@ static __always_inline void kp_ct_forget(const struct kp_ct4_key *orig,
 }
 
 /* Whether a packet on a flow's reply tuple belongs to another connection: the flow has
- * expired (the kernel's conntrack would have dropped it), or it has ended and the packet is a
- * SYN-ACK, which opens a connection. A client that reuses its source port toward the backend
- * directly makes exactly that tuple: the kernel picks ephemeral ports per destination, so
- * within the ended flow's 120 s it happens as soon as a client connects at some rate (the
- * benchmark's crr to pod IPs right after one through the Service stalled on it). A SYN-ACK on
- * a live flow is the backend repeating itself and stays the flow's. */
+ * expired (the kernel's conntrack would have dropped it), or it was answered, has ended, and
+ * the packet is a SYN-ACK, which opens a connection. A client that reuses its source port
+ * toward the backend directly makes exactly that tuple: the kernel picks ephemeral ports per
+ * destination, so within the ended flow's 120 s it happens as soon as a client connects at
+ * some rate (the benchmark's crr to pod IPs right after one through the Service stalled on
+ * it). A SYN-ACK on a live flow is the backend repeating itself and stays the flow's, and so
+ * does the first reply of a flow (seen_reply 0): a reopened flow's row is fresh, and a late
+ * FIN or RST of the connection before it, overtaken by the new SYN on another CPU, may have
+ * marked it ended already. */
 static __always_inline bool kp_reply_is_another(const struct kp_pkt *p,
 						const struct kp_ct4_val *v, __u64 now)
 {
-	return now > v->expires || ((p->tcp_flags & KP_TCP_SYN) && v->state >= KP_CT_CLOSING);
+	return now > v->expires ||
+	       ((p->tcp_flags & KP_TCP_SYN) && v->state >= KP_CT_CLOSING && v->seen_reply);
 }
 
 /* The reply of a tracked flow (tuple = backend -> client or SNAT address): rewrites it to

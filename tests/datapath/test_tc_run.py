@@ -505,6 +505,24 @@ def test_expired_entry_is_balanced_anew_and_its_old_reply_tuple_is_dead(tc):
         assert ret == TC_ACT_OK and parse(out)["dport"] == old_port
 
 
+def test_a_reopened_flow_marked_ended_by_a_late_packet_still_gets_its_syn_ack(tc):
+    """The client's RST of its last connection, overtaken by the SYN of the next one from the
+    same port (two CPUs), marks the reopened flow closed before its first reply: that reply
+    is still the flow's. Only an answered flow that ended gives a SYN-ACK to another
+    connection (test_tc_pod_run.py)."""
+    _, out = tc.ingress(packet(CLIENT, 40007, NODE, NP_REMOTE))
+    tc.ingress(packet(REMOTE_BE, 8080, NODE, parse(out)["sport"], flags=SYN | ACK))
+    tc.ingress(packet(CLIENT, 40007, NODE, NP_REMOTE, flags=RST))
+    _, out = tc.ingress(packet(CLIENT, 40007, NODE, NP_REMOTE))           # reopened
+    nat_port = parse(out)["sport"]
+    tc.ingress(packet(CLIENT, 40007, NODE, NP_REMOTE, flags=RST))         # the late RST
+    assert L.CT_STATE_NAMES[tc.ct(40007, NP_REMOTE)[1].state] == "closed"
+    ret, out = tc.ingress(packet(REMOTE_BE, 8080, NODE, nat_port, flags=SYN | ACK))
+    r = parse(out)
+    assert ret == TC_ACT_REDIRECT
+    assert (r["src"], r["sport"], r["dst"], r["dport"]) == (NODE, NP_REMOTE, CLIENT, 40007)
+
+
 def test_tcp_states_follow_the_flags(tc):
     t0 = now_ns()
     tc.ingress(packet(CLIENT, 40005, NODE, NP_LOCAL))
