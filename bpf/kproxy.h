@@ -307,7 +307,8 @@ enum kp_ct_timeouts {           /* seconds; references are the kernel's nf_connt
 	 * meet taken ports pays for more. 8 dropped a SYN now and then once one backend got
 	 * ~1,000 new flows a second from one node (M9's crr on a faster machine, issue 9): about
 	 * that many ports of a CPU's slice are within their KP_SNAT_REUSE_S, so random tries hit
-	 * them half the time (0.5^8 per flow). Kernel NAT tries up to 128 (nf_nat_l4proto_unique_tuple). */
+	 * them half the time (0.5^8 per flow). Kernel NAT tries up to 128
+	 * (nf_nat_l4proto_unique_tuple). */
 	KP_SNAT_TRIES       = 32,
 	/* An ended flow's SNAT port is given to a new flow only this long after the flow's last
 	 * packet (its RST, or the client's ACK of the backend's FIN) passed: that packet must reach

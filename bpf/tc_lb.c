@@ -293,7 +293,7 @@ static __always_inline int kp_pod_unmatched(struct __sk_buff *skb, const struct 
  * that kp_rnat4 lookup. */
 static __always_inline bool kp_snat_port(const struct kp_tc_cfg *cfg, __be16 dport)
 {
-	__u16 port = kp_htons(dport);       /* the swap is its own inverse */
+	__u16 port = kp_ntohs(dport);
 
 	return port >= cfg->port_min && port <= cfg->port_max;
 }

@@ -6,9 +6,11 @@
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
 #define kp_htonl(x) ((__be32)(x))
 #define kp_htons(x) ((__be16)(x))
+#define kp_ntohs(x) ((__u16)(x))
 #else
 #define kp_htonl(x) ((__be32)__builtin_bswap32(x))
 #define kp_htons(x) ((__be16)__builtin_bswap16(x))
+#define kp_ntohs(x) ((__u16)__builtin_bswap16(x))
 #endif
 
 #endif

@@ -15,7 +15,7 @@ from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, Scope, 
 from kproxy_ebpf.lab import nsutil
 
 from .test_tc_run import (ACK, FIN, LOCAL_BE, NETNS, NODE, PORTS, REMOTE_BE, RST, SYN,  # noqa: F401
-                          TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TCP, UDP, TcRun, harness,
+                          TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TCP, UDP, TcRun, ct_key, harness,
                           moved_snat_reply, packet, parse)
 
 pytestmark = pytest.mark.root
@@ -160,8 +160,7 @@ def test_a_flow_whose_backend_id_now_names_another_backend_is_rebalanced(pod):
     """Backend ids are recycled once freed: a UDP flow (a new socket that got an old source
     port) must not follow its old id to a backend it never chose, nor keep a backend that left."""
     pod.from_pod(packet(POD, 5002, VIP, DNS, proto=UDP))
-    key = L.CtKey(saddr=L.ip_be(POD), daddr=L.ip_be(VIP), sport=L.port_be(5002),
-                  dport=L.port_be(DNS), proto=L.PROTO_NUM[UDP])
+    key = ct_key(POD, 5002, VIP, DNS, UDP)
     ct = pod.ct(5002, DNS, UDP)
     ct.be_addr = L.ip_be("10.244.2.99")   # as if the id had named this backend before
     pod.maps["ct"].put(key, ct)
@@ -217,8 +216,7 @@ def test_an_expired_flow_translates_no_reply(pod):
     conntrack has dropped the entry: a UDP socket that reused the port toward the backend
     directly gets its answers from the backend."""
     pod.from_pod(packet(POD, 5003, VIP, DNS, proto=UDP))
-    key = L.CtKey(saddr=L.ip_be(POD), daddr=L.ip_be(VIP), sport=L.port_be(5003),
-                  dport=L.port_be(DNS), proto=L.PROTO_NUM[UDP])
+    key = ct_key(POD, 5003, VIP, DNS, UDP)
     ct = pod.ct(5003, DNS, UDP)
     ct.expires = 1                          # long past
     pod.maps["ct"].put(key, ct)
@@ -232,8 +230,7 @@ def test_only_a_packet_to_the_snat_address_is_asked_for_a_snat_reply(pod):
     for packets to it: every other packet a pod sends skips that lookup. A hairpin flow moved
     to another address is translated nowhere."""
     pod.from_pod(packet(POD, 40012, VIP, HAIRPIN))
-    key = L.CtKey(saddr=L.ip_be(POD), daddr=L.ip_be(VIP), sport=L.port_be(40012),
-                  dport=L.port_be(HAIRPIN), proto=L.PROTO_NUM[TCP])
+    key = ct_key(POD, 40012, VIP, HAIRPIN)
     frame = moved_snat_reply(pod, key, addr="10.250.0.99")
     ret, out = pod.from_pod(frame)
     assert (ret, out[:len(frame)]) == (TC_ACT_OK, frame)

@@ -131,6 +131,12 @@ def ext(port, backends, action=Action.FORWARD, proto=TCP, affinity=0) -> Fronten
                     ServicePortName("t", f"np{port}", "", proto), action, bs, affinity, Scope.EXT)
 
 
+def ct_key(src, sport, dst, dport, proto=TCP) -> L.CtKey:
+    """The kp_ct4 key of a flow's original tuple."""
+    return L.CtKey(saddr=L.ip_be(src), daddr=L.ip_be(dst), sport=L.port_be(sport),
+                   dport=L.port_be(dport), proto=L.PROTO_NUM[proto])
+
+
 class TcRun:
     """One test's view of the harness: its frontends programmed, conntrack emptied, programs
     run with BPF_PROG_TEST_RUN inside the netns (on CPU `cpu` when given: kp_snat_alloc reuses
@@ -153,8 +159,7 @@ class TcRun:
         return nsutil.run_in_thread(NETNS, go)
 
     def ct(self, src, sport, dst, dport, proto=TCP):
-        key = L.CtKey(saddr=L.ip_be(src), daddr=L.ip_be(dst), sport=L.port_be(sport),
-                      dport=L.port_be(dport), proto=L.PROTO_NUM[proto])
+        key = ct_key(src, sport, dst, dport, proto)
         return key, self.maps["ct"].get(key)
 
     def stat(self, name) -> int:
@@ -294,8 +299,7 @@ def test_a_reply_from_no_local_ext_backend_is_not_looked_up_on_egress(tc):
     tc.ingress(packet(CLIENT, 40030, NODE, NP_LOCAL))
     other = L.U32(L.ip_be("10.244.1.99"))
     orig, _ = tc.ct(40030, NP_LOCAL)
-    rkey = L.CtKey(saddr=other.value, daddr=L.ip_be(CLIENT), sport=L.port_be(8080),
-                   dport=L.port_be(40030), proto=L.PROTO_NUM[TCP])
+    rkey = ct_key("10.244.1.99", 8080, CLIENT, 40030)
     tc.maps["rnat"].put(rkey, orig)
     row = tc.ct(40030, NP_LOCAL)[1]
     row.be_addr = other.value
@@ -327,6 +331,12 @@ def test_remote_backend_dnat_snat_and_the_reply(tc):
     assert L.CT_STATE_NAMES[tc.ct(40001, NP_REMOTE)[1].state] == "established"
 
 
+def snat_reply_key(key: L.CtKey, ct: L.CtVal) -> L.CtKey:
+    """The kp_rnat4 key of SNAT flow `key`: the tuple its backend's replies carry."""
+    return L.CtKey(saddr=ct.be_addr, daddr=ct.nat_addr, sport=ct.be_port, dport=ct.nat_port,
+                   proto=key.proto)
+
+
 def moved_snat_reply(run, key: L.CtKey, addr: str | None = None, port: int | None = None) -> bytes:
     """Rewrites the SNAT flow `key` as if it had been given `addr`:`port` (each kept where
     None), with its kp_rnat4 row, and returns the backend's reply to it: a reply that
@@ -337,9 +347,7 @@ def moved_snat_reply(run, key: L.CtKey, addr: str | None = None, port: int | Non
     if port is not None:
         ct.nat_port = L.port_be(port)
     run.maps["ct"].put(key, ct)
-    reply = L.CtKey(saddr=ct.be_addr, daddr=ct.nat_addr, sport=ct.be_port, dport=ct.nat_port,
-                    proto=key.proto)
-    run.maps["rnat"].put(reply, key)
+    run.maps["rnat"].put(snat_reply_key(key, ct), key)
     return packet(L.ip_str(ct.be_addr), L.port_host(ct.be_port), L.ip_str(ct.nat_addr),
                   L.port_host(ct.nat_port), flags=SYN | ACK)
 
@@ -371,14 +379,12 @@ def test_udp_both_ways(tc, udp_csum):
 
 def reply_key(port: int) -> L.CtKey:
     """The reply tuple REMOTE_BE:8080 -> NODE:port of a flow SNATed to `port`."""
-    return L.CtKey(saddr=L.ip_be(REMOTE_BE), daddr=L.ip_be(NODE), sport=L.port_be(8080),
-                   dport=L.port_be(port), proto=6)
+    return ct_key(REMOTE_BE, 8080, NODE, port)
 
 
 def hold(tc, port: int, sport: int) -> None:
     """A live flow from 10.250.0.99:sport to NP_REMOTE that holds SNAT port `port`."""
-    key = L.CtKey(saddr=L.ip_be("10.250.0.99"), daddr=L.ip_be(NODE), sport=L.port_be(sport),
-                  dport=L.port_be(NP_REMOTE), proto=6)
+    key = ct_key("10.250.0.99", sport, NODE, NP_REMOTE)
     tc.maps["ct"].put(key, L.CtVal(
         expires=now_ns() + 3600 * 10**9, be_addr=L.ip_be(REMOTE_BE), be_port=L.port_be(8080),
         nat_addr=L.ip_be(NODE), nat_port=L.port_be(port), state=L.const("KP_CT_ESTABLISHED"),
@@ -571,8 +577,7 @@ def test_purge_removes_flows_of_a_backend_that_left_their_frontend(tc):
     tc.ingress(packet(CLIENT, 40009, NODE, NP_REMOTE))
     tc.ingress(packet(CLIENT, 40010, NODE, NP_LOCAL))
     key, ct = tc.ct(40009, NP_REMOTE)
-    reply = L.CtKey(saddr=ct.be_addr, daddr=ct.nat_addr, sport=ct.be_port, dport=ct.nat_port,
-                    proto=6)
+    reply = snat_reply_key(key, ct)
     assert tc.maps["rnat"].get(reply) is not None
     assert conntrack.purge(tc.maps, tc.writer.programmed).removed == 0, "nothing changed yet"
     # The remote backend leaves NP_REMOTE (it still exists: NP_UDP uses it).
