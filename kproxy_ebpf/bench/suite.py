@@ -7,11 +7,12 @@ Per mode and N: M6 cold start, M1 connect latency and M2 connection rate (crr ru
 and 2 client threads, each percentile the median over repeats), M10 spread (the crr runs'
 backend counts), M5 one-change programming latency, M7 CPU and RSS at rest and under 100
 filler endpoint changes/s, M8 connect p99 and failures during a 50 changes/s rolling update
-of the target (crr windows with and without it alternate); M3 (keepalive requests, bulk stream) at the largest N; M9, the NodePort path
-from the lab's external client (10.250.0.250) to node1's NodePort with the backends on node2,
-so node1 forwards and SNATs: new connections/s at every N, keepalive requests, UDP request
-latency and the UDP forwarding rate (with softirq CPU per packet) at the largest N. Direct's
-M9 is the same hops with no NAT (pod routes added for that measurement only).
+of the target (crr windows with and without it alternate); M3 (keepalive requests, bulk
+stream) at the largest N; M9, the NodePort path from the lab's external client
+(10.250.0.250) to node1's NodePort with the backends on node2, so node1 forwards and SNATs:
+new connections/s at every N, keepalive requests, UDP request latency and the UDP forwarding
+rate (with softirq CPU per packet) at the largest N. Direct's M9 is the same hops with no NAT
+(pod routes added for that measurement only).
 
 kproxy-tc is kproxy with `--socket-lb=false` (ClusterIP per packet at TC): the same
 measurements as kproxy except M9 (its NodePort path is kproxy's). An agent that does not
