@@ -170,6 +170,17 @@ struct kp_sknat4_val {
 	__u32  svc_id;
 };
 
+/* The same for a TCP socket, in its own storage (kp_sksvc4, BPF_MAP_TYPE_SK_STORAGE): written
+ * once by connect, freed with the socket. An LRU row would be evicted by other sockets' rows
+ * once the map is full, and that eviction was ~40 % of connect4's cost under churn. */
+struct kp_sksvc_val {
+	__be32 be_addr;   /* backend address the socket was sent to */
+	__be32 addr;      /* service address */
+	__be16 be_port;   /* backend port */
+	__be16 port;      /* service port */
+	__u32  svc_id;
+};
+
 /* Session affinity (kp_aff) and unconnected-UDP flows (kp_flow): two LRU maps of the same
  * layout, so a burst of short-lived DNS sockets never evicts a client's affinity. */
 struct kp_aff_key {
@@ -261,6 +272,7 @@ _Static_assert(sizeof(struct kp_svc_val) == 20, "kp_svc_val");
 _Static_assert(sizeof(struct kp_backend4) == 8, "kp_backend4");
 _Static_assert(sizeof(struct kp_sknat4_key) == 16, "kp_sknat4_key");
 _Static_assert(sizeof(struct kp_sknat4_val) == 12, "kp_sknat4_val");
+_Static_assert(sizeof(struct kp_sksvc_val) == 16, "kp_sksvc_val");
 _Static_assert(sizeof(struct kp_aff_key) == 16, "kp_aff_key");
 _Static_assert(sizeof(struct kp_aff_val) == 16, "kp_aff_val");
 _Static_assert(sizeof(struct kp_svc_meta) == 152, "kp_svc_meta");
@@ -357,11 +369,12 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 12, "kp_tc_cfg");
  * X(id, name, version, type, key, value, size, flags): `name` is the identifier the programs
  * use, name_v<version> the pin (and the name the CLI shows), `size` the -D knob whose default is
  * below (the agent passes its configured sizes), `flags` the map_flags at creation. */
-#define KP_NO_PREALLOC 1   /* BPF_F_NO_PREALLOC: an LPM trie must be created without it */
+#define KP_NO_PREALLOC 1   /* BPF_F_NO_PREALLOC: LPM tries and socket storage require it */
 #define KP_MAPS(X)                                                                            \
 	X(svc,         kp_svc4,     2, hash,         struct kp_svc4_key,   struct kp_svc_val,    KP_SVC4_SIZE,     0) \
 	X(backend,     kp_be4,      2, hash,         __u32,                struct kp_backend4,   KP_BE4_SIZE,      0) \
 	X(sknat,       kp_sknat4,   1, lru_hash,     struct kp_sknat4_key, struct kp_sknat4_val, KP_SKNAT4_SIZE,   0) \
+	X(sksvc,       kp_sksvc4,   1, sk_storage,   int,                  struct kp_sksvc_val,  KP_SKSVC4_SIZE,   KP_NO_PREALLOC) \
 	X(affinity,    kp_aff,      1, lru_hash,     struct kp_aff_key,    struct kp_aff_val,    KP_AFF_SIZE,      0) \
 	X(flow,        kp_flow,     1, lru_hash,     struct kp_aff_key,    struct kp_aff_val,    KP_FLOW_SIZE,     0) \
 	X(meta,        kp_meta,     2, hash,         __u32,                struct kp_svc_meta,   KP_META_SIZE,     0) \
@@ -383,6 +396,9 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 12, "kp_tc_cfg");
 #endif
 #ifndef KP_SKNAT4_SIZE
 #define KP_SKNAT4_SIZE 65536   /* reverse translation per socket (LRU) */
+#endif
+#ifndef KP_SKSVC4_SIZE
+#define KP_SKSVC4_SIZE 0       /* socket storage: no size, one row per socket, freed with it */
 #endif
 #ifndef KP_AFF_SIZE
 #define KP_AFF_SIZE    65536   /* ClientIP affinity (LRU) */

@@ -186,6 +186,9 @@ def maps_list(bpffs_dir: str, output: str) -> None:
     """Each map: name, entries, capacity."""
     rows = []
     for name, m in _open_maps(bpffs_dir).items():
+        if m.spec.per_socket:       # rows hang off their sockets: neither counted nor capped
+            rows.append({"map": name, "pin": m.spec.name, "entries": None, "max_entries": None})
+            continue
         count = len(m) if not m.spec.percpu else m.max_entries
         rows.append({"map": name, "pin": m.spec.name, "entries": count,
                      "max_entries": m.max_entries})
@@ -193,7 +196,9 @@ def maps_list(bpffs_dir: str, output: str) -> None:
         click.echo(json.dumps(rows, indent=2))
         return
     for r in rows:
-        click.echo(f"{r['map']:<10} {r['pin']:<14} {r['entries']:>8} / {r['max_entries']}")
+        size = (f"{r['entries']:>8} / {r['max_entries']}" if r["entries"] is not None
+                else f"{'-':>8}   (one row per TCP socket, freed with it)")
+        click.echo(f"{r['map']:<10} {r['pin']:<14} {size}")
 
 
 @maps.command("dump")
@@ -201,7 +206,8 @@ def maps_list(bpffs_dir: str, output: str) -> None:
 @_bpffs_option
 @_output_option
 def maps_dump(name: str, bpffs_dir: str, output: str) -> None:
-    """Every row of map NAME (svc, backend, sknat, affinity, meta, stats), decoded."""
+    """Every row of map NAME (svc, backend, sknat, affinity, meta, stats), decoded.
+    sksvc (a TCP socket's service address, in socket storage) cannot be listed."""
     from .datapath import reader
 
     maps_ = _open_maps(bpffs_dir)
@@ -209,6 +215,10 @@ def maps_dump(name: str, bpffs_dir: str, output: str) -> None:
     key = name if name in maps_ else by_pin.get(name)
     if key is None:
         raise click.ClickException(f"unknown map {name!r}; known: {', '.join(maps_)}")
+    if maps_[key].spec.per_socket:
+        raise click.ClickException(
+            f"{maps_[key].spec.name} is socket storage: the kernel lists no rows of it (each "
+            "belongs to a TCP socket, for getpeername); `sknat` holds the UDP ones")
     rows = reader.dump(maps_[key])
     if output == "json":
         click.echo(json.dumps(rows, indent=2))

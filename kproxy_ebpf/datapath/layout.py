@@ -22,7 +22,8 @@ from . import layout_gen as G
 
 _SCALARS = {"u8": ctypes.c_uint8, "u16": ctypes.c_uint16, "u32": ctypes.c_uint32,
             "u64": ctypes.c_uint64, "be16": ctypes.c_uint16, "be32": ctypes.c_uint32,
-            "be64": ctypes.c_uint64, "char": ctypes.c_char}
+            "be64": ctypes.c_uint64, "char": ctypes.c_char,
+            "int": ctypes.c_int32}        # socket storage's key (the kernel wants a BTF int)
 
 STRUCTS: dict[str, type[ctypes.Structure]] = {}
 
@@ -59,7 +60,7 @@ for _name in G.STRUCTS:
 
 
 _FORMAT = {"u8": "B", "u16": "H", "u32": "I", "u64": "Q", "be16": "H", "be32": "I",
-           "be64": "Q", "char": "c"}
+           "be64": "Q", "char": "c", "int": "i"}
 
 
 def struct_format(spelled: str) -> str:
@@ -119,6 +120,8 @@ class MapSpec:
         self.key_format, self.value_format = struct_format(row["key"]), struct_format(row["value"])
         self.size_macro, self.default_size = row["size_macro"], row["size"]
         self.lru = self.type.startswith("lru_")
+        # One row per socket, reached through the socket: no size, nothing to list or write.
+        self.per_socket = self.type == "sk_storage"
         self.percpu = self.type.startswith("percpu_")
 
     @property

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import struct
 from functools import lru_cache
 
 # enum bpf_attach_type values (include/uapi/linux/bpf.h); stable kernel ABI.
@@ -252,16 +253,48 @@ class VerifierRejected(BpfError):
 
 
 def map_create(map_type: int, name: str, key_size: int, value_size: int, max_entries: int,
-               flags: int = 0) -> int:
-    """Creates a map (BPF_MAP_CREATE); returns its fd."""
+               flags: int = 0, btf: bool = False) -> int:
+    """Creates a map (BPF_MAP_CREATE); returns its fd. btf=True describes the key and value
+    to the kernel (btf_int_key_blob), which socket storage maps require."""
     lib = _lib()
     fn = lib.bpf_map_create
     fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32,
                    ctypes.c_uint32, ctypes.POINTER(MapCreateOpts)]
     fn.restype = ctypes.c_int
     opts = MapCreateOpts(sz=ctypes.sizeof(MapCreateOpts), map_flags=flags)
-    return _check(fn(map_type, name.encode(), key_size, value_size, max_entries,
-                     ctypes.byref(opts)), f"create map {name}")
+    btf_fd = -1
+    if btf:
+        btf_fd = btf_load(btf_int_key_blob(value_size))
+        opts.btf_fd, opts.btf_key_type_id, opts.btf_value_type_id = btf_fd, 1, 3
+    try:
+        return _check(fn(map_type, name.encode(), key_size, value_size, max_entries,
+                         ctypes.byref(opts)), f"create map {name}")
+    finally:
+        if btf_fd >= 0:
+            os.close(btf_fd)      # the map holds its own reference
+
+
+_BTF_TYPE = struct.Struct("<III")   # name_off, info (kind << 24 | vlen), size or type
+
+
+def btf_int_key_blob(value_size: int) -> bytes:
+    """The smallest BTF for a map keyed by a C int whose value is `value_size` bytes: type 1
+    int, type 2 unsigned char, type 3 unsigned char[value_size] (include/uapi/linux/btf.h)."""
+    int_kind, array_kind, signed = 1, 3, 1
+    strings = b"\0int\0unsigned char\0"
+    types = (_BTF_TYPE.pack(1, int_kind << 24, 4) + struct.pack("<I", signed << 24 | 32)
+             + _BTF_TYPE.pack(5, int_kind << 24, 1) + struct.pack("<I", 8)
+             + _BTF_TYPE.pack(0, array_kind << 24, 0) + struct.pack("<III", 2, 1, value_size))
+    header = struct.pack("<HBBIIIII", 0xEB9F, 1, 0, 24, 0, len(types), len(types),
+                         len(strings))
+    return header + types + strings
+
+
+def btf_load(blob: bytes) -> int:
+    """Loads BTF (BPF_BTF_LOAD); returns its fd."""
+    fn = _lib().bpf_btf_load
+    fn.argtypes, fn.restype = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p], ctypes.c_int
+    return _check(fn(blob, len(blob), None), "load BTF")
 
 
 LOG_SIZE = 4 << 20

@@ -42,7 +42,8 @@ FORMAT = 1                # bump when the entry's shape changes
 DEFAULT_DIR = "/var/cache/kproxy-ebpf/programs"
 
 # enum bpf_map_type values for the KP_MAPS types (include/uapi/linux/bpf.h)
-MAP_TYPES = {"hash": 1, "array": 2, "percpu_array": 6, "lru_hash": 9, "lpm_trie": 11}
+MAP_TYPES = {"hash": 1, "array": 2, "percpu_array": 6, "lru_hash": 9, "lpm_trie": 11,
+             "sk_storage": 24}
 # enum bpf_prog_type, for the names progload.Program uses (bcc's BPF.<NAME>)
 PROG_TYPES = {"SCHED_CLS": 3, "CGROUP_SOCK_ADDR": 18}
 
@@ -161,7 +162,8 @@ def open_maps(bpffs_dir: Path, sizes: MapSizes) -> dict[str, int]:
             shape = map_shape(spec, sizes)
             if not os.path.exists(path):
                 fd = libbpf.map_create(shape["type"], shape["name"], shape["key_size"],
-                                       shape["value_size"], shape["max_entries"], shape["flags"])
+                                       shape["value_size"], shape["max_entries"], shape["flags"],
+                                       btf=spec.per_socket)
                 try:
                     libbpf.obj_pin(fd, path)
                 except libbpf.BpfError:

@@ -68,6 +68,38 @@ def test_getpeername_and_connected_udp(lab, node1):
     assert out.stdout.split("\n")[:2] == ["tcp 10.96.0.10 80 b1", "udp 10.96.0.10 53 b1 10.96.0.10"]
 
 
+def test_tcp_getpeername_outlives_every_lru_row(lab, node1, tmp_path):
+    """Socket path: a TCP socket keeps its service address in its own storage (kp_sksvc4),
+    not in the kp_sknat4 LRU map, where other sockets' rows evict it once the map is full
+    (simulated: every row deleted while the socket is open). TC path: no row is needed, the
+    reply's source is rewritten per packet."""
+    node1.program(service("web", "10.96.0.10", HTTP), endpoints(lab, "web", ["b1"], HTTP_EP))
+    connected, go = tmp_path / "connected", tmp_path / "go"
+    script = (
+        "import os, socket, time\n"
+        "t = socket.create_connection(('10.96.0.10', 80), timeout=2)\n"
+        f"open({str(connected)!r}, 'w').close()\n"
+        "deadline = time.time() + 20\n"
+        f"while not os.path.exists({str(go)!r}) and time.time() < deadline: time.sleep(0.01)\n"
+        "print('tcp', t.getpeername()[0], t.getpeername()[1])\n")
+    out = {}
+    th = threading.Thread(target=lambda: out.update(r=lab.exec(
+        "client", ["python3", "-c", script], capture_output=True, text=True, timeout=30)))
+    th.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not connected.exists() and time.monotonic() < deadline and th.is_alive():
+            time.sleep(0.01)
+        sknat = node1.datapath.maps["sknat"]
+        for key in sknat.keys():
+            sknat.delete(key)
+    finally:
+        go.touch()
+        th.join()
+    assert out["r"].returncode == 0, out["r"].stderr
+    assert out["r"].stdout.split("\n")[0] == "tcp 10.96.0.10 80"
+
+
 def test_same_port_tcp_and_udp_are_two_services(lab, node1):
     node1.program(service("tcp-only", "10.96.0.20", ("p", "TCP", 53)),
                   endpoints(lab, "tcp-only", ["a1"], ("p", "TCP", 8080)),
