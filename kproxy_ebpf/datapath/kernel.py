@@ -3,9 +3,11 @@
 The minimum is Linux 5.18: bpf_set_retval() from cgroup sock_addr programs (5.18) is what makes
 a refused Service fail with ECONNREFUSED instead of EPERM. Everything else came earlier: cgroup
 BPF links and BPF_LINK_UPDATE (5.7), the getpeername hooks (5.8), bpf_get_netns_cookie() in
-sock_addr programs (5.7), batched map reads (5.6). Distribution kernels backport features, so
-each one is probed through libbpf (it loads a tiny program or map per probe) rather than read
-from the version number; the version only decorates the message.
+sock_addr programs (5.7), batched map reads (5.6). bpf_sk_storage_get() from sock_addr
+programs (a TCP socket's reverse translation) is probed too; it was verified on 6.18 only.
+Distribution kernels backport features, so each one is probed through libbpf (it loads a tiny
+program or map per probe) rather than read from the version number; the version only decorates
+the message.
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ HELPERS = {  # name -> (id, kernel that added it)
     "bpf_ktime_get_ns": (5, "4.1"), "bpf_get_prandom_u32": (7, "4.1"),
     "bpf_get_socket_cookie": (46, "5.7 for sock_addr"),
     "bpf_get_netns_cookie": (122, "5.7"), "bpf_set_retval": (187, "5.18"),
+    # a TCP socket's reverse translation (kp_sksvc4); verified here on 6.18, probed anywhere
+    "bpf_sk_storage_get": (107, "<= 6.18"),
 }
 
 
