@@ -395,7 +395,7 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 12, "kp_tc_cfg");
 #define KP_BE4_SIZE    131072  /* distinct backends (10k x 10: 100k) */
 #endif
 #ifndef KP_SKNAT4_SIZE
-#define KP_SKNAT4_SIZE 65536   /* reverse translation per socket (LRU) */
+#define KP_SKNAT4_SIZE 65536   /* reverse translation per UDP socket and backend (LRU) */
 #endif
 #ifndef KP_SKSVC4_SIZE
 #define KP_SKSVC4_SIZE 0       /* socket storage: no size, one row per socket, freed with it */

@@ -33,7 +33,7 @@ class MapSizes:
     was created with until `kproxy-ebpf cleanup`)."""
     svc: int = _default_size("svc")            # frontends plus one row per backend slot
     backend: int = _default_size("backend")
-    sknat: int = _default_size("sknat")        # reverse translation per socket (LRU)
+    sknat: int = _default_size("sknat")        # reverse translation per UDP socket (LRU)
     affinity: int = _default_size("affinity")  # ClientIP affinity (LRU)
     flow: int = _default_size("flow")          # unconnected-UDP flows (LRU)
     meta: int = _default_size("meta")          # service-port names for the CLI
