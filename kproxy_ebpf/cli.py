@@ -217,7 +217,7 @@ def maps_dump(name: str, bpffs_dir: str, output: str) -> None:
         raise click.ClickException(f"unknown map {name!r}; known: {', '.join(maps_)}")
     if maps_[key].spec.per_socket:
         raise click.ClickException(
-            f"{maps_[key].spec.name} is socket storage: the kernel lists no rows of it (each "
+            f"{maps_[key].spec.name} is socket storage: the map syscalls list no rows of it (each "
             "belongs to a TCP socket, for getpeername); `sknat` holds the UDP ones")
     rows = reader.dump(maps_[key])
     if output == "json":

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.root
 
 
 def test_maps_list_shows_socket_storage_without_a_count(lab, node1):
-    """Socket storage has no rows the kernel lists: `maps list` shows it without a count and
+    """Socket storage has no rows the map syscalls list: `maps list` shows it without a count and
     `maps dump` says why instead of failing on the kernel's EOPNOTSUPP."""
     runner = CliRunner()
     out = runner.invoke(cli.main, ["maps", "list", "--bpffs-dir", str(node1.bpffs), "-o", "json"])
