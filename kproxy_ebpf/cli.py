@@ -179,24 +179,28 @@ def maps() -> None:
     """Inspect the pinned BPF maps."""
 
 
+def _fill(m) -> dict:
+    """A map's entries and max_entries; None where there is no such figure: a per-CPU array
+    has a value per key and CPU, never "entries", and socket storage has no capacity, its rows
+    hang off their sockets and the map syscalls do not list them."""
+    if m.spec.per_socket:
+        return {"entries": None, "max_entries": None}
+    return {"entries": None if m.spec.percpu else len(m), "max_entries": m.max_entries}
+
+
 @maps.command("list")
 @_bpffs_option
 @_output_option
 def maps_list(bpffs_dir: str, output: str) -> None:
     """Each map: name, entries, capacity."""
-    rows = []
-    for name, m in _open_maps(bpffs_dir).items():
-        if m.spec.per_socket:       # rows hang off their sockets: neither counted nor capped
-            rows.append({"map": name, "pin": m.spec.name, "entries": None, "max_entries": None})
-            continue
-        count = len(m) if not m.spec.percpu else m.max_entries
-        rows.append({"map": name, "pin": m.spec.name, "entries": count,
-                     "max_entries": m.max_entries})
+    rows = [{"map": name, "pin": m.spec.name, **_fill(m)}
+            for name, m in _open_maps(bpffs_dir).items()]
     if output == "json":
         click.echo(json.dumps(rows, indent=2))
         return
     for r in rows:
-        size = (f"{r['entries']:>8} / {r['max_entries']}" if r["entries"] is not None
+        entries = r["entries"] if r["entries"] is not None else "-"
+        size = (f"{entries:>8} / {r['max_entries']}" if r["max_entries"] is not None
                 else f"{'-':>8}   (one row per TCP socket, freed with it)")
         click.echo(f"{r['map']:<10} {r['pin']:<14} {size}")
 
@@ -278,8 +282,7 @@ def status(bpffs_dir: str, output: str, healthz: str) -> None:
     maps_ = _open_maps(bpffs_dir)
     hooks = reader.hooks(Path(bpffs_dir), cgroup_roots=STATUS_CGROUP_ROOTS)
     out = {"bpffs_dir": bpffs_dir, "hooks": hooks,
-           "maps": {k: {"entries": len(m) if not m.spec.percpu else None,
-                        "max_entries": m.max_entries} for k, m in maps_.items()},
+           "maps": {k: _fill(m) for k, m in maps_.items()},
            "counters": reader.counters(maps_["stats"]),
            "warnings": _attach_warnings(hooks)}
     if healthz:
@@ -301,7 +304,7 @@ def status(bpffs_dir: str, output: str, healthz: str) -> None:
         click.echo(f"  {h['hook']:<13} {where}")
     for name, m in out["maps"].items():
         click.echo(f"  map {name:<9} {m['entries'] if m['entries'] is not None else '-':>7}"
-                   f" / {m['max_entries']}")
+                   f" / {m['max_entries'] if m['max_entries'] is not None else 'per socket'}")
     click.echo("  counters: " + ", ".join(f"{k} {v}" for k, v in out["counters"].items()))
     for warning in out["warnings"]:
         click.echo(f"WARNING: {warning}")

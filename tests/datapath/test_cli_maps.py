@@ -16,8 +16,20 @@ def test_maps_list_shows_socket_storage_without_a_count(lab, node1):
     out = runner.invoke(cli.main, ["maps", "list", "--bpffs-dir", str(node1.bpffs), "-o", "json"])
     assert out.exit_code == 0, out.output
     rows = {r["map"]: r for r in json.loads(out.output)}
-    assert rows["sksvc"]["entries"] is None and rows["sknat"]["entries"] == 0
+    assert rows["sksvc"]["entries"] is None and rows["sksvc"]["max_entries"] is None
+    assert rows["sknat"]["entries"] == 0 and rows["stats"]["entries"] is None
     out = runner.invoke(cli.main, ["maps", "list", "--bpffs-dir", str(node1.bpffs)])
     assert out.exit_code == 0 and "one row per TCP socket" in out.output
     out = runner.invoke(cli.main, ["maps", "dump", "sksvc", "--bpffs-dir", str(node1.bpffs)])
     assert out.exit_code != 0 and "socket storage" in out.output
+
+
+def test_status_shows_every_map_socket_storage_included(lab, node1):
+    runner = CliRunner()
+    out = runner.invoke(cli.main, ["status", "--bpffs-dir", str(node1.bpffs), "-o", "json"])
+    assert out.exit_code == 0, out.output
+    maps = json.loads(out.output)["maps"]
+    assert maps["sksvc"] == {"entries": None, "max_entries": None}
+    assert maps["svc"]["entries"] == 0 and maps["svc"]["max_entries"] > 0
+    out = runner.invoke(cli.main, ["status", "--bpffs-dir", str(node1.bpffs)])
+    assert out.exit_code == 0 and "per socket" in out.output, out.output
