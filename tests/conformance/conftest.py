@@ -199,11 +199,38 @@ class Scenario:
             wait_until(matches, converge, f"{check}: {sorted(target)}", step=0.1)
         except AssertionError:
             raise AssertionError(f"{self.proxy}: {self.name} / {check}: wanted {sorted(target)}, "
-                                 f"still {seen[-1]!r} after {converge}s") from None
+                                 f"still {seen[-1]!r} after {converge}s\n"
+                                 f"{self.diagnostics()}") from None
         finally:
             if seen:
                 verdicts.record(self.name, check, self.proxy, seen[-1])
         return seen[-1]
+
+    def diagnostics(self, node: str = "node1", limit: int = 3000) -> str:
+        """What a failed check leaves for whoever reads the CI log (the run's lab is gone by
+        then): node1's routes and conntrack table, the proxy's rules (kube-proxy) or
+        `kproxy-ebpf status` (ours), and the tail of the proxy's log."""
+        lab = self.c.lab
+
+        def run(argv: list[str], target: str = f"node/{node}") -> str:
+            try:
+                r = lab.exec(target, argv, capture_output=True, text=True, timeout=30)
+                return (r.stdout + r.stderr)[-limit:]
+            except Exception as exc:       # a diagnostic must not hide the failure itself
+                return f"({' '.join(argv)}: {exc})"
+
+        rules = {"nftables": ["nft", "list", "table", "ip", "kube-proxy"],
+                 "iptables": ["iptables-save", "-t", "nat"]}.get(
+            self.proxy, [lab.python, "-m", "kproxy_ebpf.cli", "status",
+                         "--bpffs-dir", lab.node(node).bpffs])
+        try:
+            log = open(lab.log_path(self.c.proxy_name(node))).read()[-limit:]
+        except OSError as exc:
+            log = f"({exc})"
+        parts = {"ext routes": run(["ip", "route"], "ext"), f"{node} routes": run(["ip", "route"]),
+                 f"{node} conntrack": run(["conntrack", "-L"]), f"{node} rules": run(rules),
+                 f"{node} proxy log": log}
+        return "\n".join(f"--- {k}\n{v.rstrip()}" for k, v in parts.items())
 
     def note(self, check: str, value: str) -> None:
         """Record a cell that the scenario asserts itself."""
