@@ -25,24 +25,44 @@
 
 /* A TCP socket's service address goes to its own storage (kproxy.h, kp_sksvc_val). connect
  * runs for an unconnected socket only and getpeername for a connected one, so the row is never
- * read while it is written. 0 when stored; without memory for it, the LRU row below. */
-static __always_inline int sock_remember_tcp(struct bpf_sock_addr *ctx,
+ * read while it is written. False without memory for it: the LRU row below is written. */
+static __always_inline bool sock_remember_tcp(struct bpf_sock_addr *ctx,
 					     const struct kp_lb_res *res, __be32 addr, __be16 port)
 {
 	struct bpf_sock *sk = ctx->sk;
 	struct kp_sksvc_val *row;
 
 	if (!sk)
-		return -1;
+		return false;
 	row = kp_sksvc4.sk_storage_get(sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	if (!row)
-		return -1;
+		return false;
 	row->be_addr = res->be.addr;
 	row->be_port = res->be.port;
 	row->addr = addr;
 	row->port = port;
 	row->svc_id = res->svc_id;
-	return 0;
+	return true;
+}
+
+/* The service address sock_remember_tcp stored for (*addr, *port), if any, into them. */
+static __always_inline bool sock_recall_tcp(struct bpf_sock_addr *ctx, __be32 *addr,
+					    __be16 *port)
+{
+	struct kp_sksvc_val *row;
+	struct kp_sksvc_val v;
+
+	if (!ctx->sk)
+		return false;
+	row = kp_sksvc4.sk_storage_get(ctx->sk, 0, 0);
+	if (!row)
+		return false;
+	v = *row;
+	if (v.be_addr != *addr || v.be_port != *port)
+		return false;
+	*addr = v.addr;
+	*port = v.port;
+	return true;
 }
 
 /* Remembers which service address the socket meant, for recvmsg/getpeername. Written only
@@ -55,7 +75,7 @@ static __always_inline void sock_remember(struct bpf_sock_addr *ctx, const struc
 	struct kp_sknat4_val old;
 	struct kp_sknat4_val *row;
 
-	if (ctx->protocol == IPPROTO_TCP && sock_remember_tcp(ctx, res, addr, port) == 0)
+	if (ctx->protocol == IPPROTO_TCP && sock_remember_tcp(ctx, res, addr, port))
 		return;
 	rkey.cookie = bpf_get_socket_cookie(ctx);
 	rkey.addr = res->be.addr;
@@ -126,19 +146,9 @@ static __always_inline bool sock_xlate_rev(struct bpf_sock_addr *ctx, __be32 *ad
 	struct kp_aff_val flow;
 	struct kp_aff_val *frow;
 
-	if (ctx->protocol == IPPROTO_TCP && ctx->sk) {
-		struct kp_sksvc_val *srow = kp_sksvc4.sk_storage_get(ctx->sk, 0, 0);
-		struct kp_sksvc_val sv;
-
-		if (srow) {
-			sv = *srow;
-			if (sv.be_addr == *addr && sv.be_port == *port) {
-				*addr = sv.addr;
-				*port = sv.port;
-				kp_count(KP_STAT_REVNAT);
-				return true;
-			}
-		}
+	if (ctx->protocol == IPPROTO_TCP && sock_recall_tcp(ctx, addr, port)) {
+		kp_count(KP_STAT_REVNAT);
+		return true;
 	}
 	/* UDP, and TCP sockets connected before the agent stored them this way. */
 	rkey.cookie = bpf_get_socket_cookie(ctx);

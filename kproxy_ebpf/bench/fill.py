@@ -159,15 +159,13 @@ class ChurnResult:
 
 
 def churn_summary(results: list[ChurnResult]) -> dict:
-    """Several churn windows as one: their changes, errors and seconds added up."""
-    changes, seconds = sum(r.changes for r in results), sum(r.seconds for r in results)
-    return {"requested_per_s": results[0].requested_rate if results else None,
-            "changes": changes, "windows": len(results),
-            "achieved_per_s": round(changes / seconds, 2) if seconds > 0 else 0.0,
-            "errors": sum(r.errors for r in results),
-            "max_lateness_s": round(max((r.max_lateness_s for r in results), default=0.0), 3),
-            "seconds": round(seconds, 3),
-            "error_samples": [e for r in results for e in r.error_samples][:3]}
+    """Several churn windows as one ChurnResult (changes, errors and seconds added up)."""
+    merged = ChurnResult(results[0].requested_rate if results else 0.0,
+                         sum(r.changes for r in results), sum(r.errors for r in results),
+                         round(sum(r.seconds for r in results), 3),
+                         max((r.max_lateness_s for r in results), default=0.0),
+                         [e for r in results for e in r.error_samples])
+    return {**merged.to_json(), "windows": len(results)}
 
 
 class Churner:
