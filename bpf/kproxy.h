@@ -287,14 +287,14 @@ _Static_assert(sizeof(struct kp_lb_res) == 24, "kp_lb_res");
  * and its reply tuple (backend -> client, or backend -> SNAT address:port when the backend is on
  * another node) maps back to that original tuple in kp_rnat4. Both are LRU maps written only by
  * the programs; the agent reads them for `ct list` and deletes entries of removed backends. */
-enum kp_ct_state {              /* kp_ct4_val.state */
+enum kp_ct_state {              /* kp_ct4_val.life, bits KP_CT_LIFE_STATE_SHIFT.. */
 	KP_CT_NEW         = 0,  /* TCP: SYN seen, no reply yet; UDP: no reply yet */
 	KP_CT_ESTABLISHED = 1,  /* TCP: a reply seen; UDP: seen both ways ("stream") */
 	KP_CT_CLOSING     = 2,  /* TCP: FIN seen in either direction */
 	KP_CT_CLOSED      = 3,  /* TCP: RST seen */
 };
 
-enum kp_ct_flags {              /* kp_ct4_val.flags */
+enum kp_ct_flags {              /* kp_ct4_val.life, bits 0-7 */
 	KP_CT_F_SNAT = 0x01,    /* source rewritten to nat_addr:nat_port (a remote backend) */
 	KP_CT_F_POD  = 0x02,    /* opened by a pod of this node: the per-packet ClusterIP path */
 	/* TCP closes, for kp_snat_alloc's reuse of an ended flow's SNAT port (lib/ct.h). */
@@ -339,18 +339,33 @@ struct kp_ct4_key {             /* a direction of a flow: src -> dst */
 	__u8   pad[3];
 };
 
+/* What a packet may change in a tracked flow, packed into one word (kp_ct4_val.life) so that
+ * a program changes it in place with one compare-and-swap and a reader on another CPU loads
+ * it whole. Rewriting the row through the LRU map instead takes a new element and frees the
+ * old one on every state change (docs/architecture.md, "Conntrack in place"). */
+enum kp_ct_life {
+	KP_CT_LIFE_FLAGS       = 0xff,   /* bits 0-7: enum kp_ct_flags */
+	KP_CT_LIFE_STATE_SHIFT = 8,      /* bits 8-11: enum kp_ct_state */
+	KP_CT_LIFE_STATE       = 0xf,
+	KP_CT_LIFE_SEEN_REPLY  = 0x1000, /* bit 12: the backend has answered */
+	/* bits 16-63: the bpf_ktime_get_ns() deadline with its low 16 bits cleared (it may come
+	 * ~65 us early, nothing here is that fine) */
+	KP_CT_LIFE_TIME_SHIFT  = 16,
+	/* compare-and-swap rounds of kp_ct_track: a lost one means another CPU changed the flow
+	 * at that instant (both directions of a close), and the next applies this packet to that */
+	KP_CT_SWAP_TRIES       = 3,
+};
+
 struct kp_ct4_val {             /* keyed by the original tuple (client -> frontend) */
-	__u64  expires;         /* bpf_ktime_get_ns() deadline */
+	__u64  life;            /* enum kp_ct_life: expiry, state, flags, seen-reply */
+	/* The rest is written once, with the row (a flow re-balanced gets a new row). */
 	__be32 be_addr;         /* the backend chosen */
 	__be32 nat_addr;        /* KP_CT_F_SNAT: the source the backend sees */
 	__be16 be_port;
 	__be16 nat_port;
 	__u32  backend_id;      /* checked on reuse: a removed backend gets the flow re-balanced */
 	__u32  svc_id;
-	__u8   state;           /* enum kp_ct_state */
-	__u8   flags;           /* enum kp_ct_flags */
-	__u8   seen_reply;
-	__u8   pad;
+	__u32  pad;
 };
 
 struct kp_tc_cfg {              /* kp_tccfg[0]: written by the agent before it attaches TC */
@@ -381,7 +396,7 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 12, "kp_tc_cfg");
 	X(stats,       kp_stats,    3, percpu_array, __u32,                __u64,                KP_STAT_MAX,      0) \
 	X(clusterip,   kp_cip4,     1, hash,         __be32,               struct kp_cip4_val,   KP_CIP4_SIZE,     0) \
 	X(servicecidr, kp_svccidr4, 1, lpm_trie,     struct kp_cidr4_key,  __u32,                KP_SVCCIDR4_SIZE, KP_NO_PREALLOC) \
-	X(ct,          kp_ct4,      1, lru_hash,     struct kp_ct4_key,    struct kp_ct4_val,    KP_CT4_SIZE,      0) \
+	X(ct,          kp_ct4,      2, lru_hash,     struct kp_ct4_key,    struct kp_ct4_val,    KP_CT4_SIZE,      0) \
 	X(rnat,        kp_rnat4,    1, lru_hash,     struct kp_ct4_key,    struct kp_ct4_key,    KP_RNAT4_SIZE,    0) \
 	X(tccfg,       kp_tccfg,    2, array,        __u32,                struct kp_tc_cfg,     1,                0) \
 	X(srcrange,    kp_srcrange4, 1, lpm_trie,    struct kp_srcrange4_key, __u32,             KP_SRCRANGE4_SIZE, KP_NO_PREALLOC) \
@@ -435,7 +450,8 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 12, "kp_tc_cfg");
  * not emitted). */
 #define KP_ENUMS(X) X(kp_scope) X(kp_action) X(kp_kind) X(kp_be_flags) X(kp_aff_type) \
 	X(kp_stat) X(kp_tunables) X(kp_lb_verdict) X(kp_meta_flags) X(kp_traffic_distribution) \
-	X(kp_cip_action) X(kp_ct_state) X(kp_ct_flags) X(kp_ct_timeouts) X(kp_fe_flags)
+	X(kp_cip_action) X(kp_ct_state) X(kp_ct_flags) X(kp_ct_life) X(kp_ct_timeouts) \
+	X(kp_fe_flags)
 
 /* Structs that are no map's key or value but cross the kernel boundary (test runs). */
 #define KP_EXTRA_STRUCTS(X) X(kp_lb_req) X(kp_lb_res)

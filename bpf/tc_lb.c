@@ -125,6 +125,7 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 	struct kp_lb_req req = {};
 	struct kp_lb_res res = {};
 	struct kp_ct4_key rkey = {};
+	__u8 flags;
 
 	req.key.addr = p->tuple.daddr;
 	req.key.port = p->tuple.dport;
@@ -163,17 +164,17 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 	v->be_port = res.be.port;
 	v->backend_id = res.backend_id;
 	v->svc_id = res.svc_id;
-	v->state = KP_CT_NEW;
-	if (scope == KP_SCOPE_SOCK)
-		v->flags = KP_CT_F_POD;
+	flags = scope == KP_SCOPE_SOCK ? KP_CT_F_POD : 0;
 	if (scope == KP_SCOPE_EXT ? !(res.be_flags & KP_BE_F_LOCAL) : res.be.addr == p->tuple.saddr) {
 		if (kp_snat_alloc(&p->tuple, v, cfg, now) != 0) {
 			kp_count(KP_STAT_TC_SNAT_FULL);
 			return -1 - TC_ACT_SHOT;
 		}
-		v->flags |= KP_CT_F_SNAT;
+		flags |= KP_CT_F_SNAT;
 		kp_count(KP_STAT_TC_SNAT);
-	} else {
+	}
+	v->life = kp_ct_life(0, KP_CT_NEW, flags, false);   /* kp_ct_track sets the expiry */
+	if (!(flags & KP_CT_F_SNAT)) {
 		kp_ct_reply_key(&p->tuple, v, &rkey);
 		kp_rnat4.update(&rkey, &p->tuple);
 	}
@@ -194,9 +195,9 @@ static __always_inline bool kp_ct_usable(const struct kp_pkt *p, const struct kp
 	struct kp_backend4 *b;
 	struct kp_backend4 be;
 
-	if (now > v->expires || kp_ct_reopens(p->tuple.proto, p->tcp_flags, v))
+	if (now > kp_ct_expires(v->life) || kp_ct_reopens(p->tuple.proto, p->tcp_flags, v))
 		return false;
-	if ((v->flags & KP_CT_F_POD) && p->tuple.proto == IPPROTO_TCP &&
+	if ((kp_ct_flags(v->life) & KP_CT_F_POD) && p->tuple.proto == IPPROTO_TCP &&
 	    !(p->tcp_flags & KP_TCP_SYN))
 		return true;
 	b = kp_be4.lookup(&id);
@@ -214,7 +215,7 @@ static __always_inline void kp_ct_forget(const struct kp_ct4_key *orig,
 {
 	struct kp_ct4_key rkey = {};
 
-	if (v->flags & KP_CT_F_SNAT)
+	if (kp_ct_flags(v->life) & KP_CT_F_SNAT)
 		return;
 	kp_ct_reply_key(orig, v, &rkey);
 	kp_rnat4.delete(&rkey);
@@ -233,8 +234,9 @@ static __always_inline void kp_ct_forget(const struct kp_ct4_key *orig,
 static __always_inline bool kp_reply_is_another(const struct kp_pkt *p,
 						const struct kp_ct4_val *v, __u64 now)
 {
-	return now > v->expires ||
-	       ((p->tcp_flags & KP_TCP_SYN) && v->state >= KP_CT_CLOSING && v->seen_reply);
+	return now > kp_ct_expires(v->life) ||
+	       ((p->tcp_flags & KP_TCP_SYN) && kp_ct_state(v->life) >= KP_CT_CLOSING &&
+		kp_ct_seen_reply(v->life));
 }
 
 /* The reply of a tracked flow (tuple = backend -> client or SNAT address): rewrites it to
@@ -256,7 +258,7 @@ static __always_inline int kp_reply(struct __sk_buff *skb, struct kp_pkt *p, boo
 	if (!row)
 		return 0;
 	v = *row;
-	if (!!(v.flags & KP_CT_F_SNAT) != want_snat || v.be_addr != p->tuple.saddr ||
+	if (!!(kp_ct_flags(v.life) & KP_CT_F_SNAT) != want_snat || v.be_addr != p->tuple.saddr ||
 	    v.be_port != p->tuple.sport ||
 	    (want_snat && (v.nat_addr != p->tuple.daddr || v.nat_port != p->tuple.dport)))
 		return 0;     /* a stale row: the flow it names has moved to another port */
@@ -271,7 +273,7 @@ static __always_inline int kp_reply(struct __sk_buff *skb, struct kp_pkt *p, boo
 	if (kp_rewrite(skb, p, false, orig.daddr, orig.dport) < 0 ||
 	    (want_snat && kp_rewrite(skb, p, true, orig.saddr, orig.sport) < 0))
 		return -1;
-	kp_ct_track(&orig, &v, p->tcp_flags, true, now, false);
+	kp_ct_track(&orig, row, &v, p->tcp_flags, true, now);
 	kp_count(KP_STAT_TC_REPLY);
 	return 1;
 }
@@ -308,7 +310,6 @@ static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 	struct kp_ct4_val *row;
 	struct kp_tc_cfg cfg;
 	__u64 now;
-	bool fresh = false;
 	bool to_snat;
 	int ret;
 
@@ -354,13 +355,12 @@ static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 			return scope == KP_SCOPE_SOCK ? kp_pod_unmatched(skb, &p) : TC_ACT_OK;
 		if (ret < 0)
 			return -1 - ret;
-		fresh = true;
 	}
-	kp_ct_track(&orig, &v, p.tcp_flags, false, now, fresh);
+	kp_ct_track(&orig, row, &v, p.tcp_flags, false, now);
 
 	if (kp_rewrite(skb, &p, true, v.be_addr, v.be_port) < 0)
 		return TC_ACT_SHOT;
-	if (!(v.flags & KP_CT_F_SNAT))
+	if (!(kp_ct_flags(v.life) & KP_CT_F_SNAT))
 		return TC_ACT_OK;        /* routing takes it to the backend (a pod's: local or not) */
 	/* A remote EXT backend, or a pod's hairpin (it must see the node as its peer, or it
 	 * would answer itself directly). */

@@ -3,8 +3,9 @@
  * A flow is keyed by its original tuple (client -> frontend). kp_rnat4 maps the tuple its
  * replies carry (backend -> client, or backend -> SNAT address:port) back to that key, so one
  * lookup finds a reply's flow. Only the programs write these maps (the agent reads them and
- * deletes entries of removed backends); each row is copied to the stack once and written back
- * whole, never field by field, so a concurrent reader sees an old or a new row, not a mix.
+ * deletes entries of removed backends). A new or re-balanced flow's row is written whole
+ * through the map; after that only its `life` word changes (expiry, state, flags), in place
+ * with one compare-and-swap, so a concurrent reader sees an old or a new row, not a mix.
  *
  * Timeouts follow the kernel's conntrack (kproxy.h enum kp_ct_timeouts); an entry's expiry is
  * rewritten at most once per KP_CT_REFRESH_S so a busy flow does not write on every packet.
@@ -14,6 +15,33 @@
 
 #include <uapi/linux/in.h>
 #include "maps.h"
+
+/* kp_ct4_val.life, field by field (kproxy.h enum kp_ct_life). */
+static __always_inline __u64 kp_ct_expires(__u64 life)
+{
+	return life & ~((1ULL << KP_CT_LIFE_TIME_SHIFT) - 1);
+}
+
+static __always_inline __u8 kp_ct_state(__u64 life)
+{
+	return (life >> KP_CT_LIFE_STATE_SHIFT) & KP_CT_LIFE_STATE;
+}
+
+static __always_inline __u8 kp_ct_flags(__u64 life)
+{
+	return life & KP_CT_LIFE_FLAGS;
+}
+
+static __always_inline bool kp_ct_seen_reply(__u64 life)
+{
+	return life & KP_CT_LIFE_SEEN_REPLY;
+}
+
+static __always_inline __u64 kp_ct_life(__u64 expires, __u8 state, __u8 flags, bool seen_reply)
+{
+	return kp_ct_expires(expires) | (__u64)(state & KP_CT_LIFE_STATE) << KP_CT_LIFE_STATE_SHIFT |
+	       (seen_reply ? KP_CT_LIFE_SEEN_REPLY : 0) | flags;
+}
 
 #define KP_TCP_FIN 0x01
 #define KP_TCP_SYN 0x02
@@ -42,19 +70,21 @@ static __always_inline __u64 kp_ct_lifetime(__u8 proto, __u8 state)
 static __always_inline bool kp_ct_reopens(__u8 proto, __u8 flags, const struct kp_ct4_val *v)
 {
 	return proto == IPPROTO_TCP && (flags & (KP_TCP_SYN | KP_TCP_ACK)) == KP_TCP_SYN &&
-	       v->state >= KP_CT_CLOSING;
+	       kp_ct_state(v->life) >= KP_CT_CLOSING;
 }
 
-/* Advances *v for one packet (reply: from the backend) and writes the row back if its state
- * changed or its expiry moved by more than KP_CT_REFRESH_S. */
-static __always_inline void kp_ct_track(struct kp_ct4_key *key, struct kp_ct4_val *v,
-					__u8 tcp_flags, bool reply, __u64 now, bool fresh)
+/* What a flow's life word becomes after one packet (reply: from the backend). Unchanged when
+ * neither state nor flags move and the expiry would move by less than KP_CT_REFRESH_S (a fresh
+ * row always gets its expiry). */
+static __always_inline __u64 kp_ct_next(__u8 proto, __u64 life, __u8 tcp_flags, bool reply,
+					__u64 now, bool fresh)
 {
-	__u8 state = v->state;
-	__u8 flags = v->flags;
+	__u8 state = kp_ct_state(life);
+	__u8 flags = kp_ct_flags(life);
+	bool seen = kp_ct_seen_reply(life);
 	__u64 expires;
 
-	if (key->proto == IPPROTO_TCP) {
+	if (proto == IPPROTO_TCP) {
 		if (tcp_flags & KP_TCP_RST)
 			state = KP_CT_CLOSED;
 		else if (tcp_flags & KP_TCP_FIN) {
@@ -75,16 +105,42 @@ static __always_inline void kp_ct_track(struct kp_ct4_key *key, struct kp_ct4_va
 	} else if (reply && state == KP_CT_NEW) {
 		state = KP_CT_ESTABLISHED;
 	}
-	expires = now + kp_ct_lifetime(key->proto, state);
-	if (!fresh && state == v->state && flags == v->flags && (reply ? 1 : 0) <= v->seen_reply &&
-	    expires - v->expires < KP_CT_REFRESH_S * KP_NSEC_PER_SEC)
+	expires = now + kp_ct_lifetime(proto, state);
+	if (!fresh && state == kp_ct_state(life) && flags == kp_ct_flags(life) &&
+	    (reply ? 1 : 0) <= seen && expires - kp_ct_expires(life) < KP_CT_REFRESH_S * KP_NSEC_PER_SEC)
+		return life;
+	return kp_ct_life(expires, state, flags, seen || reply);
+}
+
+/* Tracks one packet of the flow `key` in *v. row NULL: a new or re-balanced flow, whose row
+ * (v, filled by the caller) is written whole. Otherwise row is the map's element v was copied
+ * from, and only its life word changes, in place: compared with the copy's and swapped, so
+ * that two CPUs tracking the two directions of one flow at once (the FINs of a close) both
+ * count; a lost round applies this packet on top of what the other CPU wrote. */
+static __always_inline void kp_ct_track(struct kp_ct4_key *key, struct kp_ct4_val *row,
+					struct kp_ct4_val *v, __u8 tcp_flags, bool reply, __u64 now)
+{
+	__u64 old = v->life;
+	__u64 next;
+	__u64 seen;
+	int i;
+
+	if (!row) {
+		v->life = kp_ct_next(key->proto, old, tcp_flags, reply, now, true);
+		kp_ct4.update(key, v);
 		return;
-	v->state = state;
-	v->flags = flags;
-	v->expires = expires;
-	if (reply)
-		v->seen_reply = 1;
-	kp_ct4.update(key, v);
+	}
+#pragma unroll
+	for (i = 0; i < KP_CT_SWAP_TRIES; i++) {
+		next = kp_ct_next(key->proto, old, tcp_flags, reply, now, false);
+		if (next == old)
+			break;
+		seen = __sync_val_compare_and_swap(&row->life, old, next);
+		if (seen == old)
+			break;
+		old = seen;
+	}
+	v->life = next;
 }
 
 /* Whether the SNAT reply tuple rkey, which kp_rnat4 maps to the flow `orig`, may be given to a
@@ -104,18 +160,22 @@ static __always_inline bool kp_rnat_reusable(const struct kp_ct4_key *rkey,
 {
 	struct kp_ct4_val *row = kp_ct4.lookup((struct kp_ct4_key *)orig);
 	struct kp_ct4_val v;
+	__u8 flags;
+	__u8 state;
 
 	if (!row)
 		return true;
 	v = *row;
-	if (!(v.flags & KP_CT_F_SNAT) || v.nat_addr != rkey->daddr || v.nat_port != rkey->dport ||
-	    v.be_addr != rkey->saddr || v.be_port != rkey->sport || now > v.expires)
+	flags = kp_ct_flags(v.life);
+	state = kp_ct_state(v.life);
+	if (!(flags & KP_CT_F_SNAT) || v.nat_addr != rkey->daddr || v.nat_port != rkey->dport ||
+	    v.be_addr != rkey->saddr || v.be_port != rkey->sport || now > kp_ct_expires(v.life))
 		return true;
 	if (orig->proto != IPPROTO_TCP)
 		return false;
-	if (v.state != KP_CT_CLOSED &&
-	    (v.flags & (KP_CT_F_FIN_ORIG | KP_CT_F_FIN_REPLY | KP_CT_F_REPLY_FIRST |
-			KP_CT_F_LAST_ACK)) !=
+	if (state != KP_CT_CLOSED &&
+	    (flags & (KP_CT_F_FIN_ORIG | KP_CT_F_FIN_REPLY | KP_CT_F_REPLY_FIRST |
+		      KP_CT_F_LAST_ACK)) !=
 		    (KP_CT_F_FIN_ORIG | KP_CT_F_FIN_REPLY | KP_CT_F_LAST_ACK))
 		return false;
 	/* Ended, but its last packet may not have reached the backend yet: it passed this node
@@ -123,8 +183,8 @@ static __always_inline bool kp_rnat_reusable(const struct kp_ct4_key *rkey,
 	 * tuple sent from two CPUs can be handled in parallel at the backend; a SYN that meets the
 	 * socket the ACK (or RST) is closing at that moment is dropped without an answer (seen in
 	 * the lab: ACK and SYN 2 us apart, the connect timed out). */
-	return now + kp_ct_lifetime(orig->proto, v.state) >=
-	       v.expires + KP_SNAT_REUSE_S * KP_NSEC_PER_SEC;
+	return now + kp_ct_lifetime(orig->proto, state) >=
+	       kp_ct_expires(v.life) + KP_SNAT_REUSE_S * KP_NSEC_PER_SEC;
 }
 
 /* The reply tuple of a flow: what the backend sends back. */
@@ -134,7 +194,7 @@ static __always_inline void kp_ct_reply_key(const struct kp_ct4_key *orig,
 	out->saddr = v->be_addr;
 	out->sport = v->be_port;
 	out->proto = orig->proto;
-	if (v->flags & KP_CT_F_SNAT) {
+	if (kp_ct_flags(v->life) & KP_CT_F_SNAT) {
 		out->daddr = v->nat_addr;
 		out->dport = v->nat_port;
 	} else {

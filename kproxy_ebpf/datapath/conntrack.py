@@ -53,10 +53,12 @@ def purge(maps: Mapping[str, PinnedMap], programmed: Mapping[tuple, object],
     wanted = None if frontends is None else {_raw_frontend(k) for k in frontends}
     rows = maps["ct"].unpacked()
     removed = 0
-    for (saddr, daddr, sport, dport, proto), (_exp, be_addr, nat_addr, be_port, nat_port,
-                                              *_ids, _state, flags, _seen) in rows:
+    flag_bits = L.const("KP_CT_LIFE_FLAGS")
+    for (saddr, daddr, sport, dport, proto), (life, be_addr, nat_addr, be_port, nat_port,
+                                              *_ids) in rows:
         if wanted is not None and (daddr, dport, proto) not in wanted:
             continue
+        flags = life & flag_bits
         if flags & pod and proto == tcp:
             continue
         prog = programmed.get(_frontend(daddr, dport, proto, flags))

@@ -148,6 +148,37 @@ CT_STATE_NAMES = {const(f"KP_CT_{n.upper()}"): n for n in ("new", "established",
                                                           "closed")}
 CtKey = STRUCTS["kp_ct4_key"]
 CtVal = STRUCTS["kp_ct4_val"]
+_LIFE_TIME = const("KP_CT_LIFE_TIME_SHIFT")
+_LIFE_FIELDS = {"flags": (0, const("KP_CT_LIFE_FLAGS")),
+                "state": (const("KP_CT_LIFE_STATE_SHIFT"), const("KP_CT_LIFE_STATE")),
+                "seen_reply": (const("KP_CT_LIFE_SEEN_REPLY").bit_length() - 1, 1),
+                "expires": (_LIFE_TIME, (1 << (64 - _LIFE_TIME)) - 1)}
+
+
+def ct_life(life: int) -> dict[str, int]:
+    """kp_ct4_val.life (kproxy.h enum kp_ct_life) field by field; expires in ns, as the
+    programs compare it (its low KP_CT_LIFE_TIME_SHIFT bits cleared)."""
+    out = {name: (life >> shift) & mask for name, (shift, mask) in _LIFE_FIELDS.items()}
+    out["expires"] <<= _LIFE_TIME
+    return out
+
+
+def _life_property(name: str) -> property:
+    shift, mask = _LIFE_FIELDS[name]
+    scale = _LIFE_TIME if name == "expires" else 0
+
+    def get(self) -> int:
+        return ((self.life >> shift) & mask) << scale
+
+    def put(self, value: int) -> None:
+        self.life = (self.life & ~(mask << shift)) | (((value >> scale) & mask) << shift)
+
+    return property(get, put, doc=f"{name}, from kp_ct4_val.life")
+
+
+# The fields packed into `life`, by name as well (`ct list`, tests, CtVal(state=...)).
+for _name in _LIFE_FIELDS:
+    setattr(CtVal, _name, _life_property(_name))
 TcCfg = STRUCTS["kp_tc_cfg"]
 SrcRangeKey = STRUCTS["kp_srcrange4_key"]
 FE_F_SRC_RANGES = const("KP_FE_F_SRC_RANGES")

@@ -149,19 +149,32 @@ class PinnedMap:
         """Every (key, value) as plain tuples (the spec's struct formats: pads dropped), read
         in batches and decoded without a Python object per field: what restore() wants at
         100,000 rows."""
-        if self.spec.percpu:
-            raise TypeError("per-CPU maps hold one value per CPU: use items()")
         import struct
         kf, vf = struct.Struct(self.spec.key_format), struct.Struct(self.spec.value_format)
+        out: list[tuple[tuple, tuple]] = []
+        for keys, values in self._raw_batches():
+            out.extend(zip(kf.iter_unpack(keys), vf.iter_unpack(values)))
+        return out
+
+    def raw_items(self) -> list[tuple[bytes, bytes]]:
+        """Every (key, value) as the kernel's bytes, read in batches."""
+        ks, vs = ctypes.sizeof(self.spec.key), ctypes.sizeof(self.spec.value)
+        return [(keys[i * ks:(i + 1) * ks], values[i * vs:(i + 1) * vs])
+                for keys, values in self._raw_batches() for i in range(len(keys) // ks)]
+
+    def _raw_batches(self) -> Iterator[tuple[bytes, bytes]]:
+        """The map's rows as (keys, values) byte strings of up to _BATCH rows each."""
+        if self.spec.percpu:
+            raise TypeError("per-CPU maps hold one value per CPU: use items()")
         ks, vs = ctypes.sizeof(self.spec.key), ctypes.sizeof(self.spec.value)
         keys = (ctypes.c_uint8 * (ks * self._BATCH))()
         values = (ctypes.c_uint8 * (vs * self._BATCH))()
-        token, nxt, out = None, (ctypes.c_uint8 * 8)(), []
+        token, nxt = None, (ctypes.c_uint8 * 8)()
         while True:
             n, done = libbpf.map_lookup_batch(self.fd, token, nxt, keys, values, self._BATCH)
-            out.extend(zip(kf.iter_unpack(bytes(keys)[:n * ks]), vf.iter_unpack(bytes(values)[:n * vs])))
+            yield bytes(keys)[:n * ks], bytes(values)[:n * vs]
             if done:
-                return out
+                return
             token, nxt = nxt, (ctypes.c_uint8 * 8)()
 
     def _items_batched(self) -> list[tuple]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import MapSizes
+from . import ct_upgrade
 from . import layout as L
 from .pinned import PinnedMap
 from .pod_devices import PodDeviceWatcher
@@ -87,14 +88,20 @@ class TcDatapath:
     runner: object = None      # PodDeviceWatcher's runner (tests: enter the node's netns)
     _fds: dict[str, int] = field(default_factory=dict)
     _pods: PodDeviceWatcher | None = None
+    _upgrade: ct_upgrade.CtUpgrade | None = None
 
     def load(self, job: LoadJob | None = None) -> None:
         """Takes the programs from a load child (started here unless `job`, one that was
-        given tc_programs(), is passed) and writes the SNAT configuration."""
+        given tc_programs(), is passed), writes the SNAT configuration and carries the flows
+        of an older conntrack layout over (ct_upgrade.py: first copy)."""
         fds = (job or spawn(self.bpffs_dir, tc_programs(), self.sizes)).result()
         self._fds = {prog: fds[prog] for prog in PROGRAMS}
         try:
             self.write_config()
+            self._upgrade = ct_upgrade.find(self.bpffs_dir)
+            if self._upgrade:
+                log.info("carried %d tracked flows over to %s (before attaching)",
+                         self._upgrade.copy(), L.MAPS["ct"].name)
         except BaseException:
             self.close()
             raise
@@ -115,6 +122,12 @@ class TcDatapath:
                 self.pod_globs, lambda ipr, index, name: self._attach_dev(
                     ipr, index, name, POD_PROGRAMS), exclude=self.devices, runner=self.runner)
             self._pods.start()
+        if self._upgrade:
+            # Every filter runs the new programs now: the old map takes no new flows.
+            log.info("carried %d more tracked flows over to %s (after attaching)",
+                     self._upgrade.copy(), L.MAPS["ct"].name)
+            self._upgrade.close()
+            self._upgrade = None
 
     def _attach_dev(self, ipr, index: int, dev: str, programs: dict[str, int]) -> None:
         _ensure_clsact(ipr, index)
@@ -124,6 +137,9 @@ class TcDatapath:
         log.info("attached %s to %s", ", ".join(programs), dev)
 
     def close(self) -> None:
+        if self._upgrade:
+            self._upgrade.close()
+            self._upgrade = None
         if self._pods is not None:
             self._pods.stop()
             self._pods = None

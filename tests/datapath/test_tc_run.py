@@ -9,6 +9,7 @@ its return value.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import socket
 import struct
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath import libbpf
+from kproxy_ebpf.datapath import ct_upgrade, libbpf
 from kproxy_ebpf.datapath.loader import compile_program, open_pinned_maps, remove_pins
 from kproxy_ebpf.datapath.paths import bpf_dir
 from kproxy_ebpf.datapath.tc import PROGRAMS, possible_cpus, write_config
@@ -37,6 +38,7 @@ LOCAL_BE, REMOTE_BE = "10.244.1.10", "10.244.2.10"
 TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT = 0, 2, 7
 SYN, ACK, FIN, RST = 0x02, 0x10, 0x01, 0x04
 PORTS = (61000, 61003)
+LRU_HASH = 9                # BPF_MAP_TYPE_LRU_HASH
 NP_REMOTE, NP_LOCAL, NP_REJECT, NP_DROP, NP_UDP = 30080, 30081, 30082, 30083, 30053
 
 
@@ -359,6 +361,64 @@ def test_only_a_port_of_the_snat_range_is_asked_for_a_snat_reply(tc):
     frame = moved_snat_reply(tc, tc.ct(40002, NP_REMOTE)[0], port=PORTS[0] - 1)
     ret, out = tc.ingress(frame)
     assert (ret, out[:len(frame)]) == (TC_ACT_OK, frame)
+
+
+# kp_ct4_val of layout version 1, as the programs before the life word wrote it: expires,
+# be_addr, nat_addr, be_port, nat_port, backend_id, svc_id, state, flags, seen_reply, pad.
+CT_V1 = struct.Struct("=QIIHHIIBBBx")
+
+
+def as_v1(ct: L.CtVal, **changes) -> bytes:
+    f = {n: getattr(ct, n) for n in ("expires", "be_addr", "nat_addr", "be_port", "nat_port",
+                                     "backend_id", "svc_id", "state", "flags", "seen_reply")}
+    f.update(changes)
+    return CT_V1.pack(*f.values())
+
+
+def test_flows_of_the_older_conntrack_layout_carry_over(tc):
+    """An upgrade from programs that kept kp_ct4_v1: its flows are copied into the current
+    map before the new programs are attached and again after, so a SNAT flow opened before
+    the upgrade still gets its replies translated. The second copy brings flows opened or
+    changed in between, but leaves a row the new programs have written since."""
+    flows = {}
+    for sport, np in ((40070, NP_REMOTE), (40071, NP_LOCAL), (40072, NP_LOCAL)):
+        tc.ingress(packet(CLIENT, sport, NODE, np))
+        flows[sport] = tc.ct(sport, np)
+        tc.maps["ct"].delete(flows[sport][0])       # only the old programs' map has it
+    v1 = BPFFS / f"{L.MAPS['ct'].base}_v1"
+    fd = libbpf.map_create(LRU_HASH, "kp_ct4", ctypes.sizeof(L.CtKey), CT_V1.size, 64)
+    try:
+        libbpf.obj_pin(fd, str(v1))
+        for sport in (40070, 40072):
+            libbpf.map_update(fd, flows[sport][0], as_v1(flows[sport][1]))
+        up = ct_upgrade.find(BPFFS)
+        assert up is not None
+        try:
+            assert up.copy() == 2
+            key, row = flows[40070]
+            assert bytes(tc.maps["ct"].get(key)) == bytes(row)
+            ret, out = tc.ingress(packet(REMOTE_BE, 8080, NODE, L.port_host(row.nat_port),
+                                         flags=SYN | ACK))
+            p = parse(out)
+            assert ret == TC_ACT_REDIRECT
+            assert (p["src"], p["sport"], p["dst"], p["dport"]) == (NODE, NP_REMOTE, CLIENT, 40070)
+            assert L.CT_STATE_NAMES[tc.ct(40070, NP_REMOTE)[1].state] == "established"
+
+            # Meanwhile the old programs saw FINs of 40070 and 40072 and a new flow 40071.
+            closing = L.const("KP_CT_CLOSING")
+            for sport in (40070, 40072):
+                libbpf.map_update(fd, flows[sport][0], as_v1(flows[sport][1], state=closing))
+            libbpf.map_update(fd, flows[40071][0], as_v1(flows[40071][1]))
+            assert up.copy() == 2
+            assert L.CT_STATE_NAMES[tc.ct(40070, NP_REMOTE)[1].state] == "established"
+            assert tc.ct(40072, NP_LOCAL)[1].state == closing
+            assert bytes(tc.ct(40071, NP_LOCAL)[1]) == bytes(flows[40071][1])
+            assert up.copy() == 0
+        finally:
+            up.close()
+    finally:
+        v1.unlink(missing_ok=True)
+        os.close(fd)
 
 
 @pytest.mark.parametrize("udp_csum", [True, False], ids=["checksum", "no-checksum"])
