@@ -302,6 +302,7 @@ enum kp_ct_flags {              /* kp_ct4_val.life, bits 0-7 */
 	KP_CT_F_FIN_REPLY  = 0x08,  /* the backend sent a FIN */
 	KP_CT_F_REPLY_FIRST = 0x10, /* ... before the client did: the backend holds a TIME_WAIT */
 	KP_CT_F_LAST_ACK   = 0x20,  /* the client ACKed the backend's FIN (client first) */
+	KP_CT_F_ISN        = 0x40,  /* TCP: isn holds the client's initial sequence number */
 };
 
 enum kp_ct_timeouts {           /* seconds; references are the kernel's nf_conntrack defaults */
@@ -354,6 +355,9 @@ enum kp_ct_life {
 	/* compare-and-swap rounds of kp_ct_track: a lost one means another CPU changed the flow
 	 * at that instant (both directions of a close), and the next applies this packet to that */
 	KP_CT_SWAP_TRIES       = 3,
+	/* A SYN's data (TCP Fast Open) is at most one segment: a reply acknowledging up to this
+	 * much past the ISN acknowledges the flow's SYN (lib/ct.h kp_ct_acks_syn) */
+	KP_CT_SYN_DATA_MAX     = 65535,
 };
 
 struct kp_ct4_val {             /* keyed by the original tuple (client -> frontend) */
@@ -365,7 +369,7 @@ struct kp_ct4_val {             /* keyed by the original tuple (client -> fronte
 	__be16 nat_port;
 	__u32  backend_id;      /* checked on reuse: a removed backend gets the flow re-balanced */
 	__u32  svc_id;
-	__u32  pad;
+	__be32 isn;             /* KP_CT_F_ISN: the sequence number of the client's SYN */
 };
 
 struct kp_tc_cfg {              /* kp_tccfg[0]: written by the agent before it attaches TC */

@@ -165,6 +165,10 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 	v->backend_id = res.backend_id;
 	v->svc_id = res.svc_id;
 	flags = scope == KP_SCOPE_SOCK ? KP_CT_F_POD : 0;
+	if (p->tuple.proto == IPPROTO_TCP && (p->tcp_flags & (KP_TCP_SYN | KP_TCP_ACK)) == KP_TCP_SYN) {
+		v->isn = p->tcp_seq;       /* its replies are told from another connection's by it */
+		flags |= KP_CT_F_ISN;
+	}
 	if (scope == KP_SCOPE_EXT ? !(res.be_flags & KP_BE_F_LOCAL) : res.be.addr == p->tuple.saddr) {
 		if (kp_snat_alloc(&p->tuple, v, cfg, now) != 0) {
 			kp_count(KP_STAT_TC_SNAT_FULL);
@@ -195,7 +199,8 @@ static __always_inline bool kp_ct_usable(const struct kp_pkt *p, const struct kp
 	struct kp_backend4 *b;
 	struct kp_backend4 be;
 
-	if (now > kp_ct_expires(v->life) || kp_ct_reopens(p->tuple.proto, p->tcp_flags, v))
+	if (now > kp_ct_expires(v->life) ||
+	    kp_ct_reopens(p->tuple.proto, p->tcp_flags, p->tcp_seq, v))
 		return false;
 	if ((kp_ct_flags(v->life) & KP_CT_F_POD) && p->tuple.proto == IPPROTO_TCP &&
 	    !(p->tcp_flags & KP_TCP_SYN))
@@ -222,21 +227,35 @@ static __always_inline void kp_ct_forget(const struct kp_ct4_key *orig,
 }
 
 /* Whether a packet on a flow's reply tuple belongs to another connection: the flow has
- * expired (the kernel's conntrack would have dropped it), or it was answered, has ended, and
- * the packet is a SYN-ACK, which opens a connection. A client that reuses its source port
- * toward the backend directly makes exactly that tuple: the kernel picks ephemeral ports per
- * destination, so within the ended flow's 120 s it happens as soon as a client connects at
- * some rate (the benchmark's crr to pod IPs right after one through the Service stalled on
- * it). A SYN-ACK on a live flow is the backend repeating itself and stays the flow's, and so
- * does the first reply of a flow (seen_reply 0): a reopened flow's row is fresh, and a late
- * FIN or RST of the connection before it, overtaken by the new SYN on another CPU, may have
- * marked it ended already. */
+ * expired (the kernel's conntrack would have dropped it), or the packet answers another
+ * client SYN than the flow's. A client that reuses its source port toward the backend
+ * directly makes exactly that tuple: the kernel picks ephemeral ports per destination, so
+ * within an ended flow's 120 s it happens as soon as a client connects at some rate (the
+ * benchmark's crr to pod IPs right after one through the Service stalled on it), and it may
+ * meet a flow never answered too. A flow opened by a SYN knows the client's ISN: a SYN-ACK,
+ * or the first reply at all (a SYN-ACK or a RST refusing it), is the flow's only if it
+ * acknowledges that SYN. A flow without (opened mid-stream, or carried over from kp_ct4_v1)
+ * falls back to the flow's state: a SYN-ACK after the flow was answered and has ended is
+ * another connection's; on a live flow it is the backend repeating itself, and a flow's first
+ * reply is its own (a reopened flow's row is fresh, and a late FIN or RST of the connection
+ * before it, overtaken by the new SYN on another CPU, may have marked it ended already). */
 static __always_inline bool kp_reply_is_another(const struct kp_pkt *p,
 						const struct kp_ct4_val *v, __u64 now)
 {
-	return now > kp_ct_expires(v->life) ||
-	       ((p->tcp_flags & KP_TCP_SYN) && kp_ct_state(v->life) >= KP_CT_CLOSING &&
-		kp_ct_seen_reply(v->life));
+	__u64 life = v->life;
+
+	if (now > kp_ct_expires(life))
+		return true;
+	if (p->tuple.proto != IPPROTO_TCP)
+		return false;
+	if (kp_ct_flags(life) & KP_CT_F_ISN) {
+		if ((p->tcp_flags & KP_TCP_SYN) ||
+		    (!kp_ct_seen_reply(life) && (p->tcp_flags & KP_TCP_ACK)))
+			return !kp_ct_acks_syn(v, p->tcp_ack);
+		return false;
+	}
+	return (p->tcp_flags & KP_TCP_SYN) && kp_ct_state(life) >= KP_CT_CLOSING &&
+	       kp_ct_seen_reply(life);
 }
 
 /* The reply of a tracked flow (tuple = backend -> client or SNAT address): rewrites it to

@@ -15,6 +15,7 @@
 
 #include <uapi/linux/in.h>
 #include "maps.h"
+#include "endian.h"
 
 /* kp_ct4_val.life, field by field (kproxy.h enum kp_ct_life). */
 static __always_inline __u64 kp_ct_expires(__u64 life)
@@ -65,12 +66,26 @@ static __always_inline __u64 kp_ct_lifetime(__u8 proto, __u8 state)
 	return s * KP_NSEC_PER_SEC;
 }
 
-/* A client SYN on an entry whose connection has ended opens a new connection (as the kernel
- * treats a SYN in TIME_WAIT): the flow is load-balanced anew. */
-static __always_inline bool kp_ct_reopens(__u8 proto, __u8 flags, const struct kp_ct4_val *v)
+/* A client SYN opens a new connection on an entry whose connection has ended (as the kernel
+ * treats a SYN in TIME_WAIT), and on one never answered when its sequence number is not the
+ * recorded ISN (a retransmitted SYN keeps it; the client gave that attempt up): the flow is
+ * load-balanced anew. */
+static __always_inline bool kp_ct_reopens(__u8 proto, __u8 flags, __be32 seq,
+					  const struct kp_ct4_val *v)
 {
-	return proto == IPPROTO_TCP && (flags & (KP_TCP_SYN | KP_TCP_ACK)) == KP_TCP_SYN &&
-	       kp_ct_state(v->life) >= KP_CT_CLOSING;
+	__u8 state = kp_ct_state(v->life);
+
+	if (proto != IPPROTO_TCP || (flags & (KP_TCP_SYN | KP_TCP_ACK)) != KP_TCP_SYN)
+		return false;
+	return state >= KP_CT_CLOSING ||
+	       (state == KP_CT_NEW && (kp_ct_flags(v->life) & KP_CT_F_ISN) && seq != v->isn);
+}
+
+/* Whether a TCP reply's acknowledgement number acknowledges the flow's SYN: ISN + 1, or a
+ * little more when the SYN carried data that the backend took (TCP Fast Open). */
+static __always_inline bool kp_ct_acks_syn(const struct kp_ct4_val *v, __be32 ack)
+{
+	return (__u32)(kp_ntohl(ack) - kp_ntohl(v->isn) - 1) <= KP_CT_SYN_DATA_MAX;
 }
 
 /* What a flow's life word becomes after one packet (reply: from the backend). Unchanged when

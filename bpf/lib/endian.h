@@ -7,10 +7,12 @@
 #define kp_htonl(x) ((__be32)(x))
 #define kp_htons(x) ((__be16)(x))
 #define kp_ntohs(x) ((__u16)(x))
+#define kp_ntohl(x) ((__u32)(x))
 #else
 #define kp_htonl(x) ((__be32)__builtin_bswap32(x))
 #define kp_htons(x) ((__be16)__builtin_bswap16(x))
 #define kp_ntohs(x) ((__u16)__builtin_bswap16(x))
+#define kp_ntohl(x) ((__u32)__builtin_bswap32(x))
 #endif
 
 #endif

@@ -23,6 +23,8 @@ struct kp_pkt {
 	struct kp_ct4_key tuple;   /* as the packet is now: src -> dst */
 	__u32 l4_off;
 	__u8  tcp_flags;
+	__be32 tcp_seq;            /* TCP only */
+	__be32 tcp_ack;
 };
 
 /* The EtherType and the IPv4 header, read with one helper call. */
@@ -54,7 +56,8 @@ static __always_inline int kp_parse_l3(struct __sk_buff *skb, struct kp_pkt *p)
 	return 0;
 }
 
-/* The ports, and a TCP header's flags (its byte 13): 14 bytes of TCP, 4 of UDP. */
+/* The ports, and a TCP header's sequence and acknowledgement numbers and flags (its byte 13):
+ * 14 bytes of TCP, 4 of UDP. */
 static __always_inline int kp_parse_l4(struct __sk_buff *skb, struct kp_pkt *p)
 {
 	__u8 l4[14];
@@ -63,6 +66,8 @@ static __always_inline int kp_parse_l4(struct __sk_buff *skb, struct kp_pkt *p)
 		if (bpf_skb_load_bytes(skb, p->l4_off, l4, 14) < 0)
 			return -1;
 		p->tcp_flags = l4[13];
+		__builtin_memcpy(&p->tcp_seq, l4 + 4, sizeof(p->tcp_seq));
+		__builtin_memcpy(&p->tcp_ack, l4 + 8, sizeof(p->tcp_ack));
 	} else {
 		if (bpf_skb_load_bytes(skb, p->l4_off, l4, 4) < 0)
 			return -1;

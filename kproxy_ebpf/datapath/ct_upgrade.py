@@ -36,9 +36,10 @@ def _v1_row(value: bytes) -> bytes:
     """A version-1 row as the current layout holds it."""
     (expires, be_addr, nat_addr, be_port, nat_port, backend_id, svc_id, state, flags,
      seen) = _V1.unpack(value)
+    # No ISN: such a flow's replies are told apart by its state, as version 1 did.
     return bytes(L.CtVal(be_addr=be_addr, nat_addr=nat_addr, be_port=be_port, nat_port=nat_port,
                          backend_id=backend_id, svc_id=svc_id, expires=expires, state=state,
-                         flags=flags, seen_reply=seen))
+                         flags=flags & ~L.const("KP_CT_F_ISN"), seen_reply=seen))
 
 
 class _OldSpec:

@@ -75,7 +75,9 @@ def test_dnat_only_and_the_reply_toward_the_pod(pod, port, backend):
     assert tuple_of(p) == (POD, 40001, backend, 8080) and p["ip_ok"] and p["l4_ok"]
     assert pod.stat("tc_forward") == forwards + 1
     ct = pod.ct(40001, port)
-    assert ct.flags == L.const("KP_CT_F_POD"), "tracked as a pod's flow, without SNAT"
+    assert ct.flags == L.const("KP_CT_F_POD") | L.const("KP_CT_F_ISN"), \
+        "tracked as a pod's flow, without SNAT, and its SYN's sequence number kept"
+    assert ct.isn == L.ip_be("0.0.3.232"), "ISN 1000, as sent"
 
     ret, out = pod.to_pod(packet(backend, 8080, POD, 40001, flags=SYN | ACK))
     r = parse(out)
@@ -194,13 +196,56 @@ def test_a_direct_connection_on_an_ended_flows_reply_tuple_is_left_alone(pod, en
     the ClusterIP, or the connect fails: it opens a new connection, and it frees the tuple
     for the rest of that connection."""
     connect_and_close(pod, 40010, ending)
-    frame = packet(POD, 40010, REMOTE_BE, 8080)
+    direct_connection_passes(pod, 40010)
+
+
+# Another connection's ISN: far from the test clients' (1000), as two connections' ISNs are
+# (a reply acknowledging up to KP_CT_SYN_DATA_MAX past a flow's ISN counts as the flow's).
+OTHER_ISN = 0x40000000
+
+
+def direct_connection_passes(pod, sport: int) -> None:
+    """A connection from POD:sport straight to REMOTE_BE (its own ISN) passes both ways
+    untouched, its SYN-ACK first."""
+    frame = packet(POD, sport, REMOTE_BE, 8080, seq=OTHER_ISN)
     ret, out = pod.from_pod(frame)
     assert (ret, out[:len(frame)]) == (TC_ACT_OK, frame)
     for flags in (SYN | ACK, ACK):
-        frame = packet(REMOTE_BE, 8080, POD, 40010, flags=flags)
+        frame = packet(REMOTE_BE, 8080, POD, sport, flags=flags, ack=OTHER_ISN + 1)
         ret, out = pod.to_pod(frame)
         assert (ret, out[:len(frame)]) == (TC_ACT_OK, frame), f"flags {flags:#x}"
+
+
+@pytest.mark.parametrize("reply", [SYN | ACK, RST | ACK], ids=["syn-ack", "refused"])
+def test_a_direct_connection_on_a_never_answered_flows_reply_tuple_is_left_alone(pod, reply):
+    """The same clash on a flow the backend never answered (its SYN was lost or dropped): the
+    direct connection's first reply, accepting or refusing it, acknowledges the direct
+    connection's SYN, not the flow's, and must reach the client from the backend (a refusal
+    from the ClusterIP would leave its connect() waiting for a timeout)."""
+    pod.from_pod(packet(POD, 40012, VIP, REMOTE))
+    frame = packet(POD, 40012, REMOTE_BE, 8080, seq=OTHER_ISN)
+    assert pod.from_pod(frame)[1][:len(frame)] == frame
+    frame = packet(REMOTE_BE, 8080, POD, 40012, flags=reply, ack=OTHER_ISN + 1)
+    ret, out = pod.to_pod(frame)
+    assert (ret, out[:len(frame)]) == (TC_ACT_OK, frame)
+    assert L.CT_STATE_NAMES[pod.ct(40012, REMOTE).state] == "new", "the flow saw no reply"
+
+
+def test_a_new_syn_on_a_never_answered_flow_is_balanced_anew(pod):
+    """A client SYN with another sequence number on a flow never answered is a new connection
+    (the client gave the first attempt up): it gets a row of its own, so the backend's SYN-ACK
+    to it is translated, while a retransmitted SYN (same number) keeps the flow."""
+    pod.from_pod(packet(POD, 40013, VIP, REMOTE))
+    first = pod.ct(40013, REMOTE)
+    pod.from_pod(packet(POD, 40013, VIP, REMOTE))
+    assert bytes(pod.ct(40013, REMOTE)) == bytes(first), "a retransmit changes nothing"
+    pod.from_pod(packet(POD, 40013, VIP, REMOTE, seq=OTHER_ISN))
+    assert pod.ct(40013, REMOTE).isn == L.ip_be("64.0.0.0"), "the new SYN's ISN"
+    _, out = pod.to_pod(packet(REMOTE_BE, 8080, POD, 40013, flags=SYN | ACK, ack=OTHER_ISN + 1))
+    assert tuple_of(parse(out)) == (VIP, REMOTE, POD, 40013)
+    # and a reply to the abandoned attempt is no longer the flow's
+    frame = packet(REMOTE_BE, 8080, POD, 40013, flags=SYN | ACK, ack=1001)
+    assert pod.to_pod(frame)[1][:len(frame)] == frame
 
 
 def test_a_live_flows_retransmitted_syn_ack_is_still_translated(pod):
