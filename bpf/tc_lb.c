@@ -165,10 +165,6 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 	v->backend_id = res.backend_id;
 	v->svc_id = res.svc_id;
 	flags = scope == KP_SCOPE_SOCK ? KP_CT_F_POD : 0;
-	if (p->tuple.proto == IPPROTO_TCP && (p->tcp_flags & (KP_TCP_SYN | KP_TCP_ACK)) == KP_TCP_SYN) {
-		v->isn = p->tcp_seq;       /* its replies are told from another connection's by it */
-		flags |= KP_CT_F_ISN;
-	}
 	if (scope == KP_SCOPE_EXT ? !(res.be_flags & KP_BE_F_LOCAL) : res.be.addr == p->tuple.saddr) {
 		if (kp_snat_alloc(&p->tuple, v, cfg, now) != 0) {
 			kp_count(KP_STAT_TC_SNAT_FULL);
@@ -176,6 +172,11 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 		}
 		flags |= KP_CT_F_SNAT;
 		kp_count(KP_STAT_TC_SNAT);
+	}
+	/* After kp_snat_alloc: a branch before its loop would have the verifier walk it twice. */
+	if (p->tuple.proto == IPPROTO_TCP && (p->tcp_flags & (KP_TCP_SYN | KP_TCP_ACK)) == KP_TCP_SYN) {
+		v->isn = p->tcp_seq;       /* its replies are told from another connection's by it */
+		flags |= KP_CT_F_ISN;
 	}
 	v->life = kp_ct_life(0, KP_CT_NEW, flags, false);   /* kp_ct_track sets the expiry */
 	if (!(flags & KP_CT_F_SNAT)) {
