@@ -142,7 +142,13 @@ def identify(rec: ProcRec) -> str:
         return "reused"
     if _state_letter(rec.pid) in ("Z", "X"):
         return "gone"  # exited, only its zombie is left (cmdline is empty then)
-    if cmdline(rec.pid) != rec.argv:
+    argv = cmdline(rec.pid)
+    if not argv:
+        # Same start time, so the same process, caught exiting: its memory, and with it the
+        # command line, is released before it turns into a zombie (seen right after SIGKILL
+        # of an agent, which a plain comparison took for a reused pid).
+        return "gone"
+    if argv != rec.argv:
         return "reused"
     return "running"
 

@@ -83,6 +83,7 @@ def test_sigkill_and_restart_loses_no_connection(lab, tmp_path):
     bpffs = lab.node("node1").bpffs
     first = start_agent(lab, manifest, "agent-1")
     second = None
+    loops: list[threading.Thread] = []
     try:
         wait_until(lambda: programmed(bpffs), 30, "the first agent to program the service")
 
@@ -112,6 +113,11 @@ def test_sigkill_and_restart_loses_no_connection(lab, tmp_path):
         for t in loops:
             t.join()
     finally:
+        # The probes end by themselves (count x interval); a failure above must not leave them
+        # sending into the next test's counters.
+        for t in loops:
+            if t.is_alive():
+                t.join(60)
         for rec in (first, second):
             if rec is not None:
                 try:
