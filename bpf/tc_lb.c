@@ -174,7 +174,7 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 		kp_count(KP_STAT_TC_SNAT);
 	}
 	/* After kp_snat_alloc: a branch before its loop would have the verifier walk it twice. */
-	if (p->tuple.proto == IPPROTO_TCP && (p->tcp_flags & (KP_TCP_SYN | KP_TCP_ACK)) == KP_TCP_SYN) {
+	if (kp_tcp_opens(p->tuple.proto, p->tcp_flags)) {
 		v->isn = p->tcp_seq;       /* its replies are told from another connection's by it */
 		flags |= KP_CT_F_ISN;
 	}

@@ -66,16 +66,22 @@ static __always_inline __u64 kp_ct_lifetime(__u8 proto, __u8 state)
 	return s * KP_NSEC_PER_SEC;
 }
 
+/* A client's SYN: the first packet of a TCP connection (a SYN-ACK is the backend's). */
+static __always_inline bool kp_tcp_opens(__u8 proto, __u8 tcp_flags)
+{
+	return proto == IPPROTO_TCP && (tcp_flags & (KP_TCP_SYN | KP_TCP_ACK)) == KP_TCP_SYN;
+}
+
 /* A client SYN opens a new connection on an entry whose connection has ended (as the kernel
  * treats a SYN in TIME_WAIT), and on one never answered when its sequence number is not the
  * recorded ISN (a retransmitted SYN keeps it; the client gave that attempt up): the flow is
  * load-balanced anew. */
-static __always_inline bool kp_ct_reopens(__u8 proto, __u8 flags, __be32 seq,
+static __always_inline bool kp_ct_reopens(__u8 proto, __u8 tcp_flags, __be32 seq,
 					  const struct kp_ct4_val *v)
 {
 	__u8 state = kp_ct_state(v->life);
 
-	if (proto != IPPROTO_TCP || (flags & (KP_TCP_SYN | KP_TCP_ACK)) != KP_TCP_SYN)
+	if (!kp_tcp_opens(proto, tcp_flags))
 		return false;
 	return state >= KP_CT_CLOSING ||
 	       (state == KP_CT_NEW && (kp_ct_flags(v->life) & KP_CT_F_ISN) && seq != v->isn);
@@ -96,8 +102,8 @@ static __always_inline __u64 kp_ct_next(__u8 proto, __u64 life, __u8 tcp_flags, 
 {
 	__u8 state = kp_ct_state(life);
 	__u8 flags = kp_ct_flags(life);
-	bool seen = kp_ct_seen_reply(life);
 	__u64 expires;
+	__u64 next;
 
 	if (proto == IPPROTO_TCP) {
 		if (tcp_flags & KP_TCP_RST)
@@ -121,10 +127,12 @@ static __always_inline __u64 kp_ct_next(__u8 proto, __u64 life, __u8 tcp_flags, 
 		state = KP_CT_ESTABLISHED;
 	}
 	expires = now + kp_ct_lifetime(proto, state);
-	if (!fresh && state == kp_ct_state(life) && flags == kp_ct_flags(life) &&
-	    (reply ? 1 : 0) <= seen && expires - kp_ct_expires(life) < KP_CT_REFRESH_S * KP_NSEC_PER_SEC)
+	next = kp_ct_life(expires, state, flags, kp_ct_seen_reply(life) || reply);
+	/* Only the expiry differs (the word's low bits hold everything else): a refresh. */
+	if (!fresh && !((next ^ life) & ((1ULL << KP_CT_LIFE_TIME_SHIFT) - 1)) &&
+	    expires - kp_ct_expires(life) < KP_CT_REFRESH_S * KP_NSEC_PER_SEC)
 		return life;
-	return kp_ct_life(expires, state, flags, seen || reply);
+	return next;
 }
 
 /* Tracks one packet of the flow `key` in *v. row NULL: a new or re-balanced flow, whose row
@@ -137,7 +145,7 @@ static __always_inline void kp_ct_track(struct kp_ct4_key *key, struct kp_ct4_va
 {
 	__u64 old = v->life;
 	__u64 next;
-	__u64 seen;
+	__u64 cur;
 	int i;
 
 	if (!row) {
@@ -150,10 +158,10 @@ static __always_inline void kp_ct_track(struct kp_ct4_key *key, struct kp_ct4_va
 		next = kp_ct_next(key->proto, old, tcp_flags, reply, now, false);
 		if (next == old)
 			break;
-		seen = __sync_val_compare_and_swap(&row->life, old, next);
-		if (seen == old)
+		cur = __sync_val_compare_and_swap(&row->life, old, next);
+		if (cur == old)
 			break;
-		old = seen;
+		old = cur;
 	}
 	v->life = next;
 }

@@ -24,8 +24,6 @@ from .pinned import PinnedMap
 
 log = logging.getLogger(__name__)
 
-BPF_NOEXIST = 1
-
 # kp_ct4_val of layout version 1 (kproxy.h before the life word): expires, be_addr, nat_addr,
 # be_port, nat_port, backend_id, svc_id, state, flags, seen_reply, pad. Frozen: that version's
 # rows keep this shape for good.
@@ -85,12 +83,12 @@ class CtUpgrade:
                 mine = self._written.get(key)
                 if mine == row:
                     continue
-                cur = L.CtVal()
-                held = libbpf.map_lookup(self.ct.fd, L.CtKey.from_buffer_copy(key), cur)
-                if held and bytes(cur) != mine:
+                cur = self.ct.get(L.CtKey.from_buffer_copy(key))
+                if cur is not None and bytes(cur) != mine:
                     continue            # the new programs track this flow now
                 try:
-                    libbpf.map_update(self.ct.fd, key, row, 0 if held else BPF_NOEXIST)
+                    libbpf.map_update(self.ct.fd, key, row,
+                                      libbpf.BPF_ANY if cur is not None else libbpf.BPF_NOEXIST)
                 except libbpf.BpfError as exc:
                     log.warning("flow not carried over to %s: %s", self.ct.spec.name, exc)
                     continue

@@ -155,15 +155,9 @@ _LIFE_FIELDS = {"flags": (0, const("KP_CT_LIFE_FLAGS")),
                 "expires": (_LIFE_TIME, (1 << (64 - _LIFE_TIME)) - 1)}
 
 
-def ct_life(life: int) -> dict[str, int]:
-    """kp_ct4_val.life (kproxy.h enum kp_ct_life) field by field; expires in ns, as the
-    programs compare it (its low KP_CT_LIFE_TIME_SHIFT bits cleared)."""
-    out = {name: (life >> shift) & mask for name, (shift, mask) in _LIFE_FIELDS.items()}
-    out["expires"] <<= _LIFE_TIME
-    return out
-
-
 def _life_property(name: str) -> property:
+    """A field of kp_ct4_val.life (kproxy.h enum kp_ct_life) by name; expires in ns, as the
+    programs compare it (its low KP_CT_LIFE_TIME_SHIFT bits cleared)."""
     shift, mask = _LIFE_FIELDS[name]
     scale = _LIFE_TIME if name == "expires" else 0
 
