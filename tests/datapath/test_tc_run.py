@@ -616,6 +616,36 @@ def test_tcp_states_follow_the_flags(tc):
     assert L.CT_STATE_NAMES[ct.state] == "closed" and ct.expires - now_ns() <= 10 * 10**9
 
 
+@pytest.mark.parametrize("end", sorted(ENDS))
+def test_an_ended_flow_is_written_again_whole_and_still_translates_late_replies(tc, end):
+    """kp_ct_track writes a flow's row whole once more when it ends (a new element for the
+    LRU, bpf/lib/ct.h kp_ct_ended): everything but the life word must come through as it was,
+    and the flow's late packets (a retransmitted FIN, the client's last ACK) still find it."""
+    sport = 40020
+    tc.ingress(packet(CLIENT, sport, NODE, NP_REMOTE))
+    key, opened = tc.ct(sport, NP_REMOTE)
+    nat_port = L.port_host(opened.nat_port)
+    tc.ingress(packet(REMOTE_BE, 8080, NODE, nat_port, flags=SYN | ACK))
+    for way, flags in ENDS[end]:
+        if way == "in":
+            tc.ingress(packet(CLIENT, sport, NODE, NP_REMOTE, flags=flags))
+        else:
+            tc.ingress(packet(REMOTE_BE, 8080, NODE, nat_port, flags=flags))
+    _, ended = tc.ct(sport, NP_REMOTE)
+    keep = [f for f, *_ in L.CtVal._fields_ if f != "life"]
+    assert {f: getattr(ended, f) for f in keep} == {f: getattr(opened, f) for f in keep}
+    assert ended.state >= L.const("KP_CT_CLOSING") and ended.seen_reply
+    assert ended.flags & L.const("KP_CT_F_ISN") and ended.flags & L.const("KP_CT_F_SNAT")
+    ret, out = tc.ingress(packet(REMOTE_BE, 8080, NODE, nat_port, flags=FIN | ACK))
+    assert ret == TC_ACT_REDIRECT
+    assert (parse(out)["dst"], parse(out)["dport"], parse(out)["sport"]) == (CLIENT, sport,
+                                                                              NP_REMOTE)
+    ret, out = tc.ingress(packet(CLIENT, sport, NODE, NP_REMOTE, flags=ACK))
+    assert ret == TC_ACT_REDIRECT
+    assert (parse(out)["dst"], parse(out)["sport"]) == (REMOTE_BE, nat_port)
+    assert tc.ct(sport, NP_REMOTE)[1].backend_id == opened.backend_id
+
+
 def test_a_removed_backend_gets_the_flow_rebalanced(tc):
     tc.ingress(packet(CLIENT, 40006, NODE, NP_LOCAL))
     assert tc.ct(40006, NP_LOCAL)[1].be_addr == L.ip_be(LOCAL_BE)
