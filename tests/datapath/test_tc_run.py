@@ -623,7 +623,7 @@ def test_an_ended_flow_is_written_again_whole_and_still_translates_late_replies(
     and the flow's late packets (a retransmitted FIN, the client's last ACK) still find it."""
     sport = 40020
     tc.ingress(packet(CLIENT, sport, NODE, NP_REMOTE))
-    key, opened = tc.ct(sport, NP_REMOTE)
+    _, opened = tc.ct(sport, NP_REMOTE)
     nat_port = L.port_host(opened.nat_port)
     tc.ingress(packet(REMOTE_BE, 8080, NODE, nat_port, flags=SYN | ACK))
     for way, flags in ENDS[end]:
