@@ -174,7 +174,7 @@ class Scenario:
         timeout = 1.0 if any(" from " in t for t in target) else 1.5
         return self._converge(check, target, converge, lambda: reduce(
             self.probe(src, ip, port, udp=udp, count=count, timeout=timeout, sport=sport),
-            self.roles))
+            self.roles), dest=ip)
 
     def health(self, check: str, node: str, port: int, want: str | dict[str, str],
                converge: float = 30) -> str:
@@ -188,7 +188,7 @@ class Scenario:
                             capture_output=True, text=True, timeout=30).stdout))
 
     def _converge(self, check: str, target: set[str], converge: float,
-                  measure: Callable[[], str]) -> str:
+                  measure: Callable[[], str], dest: str | None = None) -> str:
         seen: list[str] = []
 
         def matches() -> bool:
@@ -200,16 +200,19 @@ class Scenario:
         except AssertionError:
             raise AssertionError(f"{self.proxy}: {self.name} / {check}: wanted {sorted(target)}, "
                                  f"still {seen[-1]!r} after {converge}s\n"
-                                 f"{self.diagnostics()}") from None
+                                 f"{self.diagnostics(dest=dest)}") from None
         finally:
             if seen:
                 verdicts.record(self.name, check, self.proxy, seen[-1])
         return seen[-1]
 
-    def diagnostics(self, node: str = "node1", limit: int = 3000) -> str:
+    def diagnostics(self, node: str = "node1", limit: int = 3000,
+                    dest: str | None = None) -> str:
         """What a failed check leaves for whoever reads the CI log (the run's lab is gone by
         then): node1's routes and conntrack table, the proxy's rules (kube-proxy) or
-        `kproxy-ebpf status` (ours), and the tail of the proxy's log."""
+        `kproxy-ebpf status` (ours), and the tail of the proxy's log. With `dest` (the checked
+        address) also node1's conntrack entries for it and, under kube-proxy nftables, its
+        address maps whole: both are cut off the tails above when the tables are long."""
         lab = self.c.lab
 
         def run(argv: list[str], target: str = f"node/{node}") -> str:
@@ -230,6 +233,11 @@ class Scenario:
         parts = {"ext routes": run(["ip", "route"], "ext"), f"{node} routes": run(["ip", "route"]),
                  f"{node} conntrack": run(["conntrack", "-L"]), f"{node} rules": run(rules),
                  f"{node} proxy log": log}
+        if dest:
+            parts[f"{node} conntrack to {dest}"] = run(["conntrack", "-L", "-d", dest])
+            if self.proxy == "nftables":
+                for m in ("service-ips", "no-endpoint-services", "firewall-ips"):
+                    parts[f"{node} map {m}"] = run(["nft", "list", "map", "ip", "kube-proxy", m])
         return "\n".join(f"--- {k}\n{v.rstrip()}" for k, v in parts.items())
 
     def note(self, check: str, value: str) -> None:
