@@ -138,12 +138,9 @@ static __always_inline __u64 kp_ct_next(__u8 proto, __u64 life, __u8 tcp_flags, 
 
 /* Whether a TCP flow has ended: reset, or a FIN seen both ways (what may follow is the last
  * ACK and retransmissions). kp_ct_track then writes its row whole once more, as a new element
- * that no lookup has marked yet. With rows changed only in place, every row kept the mark its
- * own packets set, and the TC paths' connect p99 was ~20 us higher at ~10k connections/s
- * (measured, docs/architecture.md "Conntrack in place"). Our reading of the kernel's LRU
- * (kernel/bpf/bpf_lru_list.c): a CPU's refill of free elements, every 128 inserts and under
- * the list's lock, files the elements it took since as active (marked) or inactive, and
- * rescans the active list when that outgrows the inactive one. */
+ * no lookup has marked: rows that only ever changed in place all stayed marked, and the LRU's
+ * refills of free elements, which sort marked ones out under the list's lock, raised the TC
+ * paths' connect p99 by ~20 us (docs/architecture.md "Conntrack in place"). */
 static __always_inline bool kp_ct_ended(__u64 life)
 {
 	return kp_ct_state(life) == KP_CT_CLOSED ||

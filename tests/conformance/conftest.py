@@ -212,7 +212,8 @@ class Scenario:
         then): node1's routes and conntrack table, the proxy's rules (kube-proxy) or
         `kproxy-ebpf status` (ours), and the tail of the proxy's log. With `dest` (the checked
         address) also node1's conntrack entries for it and, under kube-proxy nftables, its
-        address maps whole: both are cut off the tails above when the tables are long."""
+        address maps on their own (the same limit each): the tails above cut them off when
+        the tables are long."""
         lab = self.c.lab
 
         def run(argv: list[str], target: str = f"node/{node}") -> str:
