@@ -7,6 +7,7 @@ environment uses the same names in upper snake case (KPROXY_MIN_SYNC_PERIOD).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import socket
@@ -17,6 +18,9 @@ import yaml
 
 from .datapath.layout import MAPS
 from .datapath.pod_devices import DEFAULT_GLOBS as DEFAULT_POD_GLOBS
+
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -99,6 +103,7 @@ class AgentConfig:
             raise ConfigError("cgroup is required (flag --cgroup, KPROXY_CGROUP or `cgroup:`)")
         if not Path(self.cgroup).is_dir():
             raise ConfigError(f"cgroup {self.cgroup} does not exist")
+        self.cgroup = _cgroup2(self.cgroup)
         if self.min_sync_period < 0 or self.sync_period <= 0:
             raise ConfigError("sync periods must be positive")
         from .proxy.external import validate_cidrs, validate_node_port_addresses
@@ -114,6 +119,24 @@ class AgentConfig:
             value = getattr(self, name)
             if value and not re.fullmatch(r"[^:]*:\d+", value):
                 raise ConfigError(f"{name} must be host:port (or empty to disable), not {value!r}")
+
+
+def _cgroup2(path: str) -> str:
+    from .datapath.kernel import cgroup2_at
+
+    found = cgroup2_at(path)
+    if found is None:
+        raise ConfigError(
+            f"cgroup {path} is cgroup v1 (or no cgroup at all) and has no cgroup v2 hierarchy "
+            f"at {path}/unified, but the socket hooks attach to cgroup v2: set cgroup (the "
+            f"chart's hostPaths.cgroupRoot) to the node's cgroup2 mount, /sys/fs/cgroup on a "
+            f"unified host or /sys/fs/cgroup/unified on a hybrid one, and on a node that has "
+            f"none (a kind node on a hybrid or v1 host) mount one first, as `make kind-up` does "
+            f"(mount -t cgroup2 none /run/kproxy-cgroup2)")
+    if found != path:
+        log.info("cgroup %s is the hybrid layout's cgroup v1 root: the socket hooks attach to "
+                 "its cgroup2 hierarchy %s", path, found)
+    return found
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")

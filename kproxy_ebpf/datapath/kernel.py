@@ -83,6 +83,17 @@ def is_cgroup2(path: str) -> bool:
     return libc.statfs(os.fsencode(path), buf) == 0 and (buf[0] & 0xFFFFFFFF) == CGROUP2_SUPER_MAGIC
 
 
+def cgroup2_at(path: str) -> str | None:
+    """The cgroup v2 hierarchy the socket hooks should attach to for `path`: the path itself
+    when it is cgroup2, else its `unified` child when that is (the hybrid layout: cgroup v1
+    controllers at /sys/fs/cgroup and systemd's cgroup2 at /sys/fs/cgroup/unified, which a
+    bind mount of /sys/fs/cgroup such as the chart's hostPath carries along); None otherwise."""
+    for candidate in (path, os.path.join(path, "unified")):
+        if is_cgroup2(candidate):
+            return candidate
+    return None
+
+
 def require(cgroup: str | None = None, features: list[Feature] | None = None) -> None:
     """Raises KernelUnsupported naming every missing feature (and a non-cgroup2 hook target)."""
     problems = [f"{f.what} (Linux {f.since})" for f in missing(features)]

@@ -1,6 +1,18 @@
+from pathlib import Path
+
 import pytest
 
 from kproxy_ebpf.config import ConfigError, load, parse_duration
+
+
+@pytest.fixture
+def cgroup2():
+    """The machine's own cgroup2 mount (read with statfs only; nothing attaches to it)."""
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _, where, fstype, *_ = line.split()
+        if fstype == "cgroup2":
+            return where
+    pytest.skip("this machine has no cgroup2 mount")
 
 
 @pytest.mark.parametrize("text,seconds", [("200ms", 0.2), ("1s", 1.0), ("5m", 300.0), (3, 3.0),
@@ -38,6 +50,25 @@ def test_cgroup_is_required():
         load(None, env={}).validate()
 
 
+def test_a_cgroup_v1_directory_is_refused_with_the_setting_to_change(tmp_path):
+    """A directory that is neither cgroup2 nor holds the hybrid layout's `unified` tree: one
+    sentence that names the chart value and what to mount, not a kernel-probe error."""
+    cfg = load(None, env={})
+    cfg.cgroup = str(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        cfg.validate()
+    msg = str(e.value)
+    assert f"cgroup {tmp_path} is cgroup v1" in msg
+    assert "hostPaths.cgroupRoot" in msg and "mount -t cgroup2" in msg and "\n" not in msg
+
+
+def test_a_cgroup2_mount_is_taken_as_it_is(cgroup2):
+    cfg = load(None, env={})
+    cfg.cgroup = cgroup2
+    cfg.validate()
+    assert cfg.cgroup == cgroup2
+
+
 @pytest.mark.parametrize("text,expected", [("true", True), ("false", False), ("0", False),
                                            ("yes", True), ("False", False)])
 def test_socket_lb_from_env(text, expected):
@@ -59,9 +90,9 @@ def test_socket_lb_and_pod_devices_from_the_file(tmp_path):
     assert load(None, env={}).pod_devices == ["veth*", "cali*", "lxc*", "kpv*"]
 
 
-def test_socket_lb_off_needs_pod_devices(tmp_path):
+def test_socket_lb_off_needs_pod_devices(cgroup2):
     cfg = load(None, env={"KPROXY_SOCKET_LB": "false", "KPROXY_POD_DEVICES": ","})
-    cfg.cgroup = str(tmp_path)
+    cfg.cgroup = cgroup2
     with pytest.raises(ConfigError, match="podDevices"):
         cfg.validate()
 
@@ -69,7 +100,7 @@ def test_socket_lb_off_needs_pod_devices(tmp_path):
 @pytest.mark.parametrize("args,expected", [([], True), (["--socket-lb=false"], False),
                                            (["--socket-lb", "true"], True),
                                            (["--socket-lb=0"], False)])
-def test_run_flag_socket_lb(monkeypatch, tmp_path, args, expected):
+def test_run_flag_socket_lb(monkeypatch, cgroup2, args, expected):
     """`kproxy-ebpf run --socket-lb=false` (the benchmark's kproxy-tc mode) reaches the config
     the agent gets."""
     from click.testing import CliRunner
@@ -87,7 +118,7 @@ def test_run_flag_socket_lb(monkeypatch, tmp_path, args, expected):
             pass
 
     monkeypatch.setattr(agent_mod, "Agent", FakeAgent)
-    out = CliRunner().invoke(main, ["run", "--cgroup", str(tmp_path), *args], env={})
+    out = CliRunner().invoke(main, ["run", "--cgroup", cgroup2, *args], env={})
     assert out.exit_code == 0, out.output
     assert seen["cfg"].socket_lb is expected
 
