@@ -12,10 +12,15 @@ APT_PACKAGES := python3-bpfcc python3-venv linux-headers-cloud-amd64 bpftool cla
 # The agent image (`make image`) and `lab up --agent image` run it with podman; the base image
 # is made from Debian's packages by mmdebstrap (no registry is reachable).
 IMAGE_APT_PACKAGES := podman runc mmdebstrap uidmap
+# kind on podman (`make kind-up`, `make e2e`, the smoke in `make test`): the dnsname CNI plugin
+# resolves the node containers' names on their network.
+KIND_APT_PACKAGES := $(IMAGE_APT_PACKAGES) golang-github-containernetworking-plugin-dnsname \
+                     containernetworking-plugins iptables
 IMAGE ?= localhost/kproxy-ebpf:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
-.PHONY: setup apt venv headers k8s test unit datapath integration e2e conformance demo lab-down \
-        lint clean image image-apt apt-install chart-test kind-up kind-down bench scale bench-tools
+.PHONY: setup apt venv headers k8s test unit datapath integration lab-e2e conformance demo lab-down \
+        lint clean image image-apt apt-install chart-test kind-apt kind-tools kind-up kind-down e2e \
+        bench scale bench-tools
 
 setup: apt venv headers k8s
 
@@ -24,6 +29,9 @@ apt:
 
 image-apt:
 	@$(MAKE) -s apt-install PKGS="$(IMAGE_APT_PACKAGES)"
+
+kind-apt:
+	@$(MAKE) -s apt-install PKGS="$(KIND_APT_PACKAGES)"
 
 apt-install:
 	@missing=$$(for p in $(PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
@@ -51,8 +59,15 @@ k8s:
 # once would tear down each other's labs, so they take turns.
 LOCK := flock /run/lock/kproxy-ebpf-tests.lock
 
-# The whole suite: unit, then the root tests (real namespaces, BPF, kube-apiserver).
-test: setup image
+# kubelet, kubeadm, kube-scheduler, CoreDNS, pause, kind, agnhost and e2e.test for the kind path
+# (a cold build adds 20-30 minutes; the cache keeps them).
+kind-tools: kind-apt
+	@tools/k8s/build.sh kind >/dev/null
+
+# The whole suite: unit, then the root tests (real namespaces, BPF, kube-apiserver), and the
+# kind smoke (tests/kind: make kind-up's path, helm test, and the [Conformance] specs of
+# [sig-network] Services from upstream e2e.test against kproxy-ebpf).
+test: setup image kind-tools
 	KPROXY_REQUIRE_ROOT=1 KPROXY_REQUIRE_CONTROLPLANE=1 $(LOCK) $(PY) -m pytest -q tests
 
 unit: venv
@@ -64,7 +79,7 @@ datapath: setup
 integration: setup
 	$(LOCK) $(PY) -m pytest -q tests/integration
 
-e2e: setup
+lab-e2e: setup
 	$(LOCK) $(PY) -m pytest -q tests/e2e
 
 # Differential Service tests: every scenario against kproxy, kube-proxy nftables and iptables,
@@ -89,13 +104,20 @@ chart-test: setup image
 	  tests/chart tests/integration/test_chart_api.py \
 	  tests/integration/test_proxy_modes.py tests/conformance -k "image"
 
-# kind with kube-proxy disabled (needs Docker or podman as kind's provider, and kind itself:
-# neither runs on the development machine, see README "Install on kind").
-kind-up:
+# kind with kube-proxy disabled and the chart installed (hack/kind-up.sh says how: Docker and
+# kind's own images where a Docker engine is; podman and images made here, with no registry,
+# where none is). CLUSTER=kproxy, WORKERS=1, PROXY=kproxy|nftables|iptables.
+kind-up: kind-tools image
 	hack/kind-up.sh
 
-kind-down:
+kind-down: kind-apt
 	hack/kind-down.sh
+
+# Upstream e2e.test's [sig-network] specs on kind against kproxy-ebpf and against kube-proxy
+# nftables, one cluster each, one after the other; writes e2e/results/latest.{json,md}.
+# ARGS=--smoke runs what make test runs; ARGS="--proxies kproxy" skips the oracle.
+e2e: venv kind-tools image
+	$(PY) tools/kind/e2e.py $(ARGS)
 
 # Benchmarks (not tests: they print and store numbers, nothing is asserted). Both need root,
 # run in labs named bench-*, take the test lock themselves and write bench/results/.

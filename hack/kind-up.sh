@@ -1,77 +1,145 @@
 #!/usr/bin/env bash
-# `make kind-up`: a kind cluster with kube-proxy disabled and kproxy-ebpf installed by its chart.
-#   1. kind create cluster (hack/kind-config.yaml: networking.kubeProxyMode none)
-#   2. build the image (make image) and `kind load` it into every node
-#   3. mount bpffs on each node if missing (pins must outlive the agent container)
-#   4. helm install with the API server's own address (the kubernetes Service's ClusterIP does
-#      not work before the agent runs), wait for the rollout
-#   5. check a ClusterIP (helm test: a pod reaches the API server through `kubernetes`) and a
-#      NodePort (a Service of type NodePort on 30080, from a node)
-# Needs kind, kubectl, helm and a container engine kind supports (Docker, or podman with
-# KIND_EXPERIMENTAL_PROVIDER=podman). Not runnable on the development machine (no Docker
-# engine, no registry for kind's node image): see README "Install on kind".
+# `make kind-up`: a kind cluster with kube-proxy disabled and kproxy-ebpf installed by its chart
+# (PROXY=kproxy, the default), or the same cluster with upstream kube-proxy in nftables or
+# iptables mode (PROXY=nftables|iptables: the oracle `make e2e` compares against).
+#   1. the node image (local path: made here, see hack/kind-lib.sh) and the podman network,
+#      its name server without upstream and the host side of the egress guard;
+#   2. kind create cluster: 1 control plane + WORKERS workers (default 1), kubeProxyMode none
+#      (or PROXY), the control plane schedulable so that two nodes take pods;
+#   3. local path: CoreDNS's Corefile without any forward before its first start, then per
+#      node a cgroup2 mount where the host gives none (hybrid or v1 hosts: then the chart's
+#      hostPaths.cgroupRoot names it), bpffs, the CNI config
+#      (ptp + host-local on the node's podCIDR + portmap), routes to the other nodes' podCIDRs
+#      and masquerade for pod traffic leaving the cluster;
+#   4. PROXY=kproxy: the agent image (make image) loaded into the nodes, helm upgrade --install,
+#      the DaemonSet rolled out, helm test;
+#   5. checks: CoreDNS ready, a ClusterIP by name through CoreDNS from a pod, a NodePort from a
+#      client container on the kind network (outside every node), the `kubernetes` Service
+#      (helm test), and the egress guards' drop counters.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-CLUSTER=${CLUSTER:-kproxy}
+. "$(dirname "$0")/kind-lib.sh"
+PROXY=${PROXY:-kproxy}
+WORKERS=${WORKERS:-1}
 IMAGE=${IMAGE:-localhost/kproxy-ebpf:$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)}
 NS=kube-system
-for tool in kind kubectl helm; do
-  command -v "$tool" >/dev/null || { echo "kind-up: $tool not found on PATH" >&2; exit 1; }
-done
-engine=${KIND_EXPERIMENTAL_PROVIDER:-docker}
+case $PROXY in kproxy) mode=none ;; nftables|iptables) mode=$PROXY ;;
+  *) die "PROXY=$PROXY: use kproxy, nftables or iptables" ;; esac
 
-kind create cluster --name "$CLUSTER" --config hack/kind-config.yaml --wait 0s
-ctx=kind-$CLUSTER
+# A hybrid or v1 host (cgroup v1 at /sys/fs/cgroup) gives kind nodes v1 only: kubelet 1.36
+# refuses v1 unless told, and the agent needs the node's cgroup v2 hierarchy (mounted below).
+host_v2=$( [[ -f /sys/fs/cgroup/cgroup.controllers ]] && echo yes || echo no )
+NODE_CGROUP2=/run/kproxy-cgroup2
+# The agent's hostPaths.cgroupRoot: the chart's default where the node has cgroup v2.
+cgroup_args=()
+[[ $host_v2 == no ]] && cgroup_args=(--set "hostPaths.cgroupRoot=$NODE_CGROUP2")
 
-make image IMAGE="$IMAGE"
-if [[ $engine == podman ]]; then
-  archive=$(mktemp --suffix=.tar); trap 'rm -f "$archive"' EXIT
-  podman save -o "$archive" "$IMAGE"
-  kind load image-archive "$archive" --name "$CLUSTER"
-else
-  # `make image` builds with podman; hand the image to Docker first.
-  podman save "$IMAGE" | docker load
-  kind load docker-image "$IMAGE" --name "$CLUSTER"
+node_image=()
+if [[ $KIND_IMAGES == local ]]; then
+  node_image=(--image "$(tools/kind/images.sh node | tail -1)")
+  if ! podman network exists "$KIND_NET"; then
+    log "network $KIND_NET"
+    # As kind makes its own: a bridge, IPv4 from podman's pool and an IPv6 ULA subnet.
+    podman network create -d bridge --ipv6 --subnet fc00:f853:ccd:e7a5::/64 "$KIND_NET" >/dev/null
+  fi
+  host_guard_up "$(kind_bridge)"
 fi
 
-for node in $(kind get nodes --name "$CLUSTER"); do
-  "$engine" exec "$node" sh -c \
-    'mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf'
-done
-
-# The API server as the nodes reach it: the control-plane container's name resolves on kind's
-# network and is in the API server certificate.
-api_host=$CLUSTER-control-plane
-helm upgrade --install kproxy-ebpf charts/kproxy-ebpf --kube-context "$ctx" --namespace "$NS" \
-  --set image.repository="${IMAGE%:*}" --set image.tag="${IMAGE##*:}" \
-  --set image.pullPolicy=Never \
-  --set apiServer.host="$api_host" --set apiServer.port=6443
-kubectl --context "$ctx" -n "$NS" rollout status daemonset/kproxy-ebpf --timeout=180s
-
-# With services working, the cluster's own add-ons (CoreDNS) become ready.
-kubectl --context "$ctx" -n kube-system rollout status deployment/coredns --timeout=180s
-
-# ClusterIP: the chart's helm test pod reaches the API server through the kubernetes Service.
-helm test kproxy-ebpf --kube-context "$ctx" --namespace "$NS" --logs
-
-# NodePort: a Service of type NodePort, reached from a node's own network namespace (the
-# socket hooks serve processes on the node and in pods). From outside the nodes (the host's
-# 127.0.0.1:30080 mapping) it needs the TC datapath: reported, required only with
-# KIND_REQUIRE_EXTERNAL_NODEPORT=1.
-kubectl --context "$ctx" create deployment kproxy-echo --image="$IMAGE" --replicas=2 \
-  -- /opt/kproxy-ebpf/venv/bin/python -m http.server 8080 --directory /opt/kproxy-ebpf
-kubectl --context "$ctx" create service nodeport kproxy-echo --tcp=80:8080 --node-port=30080
-kubectl --context "$ctx" rollout status deployment/kproxy-echo --timeout=120s
-worker=$CLUSTER-worker
-node_ip=$(kubectl --context "$ctx" get node "$worker" \
-  -o jsonpath='{.status.addresses[?(@.type=="InternalIP")].address}')
-"$engine" exec "$worker" curl -fsS --max-time 5 -o /dev/null "http://$node_ip:30080/"
-echo "kind-up: NodePort $node_ip:30080 answers from $worker"
-if curl -fsS --max-time 5 -o /dev/null http://127.0.0.1:30080/; then
-  echo "kind-up: NodePort 127.0.0.1:30080 answers from outside the nodes"
-elif [[ ${KIND_REQUIRE_EXTERNAL_NODEPORT:-0} == 1 ]]; then
-  echo "kind-up: NodePort 127.0.0.1:30080 does not answer from outside" >&2; exit 1
+cfg=$(mktemp --suffix=.yaml); trap 'rm -f "$cfg"' EXIT
+{
+  cat <<YAML
+kind: Cluster
+apiVersion: kind.x-k8s.io/v1alpha4
+networking:
+  kubeProxyMode: $mode
+  podSubnet: $POD_SUBNET
+  serviceSubnet: $SERVICE_SUBNET
+YAML
+  [[ $KIND_IMAGES == local ]] && echo "  disableDefaultCNI: true"
+  if [[ $host_v2 == no ]]; then cat <<'YAML'
+kubeadmConfigPatches:
+  - |
+    kind: KubeletConfiguration
+    failCgroupV1: false
+YAML
+  fi
+  echo "nodes:"
+  echo "  - role: control-plane"
+  for _ in $(seq "$WORKERS"); do echo "  - role: worker"; done
+} > "$cfg"
+if kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
+  log "cluster $CLUSTER exists: reusing it"
 else
-  echo "kind-up: NodePort from outside the nodes needs the TC datapath (not in this version)" >&2
+  log "creating cluster $CLUSTER (proxy: $PROXY, $((WORKERS + 1)) nodes, images: $KIND_IMAGES)"
+  kind create cluster --name "$CLUSTER" "${node_image[@]}" --config "$cfg" --wait 0s
 fi
-echo "kind-up: cluster $CLUSTER is up with kproxy-ebpf (kubectl --context $ctx)"
+mapfile -t NODES < <(nodes)
+
+if [[ $KIND_IMAGES == local ]]; then
+  # Before CoreDNS first starts (its pods wait for the CNI below): answer the cluster's zones
+  # and podman's search domain, forward nothing.
+  kc -n kube-system create configmap coredns --from-file=Corefile=tools/kind/Corefile \
+     --dry-run=client -o yaml | kc apply -f - >/dev/null
+  # The node's resolver is podman's name server only (its upstream is the host's resolver).
+  dns=$(podman network inspect "$KIND_NET" --format '{{range .Subnets}}{{.Gateway}} {{end}}' | awk '{print $1}')
+  declare -A cidr ip
+  for n in "${NODES[@]}"; do
+    cidr[$n]=$(kc get node "$n" -o jsonpath='{.spec.podCIDR}')
+    ip[$n]=$(kc get node "$n" -o jsonpath='{.status.addresses[?(@.type=="InternalIP")].address}')
+    [[ -n ${cidr[$n]} && -n ${ip[$n]} ]] || die "node $n has no podCIDR or InternalIP yet"
+  done
+  for n in "${NODES[@]}"; do
+    in_node "$n" iptables -w -nL KPROXY-EGRESS >/dev/null || die "node $n has no egress guard (tools/kind/node/egress-guard.sh)"
+    in_node "$n" sh -c "printf 'search dns.podman\nnameserver $dns\noptions ndots:1\n' > /etc/resolv.conf"
+    in_node "$n" sh -euc '
+      mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
+      if [ ! -f /sys/fs/cgroup/cgroup.controllers ]; then
+        # No cgroup v2 in the node (a hybrid or v1 host): mount the node cgroup namespace'"'"'s
+        # own cgroup2 tree, outside /sys/fs/cgroup so that runc and the kubelet keep seeing
+        # the layout they started with.
+        mkdir -p '"$NODE_CGROUP2"'
+        mountpoint -q '"$NODE_CGROUP2"' || mount -t cgroup2 cgroup2 '"$NODE_CGROUP2"'
+      fi'
+    peers=""
+    for m in "${NODES[@]}"; do [[ $m == "$n" ]] || peers+="ip route replace ${cidr[$m]} via ${ip[$m]}; "; done
+    in_node "$n" sh -euc "$peers
+      iptables -w -t nat -C POSTROUTING -s $POD_SUBNET ! -d $POD_SUBNET -o eth0 -j MASQUERADE 2>/dev/null ||
+        iptables -w -t nat -A POSTROUTING -s $POD_SUBNET ! -d $POD_SUBNET -o eth0 -j MASQUERADE"
+    sed "s#@POD_CIDR@#${cidr[$n]}#" tools/kind/cni.conflist | in_node "$n" sh -c 'cat > /etc/cni/net.d/10-kproxy-ptp.conflist'
+  done
+fi
+kc taint nodes "$CLUSTER-control-plane" node-role.kubernetes.io/control-plane:NoSchedule- >/dev/null 2>&1 || true
+kc wait --for=condition=Ready node --all --timeout=180s >/dev/null
+
+if [[ $PROXY == kproxy ]]; then
+  make -s image IMAGE="$IMAGE" >/dev/null
+  archive=$(mktemp --suffix=.tar); trap 'rm -f "$cfg" "$archive"' EXIT
+  if [[ $KIND_PROVIDER == podman ]]; then
+    podman save -q -o "$archive" "$IMAGE"
+  else
+    # `make image` builds with podman; Docker's kind loads from Docker's store.
+    podman save "$IMAGE" | docker load >/dev/null; docker save -o "$archive" "$IMAGE"
+  fi
+  kind load image-archive "$archive" --name "$CLUSTER" >/dev/null
+  # The API server as the nodes reach it: the control-plane container's name resolves on the
+  # kind network and is in the API server's certificate.
+  helm upgrade --install kproxy-ebpf charts/kproxy-ebpf --kube-context "$CTX" --namespace "$NS" \
+    --set image.repository="${IMAGE%:*}" --set image.tag="${IMAGE##*:}" \
+    --set image.pullPolicy=Never \
+    --set apiServer.host="$CLUSTER-control-plane" --set apiServer.port=6443 \
+    "${cgroup_args[@]}" ${KPROXY_HELM_ARGS:-} >/dev/null
+  kc -n "$NS" rollout status daemonset/kproxy-ebpf --timeout=180s
+fi
+
+# With Services working, the cluster's add-ons become ready.
+kc -n kube-system rollout status deployment/coredns --timeout=180s
+if [[ $PROXY == kproxy ]]; then
+  # ClusterIP: the chart's test pod reaches the API server through the `kubernetes` Service.
+  # Not --logs: the hook policy deletes a passing test pod before helm reads its logs, and
+  # helm then fails a passing test. A failing pod is kept, and its log is printed here.
+  if ! helm test kproxy-ebpf --kube-context "$CTX" --namespace "$NS" --timeout 120s; then
+    kc -n "$NS" logs kproxy-ebpf-test-clusterip >&2 || true
+    die "helm test failed"
+  fi
+fi
+hack/kind-check.sh
+log "cluster $CLUSTER is up with ${PROXY/kproxy/kproxy-ebpf} (kubectl --context $CTX)"

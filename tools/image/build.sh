@@ -1,31 +1,17 @@
 #!/usr/bin/env bash
 # `make image`: builds the agent image from the repository's Dockerfile without any registry.
-# The base (what users get as debian:bookworm-slim) is made here from Debian's packages with
-# mmdebstrap and imported into podman; then podman builds the same Dockerfile on it.
+# The base (what users get as debian:bookworm-slim) is tools/image/base.sh's; podman builds the
+# same Dockerfile on it.
 # Debian's podman needs `--runtime runc` on this machine's hybrid cgroup layout (crun refuses
 # it) and an explicit nofile ulimit (its default exceeds the hard limit and fails with EPERM).
 # Prints the image name.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SUITE=${SUITE:-bookworm}
-MIRROR=${MIRROR:-http://deb.debian.org/debian}
-SECURITY=${SECURITY:-http://deb.debian.org/debian-security}
-BASE=${BASE_IMAGE:-localhost/kproxy-debian:$SUITE-slim}
 IMAGE=${IMAGE:-localhost/kproxy-ebpf:$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)}
 NOFILE=$(ulimit -Hn)
 PODMAN=(podman --runtime runc)
 
-if ! "${PODMAN[@]}" image exists "$BASE"; then
-  echo "base: mmdebstrap $SUITE -> $BASE" >&2
-  # minbase: Essential packages plus apt, as debian:*-slim.
-  mmdebstrap --quiet --variant=minbase --format=tar \
-      --aptopt='Acquire::Retries "3"' \
-      --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin' \
-      "$SUITE" - \
-      "deb $MIRROR $SUITE main" "deb $MIRROR $SUITE-updates main" \
-      "deb $SECURITY $SUITE-security main" \
-    | "${PODMAN[@]}" import --change 'CMD ["bash"]' - "$BASE" >/dev/null
-fi
+BASE=$(tools/image/base.sh)
 
 echo "image: podman build -> $IMAGE" >&2
 # --network host: the RUN steps reach Debian's archive and PyPI as the host's own apt/pip do.

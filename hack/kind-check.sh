@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The checks `make kind-up` ends with, on a running cluster (CLUSTER, PROXY as for kind-up):
+#   - a pod resolves a Service by name through CoreDNS and gets its ClusterIP, which answers;
+#     the same pod reaches the API server by the `kubernetes` Service's name;
+#   - the Service's NodePort answers on every node from a client container on the kind
+#     network: outside every node, never from the host's own network namespace;
+#   - the egress guards' drop counters (every node's and the host side's), printed.
+# Leaves nothing behind (the check's namespace is deleted).
+set -euo pipefail
+. "$(dirname "$0")/kind-lib.sh"
+IMAGE=${IMAGE:-localhost/kproxy-ebpf:$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)}
+NS=kproxy-check
+PY=/opt/kproxy-ebpf/venv/bin/python
+NODEPORT=30080
+net=$([[ $KIND_PROVIDER == podman ]] && echo "$KIND_NET" || echo kind)
+trap 'kc delete namespace "$NS" --wait=false >/dev/null 2>&1 || true' EXIT
+
+# The agent image carries Python: the echo server and the clients need nothing else.
+if ! in_node "$CLUSTER-control-plane" ctr -n k8s.io images ls -q | grep -qx "$IMAGE"; then
+  archive=$(mktemp --suffix=.tar)
+  podman save -q -o "$archive" "$IMAGE" && kind load image-archive "$archive" --name "$CLUSTER" >/dev/null
+  rm -f "$archive"
+fi
+kc create namespace "$NS" >/dev/null 2>&1 || true
+kc -n "$NS" create deployment echo --image="$IMAGE" --replicas=2 --port=8080 \
+   -- "$PY" -m http.server 8080 --directory /opt/kproxy-ebpf >/dev/null
+kc -n "$NS" patch deployment echo --type=json \
+   -p '[{"op":"add","path":"/spec/template/spec/containers/0/imagePullPolicy","value":"Never"}]' >/dev/null
+kc -n "$NS" create service nodeport echo --tcp=80:8080 --node-port=$NODEPORT >/dev/null
+kc -n "$NS" rollout status deployment/echo --timeout=120s >/dev/null
+cip=$(kc -n "$NS" get service echo -o jsonpath='{.spec.clusterIP}')
+
+# From a pod: DNS through CoreDNS's ClusterIP, then the ClusterIP itself, then the API server.
+kc -n "$NS" run dns --image="$IMAGE" --image-pull-policy=Never --restart=Never --command -- \
+  "$PY" -c "
+import socket, ssl, sys, time, urllib.request
+name = 'echo.$NS.svc.cluster.local'
+for attempt in range(30):
+    try:
+        addr = socket.gethostbyname(name)
+        with urllib.request.urlopen(f'http://{name}/', timeout=3) as r:
+            print(f'{name} -> {addr}: HTTP {r.status}')
+        ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
+        with urllib.request.urlopen('https://kubernetes.default.svc/version', timeout=3, context=ctx) as r:
+            print(f'kubernetes.default.svc: HTTP {r.status}')
+        sys.exit(0 if addr == '$cip' else 2)
+    except OSError as e:
+        print(f'attempt {attempt + 1}: {e}', flush=True); time.sleep(1)
+sys.exit(1)
+" >/dev/null
+kc -n "$NS" wait --for=jsonpath='{.status.phase}'=Succeeded pod/dns --timeout=90s >/dev/null || {
+  kc -n "$NS" logs dns >&2 || true; die "ClusterIP by name through CoreDNS failed"; }
+log "ClusterIP: $(kc -n "$NS" logs dns | tr '\n' ';')"
+
+# From outside the nodes: a container on the kind network, to each node's address.
+for n in $(nodes); do
+  ip=$(kc get node "$n" -o jsonpath='{.status.addresses[?(@.type=="InternalIP")].address}')
+  "${ENGINE[@]}" run --rm --network "$net" --pull=never --entrypoint "$PY" "$IMAGE" -c "
+import sys, time, urllib.request
+for attempt in range(20):
+    try:
+        with urllib.request.urlopen('http://$ip:$NODEPORT/', timeout=3) as r:
+            sys.exit(0 if r.status == 200 else 1)
+    except OSError as e:
+        print(f'attempt {attempt + 1}: {e}', file=sys.stderr, flush=True); time.sleep(1)
+sys.exit(1)
+" || die "NodePort $ip:$NODEPORT ($n) does not answer from outside the nodes"
+  log "NodePort: $ip:$NODEPORT ($n) answers from a container on the kind network"
+done
+
+if [[ $KIND_IMAGES == local ]]; then log "egress guard drops (packets): $(hack/kind-guard.sh)"; fi
