@@ -39,7 +39,7 @@ from .datapath.loader import Datapath
 from .datapath import conntrack, tc
 from .datapath.tc import TcDatapath
 from .datapath.writer import ApplyResult, MapWriter
-from .desired import Problem
+from .desired import Problem, Scope
 from .kube.convert import Rejection
 from .kube.sources import ApiSource, ManifestSource
 from .metrics import Metrics
@@ -274,7 +274,7 @@ class Agent:
     def _purge_conntrack(self, frontends=None) -> None:
         """Flows whose backend left their frontend (one of `frontends`, None: any) lose their
         TC conntrack entries."""
-        res = conntrack.purge(self.datapath.maps, self.writer.programmed, frontends)
+        res = conntrack.purge(self.datapath.maps, self.writer, frontends)
         if res.removed:
             log.info("purged %d conntrack entries of removed backends", res.removed)
         ct = self.datapath.maps["ct"]
@@ -485,8 +485,8 @@ class Agent:
             self._retry_at = time.monotonic() + (FULL_MAP_RETRY_EVERY if result.full_maps else 0)
         if checks is not None:
             self.svc_health.sync(checks)
-        # Scope-EXT keys are 4-tuples; with socketLB false pods' flows follow SOCK frontends.
-        if self.tc is not None and (full or any(len(k) == 4 or not self.cfg.socket_lb
+        # With socketLB false pods' flows follow SOCK frontends.
+        if self.tc is not None and (full or any(k.scope is Scope.EXT or not self.cfg.socket_lb
                                                 for k in changes.changed_keys)):
             self._purge_conntrack(None if full else changes.changed_keys)
         elapsed = time.monotonic() - t0
@@ -590,5 +590,5 @@ class Agent:
             for fkey, spn in result.failed.items():
                 if spn is not None:
                     self.events.warn("Service", spn.namespace, spn.name, "BPFMapFull",
-                                     f"frontend {fkey[0]}:{fkey[1]}/{fkey[2].value} not programmed: "
+                                     f"frontend {fkey} not programmed: "
                                      f"map(s) {', '.join(sorted(result.full_maps))} full")

@@ -17,6 +17,14 @@ class Protocol(str, enum.Enum):
     SCTP = "SCTP"
 
 
+class IPFamily(str, enum.Enum):
+    """An address family, spelled as the API spells it (EndpointSlice addressType,
+    ipFamilies). A str enum: it hashes as its string, at C speed, inside the keys of the
+    desired table."""
+    IPV4 = "IPv4"
+    IPV6 = "IPv6"
+
+
 class ServiceType(str, enum.Enum):
     CLUSTER_IP = "ClusterIP"
     NODE_PORT = "NodePort"

@@ -23,7 +23,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Sequence
 
-from ..desired import Frontend, FrontendKind, Problem, Scope
+from ..desired import Frontend, FrontendKey, FrontendKind, Problem, Scope
 from ..model import EndpointSlice, Node, Protocol, Service
 from .frontends import _ipv4, _plan, _verdict, service_info
 
@@ -100,7 +100,7 @@ def service_ext_frontends(svc: Service, slices: Iterable[EndpointSlice], node: N
     plans, _ = _plan(svc, slices, node, prefer_same_node)
     info = service_info(svc)
     ranges = lb_source_ranges(svc.load_balancer_source_ranges, node, lb_ips)
-    out: dict[tuple, Frontend] = {}
+    out: dict[FrontendKey, Frontend] = {}
     for plan in plans:
         sp, pe = plan.port, plan.endpoints
         if sp.protocol is Protocol.SCTP:

@@ -16,7 +16,8 @@ import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..desired import Action, Backend, Frontend, FrontendKind, Problem, ServiceInfo, ServicePortName
+from ..desired import (Action, Backend, Frontend, FrontendKey, FrontendKind, Problem, ServiceInfo,
+                       ServicePortName)
 from ..model import EndpointSlice, LoadBalancerIngress, Node, Service, ServicePort, ServiceType
 from .endpoints import EndpointInfo, endpoints_by_port
 from .topology import PortEndpoints, categorize
@@ -193,7 +194,7 @@ def service_frontends(svc: Service, slices: Iterable[EndpointSlice], node: Node,
     FrontendConflict problem across ports.
     """
     plans, problems = _plan(svc, slices, node, prefer_same_node)
-    out: dict[tuple, Frontend] = {}
+    out: dict[FrontendKey, Frontend] = {}
     info = service_info(svc)
     ext_ips = [ip for ip in svc.external_ips if _ipv4(svc, ip, "externalIP", problems)]
     lb_ips = [ing.ip for ing in svc.load_balancer_ingress
@@ -215,9 +216,10 @@ def service_frontends(svc: Service, slices: Iterable[EndpointSlice], node: Node,
             fe = Frontend(ip=ip, port=port, protocol=sp.protocol, kind=kind, service=plan.name,
                           action=action, backends=backends,
                           affinity_timeout=svc.session_affinity_timeout, info=info)
-            prev = out.get(fe.key)
+            key = fe.key
+            prev = out.get(key)
             if prev is None:
-                out[fe.key] = fe
+                out[key] = fe
             elif prev.service != fe.service:
                 problems.append(_problem(
                     svc, "FrontendConflict",
