@@ -25,6 +25,14 @@ class IPFamily(str, enum.Enum):
     IPV6 = "IPv6"
 
 
+class Kind(str, enum.Enum):
+    """The API objects the sources deliver (kube/sources.py) to the agent's sink."""
+    SERVICE = "Service"
+    ENDPOINT_SLICE = "EndpointSlice"
+    NODE = "Node"
+    SERVICE_CIDR = "ServiceCIDR"
+
+
 class ServiceType(str, enum.Enum):
     CLUSTER_IP = "ClusterIP"
     NODE_PORT = "NodePort"
