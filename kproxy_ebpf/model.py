@@ -1,6 +1,9 @@
 """Lean, immutable model of the Kubernetes objects the proxy needs.
 
-kube/ builds these from API objects (or YAML files); proxy/ reads only these. Fields keep the
+kube/ builds these from API objects (or YAML files); proxy/ reads only these. kube/convert.py is
+the one validator: every address the proxy may program (ClusterIPs, external and load balancer
+IPs, node addresses, the endpoints of an IPv4 slice) is canonical IPv4 text and every CIDR a
+canonical IPv4 network, so proxy/ uses them without parsing them again. Fields keep the
 API's "unset" (None) where kube-proxy gives unset a meaning of its own (endpoint conditions,
 port names), so the defaults live in one place: proxy/endpoints.py.
 """
@@ -50,7 +53,7 @@ class ServicePort:
 
 @dataclass(frozen=True, slots=True)
 class LoadBalancerIngress:
-    ip: str
+    ip: str                      # never "" (a hostname-only ingress is left out)
     ip_mode: str | None = None   # "VIP", "Proxy" or None (unset means VIP)
 
 

@@ -89,7 +89,7 @@ def test_validate_node_port_addresses():
 
 
 def test_external_and_load_balancer_ips_proxy_mode_skipped_clusterip_absent():
-    service = svc(external_ips=("203.0.113.1", "2001:db8::1"),
+    service = svc(external_ips=("203.0.113.1",),
                   load_balancer_ingress=(LoadBalancerIngress("198.51.100.1"),
                                          LoadBalancerIngress("198.51.100.2", ip_mode="Proxy"),
                                          LoadBalancerIngress("198.51.100.3", ip_mode="VIP")))
