@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .config import AgentConfig
-from .desired import Frontend
+from .desired import Frontend, FrontendKey
 from .model import Node
-from .proxy.state import FrontendKey, ProxyState
+from .proxy.state import ProxyState
 
 
 @dataclass(frozen=True)
@@ -43,12 +43,12 @@ def _held(entry: dict) -> dict:
             "backends": sorted(f"{b.get('address')}:{b.get('port')}" for b in entry["backends"])}
 
 
-def compare(desired: dict, kernel: list[dict]) -> list[Drift]:
-    """desired: ProxyState frontends by (ip, port, Protocol); kernel: reader.services()."""
+def compare(desired: Mapping[FrontendKey, Frontend], kernel: list[dict]) -> list[Drift]:
+    """desired: ProxyState frontends (socket scope) by key; kernel: reader.services()."""
     held = {(e["address"], e["port"], e["protocol"]): e for e in kernel if e["scope"] == 0}
     drifts = []
-    for (ip, port, proto), fe in sorted(desired.items()):
-        key = (ip, port, proto.value)
+    for fkey, fe in sorted(desired.items()):
+        key = (fkey.ip, fkey.port, fkey.protocol.value)
         if key not in held:
             drifts.append(Drift("missing", _name(*key), f"{fe.service} ({fe.action.value})"))
             continue

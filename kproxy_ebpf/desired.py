@@ -6,8 +6,8 @@ processes: the socket hooks). Rule 7 of kube-proxy's semantics short-circuits ex
 frontends (NodePort, ExternalIP, LoadBalancer) to the Cluster endpoint set for such traffic, so one
 backend list per frontend is enough for the socket path. The per-packet TC path serves packets
 from OUTSIDE the node (scope EXT): its frontends follow externalTrafficPolicy (the Cluster set,
-or only the Local set under eTP=Local) and are keyed (ip, port, protocol, Scope.EXT), so they
-live next to the socket-scope ones (ip, port, protocol) in the same table.
+or only the Local set under eTP=Local). Both live in one table, keyed by FrontendKey, whose
+scope tells them apart.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import enum
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .model import Protocol
+from .model import IPFamily, Protocol
 
 
 class FrontendKind(str, enum.Enum):
@@ -26,9 +26,44 @@ class FrontendKind(str, enum.Enum):
 
 
 class Scope(str, enum.Enum):
-    """Which traffic a frontend row serves (kproxy.h enum kp_scope)."""
+    """Which traffic a frontend row serves (kproxy.h enum kp_scope).
+
+    Scopes order as the kernel numbers them (SOCK before EXT), not by their text, so that a
+    sorted table lists the socket row of an address before its row for traffic from outside
+    (the writer allocates ids in that order)."""
     SOCK = "sock"    # sockets on this node: the cgroup hooks
     EXT = "ext"      # packets arriving from outside the node: the TC programs
+
+    def __lt__(self, other: object) -> bool:
+        return _SCOPE_RANK[self] < _SCOPE_RANK[other]      # type: ignore[index]
+
+    def __le__(self, other: object) -> bool:
+        return _SCOPE_RANK[self] <= _SCOPE_RANK[other]     # type: ignore[index]
+
+    def __gt__(self, other: object) -> bool:
+        return _SCOPE_RANK[self] > _SCOPE_RANK[other]      # type: ignore[index]
+
+    def __ge__(self, other: object) -> bool:
+        return _SCOPE_RANK[self] >= _SCOPE_RANK[other]     # type: ignore[index]
+
+
+_SCOPE_RANK = {scope: rank for rank, scope in enumerate(Scope)}
+
+
+class FrontendKey(NamedTuple):
+    """What names a frontend in the desired table and in the writer: its address, port and
+    protocol, the traffic it serves, and the address family. A NamedTuple: one is made per
+    frontend per compute, and it is hashed by C code (every field is a str, an int or a str
+    enum)."""
+    ip: str
+    port: int
+    protocol: Protocol
+    scope: Scope = Scope.SOCK
+    family: IPFamily = IPFamily.IPV4
+
+    def __str__(self) -> str:
+        """As logs and Events name a frontend: ip:port/protocol."""
+        return f"{self.ip}:{self.port}/{self.protocol.value}"
 
 
 class Action(str, enum.Enum):
@@ -95,12 +130,8 @@ class Frontend:
     source_ranges: tuple[str, ...] = ()
 
     @property
-    def key(self) -> tuple:
-        """(ip, port, protocol) for the socket scope, (ip, port, protocol, Scope.EXT) for
-        traffic from outside the node."""
-        if self.scope is Scope.SOCK:
-            return (self.ip, self.port, self.protocol)
-        return (self.ip, self.port, self.protocol, self.scope)
+    def key(self) -> FrontendKey:
+        return FrontendKey(self.ip, self.port, self.protocol, self.scope)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,9 @@
 """Lean, immutable model of the Kubernetes objects the proxy needs.
 
-kube/ builds these from API objects (or YAML files); proxy/ reads only these. Fields keep the
+kube/ builds these from API objects (or YAML files); proxy/ reads only these. kube/convert.py is
+the one validator: every address the proxy may program (ClusterIPs, external and load balancer
+IPs, node addresses, the endpoints of an IPv4 slice) is canonical IPv4 text and every CIDR a
+canonical IPv4 network, so proxy/ uses them without parsing them again. Fields keep the
 API's "unset" (None) where kube-proxy gives unset a meaning of its own (endpoint conditions,
 port names), so the defaults live in one place: proxy/endpoints.py.
 """
@@ -15,6 +18,22 @@ class Protocol(str, enum.Enum):
     TCP = "TCP"
     UDP = "UDP"
     SCTP = "SCTP"
+
+
+class IPFamily(str, enum.Enum):
+    """An address family, spelled as the API spells it (EndpointSlice addressType,
+    ipFamilies). A str enum: it hashes as its string, at C speed, inside the keys of the
+    desired table."""
+    IPV4 = "IPv4"
+    IPV6 = "IPv6"
+
+
+class Kind(str, enum.Enum):
+    """The API objects the sources deliver (kube/sources.py) to the agent's sink."""
+    SERVICE = "Service"
+    ENDPOINT_SLICE = "EndpointSlice"
+    NODE = "Node"
+    SERVICE_CIDR = "ServiceCIDR"
 
 
 class ServiceType(str, enum.Enum):
@@ -34,7 +53,7 @@ class ServicePort:
 
 @dataclass(frozen=True, slots=True)
 class LoadBalancerIngress:
-    ip: str
+    ip: str                      # never "" (a hostname-only ingress is left out)
     ip_mode: str | None = None   # "VIP", "Proxy" or None (unset means VIP)
 
 

@@ -234,7 +234,7 @@ def make_agent() -> tuple[Agent, ApiSource, dict[str, Reflector]]:
     agent.datapath.maps.update(cidr_maps)
     agent.cidrs = CidrWriter(cidr_maps)
     source = ApiSource.__new__(ApiSource)       # no API client: the reflectors are ours
-    source.sink = agent
+    source.sink = getattr(agent, "sink", agent)     # the agent itself was the sink before
     refl = {}
     for resource, kind in ApiSource.RESOURCES.items():
         opts = {"transform": _listed(kind)} if _listed else {}

@@ -9,21 +9,23 @@ that changed scope-EXT frontends (or, with `socketLB: false`, any frontend), for
 frontends' flows only, and fully on full syncs.
 
 Flows opened by a pod of this node (KP_CT_F_POD, the per-packet ClusterIP path) belong to
-scope-SOCK frontends. Their TCP connections are never purged: the socket path translates a
-connect() once and the connection keeps its backend until it ends, so the per-packet path
-does the same (kube-proxy, too, leaves TCP conntrack entries of removed endpoints alone and
-clears only UDP ones). Their UDP flows are purged like any other.
+scope-SOCK frontends. Their TCP connections keep their backend (layout.ct_keeps_backend, the
+rule of tc_lb.c's kp_ct_usable) and are never purged: the socket path translates a connect()
+once and the connection keeps its backend until it ends, so the per-packet path does the same
+(kube-proxy, too, leaves TCP conntrack entries of removed endpoints alone and clears only UDP
+ones). Their UDP flows are purged like any other.
 """
 from __future__ import annotations
 
 import time
+import typing
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-from ..desired import Scope
-from ..model import Protocol
+from ..desired import FrontendKey
 from . import layout as L
 from .pinned import PinnedMap
+from .programmed import BackendKey
 
 
 class Purge(NamedTuple):
@@ -31,25 +33,24 @@ class Purge(NamedTuple):
     entries: int        # rows the table held before (the fill gauge, from the same walk)
 
 
-def _frontend(daddr: int, dport: int, proto: int, flags: int) -> tuple:
-    """The writer's key of a flow's frontend (desired.Frontend.key), from raw fields."""
-    fkey = (L.ip_str(daddr), L.port_host(dport), L.PROTO_BY_NUM.get(proto))
-    return fkey if flags & L.const("KP_CT_F_POD") else (*fkey, Scope.EXT)
+class Frontends(typing.Protocol):
+    """What the purge asks the writer (MapWriter.serves)."""
+    def serves(self, key: FrontendKey, backend: BackendKey) -> bool: ...
 
 
-def _raw_frontend(fkey: tuple) -> tuple[int, int, int]:
-    return L.ip_be(fkey[0]), L.port_be(fkey[1]), L.PROTO_NUM[fkey[2]]
+def _raw_frontend(fkey: FrontendKey) -> tuple[int, int, int]:
+    return L.ip_be(fkey.ip), L.port_be(fkey.port), L.PROTO_NUM[fkey.protocol]
 
 
-def purge(maps: Mapping[str, PinnedMap], programmed: Mapping[tuple, object],
-          frontends: Iterable[tuple] | None = None) -> Purge:
-    """Deletes every entry whose frontend is gone or no longer lists its backend, with its
-    reply-tuple row. `programmed` is the writer's view (MapWriter.programmed); `frontends`
-    limits the check to flows of those frontend keys (a partial sync's changed keys), None
-    checks all. The table is read in batches as plain tuples and only the candidates are
-    decoded: with the per-packet ClusterIP path every pod connection has a row, and a partial
-    sync must not pay a Python object per row."""
-    pod, snat, tcp = L.const("KP_CT_F_POD"), L.const("KP_CT_F_SNAT"), L.PROTO_NUM[Protocol.TCP]
+def purge(maps: Mapping[str, PinnedMap], writer: Frontends,
+          frontends: Iterable[FrontendKey] | None = None) -> Purge:
+    """Deletes every entry whose frontend is gone or no longer serves its backend, with its
+    reply-tuple row. `writer` answers that (MapWriter.serves); `frontends` limits the check to
+    flows of those frontend keys (a partial sync's changed keys), None checks all. The table is
+    read in batches as plain tuples and only the candidates are decoded: with the per-packet
+    ClusterIP path every pod connection has a row, and a partial sync must not pay a Python
+    object per row."""
+    snat = L.CT_F_SNAT
     wanted = None if frontends is None else {_raw_frontend(k) for k in frontends}
     rows = maps["ct"].unpacked()
     removed = 0
@@ -59,11 +60,11 @@ def purge(maps: Mapping[str, PinnedMap], programmed: Mapping[tuple, object],
         if wanted is not None and (daddr, dport, proto) not in wanted:
             continue
         flags = life & flag_bits
-        if flags & pod and proto == tcp:
+        if L.ct_keeps_backend(flags, proto):
             continue
-        prog = programmed.get(_frontend(daddr, dport, proto, flags))
-        if prog is not None and (L.ip_str(be_addr), L.port_host(be_port),
-                                 L.PROTO_BY_NUM.get(proto)) in prog.live():
+        protocol = L.PROTO_BY_NUM.get(proto)
+        fkey = FrontendKey(L.ip_str(daddr), L.port_host(dport), protocol, L.ct_scope(flags))
+        if writer.serves(fkey, (L.ip_str(be_addr), L.port_host(be_port), protocol)):
             continue
         reply = L.CtKey(saddr=be_addr, sport=be_port, proto=proto)
         reply.daddr, reply.dport = (nat_addr, nat_port) if flags & snat else (saddr, sport)
@@ -83,14 +84,14 @@ def entries(maps: Mapping[str, PinnedMap]) -> list[dict]:
     rows = []
     for key, val in maps["ct"].items():
         proto = L.PROTO_BY_NUM.get(key.proto)
-        snat = bool(val.flags & L.const("KP_CT_F_SNAT"))
+        snat = bool(val.flags & L.CT_F_SNAT)
         rows.append({
             "protocol": proto.value if proto else str(key.proto),
             "client": f"{L.ip_str(key.saddr)}:{L.port_host(key.sport)}",
             "frontend": f"{L.ip_str(key.daddr)}:{L.port_host(key.dport)}",
             "backend": f"{L.ip_str(val.be_addr)}:{L.port_host(val.be_port)}",
             "snat": f"{L.ip_str(val.nat_addr)}:{L.port_host(val.nat_port)}" if snat else None,
-            "path": "pod" if val.flags & L.const("KP_CT_F_POD") else "external",
+            "path": "pod" if val.flags & L.CT_F_POD else "external",
             "state": L.CT_STATE_NAMES.get(val.state, str(val.state)),
             "expires_in_seconds": round(max(0, val.expires - now) / 1e9, 1),
             "service": names.get(val.svc_id),

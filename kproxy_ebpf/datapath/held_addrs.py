@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from . import layout as L
+from .batch import Writes
 from .pinned import MapFull
 
 log = logging.getLogger(__name__)
@@ -23,22 +24,22 @@ _ROW = struct.pack("=I", 1)
 
 class HeldAddrs:
     def __init__(self, bpf_map):
-        self.map = bpf_map                  # swapped for a plan's recording while one batches
+        self.map = bpf_map
         self.refs: Counter[str] = Counter()
 
-    def hold(self, addr: str, res) -> None:
-        """One more holder of addr; its row is written first if it had none (a failure
-        raises before anything is counted)."""
+    def hold(self, addr: str, res, writes: Writes) -> None:
+        """One more holder of addr; its row is written first (through the apply's `writes`,
+        datapath/batch.py) if it had none (a failure raises before anything is counted)."""
         if not self.refs[addr]:
-            self.map.put(L.addr_key(addr), _ROW)
+            writes.row(self.map, L.addr_key(addr), _ROW)
             res.writes += 1
         self.refs[addr] += 1
 
-    def release(self, addr: str, res) -> None:
+    def release(self, addr: str, res, writes: Writes) -> None:
         self.refs[addr] -= 1
         if not self.refs[addr]:
             del self.refs[addr]
-            self.map.delete(L.addr_key(addr))
+            writes.drop(self.map, L.addr_key(addr))
             res.writes += 1
 
     def adopt(self, addr: str) -> None:

@@ -16,7 +16,7 @@ import ctypes
 import socket
 import struct
 
-from ..desired import Action, Backend, FrontendKind, Scope, ServiceInfo
+from ..desired import Action, Backend, FrontendKey, FrontendKind, Scope, ServiceInfo
 from ..model import Protocol
 from . import layout_gen as G
 
@@ -173,6 +173,24 @@ def _life_property(name: str) -> property:
 # The fields packed into `life`, by name as well (`ct list`, tests, CtVal(state=...)).
 for _name in _LIFE_FIELDS:
     setattr(CtVal, _name, _life_property(_name))
+
+CT_F_POD, CT_F_SNAT = const("KP_CT_F_POD"), const("KP_CT_F_SNAT")
+
+
+def ct_scope(flags: int) -> Scope:
+    """The scope of the frontend a TC flow was balanced by: tc_lb.c marks the flows of the
+    per-packet ClusterIP path (scope SOCK) KP_CT_F_POD, those from outside not."""
+    return Scope.SOCK if flags & CT_F_POD else Scope.EXT
+
+
+def ct_keeps_backend(flags: int, proto: int) -> bool:
+    """Whether a tracked flow keeps its backend whatever the frontend now lists: a pod's TCP
+    connection, like a connect() the socket path translated once, until it ends (tc_lb.c
+    kp_ct_usable, where a SYN on such a flow still re-balances: a question about a packet,
+    which the agent's purge never asks)."""
+    return bool(flags & CT_F_POD) and proto == PROTO_NUM[Protocol.TCP]
+
+
 TcCfg = STRUCTS["kp_tc_cfg"]
 SrcRangeKey = STRUCTS["kp_srcrange4_key"]
 FE_F_SRC_RANGES = const("KP_FE_F_SRC_RANGES")
@@ -260,30 +278,28 @@ def key_tuple(key: SvcKey) -> tuple[str, int, Protocol]:
     return (ip_str(key.addr), port_host(key.port), PROTO_BY_NUM.get(key.proto, Protocol.TCP))
 
 
-def frontend_svc_key(fkey: tuple, slot: int = 0) -> SvcKey:
-    """The map key of slot `slot` of a desired-state frontend key (desired.Frontend.key:
-    (ip, port, protocol) or (ip, port, protocol, Scope.EXT))."""
-    scope = SCOPE_NUM[fkey[3]] if len(fkey) > 3 else SCOPE_SOCK
-    return svc_key(fkey[0], fkey[1], fkey[2], slot=slot, scope=scope)
+def frontend_svc_key(fkey: FrontendKey, slot: int = 0) -> SvcKey:
+    """The map key of slot `slot` of a desired-state frontend (kp_svc4: IPv4 ones)."""
+    return svc_key(fkey.ip, fkey.port, fkey.protocol, slot=slot, scope=SCOPE_NUM[fkey.scope])
 
 
-def frontend_key(key: SvcKey) -> tuple:
+def frontend_key(key: SvcKey) -> FrontendKey:
     """The desired-state frontend key of a map row (the inverse of frontend_svc_key)."""
-    scope = SCOPE_BY_NUM.get(key.scope, Scope.SOCK)
-    return key_tuple(key) + (() if scope is Scope.SOCK else (scope,))
+    return FrontendKey(*key_tuple(key), SCOPE_BY_NUM.get(key.scope, Scope.SOCK))
 
 
-def srcrange_key(fkey: tuple, cidr: str) -> SrcRangeKey:
+def srcrange_key(fkey: FrontendKey, cidr: str) -> SrcRangeKey:
     """The kp_srcrange4 row of source range `cidr` (canonical IPv4) of frontend `fkey`."""
     addr, _, bits = cidr.partition("/")
-    return SrcRangeKey(prefixlen=_SRCRANGE_FE_BITS + int(bits), fe_addr=ip_be(fkey[0]),
-                       fe_port=port_be(fkey[1]), proto=PROTO_NUM[fkey[2]], saddr=ip_be(addr))
+    return SrcRangeKey(prefixlen=_SRCRANGE_FE_BITS + int(bits), fe_addr=ip_be(fkey.ip),
+                       fe_port=port_be(fkey.port), proto=PROTO_NUM[fkey.protocol],
+                       saddr=ip_be(addr))
 
 
-def srcrange_of(key: SrcRangeKey) -> tuple[tuple, str]:
+def srcrange_of(key: SrcRangeKey) -> tuple[FrontendKey, str]:
     """(frontend key of scope EXT, source range) of a kp_srcrange4 row."""
-    fkey = (ip_str(key.fe_addr), port_host(key.fe_port),
-            PROTO_BY_NUM.get(key.proto, Protocol.TCP), Scope.EXT)
+    fkey = FrontendKey(ip_str(key.fe_addr), port_host(key.fe_port),
+                       PROTO_BY_NUM.get(key.proto, Protocol.TCP), Scope.EXT)
     return fkey, f"{ip_str(key.saddr)}/{key.prefixlen - _SRCRANGE_FE_BITS}"
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..model import EndpointSlice, Node, Service
+from ..model import EndpointSlice, Kind, Node, Service
 from .convert import (Rejection, node_from_api, service_cidr_from_api, service_from_api,
                       slice_from_api)
 from .manifests import load_manifests
@@ -29,19 +29,19 @@ SLICE_LABEL_SELECTOR = "!service.kubernetes.io/headless"
 
 
 class Sink(Protocol):
-    def replace(self, kind: str, objs: list[Any], keep: set[tuple[str, str]] = ...) -> None:
+    def replace(self, kind: Kind, objs: list[Any], keep: set[tuple[str, str]] = ...) -> None:
         """The whole set of `kind`; keys in `keep` (objects that failed conversion) are not
         deleted: their last good version stays."""
-    def upsert(self, kind: str, obj: Any) -> None: ...
-    def delete(self, kind: str, namespace: str, name: str) -> None: ...
+    def upsert(self, kind: Kind, obj: Any) -> None: ...
+    def delete(self, kind: Kind, namespace: str, name: str) -> None: ...
     def rejected(self, rejections: list[Rejection]) -> None: ...
 
 
-_CONVERT: dict[str, Callable[[dict], tuple[Any, list[Rejection]]]] = {
-    "Service": service_from_api,
-    "EndpointSlice": slice_from_api,
-    "Node": lambda obj: (node_from_api(obj), []),
-    "ServiceCIDR": service_cidr_from_api,
+_CONVERT: dict[Kind, Callable[[dict], tuple[Any, list[Rejection]]]] = {
+    Kind.SERVICE: service_from_api,
+    Kind.ENDPOINT_SLICE: slice_from_api,
+    Kind.NODE: lambda obj: (node_from_api(obj), []),
+    Kind.SERVICE_CIDR: service_cidr_from_api,
 }
 
 
@@ -70,11 +70,11 @@ def list_cluster(api_client: Any, node_name: str
             bad += rej
             if obj is not None:
                 out[kind].append(obj)
-    nodes = out["Node"]
-    return (nodes[0] if nodes else None), out["Service"], out["EndpointSlice"], bad
+    nodes = out[Kind.NODE]
+    return (nodes[0] if nodes else None), out[Kind.SERVICE], out[Kind.ENDPOINT_SLICE], bad
 
 
-def _listed(kind: str) -> Callable[[dict], tuple[tuple[str, str], Any, list[Rejection]]]:
+def _listed(kind: Kind) -> Callable[[dict], tuple[tuple[str, str], Any, list[Rejection]]]:
     """The reflector's LIST transform: (key, model object or None, rejections) of one listed
     object, made while its page is at hand, so the JSON of a whole LIST is never held."""
     convert = _CONVERT[kind]
@@ -97,8 +97,9 @@ class ApiSource:
     networking.k8s.io/v1 ServiceCIDR, no address is treated as an unallocated ClusterIP.
     """
 
-    RESOURCES = {"services": "Service", "endpointslices": "EndpointSlice", "node": "Node"}
-    OPTIONAL = {"servicecidrs": "ServiceCIDR"}
+    RESOURCES = {"services": Kind.SERVICE, "endpointslices": Kind.ENDPOINT_SLICE,
+                 "node": Kind.NODE}
+    OPTIONAL = {"servicecidrs": Kind.SERVICE_CIDR}
 
     def __init__(self, api_client: Any, node_name: str, sink: Sink):
         from .reflector import reflector_for
@@ -110,8 +111,8 @@ class ApiSource:
                 api_client, resource, self._handler(kind), on_contact=self._wake_all,
                 transform=_listed(kind), **_selection(resource, node_name))
         self.reflectors["servicecidrs"] = service_cidr_reflector(
-            api_client, self._handler("ServiceCIDR"), on_contact=self._wake_all,
-            transform=_listed("ServiceCIDR"))
+            api_client, self._handler(Kind.SERVICE_CIDR), on_contact=self._wake_all,
+            transform=_listed(Kind.SERVICE_CIDR))
 
     def _wake_all(self) -> None:
         """One reflector got through after failures: the API server is back, so the others
@@ -119,7 +120,7 @@ class ApiSource:
         for r in self.reflectors.values():
             r.wake()
 
-    def _handler(self, kind: str) -> Callable[[str, Any], None]:
+    def _handler(self, kind: Kind) -> Callable[[str, Any], None]:
         convert = _CONVERT[kind]
 
         def on_event(etype: str, payload: Any) -> None:
@@ -215,9 +216,9 @@ class ManifestSource:
         if bad:
             self.sink.rejected(bad)
         keep = {(r.namespace, r.name) for r in bad}   # as with the API: keep the last good one
-        self.sink.replace("Node", [self.node])
-        self.sink.replace("Service", list(services), keep)
-        self.sink.replace("EndpointSlice", list(slices), keep)
+        self.sink.replace(Kind.NODE, [self.node])
+        self.sink.replace(Kind.SERVICE, list(services), keep)
+        self.sink.replace(Kind.ENDPOINT_SLICE, list(slices), keep)
         log.info("manifests: %d services, %d endpoint slices", len(services), len(slices))
 
     synced = True

@@ -11,11 +11,11 @@ and the standard library.
 """
 from .endpoints import EndpointInfo, PortKey, endpoints_by_port
 from .frontends import ServicePortPlan, is_proxied, service_frontends, service_port_endpoints
-from .state import ChangeSet, FrontendKey, ProxyState, ServiceKey
+from .state import ChangeSet, ProxyState, ServiceKey
 from .topology import PortEndpoints, TopologyMode, categorize, topology_mode
 
 __all__ = [
-    "ChangeSet", "EndpointInfo", "FrontendKey", "PortEndpoints",
+    "ChangeSet", "EndpointInfo", "PortEndpoints",
     "PortKey", "ProxyState", "ServiceKey", "ServicePortPlan", "TopologyMode", "categorize",
     "endpoints_by_port", "is_proxied", "service_frontends", "service_port_endpoints",
     "topology_mode",

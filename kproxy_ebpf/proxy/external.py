@@ -23,9 +23,9 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Sequence
 
-from ..desired import Frontend, FrontendKind, Problem, Scope
+from ..desired import Frontend, FrontendKey, FrontendKind, Problem, Scope
 from ..model import EndpointSlice, Node, Protocol, Service
-from .frontends import _ipv4, _plan, _verdict, service_info
+from .frontends import port_plans, service_info, verdict
 
 PRIMARY = "primary"
 
@@ -89,18 +89,15 @@ def service_ext_frontends(svc: Service, slices: Iterable[EndpointSlice], node: N
     scope (service_frontends) reads the same fields and reports each once. What only this
     scope refuses (an SCTP port: tc_lb.c rewrites TCP and UDP; SCTP's CRC32c covers the ports
     and no BPF helper recomputes it) goes into `problems`."""
-    scratch: list[Problem] = []
-    ext_ips = [ip for ip in svc.external_ips if _ipv4(svc, ip, "externalIP", scratch)]
-    lb_ips = [ing.ip for ing in svc.load_balancer_ingress
-              if ing.ip and ing.ip_mode != "Proxy"
-              and _ipv4(svc, ing.ip, "loadBalancer ingress IP", scratch)]
+    ext_ips = svc.external_ips
+    lb_ips = [ing.ip for ing in svc.load_balancer_ingress if ing.ip_mode != "Proxy"]
     np_ips = node_port_ips(node, node_port_addresses)
     if not ext_ips and not lb_ips and not (np_ips and any(p.node_port for p in svc.ports)):
         return []       # not reachable from outside (a plain ClusterIP): nothing to plan
-    plans, _ = _plan(svc, slices, node, prefer_same_node)
+    plans, _ = port_plans(svc, slices, node, prefer_same_node)
     info = service_info(svc)
     ranges = lb_source_ranges(svc.load_balancer_source_ranges, node, lb_ips)
-    out: dict[tuple, Frontend] = {}
+    out: dict[FrontendKey, Frontend] = {}
     for plan in plans:
         sp, pe = plan.port, plan.endpoints
         if sp.protocol is Protocol.SCTP:
@@ -112,7 +109,7 @@ def service_ext_frontends(svc: Service, slices: Iterable[EndpointSlice], node: N
                     "(TCP and UDP only); ClusterIP clients are not affected"))
             continue
         chosen = pe.local if svc.external_traffic_local else pe.cluster
-        action, backends = _verdict(pe, chosen, sp)
+        action, backends = verdict(pe, chosen, sp)
         candidates = [(ip, sp.port, FrontendKind.EXTERNAL_IP) for ip in ext_ips]
         candidates += [(ip, sp.port, FrontendKind.LOAD_BALANCER) for ip in lb_ips]
         if sp.node_port and plan.node_port_ok:

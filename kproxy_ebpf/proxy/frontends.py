@@ -12,11 +12,11 @@ usable endpoints elsewhere but none in the applicable set -> DROP; otherwise FOR
 """
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..desired import Action, Backend, Frontend, FrontendKind, Problem, ServiceInfo, ServicePortName
+from ..desired import (Action, Backend, Frontend, FrontendKey, FrontendKind, Problem, ServiceInfo,
+                       ServicePortName)
 from ..model import EndpointSlice, LoadBalancerIngress, Node, Service, ServicePort, ServiceType
 from .endpoints import EndpointInfo, endpoints_by_port
 from .topology import PortEndpoints, categorize
@@ -115,8 +115,10 @@ def _own_slices(svc: Service, slices: Iterable[EndpointSlice]) -> list[EndpointS
     return [s for s in slices if s.namespace == svc.namespace and s.service_name == svc.name]
 
 
-def _plan(svc: Service, slices: Iterable[EndpointSlice], node: Node,
-          prefer_same_node: bool) -> tuple[list[ServicePortPlan], list[Problem]]:
+def port_plans(svc: Service, slices: Iterable[EndpointSlice], node: Node,
+               prefer_same_node: bool) -> tuple[list[ServicePortPlan], list[Problem]]:
+    """The valid ports of a proxied Service with their endpoint sets, and the problems of its
+    ports (both scopes plan from this)."""
     problems: list[Problem] = []
     if not is_proxied(svc):
         return [], problems
@@ -137,18 +139,8 @@ def _plan(svc: Service, slices: Iterable[EndpointSlice], node: Node,
 def service_port_endpoints(svc: Service, slices: Iterable[EndpointSlice], node: Node, *,
                            prefer_same_node: bool = True) -> dict[ServicePortName, PortEndpoints]:
     """The Cluster/Local sets of every valid port; {} for a Service we do not proxy."""
-    plans, _ = _plan(svc, slices, node, prefer_same_node)
+    plans, _ = port_plans(svc, slices, node, prefer_same_node)
     return {p.name: p.endpoints for p in plans}
-
-
-def _ipv4(svc: Service, ip: str, what: str, problems: list[Problem]) -> bool:
-    """Whether ip is usable by an IPv4 proxy; IPv6 is skipped quietly (the other family)."""
-    try:
-        addr = ipaddress.ip_address(ip)
-    except ValueError:
-        problems.append(_problem(svc, "InvalidIP", f"{what} {ip!r} is not an IP address; skipped"))
-        return False
-    return addr.version == 4
 
 
 def _backend_order(b: Backend) -> tuple[str, int]:
@@ -166,8 +158,9 @@ def _backends(eps: Iterable[EndpointInfo], sp: ServicePort) -> tuple[Backend, ..
     return tuple(out)
 
 
-def _verdict(pe: PortEndpoints, chosen: tuple[EndpointInfo, ...], sp: ServicePort
-             ) -> tuple[Action, tuple[Backend, ...]]:
+def verdict(pe: PortEndpoints, chosen: tuple[EndpointInfo, ...], sp: ServicePort
+            ) -> tuple[Action, tuple[Backend, ...]]:
+    """What a frontend of port sp does with the endpoint set `chosen` (semantics 1.5)."""
     if not pe.has_any:
         return Action.REJECT, ()
     if not chosen:
@@ -192,21 +185,18 @@ def service_frontends(svc: Service, slices: Iterable[EndpointSlice], node: Node,
     within one service port (e.g. an IP listed as both externalIP and LB ingress), with a
     FrontendConflict problem across ports.
     """
-    plans, problems = _plan(svc, slices, node, prefer_same_node)
-    out: dict[tuple, Frontend] = {}
+    plans, problems = port_plans(svc, slices, node, prefer_same_node)
+    out: dict[FrontendKey, Frontend] = {}
     info = service_info(svc)
-    ext_ips = [ip for ip in svc.external_ips if _ipv4(svc, ip, "externalIP", problems)]
-    lb_ips = [ing.ip for ing in svc.load_balancer_ingress
-              if ing.ip and is_vip_ingress(ing)
-              and _ipv4(svc, ing.ip, "loadBalancer ingress IP", problems)]
+    lb_ips = [ing.ip for ing in svc.load_balancer_ingress if is_vip_ingress(ing)]
     for plan in plans:
         sp, pe = plan.port, plan.endpoints
         # Externally-typed addresses reached from this node: the Cluster set (short-circuit).
-        external = _verdict(pe, pe.cluster, sp)
+        external = verdict(pe, pe.cluster, sp)
         # ClusterIP: internalTrafficPolicy only, never eTP.
-        internal = _verdict(pe, pe.local, sp) if svc.internal_traffic_local else external
+        internal = verdict(pe, pe.local, sp) if svc.internal_traffic_local else external
         candidates = [(ip, sp.port, FrontendKind.CLUSTER_IP, internal) for ip in svc.cluster_ips]
-        candidates += [(ip, sp.port, FrontendKind.EXTERNAL_IP, external) for ip in ext_ips]
+        candidates += [(ip, sp.port, FrontendKind.EXTERNAL_IP, external) for ip in svc.external_ips]
         candidates += [(ip, sp.port, FrontendKind.LOAD_BALANCER, external) for ip in lb_ips]
         if sp.node_port and plan.node_port_ok:
             candidates += [(ip, sp.node_port, FrontendKind.NODE_PORT, external)
@@ -215,9 +205,10 @@ def service_frontends(svc: Service, slices: Iterable[EndpointSlice], node: Node,
             fe = Frontend(ip=ip, port=port, protocol=sp.protocol, kind=kind, service=plan.name,
                           action=action, backends=backends,
                           affinity_timeout=svc.session_affinity_timeout, info=info)
-            prev = out.get(fe.key)
+            key = fe.key
+            prev = out.get(key)
             if prev is None:
-                out[fe.key] = fe
+                out[key] = fe
             elif prev.service != fe.service:
                 problems.append(_problem(
                     svc, "FrontendConflict",

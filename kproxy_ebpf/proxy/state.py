@@ -21,8 +21,8 @@ from collections.abc import Iterable, KeysView, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from ..desired import Frontend, Problem, ServiceCIDRSet, ServicePortName
-from ..model import EndpointSlice, Node, Protocol, Service, ServiceCIDR
+from ..desired import Frontend, FrontendKey, Problem, Scope, ServiceCIDRSet, ServicePortName
+from ..model import EndpointSlice, Node, Service, ServiceCIDR
 from .external import allow_external_ips, service_ext_frontends
 from .healthcheck import HealthCheck, health_check
 from .frontends import service_frontends, service_port_endpoints
@@ -31,7 +31,6 @@ from .topology import PortEndpoints
 
 ServiceKey = tuple[str, str]                 # (namespace, name)
 SliceKey = tuple[str, str]                   # (namespace, slice name)
-FrontendKey = tuple[str, int, Protocol]      # (ip, port, protocol)
 
 
 @dataclass(frozen=True)
@@ -263,10 +262,9 @@ class ProxyState:
         out = list(self._own_problems.get(key, ()))
         for fkey, fe in sorted(self._raw.get(key, {}).items()):
             winner = self._owners[fkey][0]
-            if winner != key and len(fkey) == 3:   # scope EXT keys mirror a socket key
-                ip, port, proto = fkey
+            if winner != key and fkey.scope is Scope.SOCK:   # EXT keys mirror a socket key
                 out.append(Problem(key[0], key[1], "Service", "FrontendConflict",
-                                   f"{fe.kind.value} {ip}:{port}/{proto.value} is also claimed "
+                                   f"{fe.kind.value} {fkey} is also claimed "
                                    f"by {winner[0]}/{winner[1]}, which keeps it (first in "
                                    "namespace/name order)"))
         return out

@@ -194,7 +194,7 @@ def test_removed_backend_answers_no_more_and_its_entries_are_gone(lab, nodes):
     assert any(r["backend"] == f"{b1}:5353" and r["snat"] for r in json.loads(out.output))
 
     program(nodes, lab, nodeport("np-purge"), ["a1"])
-    assert conntrack.purge(node1.maps, node1.writer.programmed).removed >= 3
+    assert conntrack.purge(node1.maps, node1.writer).removed >= 3
     assert not any(r["backend"].startswith(b1 + ":") for r in conntrack.entries(node1.maps))
     lines = lab.probe("ext", "10.250.0.11", 30053, udp=True, count=3)
     assert seen(lines) == {("a1", CLIENT)}, lines

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 from kproxy_ebpf.check import compare, desired_for
 from kproxy_ebpf.config import AgentConfig
 from kproxy_ebpf.kube.sources import SLICE_LABEL_SELECTOR
-from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, ServicePortName
+from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKey, FrontendKind, ServicePortName
 from kproxy_ebpf.model import Protocol
 
 TCP = Protocol.TCP
@@ -110,7 +110,7 @@ def cluster(monkeypatch):
 def test_check_lists_through_kube_with_pagination_and_the_agent_selectors(cluster):
     cfg = AgentConfig(hostname_override="node-a")
     desired = desired_for(cfg)
-    assert sorted(ip for ip, _, _ in desired) == [f"10.96.0.{i}" for i in range(1, 6)]
+    assert sorted(k.ip for k in desired) == [f"10.96.0.{i}" for i in range(1, 6)]
     assert all(fe.action is Action.FORWARD for fe in desired.values())
     pages = [(what, kw["_continue"]) for what, kw in cluster.calls]
     assert pages == [("services", None), ("services", "2"), ("services", "4"),
@@ -154,4 +154,4 @@ def test_check_with_manifests_from_the_config(tmp_path):
     config.write_text(f"hostnameOverride: node-a\nmanifests: [{tmp_path / 'web.yaml'}]\n")
     from kproxy_ebpf.config import load
     desired = desired_for(load(str(config), env={}))
-    assert [(k, fe.action) for k, fe in desired.items()] == [(("10.96.0.10", 80, TCP), Action.REJECT)]
+    assert [(k, fe.action) for k, fe in desired.items()] == [(FrontendKey("10.96.0.10", 80, TCP), Action.REJECT)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from kproxy_ebpf.desired import Action, FrontendKind, Scope
+from kproxy_ebpf.desired import Action, FrontendKey, FrontendKind, Scope
 from kproxy_ebpf.model import (Endpoint, EndpointPort, EndpointSlice, LoadBalancerIngress, Node,
                                Protocol, Service, ServicePort, ServiceType)
 from kproxy_ebpf.proxy.external import (node_port_ips, service_ext_frontends,
@@ -89,7 +89,7 @@ def test_validate_node_port_addresses():
 
 
 def test_external_and_load_balancer_ips_proxy_mode_skipped_clusterip_absent():
-    service = svc(external_ips=("203.0.113.1", "2001:db8::1"),
+    service = svc(external_ips=("203.0.113.1",),
                   load_balancer_ingress=(LoadBalancerIngress("198.51.100.1"),
                                          LoadBalancerIngress("198.51.100.2", ip_mode="Proxy"),
                                          LoadBalancerIngress("198.51.100.3", ip_mode="VIP")))
@@ -122,8 +122,8 @@ def test_proxy_state_keeps_both_scopes_apart():
     state = ProxyState(NODE, node_port_addresses=())
     state.load([svc(True)], [slice_of(REMOTE_EP)])
     table = state.compute().frontends
-    sock = table[("192.168.0.1", 30080, TCP)]
-    ext = table[("192.168.0.1", 30080, TCP, Scope.EXT)]
+    sock = table[FrontendKey("192.168.0.1", 30080, TCP)]
+    ext = table[FrontendKey("192.168.0.1", 30080, TCP, Scope.EXT)]
     # From the node (socket scope) eTP=Local short-circuits to the Cluster set; from outside,
     # the node has no local endpoint, so it drops.
     assert (sock.action, [b.ip for b in sock.backends]) == (FWD, ["10.0.2.5"])
@@ -131,7 +131,7 @@ def test_proxy_state_keeps_both_scopes_apart():
     # Without node_port_addresses the state computes the socket scope only (as before).
     plain = ProxyState(NODE)
     plain.load([svc(True)], [slice_of(REMOTE_EP)])
-    assert all(len(k) == 3 for k in plain.compute().frontends)
+    assert all(k.scope is Scope.SOCK for k in plain.compute().frontends)
 
 
 def test_conflicts_are_reported_once():
@@ -143,7 +143,7 @@ def test_conflicts_are_reported_once():
     state.load([a, b])
     cs = state.compute()
     assert [p.reason for p in cs.problems] == ["FrontendConflict"]
-    assert cs.frontends[("203.0.113.9", 80, TCP, Scope.EXT)].service.name == "a"
+    assert cs.frontends[FrontendKey("203.0.113.9", 80, TCP, Scope.EXT)].service.name == "a"
 
 
 def test_external_ip_allowlist_drops_other_external_ips_in_both_scopes():
@@ -152,7 +152,8 @@ def test_external_ip_allowlist_drops_other_external_ips_in_both_scopes():
     state.load([service], [slice_of(REMOTE_EP)])
     cs = state.compute()
     eips = sorted(k for k, f in cs.frontends.items() if f.kind is K.EXTERNAL_IP)
-    assert eips == [("203.0.113.1", 80, TCP), ("203.0.113.1", 80, TCP, Scope.EXT)]
+    assert eips == [FrontendKey("203.0.113.1", 80, TCP),
+                    FrontendKey("203.0.113.1", 80, TCP, Scope.EXT)]
     assert [(p.reason, "198.51.100.7" in p.message) for p in cs.problems] == [
         ("ExternalIPNotAllowed", True)]
     # No allowlist: every ExternalIP is programmed.
@@ -190,8 +191,8 @@ def test_sctp_ports_get_no_ext_frontends_and_a_problem():
     state = ProxyState(NODE, node_port_addresses=())
     state.load([service], [sl])
     changes = state.compute()
-    ext = {k for k in changes.frontends if len(k) == 4}
-    assert ext == {("192.168.0.1", 30080, TCP, Scope.EXT)}
-    assert ("172.30.0.10", 3868, Protocol.SCTP) in changes.frontends
+    ext = {k for k in changes.frontends if k.scope is Scope.EXT}
+    assert ext == {FrontendKey("192.168.0.1", 30080, TCP, Scope.EXT)}
+    assert FrontendKey("172.30.0.10", 3868, Protocol.SCTP) in changes.frontends
     assert [p.reason for p in changes.problems] == ["SCTPFromOutsideNotServed"]
     assert "3868/SCTP" in changes.problems[0].message

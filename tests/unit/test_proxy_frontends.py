@@ -13,6 +13,8 @@ import pytest
 from kproxy_ebpf.desired import Action, FrontendKind, ServicePortName
 from kproxy_ebpf.model import (Endpoint, EndpointPort, EndpointSlice, LoadBalancerIngress, Node,
                                Protocol, Service, ServicePort, ServiceType)
+from kproxy_ebpf.kube.convert import service_from_api
+from kproxy_ebpf.proxy.external import service_ext_frontends
 from kproxy_ebpf.proxy.frontends import is_proxied, service_frontends, service_port_endpoints
 
 TCP, UDP, SCTP = Protocol.TCP, Protocol.UDP, Protocol.SCTP
@@ -122,8 +124,7 @@ def test_every_frontend_kind():
             external_ips=("203.0.113.1",),
             load_balancer_ingress=(LoadBalancerIngress("198.51.100.1"),
                                    LoadBalancerIngress("198.51.100.2", ip_mode="VIP"),
-                                   LoadBalancerIngress("198.51.100.3", ip_mode="Proxy"),
-                                   LoadBalancerIngress("")))
+                                   LoadBalancerIngress("198.51.100.3", ip_mode="Proxy")))
     fronts, problems = run(s, sl(ep("10.0.2.1")))
     assert problems == []
     fwd = (Action.FORWARD, ["10.0.2.1"])
@@ -138,10 +139,24 @@ def test_every_frontend_kind():
 
 
 def test_ipv6_external_ip_skipped_quietly_and_garbage_reported():
-    s = svc(external_ips=("2001:db8::1", "203.0.113.1", "not-an-ip"))
+    """Addresses are validated once, at the API edge (kube/convert.py): an IPv6 externalIP or
+    LB ingress IP is left out quietly there, garbage is a rejection, and the policy programs
+    what remains, in either scope."""
+    s, rejections = service_from_api({
+        "metadata": {"name": "svc", "namespace": "ns"},
+        "spec": {"clusterIP": CIP, "type": "LoadBalancer",
+                 "ports": [{"port": 80, "nodePort": 30080}],
+                 "externalIPs": ["2001:db8::1", "203.0.113.1", "not-an-ip"]},
+        "status": {"loadBalancer": {"ingress": [{"ip": "2001:db8::2"}, {"ip": "nope"},
+                                                {"ip": "198.51.100.1"}]}}})
     fronts, problems = run(s, sl(ep("10.0.2.1")))
-    assert {k[:2] for k in fronts} == {(CIP, 80), ("203.0.113.1", 80)}
-    assert [p.reason for p in problems] == ["InvalidIP"]
+    assert {k[:2] for k in fronts} == {(CIP, 80), ("203.0.113.1", 80), ("198.51.100.1", 80),
+                                       ("192.168.0.1", 30080), ("192.168.1.1", 30080)}
+    assert problems == []
+    assert [r.reason for r in rejections] == ["InvalidIP", "InvalidIP"]
+    ext = service_ext_frontends(s, [sl(ep("10.0.2.1"))], NODE)
+    assert {(f.ip, f.port) for f in ext} == {("203.0.113.1", 80), ("198.51.100.1", 80),
+                                             ("192.168.0.1", 30080)}
 
 
 def test_slices_of_other_services_are_ignored():

@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from kproxy_ebpf.desired import Action
+from kproxy_ebpf.desired import Action, FrontendKey
 from kproxy_ebpf.model import (Endpoint, EndpointPort, EndpointSlice, Node, Protocol, Service,
                                ServicePort)
 from kproxy_ebpf.proxy import state as state_mod
@@ -32,7 +32,7 @@ def sl(name, service, *ips, ns="ns", rv=""):
 
 
 def backends(cs, ip, port=80):
-    f = cs.frontends[(ip, port, TCP)]
+    f = cs.frontends[FrontendKey(ip, port, TCP)]
     return f.action, [b.ip for b in f.backends]
 
 
@@ -111,7 +111,7 @@ def test_slice_change_updates_backends(st):
     cs = st.compute()
     assert backends(cs, "172.30.0.1") == (Action.FORWARD, ["10.0.2.1", "10.0.3.1"])
     assert cs.changed_services == {("ns", "a")}
-    assert cs.changed_keys == {("172.30.0.1", 80, TCP)}
+    assert cs.changed_keys == {FrontendKey("172.30.0.1", 80, TCP)}
     assert backends(cs, "172.30.0.2") == (Action.FORWARD, ["10.0.2.2"])
 
 
@@ -126,8 +126,8 @@ def test_slice_move_between_services(st):
 def test_delete_service_removes_frontends(st):
     assert st.delete_service("ns", "a")
     cs = st.compute()
-    assert ("172.30.0.1", 80, TCP) not in cs.frontends
-    assert cs.changed_keys == {("172.30.0.1", 80, TCP)}
+    assert FrontendKey("172.30.0.1", 80, TCP) not in cs.frontends
+    assert cs.changed_keys == {FrontendKey("172.30.0.1", 80, TCP)}
     assert cs.changed_services == {("ns", "a")}
 
 
@@ -143,27 +143,27 @@ def test_node_arrives_later_brings_nodeports():
     s = ProxyState()
     s.upsert_service(svc("a", "172.30.0.1", ports=(ServicePort("", TCP, 80, node_port=30080),)))
     s.upsert_slice(sl("a-1", "a", "10.0.2.1"))
-    assert set(s.compute().frontends) == {("172.30.0.1", 80, TCP)}
+    assert set(s.compute().frontends) == {FrontendKey("172.30.0.1", 80, TCP)}
     assert s.set_node(NODE)
     cs = s.compute()
-    assert set(cs.frontends) == {("172.30.0.1", 80, TCP), ("192.168.0.1", 30080, TCP)}
-    assert cs.changed_keys == {("192.168.0.1", 30080, TCP)}
+    assert set(cs.frontends) == {FrontendKey("172.30.0.1", 80, TCP), FrontendKey("192.168.0.1", 30080, TCP)}
+    assert cs.changed_keys == {FrontendKey("192.168.0.1", 30080, TCP)}
 
 
 def test_changeset_frontends_is_a_read_only_view(st):
     """No copy of the table per compute (that made a fill O(N^2)), and no way to change it."""
     cs = st.compute()
     with pytest.raises(TypeError):
-        cs.frontends[("172.30.0.99", 80, TCP)] = None
+        cs.frontends[FrontendKey("172.30.0.99", 80, TCP)] = None
     assert not hasattr(cs.frontends, "clear")
     st.delete_service("ns", "a")
     st.compute()
-    assert set(cs.frontends) == {("172.30.0.2", 80, TCP)}     # it follows the state
+    assert set(cs.frontends) == {FrontendKey("172.30.0.2", 80, TCP)}     # it follows the state
 
 
 # -- conflicts ------------------------------------------------------------------------------------
 
-EXT = ("203.0.113.1", 80, TCP)
+EXT = FrontendKey("203.0.113.1", 80, TCP)
 
 
 @pytest.mark.parametrize("order", [["a", "b"], ["b", "a"]], ids=["a-first", "b-first"])
@@ -205,7 +205,7 @@ def test_conflict_loser_change_does_not_touch_winner_frontend():
     s.upsert_slice(sl("b-1", "b", "10.0.2.2"))
     cs = s.compute()
     assert cs.frontends[EXT].service.name == "a"
-    assert cs.changed_keys == {("172.30.0.2", 80, TCP)}
+    assert cs.changed_keys == {FrontendKey("172.30.0.2", 80, TCP)}
 
 
 def test_conflict_across_namespaces_orders_by_namespace_first():

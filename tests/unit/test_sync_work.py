@@ -25,6 +25,7 @@ from collections.abc import Mapping
 import pytest
 
 from kproxy_ebpf import agent as agent_mod
+from kproxy_ebpf import process_tuning, reporting, sync_policy
 from kproxy_ebpf.agent import Agent
 from kproxy_ebpf.config import AgentConfig
 from kproxy_ebpf.datapath import layout as L
@@ -90,11 +91,11 @@ class Harness:
         self.counts = dict.fromkeys(("recomputed", "frontends", "problem_evals", "table_reads",
                                      "table_walks"), 0)
         self._spy(monkeypatch)
-        self.agent.replace("Node", [Node(NODE, addresses=("192.168.0.1",))])
+        self.agent.sink.replace("Node", [Node(NODE, addresses=("192.168.0.1",))])
         # Unchanged Services: one with a problem (a bad port), the rest healthy.
-        self.agent.replace("Service", [service(i) for i in range(n)]
+        self.agent.sink.replace("Service", [service(i) for i in range(n)]
                            + [service(n, ports=(ServicePort("x", TCP, 0),))])
-        self.agent.replace("EndpointSlice", [endpoint_slice(i) for i in range(n)])
+        self.agent.sink.replace("EndpointSlice", [endpoint_slice(i) for i in range(n)])
         assert self.agent._sync(True)
         assert len(self.agent.writer.programmed) == n
 
@@ -148,13 +149,17 @@ class Harness:
                 "lines": lines, "peak_bytes": peak}
 
 
+# A problem the policy finds (the second port is skipped): an address that is no IP is the
+# API edge's to reject (kube/convert.py), and never reaches the agent's sync.
+DUPLICATE_PORTS = (ServicePort("http", TCP, 80), ServicePort("again", TCP, 80))
+
 CHANGES = {
-    "endpoint turns unready": lambda a: a.upsert("EndpointSlice", endpoint_slice(7, (True, False, True))),
-    "endpoint added": lambda a: a.upsert("EndpointSlice", endpoint_slice(7, (True, True, True, True))),
-    "service added": lambda a: (a.upsert("Service", service(20_000)),
-                                a.upsert("EndpointSlice", endpoint_slice(20_000))),
-    "service deleted": lambda a: a.delete("Service", "ns", "svc-3"),
-    "service gets a problem": lambda a: a.upsert("Service", service(5, external_ips=("bad",))),
+    "endpoint turns unready": lambda a: a.sink.upsert("EndpointSlice", endpoint_slice(7, (True, False, True))),
+    "endpoint added": lambda a: a.sink.upsert("EndpointSlice", endpoint_slice(7, (True, True, True, True))),
+    "service added": lambda a: (a.sink.upsert("Service", service(20_000)),
+                                a.sink.upsert("EndpointSlice", endpoint_slice(20_000))),
+    "service deleted": lambda a: a.sink.delete("Service", "ns", "svc-3"),
+    "service gets a problem": lambda a: a.sink.upsert("Service", service(5, ports=DUPLICATE_PORTS)),
 }
 
 
@@ -197,19 +202,19 @@ def test_the_changes_were_done(costs):
 def test_problems_are_told_once_while_current_and_again_when_they_return(monkeypatch, caplog):
     """Incremental problem reports behave as the whole-list ones did."""
     h = Harness(3, monkeypatch)
-    told = lambda: [r.getMessage() for r in caplog.records if "not an IP address" in r.getMessage()]
-    bad, good = service(1, external_ips=("bad",)), service(1)
-    for change, expected in ((lambda a: a.upsert("Service", bad), 1),
-                             (lambda a: a.upsert("EndpointSlice", endpoint_slice(2, (False,))), 1),
-                             (lambda a: a.upsert("Service", dataclasses.replace(bad, resource_version="2")), 1),
-                             (lambda a: a.upsert("Service", good), 1),
-                             (lambda a: a.upsert("Service", bad), 2)):
+    told = lambda: [r.getMessage() for r in caplog.records if "is listed twice" in r.getMessage()]
+    bad, good = service(1, ports=DUPLICATE_PORTS), service(1)
+    for change, expected in ((lambda a: a.sink.upsert("Service", bad), 1),
+                             (lambda a: a.sink.upsert("EndpointSlice", endpoint_slice(2, (False,))), 1),
+                             (lambda a: a.sink.upsert("Service", dataclasses.replace(bad, resource_version="2")), 1),
+                             (lambda a: a.sink.upsert("Service", good), 1),
+                             (lambda a: a.sink.upsert("Service", bad), 2)):
         h.measure(change)
         assert len(told()) == expected
-    assert dict(h.agent.state.problem_counts()) == {"InvalidIP": 1, "InvalidPort": 1}
-    h.measure(lambda a: a.delete("Service", "ns", "svc-1"))
+    assert dict(h.agent.state.problem_counts()) == {"DuplicatePort": 1, "InvalidPort": 1}
+    h.measure(lambda a: a.sink.delete("Service", "ns", "svc-1"))
     assert dict(h.agent.state.problem_counts()) == {"InvalidPort": 1}
-    assert set(h.agent._reported) == {("ns", "svc-3")}
+    assert set(h.agent.reporter.told) == {("ns", "svc-3")}
 
 
 def test_a_full_map_is_retried_by_time_not_on_every_sync(monkeypatch, caplog):
@@ -232,28 +237,28 @@ def test_a_full_map_is_retried_by_time_not_on_every_sync(monkeypatch, caplog):
     h.agent.datapath.maps = h.maps
     h.agent.writer = MapWriter(h.maps)
     h.agent.cidrs = CidrWriter(h.maps)
-    h.agent.replace("Service", [service(i) for i in range(20)])
-    h.agent.replace("EndpointSlice", [endpoint_slice(i) for i in range(20)])
+    h.agent.sink.replace("Service", [service(i) for i in range(20)])
+    h.agent.sink.replace("EndpointSlice", [endpoint_slice(i) for i in range(20)])
     assert not h.agent._sync(True)                 # 5 of 20 fit (4 rows each)
-    failed = set(h.agent._retry)
-    assert len(failed) == 15 and h.agent._retry_map_full
+    failed = set(h.agent.policy.retry)
+    assert len(failed) == 15 and h.agent.policy.retry_map_full
     errors = [r for r in caplog.records if r.levelname == "ERROR"]
-    assert len(errors) == agent_mod.ERROR_LINES + 1 and "15 more" not in errors[-1].getMessage()
+    assert len(errors) == reporting.ERROR_LINES + 1 and "15 more" not in errors[-1].getMessage()
     assert "raise their size" in errors[-1].getMessage()
 
-    h.agent.upsert("EndpointSlice", endpoint_slice(0, (True, False, True)))
+    h.agent.sink.upsert("EndpointSlice", endpoint_slice(0, (True, False, True)))
     h.agent._sync(False)
     assert candidates[-1] & failed == set()        # not retried 200 ms later
-    assert h.agent._retry == failed                # ...and not forgotten
-    h.agent._retry_at = 0.0                        # FULL_MAP_RETRY_EVERY has passed
-    h.agent.upsert("EndpointSlice", endpoint_slice(0))
+    assert h.agent.policy.retry == failed          # ...and not forgotten
+    h.agent.policy.retry_at = 0.0                  # FULL_MAP_RETRY_EVERY has passed
+    h.agent.sink.upsert("EndpointSlice", endpoint_slice(0))
     h.agent._sync(False)
     assert failed <= candidates[-1]
-    h.agent.delete("Service", "ns", "svc-0")       # room for one more (the writer deletes
+    h.agent.sink.delete("Service", "ns", "svc-0")  # room for one more (the writer deletes
     h.agent._sync(False)                           # after it writes): the next retry gets it in
-    h.agent._retry_at = 0.0
+    h.agent.policy.retry_at = 0.0
     h.agent._sync(False)
-    assert len(h.agent._retry) == 14 and h.agent._retry < failed
+    assert len(h.agent.policy.retry) == 14 and h.agent.policy.retry < failed
 
 
 def test_the_periodic_map_reread_is_counted_apart(monkeypatch):
@@ -266,7 +271,7 @@ def test_the_periodic_map_reread_is_counted_apart(monkeypatch):
     monkeypatch.setattr(MapWriter, "restore", lambda w: (restores.append(1), real(w)))
     value = lambda name: h.agent.metrics.registry.get_sample_value(name) or 0.0
     before = value("kproxy_datapath_drift_checks_total")
-    for _ in range(agent_mod.KERNEL_CHECK_EVERY):
+    for _ in range(sync_policy.KERNEL_CHECK_EVERY):
         assert h.agent._sync(False)
         assert h.agent._sync(True)
     assert len(restores) == 1
@@ -279,12 +284,12 @@ def test_periodic_syncs_between_rereads_do_no_whole_table_work(monkeypatch):
     the maps); the others cost what a partial sync with no change costs, whatever N is."""
     h = Harness(30, monkeypatch)
     walks = []
-    for _ in range(agent_mod.KERNEL_CHECK_EVERY):
+    for _ in range(sync_policy.KERNEL_CHECK_EVERY):
         h.counts["table_walks"] = 0
         assert h.agent._sync(True)                     # the runner's periodic tick
         walks.append(h.counts["table_walks"])
-    assert walks[:-1] == [0] * (agent_mod.KERNEL_CHECK_EVERY - 1) and walks[-1] > 0
-    h.agent._force_full = True                         # after a failure: full at once
+    assert walks[:-1] == [0] * (sync_policy.KERNEL_CHECK_EVERY - 1) and walks[-1] > 0
+    h.agent.policy.force_full = True                   # after a failure: full at once
     h.counts["table_walks"] = 0
     assert h.agent._sync(False) and h.counts["table_walks"] > 0
 
@@ -298,7 +303,7 @@ def test_full_sync_cpu_is_counted_and_partial_syncs_are_not(monkeypatch):
     assert h.agent._sync(True)
     after_full = value()
     assert after_full > 0
-    h.agent.upsert("EndpointSlice", endpoint_slice(0, (True, False, True)))
+    h.agent.sink.upsert("EndpointSlice", endpoint_slice(0, (True, False, True)))
     assert h.agent._sync(False)
     assert value() == after_full
 
@@ -309,20 +314,20 @@ def test_the_cyclic_gc_is_paused_until_the_first_sync(monkeypatch):
     import gc
 
     resumed = []
-    real_resume = agent_mod.resume_gc
-    monkeypatch.setattr(agent_mod, "resume_gc", lambda: resumed.append(1) or real_resume())
+    real_resume = process_tuning.resume_gc
+    monkeypatch.setattr(process_tuning, "resume_gc", lambda: resumed.append(1) or real_resume())
     h = Harness(3, monkeypatch)         # its first sync ran with the collector on: no pause
     assert gc.isenabled() and not resumed
-    h.agent._synced_once = False        # as a fresh agent: start() pauses, the first sync ends it
+    h.agent.policy.synced_once = False  # as a fresh agent: start() pauses, the first sync ends it
     try:
         h.agent.pause_gc()
         assert not gc.isenabled()
-        h.agent.upsert("EndpointSlice", endpoint_slice(0, (True, False, True)))
+        h.agent.sink.upsert("EndpointSlice", endpoint_slice(0, (True, False, True)))
         assert h.agent._sync(False)
         assert gc.isenabled() and resumed == [1] and gc.get_freeze_count() > 0
         assert h.agent._sync(True) and resumed == [1]
     finally:
-        h.agent._resume_gc()
+        h.agent.gc_pause.resume()
         gc.unfreeze()           # the test process's objects go back to the collector
         gc.enable()
 
@@ -331,14 +336,14 @@ def test_the_gc_pause_ends_by_time_when_no_sync_comes(monkeypatch):
     """An API server that never answers must not keep the collector off."""
     import gc
 
-    monkeypatch.setattr(agent_mod, "GC_PAUSE_MAX", 0.01)
+    monkeypatch.setattr(process_tuning, "GC_PAUSE_MAX", 0.01)
     h = Harness(1, monkeypatch)
-    h.agent._synced_once = False
+    h.agent.policy.synced_once = False
     try:
         h.agent.pause_gc()
-        assert h.agent._gc_timer is not None
-        h.agent._gc_timer.join(5)
-        assert gc.isenabled() and not h.agent._gc_paused
+        assert h.agent.gc_pause.timer is not None
+        h.agent.gc_pause.timer.join(5)
+        assert gc.isenabled() and not h.agent.gc_pause.paused
     finally:
         gc.unfreeze()
         gc.enable()

@@ -10,7 +10,8 @@ import random
 import pytest
 
 from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath.writer import MapWriter, stable_slots
+from kproxy_ebpf.datapath.plan import stable_slots
+from kproxy_ebpf.datapath.writer import MapWriter
 from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, ServicePortName
 from kproxy_ebpf.model import Protocol
 
@@ -183,7 +184,7 @@ def test_random_churn_stays_consistent(maps, seed):
         # The running row counts (the batch path's capacity check) match the maps.
         assert w.row_counts() == {name: len(maps[name].rows) for name in ("svc", "backend", "meta")}
         for key, f in desired.items():
-            s = slots_of(maps, key[0], key[1])
+            s = slots_of(maps, key.ip, key.port)
             assert s[0] == len(f.backends)
             assert sorted(s[i] for i in range(1, s[0] + 1)) == sorted(b.ip for b in f.backends)
     fresh = MapWriter(maps)

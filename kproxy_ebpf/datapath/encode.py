@@ -1,0 +1,68 @@
+"""The writer's rows as the kernel stores them: kp_svc4 keys and values, kp_backend4 rows and
+their ids, kp_svc_meta rows, from layout.py's formats and types.
+
+Rows written per endpoint (slots, backends) are packed straight into bytes: a ctypes object
+per row cost more than the syscalls at 100,000 endpoints. Rows written per frontend (slot 0,
+the meta row) keep the ctypes types, whose field names say what each value is.
+"""
+from __future__ import annotations
+
+import socket
+import struct
+import sys
+
+from ..desired import Frontend, ServicePortName
+from ..model import Protocol
+from . import layout as L
+from .programmed import BackendKey
+
+_SVC_KEY = struct.Struct(L.MAPS["svc"].key_format)
+_SVC_VAL = struct.Struct(L.MAPS["svc"].value_format).pack
+_ID = struct.Struct(L.MAPS["backend"].key_format).pack
+_BACKEND = struct.Struct(L.MAPS["backend"].value_format).pack
+
+pack_svc_key = _SVC_KEY.pack          # (addr, port, proto, scope, slot) as kp_svc4_key holds them
+backend_id_key = _ID                  # kp_backend4's key: the backend id
+
+
+def slot_fields(head: L.SvcKey) -> tuple[int, int, int, int]:
+    """(addr, port, proto, scope) of a frontend's slot 0 key, which its slot keys share."""
+    return head.addr, head.port, head.proto, head.scope
+
+
+def slot_value(backend_id: int, be_flags: int) -> bytes:
+    """A slot row 1..n: the backend it names and the endpoint's state for this frontend."""
+    return _SVC_VAL(backend_id, 0, 0, 0, 0, 0, be_flags, 0)
+
+
+def backend_row(b: BackendKey) -> bytes:
+    """kp_backend4 of (ip, port, protocol): address and port in network byte order. The
+    address leads the row (checked below), so a row is its 4 bytes and the packed rest of
+    (port, protocol), which few backends differ in."""
+    tail = _BACKEND_TAIL.get((b[1], b[2]))
+    if tail is None:
+        tail = _BACKEND_TAIL[(b[1], b[2])] = _BACKEND(
+            0, int.from_bytes(b[1].to_bytes(2, "big"), sys.byteorder), L.PROTO_NUM[b[2]])[4:]
+    return socket.inet_aton(b[0]) + tail
+
+
+_BACKEND_TAIL: dict[tuple[int, Protocol], bytes] = {}
+if L.G.STRUCTS["kp_backend4"]["fields"][0] != ("addr", 0, "be32"):
+    raise ImportError("kp_backend4 no longer starts with its be32 addr: fix backend_row")
+
+
+def head_value(fe: Frontend, svc_id: int, count: int, ranges: bool) -> L.SvcVal:
+    """Slot 0: the frontend's verdict, kind, affinity and slot count (`ranges`: it has
+    kp_srcrange4 rows the programs must check)."""
+    return L.SvcVal(svc_id=svc_id, affinity_timeout=fe.affinity_timeout, count=count,
+                    action=L.ACTION_NUM[fe.action], kind=L.KIND_NUM[fe.kind],
+                    fe_flags=L.FE_F_SRC_RANGES if ranges else 0)
+
+
+def meta_value(spn: ServicePortName, view: L.MetaView) -> L.SvcMeta:
+    """The service port's names and settings (for the CLI: no program reads them)."""
+    flags, hc, ranges, td = view
+    return L.SvcMeta(namespace=spn.namespace.encode()[:63], name=spn.name.encode()[:63],
+                     port_name=spn.port.encode()[:15], proto=L.PROTO_NUM[spn.protocol],
+                     flags=flags, health_check_node_port=hc, source_ranges=ranges,
+                     traffic_distribution=td)

@@ -1,0 +1,129 @@
+"""The writer's Ledger read back from the pinned maps, so that a new agent process adopts what
+the last one programmed and rewrites only what differs.
+
+Everything is rebuilt from the kernel: what the maps do not hold is forgotten. Rows no lookup
+can reach (left by an agent killed between two writes) are deleted on the way; backends and
+service ports nothing names any more are left to the writer's garbage collection (the
+Ledger's unref sets name them).
+"""
+from __future__ import annotations
+
+import socket
+import struct
+
+from ..desired import Action, FrontendKey, FrontendKind, Scope, ServicePortName
+from ..model import Protocol
+from . import layout as L
+from .held_addrs import HeldAddrs
+from .pinned import PinnedMap
+from .programmed import BackendKey, Ledger, Programmed
+
+_NATIVE_U32_PACK = struct.Struct("=I").pack
+
+
+def _cstr(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode()
+
+
+def read_back(svc: PinnedMap, be: PinnedMap, meta: PinnedMap, src: PinnedMap | None,
+              ext_addrs: HeldAddrs | None, ext_locals: HeldAddrs | None) -> Ledger:
+    """The Ledger of what the maps hold (None: a map the writer does not have)."""
+    led = Ledger()
+    # Plain tuples (PinnedMap.unpacked): no ctypes object per row at 100,000 rows.
+    names: dict[int, ServicePortName] = {}
+    for (sid,), (ns, name, port_name, proto, *view) in meta.unpacked():
+        spn = ServicePortName(_cstr(ns), _cstr(name), _cstr(port_name),
+                              L.PROTO_BY_NUM.get(proto, Protocol.TCP))
+        names[sid] = spn
+        led.named[spn] = tuple(view)
+    led.svc_ids.restore_all((spn, sid) for sid, spn in names.items())
+    ports: dict[int, int] = {}
+
+    def addr(ip: int, port: int, proto: int) -> BackendKey:
+        if port not in ports:
+            ports[port] = L.port_host(port)
+        return (socket.inet_ntoa(_NATIVE_U32_PACK(ip)), ports[port],
+                L.PROTO_BY_NUM.get(proto, Protocol.TCP))
+
+    backends: dict[int, BackendKey] = {}
+    for (bid,), (ip, port, proto) in be.unpacked():
+        backends[bid] = addr(ip, port, proto)
+    led.backend_ids.restore_all((bkey, bid) for bid, bkey in backends.items())
+    # Both scopes (sockets, and packets from outside the node) are this writer's; rows of
+    # a scope it does not know belong to some other writer and are left alone.
+    rows = [(k, v) for k, v in svc.unpacked() if k[3] in L.SCOPE_BY_NUM]
+    heads: dict[tuple, Programmed] = {}     # a frontend's (ip, port, proto, scope) as stored
+
+    def record(ip: int, port: int, proto: int, scope: int, prog: Programmed) -> Programmed:
+        fkey = FrontendKey(*addr(ip, port, proto), L.SCOPE_BY_NUM[scope])
+        heads[(ip, port, proto, scope)] = led.frontends[fkey] = prog
+        return prog
+
+    for (ip, port, proto, scope, slot), (_, sid, affinity, count, action, kind, _,
+                                         fe_flags) in rows:
+        if slot == 0:
+            prog = record(ip, port, proto, scope, Programmed(
+                kind=L.KIND_BY_NUM.get(kind, FrontendKind.CLUSTER_IP), service=None,
+                action=L.ACTION_BY_NUM.get(action, Action.REJECT), affinity=affinity,
+                count=count, range_flag=bool(fe_flags & L.FE_F_SRC_RANGES)))
+            led.set_service(prog, names.get(sid))
+    refs = led.refs
+    for (ip, port, proto, scope, slot), (bid, *_, flags, _) in rows:
+        if slot == 0:
+            continue
+        prog = heads.get((ip, port, proto, scope)) or record(
+            ip, port, proto, scope,
+            Programmed(FrontendKind.CLUSTER_IP, None, Action.REJECT, 0, None))
+        bkey = backends.get(bid)
+        # A slot naming no backend, or above its frontend's count (an agent killed between
+        # writing slot 0 and deleting the surplus), is a leftover no lookup can reach.
+        if bkey is None or (prog.count is not None and slot > prog.count):
+            svc.delete(L.SvcKey(addr=ip, port=port, proto=proto, scope=scope, slot=slot))
+            continue
+        prog.rows[slot] = (bkey, flags)       # Ledger.ref() inline: a fresh slot, per endpoint
+        refs[bkey] += 1
+        led.slot_rows += 1
+    if src is not None:
+        _restore_ranges(led, src)
+    _restore_filters(led, ext_addrs, ext_locals)
+    # Anything unreferenced (a crash between writes) is garbage now: only those are
+    # candidates (a set difference, not a look at each of 100,000 backends).
+    led.unref = led.backend_ids.keys() - led.refs.keys()
+    led.svc_unref = led.svc_ids.keys() - led.svc_refs.keys()
+    return led
+
+
+def _restore_ranges(led: Ledger, src: PinnedMap) -> None:
+    """Source-range rows back into their frontends; rows whose frontend is gone (a crash
+    between the slot 0 delete and theirs) are deleted."""
+    for key in src.keys():
+        fkey, cidr = L.srcrange_of(key)
+        prog = led.frontends.get(fkey)
+        if prog is None or prog.count is None:
+            src.delete(key)
+        else:
+            prog.ranges = prog.ranges | {cidr}
+            led.range_rows += 1
+
+
+def _restore_filters(led: Ledger, ext_addrs: HeldAddrs | None,
+                     ext_locals: HeldAddrs | None) -> None:
+    """The TC filter rows of the EXT frontends found (see HeldAddrs.restore). A frontend
+    whose row could not be written does not hold it, so the next apply rewrites it (see
+    Planner.unchanged) and reports the failure."""
+    ext = [(k, p) for k, p in led.frontends.items()
+           if k.scope is Scope.EXT and p.count is not None]
+    if ext_addrs is not None:
+        failed = ext_addrs.restore(k.ip for k, _ in ext)
+        for k, p in ext:
+            p.addr_held = k.ip not in failed
+            if p.addr_held:
+                ext_addrs.adopt(k.ip)
+    if ext_locals is not None:
+        local = {k: frozenset(row[0][0] for row in map(p.rows.get, range(1, p.count + 1))
+                              if row is not None and row[1] & L.F_LOCAL) for k, p in ext}
+        failed = ext_locals.restore(set().union(*local.values()))
+        for k, p in ext:
+            p.local_held = local[k] - failed
+            for addr in p.local_held:
+                ext_locals.adopt(addr)
