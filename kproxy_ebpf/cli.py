@@ -30,7 +30,7 @@ def _output_option(f):
 
 
 def _open_maps(bpffs_dir: str):
-    from .datapath.loader import open_pinned_maps
+    from .datapath.bpffs import open_pinned_maps
 
     maps = open_pinned_maps(Path(bpffs_dir))
     if "svc" not in maps:
@@ -395,7 +395,7 @@ def cleanup(bpffs_dir: str, yes: bool, kube_proxy_leftovers: bool, dry_run: bool
     if kube_proxy_leftovers:
         _cleanup_kube_proxy(yes, dry_run)
         return
-    from .datapath.loader import remove_pins
+    from .datapath.bpffs import remove_pins
     from .datapath.progcache import remove as remove_program_cache
 
     if not Path(bpffs_dir).exists():

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from kproxy_ebpf.agent import pause_gc
 from kproxy_ebpf.datapath import writer as W
-from kproxy_ebpf.datapath.loader import compile_program, open_pinned_maps, remove_pins
+from kproxy_ebpf.datapath.bpffs import open_pinned_maps, remove_pins
+from kproxy_ebpf.datapath.compile_child import compile_program
 from kproxy_ebpf.datapath.paths import bpf_dir
 from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, ServicePortName
 from kproxy_ebpf.model import Protocol

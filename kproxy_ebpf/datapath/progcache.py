@@ -33,7 +33,7 @@ import re
 import struct
 from pathlib import Path
 
-from ..config import MapSizes
+from .map_sizes import MapSizes
 from . import layout_gen as G
 from . import libbpf
 from .layout import MAPS, MapSpec
