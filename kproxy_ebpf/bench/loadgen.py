@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..lab import procs
-from ..lab.network import Lab
+from ..lab.namespaces import Lab
 from ..lab.nsutil import LabError
 
 CLIENT = "kpbench-client"
