@@ -15,7 +15,8 @@ IMAGE_APT_PACKAGES := podman runc mmdebstrap uidmap
 IMAGE ?= localhost/kproxy-ebpf:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
 .PHONY: setup apt venv headers k8s test unit datapath integration e2e conformance demo lab-down \
-        lint clean image image-apt apt-install chart-test kind-up kind-down bench scale bench-tools
+        lint clean image image-apt apt-install chart-test kind-up kind-down bench scale bench-tools \
+        layout
 
 setup: apt venv headers k8s
 
@@ -117,6 +118,11 @@ bench: setup bench-tools
 
 scale: setup bench-tools
 	$(KP) bench --scale --tools-dir $(BENCH_BUILD) $(ARGS)
+
+# kproxy_ebpf/datapath/kproxy_h.py from bpf/kproxy.h (clang, bpftool); tests/unit/test_layout.py
+# fails while the committed table is stale.
+layout: venv
+	$(PY) tools/layoutgen.py
 
 lab-down: venv
 	$(KP) lab down

@@ -2,10 +2,10 @@
  * programs and the agent.
  *
  * Nothing here is written twice. bpf/lib/maps.h expands KP_MAPS into the map declarations of
- * every program; kproxy_ebpf/datapath/layoutgen.py compiles this header for the BPF target and
+ * every program; tools/layoutgen.py (`make layout`) compiles this header for the BPF target and
  * reads the structs and enums back from the BTF (sizes, offsets, byte order from the __be
  * typedefs, every enumerator) and the map table from the preprocessor, into the generated
- * kproxy_ebpf/datapath/layout_gen.py that the Python side builds its ctypes types from.
+ * kproxy_ebpf/datapath/kproxy_h.py that the Python side builds its ctypes types from.
  * tests/unit/test_layout.py regenerates it and fails if the committed copy is stale, and the
  * agent compares the result with bcc's compiled view and each pinned map before it writes.
  *
@@ -450,8 +450,8 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 12, "kp_tc_cfg");
 #define KP_SVCCIDR4_SIZE 256   /* ServiceCIDR ranges */
 #endif
 
-/* Enums that reach the BTF through layoutgen's anchor struct (a type no variable uses is
- * not emitted). */
+/* Enums that reach the BTF through tools/layoutgen.py's anchor struct (a type no variable
+ * uses is not emitted). */
 #define KP_ENUMS(X) X(kp_scope) X(kp_action) X(kp_kind) X(kp_be_flags) X(kp_aff_type) \
 	X(kp_stat) X(kp_tunables) X(kp_lb_verdict) X(kp_meta_flags) X(kp_traffic_distribution) \
 	X(kp_cip_action) X(kp_ct_state) X(kp_ct_flags) X(kp_ct_life) X(kp_ct_timeouts) \

@@ -34,7 +34,7 @@ import struct
 from pathlib import Path
 
 from .map_sizes import MapSizes
-from . import layout_gen as G
+from . import kproxy_h as G
 from . import libbpf
 from .layout import MAPS, MapSpec
 
