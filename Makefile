@@ -107,7 +107,7 @@ BENCH_BINS  := $(BENCH_BUILD)/kpbench-client $(BENCH_BUILD)/kpbench-server
 CC          ?= cc
 BENCH_CFLAGS := -O2 -Wall -Wextra -pthread
 
-$(BENCH_BUILD)/kpbench-%: bench/kpbench_%.c
+$(BENCH_BUILD)/kpbench-%: kproxy_ebpf/bench/kpbench_%.c
 	@mkdir -p $(BENCH_BUILD)
 	$(CC) $(BENCH_CFLAGS) -o $@ $<
 
