@@ -40,23 +40,32 @@ def _open_maps(bpffs_dir: str):
 
 class _LazyGroup(click.Group):
     """`lab` and `bench` are imported only when asked for: they pull in the Kubernetes client
-    models and pyroute2 (~0.35 s), which `run` (the agent's cold start) must not pay."""
+    models and pyroute2 (~0.35 s), which `run` (the agent's cold start) must not pay. The
+    agent's image ships neither (Dockerfile): there they are not listed, and asking for one
+    says so."""
     LAZY = {"lab": "kproxy_ebpf.lab.cli", "bench": "kproxy_ebpf.bench.cli"}
 
-    def list_commands(self, ctx):
+    @staticmethod
+    def _installed(module: str) -> bool:
         import importlib.util
 
-        lazy = [n for n, mod in self.LAZY.items() if importlib.util.find_spec(mod)]
+        try:
+            return importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:         # its package (lab/, bench/) is not there
+            return False
+
+    def list_commands(self, ctx):
+        lazy = [n for n, mod in self.LAZY.items() if self._installed(mod)]
         return sorted(set(super().list_commands(ctx)) | set(lazy))
 
     def get_command(self, ctx, name):
         if name in self.LAZY and name not in self.commands:
             import importlib
 
-            try:
-                self.add_command(getattr(importlib.import_module(self.LAZY[name]), name))
-            except ImportError:     # optional in an agent-only image
-                return None
+            if not self._installed(self.LAZY[name]):
+                ctx.fail(f"`{name}` is not installed here: the agent's image holds the agent "
+                         f"only; run `kproxy-ebpf {name}` from a source checkout")
+            self.add_command(getattr(importlib.import_module(self.LAZY[name]), name))
         return super().get_command(ctx, name)
 
 
