@@ -176,7 +176,7 @@ for _name in _LIFE_FIELDS:
 TcCfg = STRUCTS["kp_tc_cfg"]
 SrcRangeKey = STRUCTS["kp_srcrange4_key"]
 FE_F_SRC_RANGES = const("KP_FE_F_SRC_RANGES")
-_SRCRANGE_FE_BITS = 64          # kp_srcrange4_key: fe_addr, fe_port, proto, pad
+_SRCRANGE_FE_BITS = const("KP_SRCRANGE_FE_BITS")     # kp_srcrange4_key's frontend part
 SCOPE_SOCK = const("KP_SCOPE_SOCK")
 SCOPE_EXT = const("KP_SCOPE_EXT")
 SCOPE_NUM = {Scope.SOCK: SCOPE_SOCK, Scope.EXT: SCOPE_EXT}

@@ -10,7 +10,7 @@ No torn reads (the programs copy each row once, see bpf/lib/lb.h): a backend row
 once, when its id is allocated, and never modified; an id names one (address, port, protocol)
 for its whole life and is freed only after the apply that removed the last slot naming it.
 What changes about an endpoint (ready, terminating, local) belongs to the frontend that uses
-it and lives in that frontend's slot row (be_flags), which the programs do not read.
+it and lives in that frontend's slot row (be_flags), of which tc_lb.c reads KP_BE_F_LOCAL.
 
 Slots are filled stably: a backend that stays keeps its slot, a new one takes a freed slot, and
 only the tail moves into the holes. That keeps writes proportional to what changed and lets

@@ -96,3 +96,10 @@ def test_byte_order_round_trip(ip, port):
     assert raw[4:6] == port.to_bytes(2, "big")
     assert raw[6] == 17 and int.from_bytes(raw[8:10], sys.byteorder) == 3
     assert layout.key_tuple(key) == (ip, port, layout.Protocol.UDP)
+
+
+def test_the_source_range_prefix_is_the_headers():
+    """kp_srcrange4_key's frontend part, which rows match in full (lib/srcrange.h looks up
+    that plus a whole address): one constant in kproxy.h, the bits between prefixlen and saddr."""
+    key = layout.SrcRangeKey
+    assert layout.const("KP_SRCRANGE_FE_BITS") == 8 * (key.saddr.offset - key.fe_addr.offset)
