@@ -40,7 +40,9 @@ RUN set -eux; \
 COPY --from=headers /opt/kproxy-ebpf/headers /opt/kproxy-ebpf/headers
 ENV BCC_KERNEL_SOURCE=/opt/kproxy-ebpf/headers
 
-# The package in a venv that sees Debian's bcc, pinned exactly as the repository pins it.
+# The package in a venv that sees Debian's bcc, pinned exactly as the repository pins it: the
+# agent and its commands only, since .dockerignore keeps kproxy_ebpf/lab and kproxy_ebpf/bench
+# out of the build context (`kproxy-ebpf lab` and `bench` then say they are not installed).
 # Behind a TLS-intercepting proxy, pass its CA bundle as the build secret "ca-bundle" (it is
 # used for pip only and never stored in a layer).
 COPY pyproject.toml constraints.txt README.md /src/

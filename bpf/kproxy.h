@@ -2,10 +2,10 @@
  * programs and the agent.
  *
  * Nothing here is written twice. bpf/lib/maps.h expands KP_MAPS into the map declarations of
- * every program; kproxy_ebpf/datapath/layoutgen.py compiles this header for the BPF target and
+ * every program; tools/layoutgen.py (`make layout`) compiles this header for the BPF target and
  * reads the structs and enums back from the BTF (sizes, offsets, byte order from the __be
  * typedefs, every enumerator) and the map table from the preprocessor, into the generated
- * kproxy_ebpf/datapath/layout_gen.py that the Python side builds its ctypes types from.
+ * kproxy_ebpf/datapath/kproxy_h.py that the Python side builds its ctypes types from.
  * tests/unit/test_layout.py regenerates it and fails if the committed copy is stale, and the
  * agent compares the result with bcc's compiled view and each pinned map before it writes.
  *
@@ -60,6 +60,12 @@ enum kp_fe_flags {              /* kp_svc_val.fe_flags (slot 0): what else appli
 enum kp_aff_type {              /* kp_aff_key.type */
 	KP_AFF_CLIENT = 0,      /* sessionAffinity ClientIP (kp_aff): client = netns cookie */
 	KP_AFF_SOCKET = 1,      /* unconnected UDP flow (kp_flow): client = socket cookie */
+};
+
+enum kp_aff_client {            /* kp_aff_key.client of a TC client (tc_lb.c) */
+	/* Its address with this bit set: never a netns cookie of the socket path (a counter
+	 * from 1), so the two kinds of client share kp_aff without meeting. */
+	KP_AFF_TC_CLIENT_BIT = 63,
 };
 
 enum kp_stat {                  /* index into the per-CPU counter array kp_stats */
@@ -137,7 +143,7 @@ struct kp_svc_val {
 	__u16 count;            /* slot 0: number of backend slots */
 	__u8  action;           /* slot 0: enum kp_action */
 	__u8  kind;             /* slot 0: enum kp_kind */
-	__u8  be_flags;         /* slot > 0: enum kp_be_flags (CLI only) */
+	__u8  be_flags;         /* slot > 0: enum kp_be_flags (tc_lb.c reads KP_BE_F_LOCAL) */
 	__u8  fe_flags;         /* slot 0: enum kp_fe_flags. Was padding, always written 0, which
 				 * reads as "no flag": rows of an older agent mean what they say,
 				 * so this field needed no version bump of kp_svc4 */
@@ -224,11 +230,16 @@ struct kp_cidr4_key {
 	__be32 addr;
 };
 
-/* loadBalancerSourceRanges (lib/srcrange.h): an LPM trie keyed by the frontend (64 bits that
- * a row always matches in full) and then the source prefix, so one lookup with prefixlen 96
- * answers "is this source inside one of this frontend's ranges". */
+/* loadBalancerSourceRanges (lib/srcrange.h): an LPM trie keyed by the frontend (the
+ * KP_SRCRANGE_FE_BITS that a row always matches in full) and then the source prefix, so one
+ * lookup with prefixlen KP_SRCRANGE_FE_BITS + 32 (a whole source address) answers "is this
+ * source inside one of this frontend's ranges". */
+enum kp_srcrange_bits {
+	KP_SRCRANGE_FE_BITS = 64,   /* fe_addr, fe_port, proto, pad: the key's frontend part */
+};
+
 struct kp_srcrange4_key {
-	__u32  prefixlen; /* 64 + the range's prefix length */
+	__u32  prefixlen; /* KP_SRCRANGE_FE_BITS + the range's prefix length */
 	__be32 fe_addr;   /* the frontend (an LB ingress IP), its port and protocol */
 	__be16 fe_port;
 	__u8   proto;
@@ -279,6 +290,9 @@ _Static_assert(sizeof(struct kp_svc_meta) == 152, "kp_svc_meta");
 _Static_assert(sizeof(struct kp_cip4_val) == 4, "kp_cip4_val");
 _Static_assert(sizeof(struct kp_cidr4_key) == 8, "kp_cidr4_key");
 _Static_assert(sizeof(struct kp_srcrange4_key) == 16, "kp_srcrange4_key");
+_Static_assert(KP_SRCRANGE_FE_BITS == 8 * (__builtin_offsetof(struct kp_srcrange4_key, saddr) -
+					  __builtin_offsetof(struct kp_srcrange4_key, fe_addr)),
+	       "KP_SRCRANGE_FE_BITS: the bits between prefixlen and saddr");
 _Static_assert(sizeof(struct kp_lb_req) == 48, "kp_lb_req");
 _Static_assert(sizeof(struct kp_lb_res) == 24, "kp_lb_res");
 
@@ -450,12 +464,12 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 12, "kp_tc_cfg");
 #define KP_SVCCIDR4_SIZE 256   /* ServiceCIDR ranges */
 #endif
 
-/* Enums that reach the BTF through layoutgen's anchor struct (a type no variable uses is
- * not emitted). */
+/* Enums that reach the BTF through tools/layoutgen.py's anchor struct (a type no variable
+ * uses is not emitted). */
 #define KP_ENUMS(X) X(kp_scope) X(kp_action) X(kp_kind) X(kp_be_flags) X(kp_aff_type) \
 	X(kp_stat) X(kp_tunables) X(kp_lb_verdict) X(kp_meta_flags) X(kp_traffic_distribution) \
 	X(kp_cip_action) X(kp_ct_state) X(kp_ct_flags) X(kp_ct_life) X(kp_ct_timeouts) \
-	X(kp_fe_flags)
+	X(kp_fe_flags) X(kp_aff_client) X(kp_srcrange_bits)
 
 /* Structs that are no map's key or value but cross the kernel boundary (test runs). */
 #define KP_EXTRA_STRUCTS(X) X(kp_lb_req) X(kp_lb_res)

@@ -100,33 +100,14 @@ static __always_inline int sock_xlate_fwd(struct bpf_sock_addr *ctx, __be32 *add
 	struct kp_lb_req req = {};
 	struct kp_lb_res res = {};
 
-	req.key.addr = *addr;
-	req.key.port = *port;
-	req.key.proto = (__u8)ctx->protocol;
-	req.key.scope = KP_SCOPE_SOCK;
-	req.rnd[0] = bpf_get_prandom_u32();
-	req.rnd[1] = bpf_get_prandom_u32();
-	req.client = bpf_get_netns_cookie(ctx);
-	req.flow = unconnected_udp ? bpf_get_socket_cookie(ctx) : 0;
-	req.now = bpf_ktime_get_ns();
+	kp_lb_request(&req, *addr, *port, (__u8)ctx->protocol, KP_SCOPE_SOCK,
+		      bpf_get_netns_cookie(ctx), unconnected_udp ? bpf_get_socket_cookie(ctx) : 0,
+		      bpf_ktime_get_ns());
 	kp_lb_select(&req, &res);
-
-	switch (res.verdict) {
-	case KP_LB_NONE:
+	if (res.verdict == KP_LB_NONE)
 		return kp_servicecidr_unmatched(req.key.addr);
-	case KP_LB_DROP:
-		kp_count(KP_STAT_DROP);
-		return -EHOSTUNREACH;
-	case KP_LB_REJECT:
-		kp_count(KP_STAT_REJECT);
-		return -ECONNREFUSED;
-	case KP_LB_FORWARD:
-		break;
-	default:
-		/* Fail fast rather than send the connect to a service address nobody answers. */
-		kp_count(KP_STAT_BACKEND_MISS);
-		return -ECONNREFUSED;
-	}
+	if (res.verdict != KP_LB_FORWARD)
+		return kp_lb_refusal(res.verdict, KP_LB_PATH_SOCK);
 	sock_remember(ctx, &res, *addr, *port);
 	*addr = res.be.addr;
 	*port = res.be.port;

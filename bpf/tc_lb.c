@@ -42,10 +42,6 @@
 #include "lib/servicecidr.h"
 #include "lib/srcrange.h"
 
-/* ClientIP affinity key for TC clients: the client address with the top bit set, so it can
- * never equal a netns cookie of the socket path (a counter from 1) in the shared kp_aff map. */
-#define KP_AFF_TC_CLIENT (1ULL << 63)
-
 /* Reserves a SNAT source port toward be:port: the reply tuple (backend -> snat:port) must be
  * unique, so a port whose kp_rnat4 key is free is taken with BPF_NOEXIST. A taken key whose
  * flow has ended (kp_rnat_reusable) is taken over by rewriting its row whole; only CPU c does
@@ -117,47 +113,38 @@ static __always_inline struct kp_tc_cfg kp_tc_config(void)
 }
 
 /* A fresh flow: choose the backend and record it (kp_ct4 and its reply tuple in kp_rnat4).
- * Returns 1 with *v filled, 0 when the packet is no frontend's, or a TC verdict (< 0 - 1). */
+ * Returns 1 with *v filled, 0 when the packet is no frontend's, or -1 when this packet is
+ * answered here: *act is its TC verdict. */
 static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 				       struct kp_ct4_val *v, const struct kp_tc_cfg *cfg,
-				       __u64 now, __u8 scope)
+				       __u64 now, __u8 scope, int *act)
 {
 	struct kp_lb_req req = {};
 	struct kp_lb_res res = {};
 	struct kp_ct4_key rkey = {};
 	__u8 flags;
 
-	req.key.addr = p->tuple.daddr;
-	req.key.port = p->tuple.dport;
-	req.key.proto = p->tuple.proto;
-	req.key.scope = scope;
-	req.rnd[0] = bpf_get_prandom_u32();
-	req.rnd[1] = bpf_get_prandom_u32();
-	req.client = KP_AFF_TC_CLIENT | p->tuple.saddr;
-	req.now = now;
+	kp_lb_request(&req, p->tuple.daddr, p->tuple.dport, p->tuple.proto, scope,
+		      (1ULL << KP_AFF_TC_CLIENT_BIT) | p->tuple.saddr, 0, now);
 	kp_lb_select(&req, &res);
 	if (res.verdict == KP_LB_NONE)
 		return 0;
 	/* Before the verdict: kube-proxy's firewall runs before its DNAT and no-endpoint reject. */
 	if (!kp_srcrange_allows(&req.key, res.fe_flags, p->tuple.saddr)) {
 		kp_count(KP_STAT_TC_SRC_DROP);
-		return -1 - TC_ACT_SHOT;
+		*act = TC_ACT_SHOT;
+		return -1;
 	}
-	switch (res.verdict) {
-	case KP_LB_FORWARD:
-		break;
-	case KP_LB_DROP:
-		kp_count(KP_STAT_TC_DROP);
-		/* A pod client gets the socket path's EHOSTUNREACH at once, not a silent drop. */
-		if (scope == KP_SCOPE_SOCK)
-			return -1 - kp_icmp_unreach(skb, p, ICMP_HOST_UNREACH);
-		return -1 - TC_ACT_SHOT;
-	case KP_LB_REJECT:
-		kp_count(KP_STAT_TC_REJECT);
-		return -1 - kp_reject(skb, p);
-	default:
-		kp_count(KP_STAT_TC_MISS);
-		return -1 - kp_reject(skb, p);
+	if (res.verdict != KP_LB_FORWARD) {
+		/* Refused: an ICMP port unreachable, as kube-proxy's reject rule. No endpoint in the
+		 * Local set drops, but a pod client gets the socket path's EHOSTUNREACH at once. */
+		if (kp_lb_refusal(res.verdict, KP_LB_PATH_TC) == -ECONNREFUSED)
+			*act = kp_reject(skb, p);
+		else if (scope == KP_SCOPE_SOCK)
+			*act = kp_icmp_unreach(skb, p, ICMP_HOST_UNREACH);
+		else
+			*act = TC_ACT_SHOT;
+		return -1;
 	}
 	__builtin_memset(v, 0, sizeof(*v));
 	v->be_addr = res.be.addr;
@@ -168,7 +155,8 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 	if (scope == KP_SCOPE_EXT ? !(res.be_flags & KP_BE_F_LOCAL) : res.be.addr == p->tuple.saddr) {
 		if (kp_snat_alloc(&p->tuple, v, cfg, now) != 0) {
 			kp_count(KP_STAT_TC_SNAT_FULL);
-			return -1 - TC_ACT_SHOT;
+			*act = TC_ACT_SHOT;
+			return -1;
 		}
 		flags |= KP_CT_F_SNAT;
 		kp_count(KP_STAT_TC_SNAT);
@@ -332,6 +320,7 @@ static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 	__u64 now;
 	bool to_snat;
 	int ret;
+	int act = TC_ACT_SHOT;   /* what kp_new_flow answers a packet with */
 
 	/* From outside, a packet can be ours only if it is sent to an address of some scope-EXT
 	 * frontend (kp_extaddr4, which the agent writes before the frontend's slot 0 and deletes
@@ -370,11 +359,11 @@ static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 		}
 	}
 	if (!row) {
-		ret = kp_new_flow(skb, &p, &v, &cfg, now, scope);
+		ret = kp_new_flow(skb, &p, &v, &cfg, now, scope, &act);
 		if (ret == 0)
 			return scope == KP_SCOPE_SOCK ? kp_pod_unmatched(skb, &p) : TC_ACT_OK;
 		if (ret < 0)
-			return -1 - ret;
+			return act;
 	}
 	kp_ct_track(&orig, row, &v, p.tcp_flags, false, now);
 

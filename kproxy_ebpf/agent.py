@@ -26,7 +26,7 @@ from . import health, httpserve
 from .config import AgentConfig
 from .datapath import conntrack, reader, tc
 from .datapath.cidr_writer import CidrWriter
-from .datapath.loader import Datapath
+from .datapath.sock_hooks import SockDatapath
 from .datapath.tc import TcDatapath
 from .datapath.writer import ApplyResult, MapWriter
 from .kube.sources import ApiSource, ManifestSource
@@ -56,7 +56,7 @@ class Agent:
                                 if cfg.north_south else None,
                                 external_ip_allowlist=None if cfg.external_ip_allowlist is None
                                 else tuple(cfg.external_ip_allowlist))
-        self.datapath = Datapath(Path(cfg.bpffs_dir), Path(cfg.cgroup), cfg.map_sizes,
+        self.datapath = SockDatapath(Path(cfg.bpffs_dir), Path(cfg.cgroup), cfg.map_sizes,
                                  Path(cfg.program_cache) if cfg.program_cache else None)
         self.tc: TcDatapath | None = None
         self.svc_health = ServiceHealthServers(

@@ -8,15 +8,13 @@ datapath do with traffic to this service right now?"
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from pathlib import Path
 
 import click
 
 from . import __version__
-
-DEFAULT_BPFFS = "/sys/fs/bpf/kproxy"
+from .run_cli import DEFAULT_BPFFS, run
 
 
 def _bpffs_option(f):
@@ -30,7 +28,7 @@ def _output_option(f):
 
 
 def _open_maps(bpffs_dir: str):
-    from .datapath.loader import open_pinned_maps
+    from .datapath.bpffs import open_pinned_maps
 
     maps = open_pinned_maps(Path(bpffs_dir))
     if "svc" not in maps:
@@ -42,23 +40,32 @@ def _open_maps(bpffs_dir: str):
 
 class _LazyGroup(click.Group):
     """`lab` and `bench` are imported only when asked for: they pull in the Kubernetes client
-    models and pyroute2 (~0.35 s), which `run` (the agent's cold start) must not pay."""
+    models and pyroute2 (~0.35 s), which `run` (the agent's cold start) must not pay. The
+    agent's image ships neither (Dockerfile): there they are not listed, and asking for one
+    says so."""
     LAZY = {"lab": "kproxy_ebpf.lab.cli", "bench": "kproxy_ebpf.bench.cli"}
 
-    def list_commands(self, ctx):
+    @staticmethod
+    def _installed(module: str) -> bool:
         import importlib.util
 
-        lazy = [n for n, mod in self.LAZY.items() if importlib.util.find_spec(mod)]
+        try:
+            return importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:         # its package (lab/, bench/) is not there
+            return False
+
+    def list_commands(self, ctx):
+        lazy = [n for n, mod in self.LAZY.items() if self._installed(mod)]
         return sorted(set(super().list_commands(ctx)) | set(lazy))
 
     def get_command(self, ctx, name):
         if name in self.LAZY and name not in self.commands:
             import importlib
 
-            try:
-                self.add_command(getattr(importlib.import_module(self.LAZY[name]), name))
-            except ImportError:     # optional in an agent-only image
-                return None
+            if not self._installed(self.LAZY[name]):
+                ctx.fail(f"`{name}` is not installed here: the agent's image holds the agent "
+                         f"only; run `kproxy-ebpf {name}` from a source checkout")
+            self.add_command(getattr(importlib.import_module(self.LAZY[name]), name))
         return super().get_command(ctx, name)
 
 
@@ -68,58 +75,7 @@ def main() -> None:
     """An eBPF replacement for kube-proxy."""
 
 
-@main.command()
-@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
-              help="YAML configuration file (camelCase keys, as kube-proxy's).")
-@click.option("--kubeconfig", help="Kubeconfig; default: in-cluster, then ~/.kube/config.")
-@click.option("--master", help="API server address, overriding the kubeconfig's.")
-@click.option("--hostname-override", help="This node's name (default: the host name).")
-@click.option("--bpffs-dir", help=f"Pin directory for maps and links [{DEFAULT_BPFFS}].")
-@click.option("--program-cache",
-              help="Directory of compiled programs reused across restarts ('' disables) "
-                   "[/var/cache/kproxy-ebpf/programs].")
-@click.option("--cgroup", help="cgroup v2 directory the socket hooks attach to (required).")
-@click.option("--min-sync-period", help="Shortest time between two syncs, e.g. 200ms.")
-@click.option("--sync-period", help="Full resync period, e.g. 30s.")
-@click.option("--healthz-bind-address", help="host:port of /healthz and /livez ('' disables).")
-@click.option("--metrics-bind-address", help="host:port of /metrics ('' disables).")
-@click.option("--manifests", multiple=True,
-              help="Read Services/EndpointSlices from these YAML files or directories instead "
-                   "of the API server (re-read when they change).")
-@click.option("--north-south/--no-north-south", default=None,
-              help="Serve NodePort/ExternalIP/LoadBalancer traffic from outside the node (TC).")
-@click.option("--devices", multiple=True,
-              help="External devices for the TC programs (default: from the routes).")
-@click.option("--node-port-addresses", multiple=True,
-              help="CIDRs (or 'primary') whose node addresses serve NodePorts [primary].")
-@click.option("--external-ip-allowlist", multiple=True,
-              help="Program only ExternalIPs inside these CIDRs (CVE-2020-8554) [all].")
-@click.option("--socket-lb", type=click.BOOL, default=None,
-              help="Socket-level load balancing (cgroup hooks) [true]; false serves ClusterIPs "
-                   "per packet at TC on the pod devices (--socket-lb=false).")
-@click.option("--pod-devices", multiple=True,
-              help="Globs of the pod-facing devices for --socket-lb=false [veth*,cali*,lxc*,kpv*].")
-@click.option("--snat-port-range", help="SNAT source ports for remote backends [61000-65535].")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
-def run(config_file, **flags) -> None:
-    """Run the agent: watch the cluster and program this node's datapath."""
-    from .config import ConfigError, load
-
-    try:
-        cfg = load(config_file, overrides=flags)
-        cfg.validate()
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from exc
-    logging.basicConfig(level=cfg.log_level.upper(),
-                        format="%(asctime)s %(levelname).1s %(name)s: %(message)s")
-    from .agent import Agent
-    from .datapath.kernel import KernelUnsupported
-    from .datapath.pinned import LayoutMismatch
-
-    try:
-        Agent(cfg).run_until_signalled()
-    except (LayoutMismatch, KernelUnsupported) as exc:
-        raise click.ClickException(f"refusing to run: {exc}") from exc
+main.add_command(run)
 
 
 def _backend_text(b: dict) -> str:
@@ -395,7 +351,7 @@ def cleanup(bpffs_dir: str, yes: bool, kube_proxy_leftovers: bool, dry_run: bool
     if kube_proxy_leftovers:
         _cleanup_kube_proxy(yes, dry_run)
         return
-    from .datapath.loader import remove_pins
+    from .datapath.bpffs import remove_pins
     from .datapath.progcache import remove as remove_program_cache
 
     if not Path(bpffs_dir).exists():

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from .datapath.layout import MAPS
+from .datapath.map_sizes import MapSizes
 from .datapath.pod_devices import DEFAULT_GLOBS as DEFAULT_POD_GLOBS
 
 
@@ -25,29 +25,6 @@ log = logging.getLogger(__name__)
 
 class ConfigError(ValueError):
     pass
-
-
-def _default_size(name: str):
-    return field(default_factory=lambda: MAPS[name].default_size)
-
-
-@dataclass
-class MapSizes:
-    """max_entries of each map (defaults from bpf/kproxy.h; a pinned map keeps the size it
-    was created with until `kproxy-ebpf cleanup`)."""
-    svc: int = _default_size("svc")            # frontends plus one row per backend slot
-    backend: int = _default_size("backend")
-    sknat: int = _default_size("sknat")        # reverse translation per UDP socket (LRU)
-    affinity: int = _default_size("affinity")  # ClientIP affinity (LRU)
-    flow: int = _default_size("flow")          # unconnected-UDP flows (LRU)
-    meta: int = _default_size("meta")          # service-port names for the CLI
-    clusterip: int = _default_size("clusterip")  # allocated ClusterIPs (ServiceCIDR checks)
-    servicecidr: int = _default_size("servicecidr")  # ServiceCIDR ranges (LPM trie)
-    ct: int = _default_size("ct")              # TC connection tracking (LRU)
-    rnat: int = _default_size("rnat")          # TC reply tuple -> original tuple (LRU)
-    srcrange: int = _default_size("srcrange")  # loadBalancerSourceRanges (LPM trie)
-    extaddr: int = _default_size("extaddr")    # addresses of scope-EXT frontends (TC filter)
-    extbe: int = _default_size("extbe")        # their local backends (TC filter)
 
 
 @dataclass

@@ -2,8 +2,8 @@
  *
  * Context-free: the caller fills a struct kp_lb_req (frontend, affinity client, random numbers,
  * clock) and gets a kp_lb_res with the verdict and a stack copy of the backend row, so the
- * socket hooks, the TC path and BPF_PROG_TEST_RUN tests (tests/datapath/test_lb_run.c) run the
- * same code.
+ * socket hooks, the TC path and BPF_PROG_TEST_RUN tests (bpf/tests/lb_run.c, driven by
+ * tests/datapath/test_lb_run.py) run the same code.
  *
  * No torn reads: every row is copied to the stack once and only the copy is used. Backend rows
  * are never rewritten (a backend id names one address for its whole life) and the agent frees
@@ -16,11 +16,54 @@
 #ifndef KPROXY_LIB_LB_H
 #define KPROXY_LIB_LB_H
 
+#include <uapi/linux/errno.h>
 #include "maps.h"
 #include "stats.h"
 
 #define KP_NSEC_PER_SEC 1000000000ULL
 #define KP_NSEC_PER_MS  1000000ULL
+
+/* Which program family asks: its verdicts go to its own counters (enum kp_stat). */
+enum kp_lb_path {
+	KP_LB_PATH_SOCK,        /* the socket hooks (sock_lb.c) */
+	KP_LB_PATH_TC,          /* the per-packet paths (tc_lb.c) */
+};
+
+/* Fills a zeroed request for frontend (addr, port, proto, scope): a random number per attempt,
+ * the affinity client, the unconnected-UDP flow (0: not one) and the clock. */
+static __always_inline void kp_lb_request(struct kp_lb_req *req, __be32 addr, __be16 port,
+					  __u8 proto, __u8 scope, __u64 client, __u64 flow,
+					  __u64 now)
+{
+	req->key.addr = addr;
+	req->key.port = port;
+	req->key.proto = proto;
+	req->key.scope = scope;
+	req->rnd[0] = bpf_get_prandom_u32();
+	req->rnd[1] = bpf_get_prandom_u32();
+	req->client = client;
+	req->flow = flow;
+	req->now = now;
+}
+
+/* A verdict that refuses the frontend (DROP, REJECT, MISS): counted on the path's counter, and
+ * returned as what the client is told: -EHOSTUNREACH (endpoints exist, none in the Local set)
+ * or -ECONNREFUSED (none at all, or a slot that vanished twice under the lookup: refused
+ * rather than sent to a service address nobody answers). */
+static __always_inline int kp_lb_refusal(__u8 verdict, enum kp_lb_path path)
+{
+	bool tc = path == KP_LB_PATH_TC;
+
+	if (verdict == KP_LB_DROP) {
+		kp_count(tc ? KP_STAT_TC_DROP : KP_STAT_DROP);
+		return -EHOSTUNREACH;
+	}
+	if (verdict == KP_LB_REJECT)
+		kp_count(tc ? KP_STAT_TC_REJECT : KP_STAT_REJECT);
+	else
+		kp_count(tc ? KP_STAT_TC_MISS : KP_STAT_BACKEND_MISS);
+	return -ECONNREFUSED;
+}
 
 /* Copies slot `slot` of the frontend and the backend it names into res. 0 on success. */
 static __always_inline int kp_lb_slot(struct kp_svc4_key *key, __u16 slot, struct kp_lb_res *res)

@@ -20,7 +20,8 @@ static __always_inline struct kp_srcrange4_key kp_srcrange_key(const struct kp_s
 							       __be32 saddr)
 {
 	struct kp_srcrange4_key key = {
-		.prefixlen = 96, .fe_addr = fe->addr, .fe_port = fe->port, .proto = fe->proto,
+		.prefixlen = KP_SRCRANGE_FE_BITS + 32, .fe_addr = fe->addr, .fe_port = fe->port,
+		.proto = fe->proto,
 		.saddr = saddr,
 	};
 

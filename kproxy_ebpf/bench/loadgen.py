@@ -1,4 +1,4 @@
-"""The compiled load generator and server (bench/kpbench_*.c, built by `make bench-tools`
+"""The compiled load generator and server (kpbench_*.c beside this file, built by `make bench-tools`
 into build/bench) run inside lab pods: the client in a pod of node1, whose cgroup is where
 node1's kproxy hooks attach, so the client is translated exactly like a workload."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..lab import procs
-from ..lab.network import Lab
+from ..lab.namespaces import Lab
 from ..lab.nsutil import LabError
 
 CLIENT = "kpbench-client"

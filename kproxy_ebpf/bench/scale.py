@@ -219,18 +219,18 @@ class ScaleRun:
         state = {"made": 0, "seen": 0}
         with tb.client.watch([tb.vips[M5_SERVICE]], fill.SERVICE_PORT, interval_us=2000,
                              timeout_ms=200) as w:
-            w.expect(tb.m5_current, 60)
+            w.expect(tb.one_endpoint, 60)
 
             def step(t_end: float) -> int:
                 """This sub-window's share of the changes, each awaited, paced by spacing."""
                 k = 0
                 while state["made"] < changes * (len(busy_done) + 1) // subs:
                     t_next = time.monotonic() + spacing
-                    new, path, ops = tb.m5_change()
+                    new, path, ops = tb.move_one_endpoint()
                     w.send(new, 60)
                     tb.api.json_patch(path, ops)
                     state["seen"] += bool(w.result().get("ok"))
-                    tb.m5_current = new
+                    tb.one_endpoint = new
                     state["made"] += 1
                     k += 1
                     time.sleep(max(0.0, min(t_next, t_end) - time.monotonic()))

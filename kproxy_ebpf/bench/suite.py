@@ -102,7 +102,7 @@ class BenchConfig:
     lab_name: str = "bench"
     tools_dir: str = "build/bench"
 
-    def m5_more(self, made: int, elapsed_s: float) -> bool:
+    def another_change(self, made: int, elapsed_s: float) -> bool:
         """Whether M5 makes another change, after `made` of them in elapsed_s."""
         return made < self.m5_changes and (made < self.m5_min_changes
                                             or elapsed_s <= self.m5_budget_s)
@@ -196,21 +196,21 @@ class ModeRun:
                     self.target = placed["service"]
                     self.log(f"{self.mode} N={self.n}: M1/M2 through {self.target}, rule "
                              f"{placed['position']} of {placed['rules']} in KUBE-SERVICES")
-            self.m1_m2_m10()
+            self.connect_latency_rate_spread()
             if self.mode.startswith("iptables"):
                 self.out["kube_services_after"] = self.tb.kube_services_position(self.target)
             if not self.direct:
-                self.m5()
-                self.m7()
-            self.m8()
+                self.change_latency()
+                self.cpu_and_memory()
+            self.connect_during_rolling_update()
             if self.mode not in NO_M9:
                 try:
-                    self.m9()
+                    self.nodeport_from_outside()
                 except LabError as e:     # recorded, and the other metrics still run
                     self.log(f"{self.mode} N={self.n}: M9 failed: {e}")
                     self.out["M9"] = {"error": str(e)[-500:]}
             if self.largest:
-                self.m3()
+                self.keepalive_and_stream()
         finally:
             if not self.direct:
                 self.tb.stop_proxy()
@@ -287,7 +287,9 @@ class ModeRun:
         pods = [self.tb.pods[n] for n in self.tb.target_set]
         return self.tb.client.run("crr", pods, TARGET_PORT, duration=self.cfg.crr_seconds)
 
-    def m1_m2_m10(self) -> None:
+    def connect_latency_rate_spread(self) -> None:
+        """M1 connect latency and M2 connection rate (crr runs with 1 and 2 client threads),
+        M10 how evenly the backends were chosen (the same runs' backend counts)."""
         paired = self.mode in PAIRED_M1
         self.log(f"{self.mode} N={self.n}: M1/M2 crr x{self.cfg.repeats}"
                  + (" (interleaved with direct)" if paired else ""))
@@ -347,7 +349,9 @@ class ModeRun:
                     lambda: self.tb.client.run("crr", pods, TARGET_PORT, duration=secs))}
 
     # -- M5 ------------------------------------------------------------------------------------
-    def m5(self) -> None:
+    def change_latency(self) -> None:
+        """M5: from one endpoint change written to the API to the first connection that reaches
+        the new backend, one change at a time."""
         tb, cfg = self.tb, self.cfg
         from_end = self.mode not in KPROXY_MODES
         # From a sync's end (polled every 20 ms, so never early) the interval plus 50 ms is
@@ -361,17 +365,17 @@ class ModeRun:
         t0 = time.monotonic()
         with tb.client.watch([tb.vips[M5_SERVICE]], SERVICE_PORT, interval_us=500,
                              timeout_ms=200) as w:
-            if not w.expect(tb.m5_current, 60).get("ok"):
+            if not w.expect(tb.one_endpoint, 60).get("ok"):
                 raise RuntimeError(f"{self.mode}: {M5_SERVICE} does not answer")
-            while cfg.m5_more(made, time.monotonic() - t0):
+            while cfg.another_change(made, time.monotonic() - t0):
                 made += 1
-                new, path, ops = tb.m5_change()
+                new, path, ops = tb.move_one_endpoint()
                 syncs = tb.kube_proxy_syncs() if from_end else 0
                 w.send(new, 60)
                 t_write = time.time_ns()
                 tb.api.json_patch(path, ops)
                 res = w.result()
-                tb.m5_current = new
+                tb.one_endpoint = new
                 if res.get("ok"):
                     lat_ms.append((res["seen_realtime_ns"] - t_write) / 1e6)
                 else:
@@ -410,7 +414,8 @@ class ModeRun:
                 "source": cpu["source"], "rss_mib": round(peak / MIB, 1),
                 "cpu_s_proc": cpu["cpu_s_proc"]}
 
-    def m7(self) -> None:
+    def cpu_and_memory(self) -> None:
+        """M7: the proxy's CPU and RSS at rest and under filler endpoint churn."""
         tb, cfg = self.tb, self.cfg
         self.log(f"{self.mode} N={self.n}: M7 steady {cfg.steady_seconds}s, churn "
                  f"{cfg.m7_churn_rate:.0f}/s {cfg.churn_seconds}s")
@@ -421,7 +426,7 @@ class ModeRun:
         self.out["M7"] = {"steady": steady, "churn": churn}
 
     # -- M8 ------------------------------------------------------------------------------------
-    def m8(self) -> None:
+    def connect_during_rolling_update(self) -> None:
         """crr windows without and with the rolling update alternate (m8_pairs of each); the
         inflation is the median over the pairs of churn p99 / quiet p99. One churn run against
         M1's p99 from minutes before measured the machine's drift as much as the churn: the
@@ -434,7 +439,7 @@ class ModeRun:
         addrs, port, _ = self.addrs(TARGET)
         quiet, churn, churners = [], [], []
         for _ in range(cfg.m8_pairs):
-            self._m8_settle()
+            self._settle_after_churn()
             quiet.append(tb.client.run("crr", addrs, port, duration=cfg.m8_window_s))
             with Churner(tb.api, cfg.m8_churn_rate, tb.rolling_change) as ch:
                 churn.append(tb.client.run("crr", addrs, port, duration=cfg.m8_window_s))
@@ -454,7 +459,7 @@ class ModeRun:
             # direct does not follow the Service: the churn only loads the machine
             self.out["M8"]["note"] = "direct: the client does not follow the Service"
 
-    def _m8_settle(self) -> None:
+    def _settle_after_churn(self) -> None:
         """A quiet window starts once the proxy has caught up with the last churn window (a
         kube-proxy sync at 10k takes seconds, and its CPU would count as quiet)."""
         time.sleep(M8_SETTLE_S)
@@ -462,16 +467,18 @@ class ModeRun:
             self.tb.wait_programmed(self.cfg.cold_timeout_for(self.n))
 
     # -- M9 ------------------------------------------------------------------------------------
-    def m9_target(self) -> tuple[list[str], int, int]:
+    def nodeport_target(self) -> tuple[list[str], int, int]:
         """Where the external client sends: node1's NodePorts, or (direct) the pods."""
         tb = self.tb
         if self.direct:
             return [tb.pods[n] for n in tb.np_set], TARGET_PORT, TARGET_PORT
         return [tb.node_ip("node1")], tb.np_ports["TCP"], tb.np_ports["UDP"]
 
-    def m9(self) -> None:
+    def nodeport_from_outside(self) -> None:
+        """M9: the NodePort path from the external client (new connections at every N;
+        keepalive requests, UDP latency and forwarding rate at the largest)."""
         tb, cfg = self.tb, self.cfg
-        addrs, tcp, udp = self.m9_target()
+        addrs, tcp, udp = self.nodeport_target()
         runs = max(2, cfg.repeats // 2 + 1)
         client = tb.ext_client
         self.log(f"{self.mode} N={self.n}: M9 NodePort from outside x{runs}"
@@ -522,7 +529,8 @@ class ModeRun:
         return r, (round(cost, 1) if cost is not None else None)
 
     # -- M3 ------------------------------------------------------------------------------------
-    def m3(self) -> None:
+    def keepalive_and_stream(self) -> None:
+        """M3: keepalive requests and a bulk stream through the ClusterIP."""
         cfg = self.cfg
         addrs, port, sink = self.addrs()
         self.log(f"{self.mode} N={self.n}: M3 rr and stream")

@@ -127,7 +127,7 @@ class Testbed:
     filled: int = 0
     max_services: int = 0                                  # the largest fill of the run
     target_set: list[str] = field(default_factory=list)     # backends in the target's slice
-    m5_current: str = ""
+    one_endpoint: str = ""
     client: Client | None = None
     ext_client: Client | None = None                        # in the lab's external namespace
     np_ports: dict[str, int] = field(default_factory=dict)  # protocol -> nodePort
@@ -179,9 +179,9 @@ class Testbed:
                 self.api, name, [self.pods[n] for n in self.target_set],
                 ports=(("req", fill.SERVICE_PORT, fill.TARGET_PORT),
                        ("sink", fill.SINK_SERVICE_PORT, fill.SINK_PORT)))
-        self.m5_current = backend_name(0)
+        self.one_endpoint = backend_name(0)
         self.vips[M5_SERVICE] = fill.create_service(self.api, M5_SERVICE,
-                                                    [self.pods[self.m5_current]])
+                                                    [self.pods[self.one_endpoint]])
         # M9's NodePort Service: the target's first E pods (all on node2, so node1 forwards
         # and SNATs), a TCP and a UDP port; fixed, M8's rolling update does not touch it.
         self.np_set = list(self.target_set)
@@ -253,7 +253,7 @@ class Testbed:
     def expected_backends(self) -> int:
         """Distinct backends a proxy must hold: every filler endpoint plus the live pods the
         measured Services use."""
-        live = set(self.target_set) | set(self.np_set) | {self.m5_current}
+        live = set(self.target_set) | set(self.np_set) | {self.one_endpoint}
         return self.filled * self.endpoints + len(live)
 
     # -- proxies -----------------------------------------------------------------------------
@@ -488,9 +488,9 @@ class Testbed:
                 "rolls": rolls, "seconds": round(time.monotonic() - t0, 1)}
 
     # -- changes -------------------------------------------------------------------------------
-    def m5_change(self) -> tuple[str, str, list]:
+    def move_one_endpoint(self) -> tuple[str, str, list]:
         """The next M5 change: the single endpoint of kpbench-m5 moves to the other pod."""
-        new = backend_name(1) if self.m5_current == backend_name(0) else backend_name(0)
+        new = backend_name(1) if self.one_endpoint == backend_name(0) else backend_name(0)
         return new, fill.slices_path(f"{M5_SERVICE}-kpbench"), fill.replace_endpoint_op(
             0, self.pods[new])
 

@@ -7,8 +7,8 @@ the old version's rows into the new map, converted, twice: when the new programs
 (the old ones still track flows, into the old map) and once the new ones are attached, for the
 flows that opened or changed in between. The second copy leaves alone a row the new programs
 have written since (they own it now). The old map is opened before the first copy, so the
-loader unpinning stale maps after the attach does not take it away. kp_rnat4 kept its layout: its
-rows serve the new programs as they are.
+stale-map removal after the attach (sock_hooks.py) does not take it away. kp_rnat4 kept its
+layout: its rows serve the new programs as they are.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The Python view of bpf/kproxy.h: ctypes types, constants and the decode tables.
 
-Nothing here is written by hand twice: layout_gen.py (generated from the header's BTF by
-layoutgen.py) gives every struct's fields, offsets and sizes, every enum constant and the map
+Nothing here is written by hand twice: kproxy_h.py (generated from the header's BTF by
+tools/layoutgen.py) gives every struct's fields, offsets and sizes, every enum constant and the map
 table, and the ctypes types are built from it at import (and checked against its offsets).
 tests/unit/test_layout.py regenerates the table and fails when it is stale; the agent also
 compares the types with bcc's view of the compiled maps and the kernel's key/value sizes of
@@ -18,7 +18,7 @@ import struct
 
 from ..desired import Action, Backend, FrontendKey, FrontendKind, Scope, ServiceInfo
 from ..model import Protocol
-from . import layout_gen as G
+from . import kproxy_h as G
 
 _SCALARS = {"u8": ctypes.c_uint8, "u16": ctypes.c_uint16, "u32": ctypes.c_uint32,
             "u64": ctypes.c_uint64, "be16": ctypes.c_uint16, "be32": ctypes.c_uint32,
@@ -29,7 +29,7 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {}
 
 
 def _ctype(spelled: str):
-    """A field type as layoutgen spells it (u32, be16, char[64], struct x, u8[2])."""
+    """A field type as tools/layoutgen.py spells it (u32, be16, char[64], struct x, u8[2])."""
     if spelled.endswith("]"):
         base, _, count = spelled[:-1].partition("[")
         return _ctype(base) * int(count)
@@ -194,7 +194,7 @@ def ct_keeps_backend(flags: int, proto: int) -> bool:
 TcCfg = STRUCTS["kp_tc_cfg"]
 SrcRangeKey = STRUCTS["kp_srcrange4_key"]
 FE_F_SRC_RANGES = const("KP_FE_F_SRC_RANGES")
-_SRCRANGE_FE_BITS = 64          # kp_srcrange4_key: fe_addr, fe_port, proto, pad
+_SRCRANGE_FE_BITS = const("KP_SRCRANGE_FE_BITS")     # kp_srcrange4_key's frontend part
 SCOPE_SOCK = const("KP_SCOPE_SOCK")
 SCOPE_EXT = const("KP_SCOPE_EXT")
 SCOPE_NUM = {Scope.SOCK: SCOPE_SOCK, Scope.EXT: SCOPE_EXT}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 # A source checkout keeps bpf/ next to the package; an image installs it under /usr/share.
@@ -19,6 +20,12 @@ def bpf_dir() -> Path:
     raise FileNotFoundError("bpf/kproxy.h not found (set KPROXY_BPF_DIR)")
 
 
+def version_order(path: Path) -> tuple:
+    """A tree's sort key in version order, the order `sort -V` gives tools/setup-headers.sh:
+    digit runs compare as numbers, so linux-headers-6.1.0-9-* comes before 6.1.0-10-*."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name))
+
+
 def kernel_headers() -> Path:
     """The header tree bcc compiles against: BCC_KERNEL_SOURCE, else the newest merged tree.
 
@@ -26,7 +33,8 @@ def kernel_headers() -> Path:
     env = os.environ.get("BCC_KERNEL_SOURCE")
     if env:
         return Path(env)
-    trees = sorted(p for p in HEADERS_CACHE.glob("*") if (p / "include").is_dir())
+    trees = sorted((p for p in HEADERS_CACHE.glob("*") if (p / "include").is_dir()),
+                   key=version_order)
     if not trees:
         raise FileNotFoundError(
             f"no kernel header tree under {HEADERS_CACHE}: run `make setup` "

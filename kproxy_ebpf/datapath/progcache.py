@@ -33,8 +33,8 @@ import re
 import struct
 from pathlib import Path
 
-from ..config import MapSizes
-from . import layout_gen as G
+from .map_sizes import MapSizes
+from . import kproxy_h as G
 from . import libbpf
 from .layout import MAPS, MapSpec
 

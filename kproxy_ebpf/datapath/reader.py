@@ -141,7 +141,7 @@ def hooks(bpffs_dir: Path, cgroup_roots: tuple[str, ...] = ("/sys/fs/cgroup/unif
           ) -> list[dict]:
     """The pinned links: which program each socket hook runs and on which cgroup."""
     from . import libbpf
-    from .loader import SOCK_HOOKS
+    from .sock_hooks import SOCK_HOOKS
 
     out = []
     for _prog, (attach_type, pin) in SOCK_HOOKS.items():

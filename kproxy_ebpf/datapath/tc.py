@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import MapSizes
+from .map_sizes import MapSizes
 from . import ct_upgrade
 from . import layout as L
 from .pinned import PinnedMap

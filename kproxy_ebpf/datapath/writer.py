@@ -13,7 +13,7 @@ No torn reads (the programs copy each row once, see bpf/lib/lb.h): a backend row
 once, when its id is allocated, and never modified; an id names one (address, port, protocol)
 for its whole life and is freed only after the apply that removed the last slot naming it.
 What changes about an endpoint (ready, terminating, local) belongs to the frontend that uses
-it and lives in that frontend's slot row (be_flags).
+it and lives in that frontend's slot row (be_flags), of which tc_lb.c reads KP_BE_F_LOCAL.
 
 Both scopes of the svc map are written here (sockets, and packets from outside the node): a
 FrontendKey names a frontend's rows whatever its scope; backends and service ids are shared.

@@ -1,10 +1,10 @@
 """The local simulated cluster: nodes and pods as network namespaces, one cgroup per node.
 
-Public surface for the CLI and the tests: `Lab` (network.py) and the info types it returns;
+Public surface for the CLI and the tests: `Lab` (namespaces.py) and the info types it returns;
 procs.run_in / kill_recorded for process control; probe.py and echo.py are also scripts that
 run inside the lab's namespaces.
 """
-from .network import (
+from .namespaces import (
     CONTROL_PLANE_IP,
     EXTERNAL_IP,
     POD_GATEWAY,

@@ -37,16 +37,13 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from .binaries import ensure_binaries, repo_root
-from .nsutil import LabError
-
-if TYPE_CHECKING:
-    from .cluster import Cluster
-    from .network import NodeInfo
+from .namespaces import CONTROL_PLANE_IP, NodeInfo
+from .nsutil import LabError, netns_path
 
 CHART = repo_root() / "charts" / "kproxy-ebpf"
 RELEASE = "kproxy-ebpf"
@@ -70,6 +67,17 @@ def container_name(lab: str, node: str) -> str:
     return f"kproxy-{lab}-agent-{node}"
 
 
+@dataclass(frozen=True)
+class LabEndpoint:
+    """What the image's agents need of a lab cluster (lab/cluster.py makes it)."""
+
+    lab: str                  # the lab's name: its agent containers carry it
+    files_dir: Path           # the agents' files: pod spec, ConfigMaps, ServiceAccount token
+    api_port: int             # the API server's port, at CONTROL_PLANE_IP from the nodes
+    admin_kubeconfig: str     # applies the chart
+    ca_cert: Path             # the API server's CA: the ServiceAccount's ca.crt
+
+
 # -- the chart -------------------------------------------------------------------------------
 
 def helm_template(values: dict[str, Any] | None = None, release: str = RELEASE,
@@ -86,18 +94,12 @@ def helm_template(values: dict[str, Any] | None = None, release: str = RELEASE,
     return [o for o in yaml.safe_load_all(r.stdout) if o]
 
 
-def lab_values(cluster: Cluster, image: str) -> dict[str, Any]:
+def lab_values(lab: LabEndpoint, image: str) -> dict[str, Any]:
     """The values a lab install uses: the API server's lab address (the ClusterIP would need a
     running proxy), the local image."""
     repo, _, tag = image.rpartition(":")
     return {"image": {"repository": repo, "tag": tag, "pullPolicy": "Never"},
-            "apiServer": {"host": cluster_api_host(), "port": cluster.info.api_port}}
-
-
-def cluster_api_host() -> str:
-    from .network import CONTROL_PLANE_IP
-
-    return CONTROL_PLANE_IP
+            "apiServer": {"host": CONTROL_PLANE_IP, "port": lab.api_port}}
 
 
 @dataclass
@@ -154,7 +156,7 @@ def check_against_agent(objects: list[dict], workdir: Path) -> None:
     import click
 
     from .. import config
-    from ..cli import run
+    from ..run_cli import run
 
     spec = AgentSpec.from_objects(objects)
     if spec.command and spec.command[-1:] != ["run"]:
@@ -327,10 +329,6 @@ def cgroup_v2_root() -> str:
 
 # -- lab integration -----------------------------------------------------------------------------
 
-def _files_dir(cluster: Cluster) -> Path:
-    return cluster.dir / "agent-image"
-
-
 def check_image(image: str) -> None:
     if shutil.which("podman") is None:
         raise LabError("--agent image needs podman (make image installs it)")
@@ -338,11 +336,11 @@ def check_image(image: str) -> None:
         raise LabError(f"image {image} not found: run `make image` first")
 
 
-def apply(cluster: Cluster, objects: list[dict]) -> None:
+def apply(lab: LabEndpoint, objects: list[dict]) -> None:
     """Server-side apply of the rendered objects (helm test hooks excluded) to the lab."""
     kubectl = ensure_binaries(build=False, names=("kubectl",)) / "kubectl"
     docs = [o for o in objects if "helm.sh/hook" not in o["metadata"].get("annotations", {})]
-    r = subprocess.run([str(kubectl), "--kubeconfig", cluster.info.admin_kubeconfig, "apply",
+    r = subprocess.run([str(kubectl), "--kubeconfig", lab.admin_kubeconfig, "apply",
                         "--server-side", "--field-manager", "kproxy-lab", "-f", "-"],
                        input=yaml.safe_dump_all(docs), capture_output=True, text=True)
     if r.returncode != 0:
@@ -359,25 +357,25 @@ def service_account_token(api, namespace: str, name: str, seconds: int = 24 * 36
         name, namespace, body).status.token
 
 
-def prepare(cluster: Cluster, image: str | None = None) -> AgentSpec:
+def prepare(lab: LabEndpoint, api, image: str | None = None) -> AgentSpec:
     """Renders the chart for this lab, applies it, and stores the pod spec and the
-    ServiceAccount's credentials for start_argv() (which a later process may call)."""
+    ServiceAccount's credentials for start_command() (which a later process may call).
+    api: a kubernetes ApiClient on the lab's admin credentials."""
     from kubernetes import client
 
     image = image or default_image()
     check_image(image)
-    objects = helm_template(lab_values(cluster, image))
-    d = _files_dir(cluster)
+    objects = helm_template(lab_values(lab, image))
+    d = lab.files_dir
     check_against_agent(objects, d / "check")
     spec = AgentSpec.from_objects(objects)
-    apply(cluster, objects)
+    apply(lab, objects)
     sa = d / "serviceaccount"
     sa.mkdir(parents=True, exist_ok=True)
-    (sa / "token").write_text(service_account_token(cluster.api(), spec.namespace,
-                                                    spec.service_account))
-    shutil.copy(cluster.cp_dir / "pki" / "ca.crt", sa / "ca.crt")
+    (sa / "token").write_text(service_account_token(api, spec.namespace, spec.service_account))
+    shutil.copy(lab.ca_cert, sa / "ca.crt")
     (sa / "namespace").write_text(spec.namespace)
-    svc = client.CoreV1Api(cluster.api()).read_namespaced_service("kubernetes", "default")
+    svc = client.CoreV1Api(api).read_namespaced_service("kubernetes", "default")
     port = next(p.port for p in svc.spec.ports if p.name == "https")
     (d / "service-env.json").write_text(json.dumps({
         "KUBERNETES_SERVICE_HOST": svc.spec.cluster_ip, "KUBERNETES_SERVICE_PORT": str(port)}))
@@ -385,15 +383,12 @@ def prepare(cluster: Cluster, image: str | None = None) -> AgentSpec:
     return spec
 
 
-def start_command(cluster: Cluster, node: str) -> tuple[list[str], dict[str, str]]:
+def start_command(lab: LabEndpoint, node: NodeInfo) -> tuple[list[str], dict[str, str]]:
     """argv and environment of the `podman run` for this node's agent."""
-    d = _files_dir(cluster)
+    d = lab.files_dir
     spec = AgentSpec.from_json((d / "spec.json").read_text())
-    info = cluster.lab.node(node)
-    env = resolve_env(spec, info, json.loads((d / "service-env.json").read_text()))
-    from .nsutil import netns_path
-
-    argv = podman_argv(spec, cluster.lab.name, info, netns_path(info.netns), d / node,
+    env = resolve_env(spec, node, json.loads((d / "service-env.json").read_text()))
+    argv = podman_argv(spec, lab.lab, node, netns_path(node.netns), d / node.name,
                        d / "serviceaccount", env)
     # podman's default sysctls (net.ipv4.ping_group_range) are refused by runc in a network
     # namespace the container does not own; a pod with hostNetwork gets none either.

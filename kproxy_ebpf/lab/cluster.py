@@ -1,4 +1,4 @@
-"""The lab as a Kubernetes cluster: the namespace network (network.py), a real control plane
+"""The lab as a Kubernetes cluster: the nodes and pods of namespaces.py, a real control plane
 (controlplane.py) on the host's loopback, the relay that gives it a lab address, a Node object
 per simulated node, Pod objects for lab pods, and one proxy per node: our agent, or upstream
 kube-proxy in iptables or nftables mode as the baseline.
@@ -21,7 +21,7 @@ from . import agent_image, kubeobjects
 from .binaries import ensure_binaries
 from .controlplane import ControlPlane, free_ports
 from .lballoc import DEFAULT_POOL
-from .network import CONTROL_PLANE_IP, Lab, PodInfo, external_cidr, pod_cidr
+from .namespaces import CONTROL_PLANE_IP, Lab, PodInfo, external_cidr, pod_cidr
 from .nsutil import LabError
 
 PROXIES = ("kproxy", "iptables", "nftables", "none")
@@ -65,6 +65,13 @@ class Cluster:
             raise LabError(f"lab {self.lab.name!r} has no control plane (run `lab up`)")
         return ClusterInfo.load(path)
 
+    @property
+    def image_endpoint(self) -> agent_image.LabEndpoint:
+        """This lab as `--agent image` needs it (lab/agent_image.py)."""
+        return agent_image.LabEndpoint(
+            lab=self.lab.name, files_dir=self.dir / "agent-image", api_port=self.info.api_port,
+            admin_kubeconfig=self.info.admin_kubeconfig, ca_cert=self.cp_dir / "pki" / "ca.crt")
+
     def api(self):
         """A kubernetes ApiClient on the admin kubeconfig (host loopback)."""
         if self._api is None:
@@ -100,7 +107,7 @@ class Cluster:
                                         pod_cidr=pod_cidr(node.index))
             if agent == "image":
                 log("agent image: the chart's DaemonSet pod spec, applied to the lab")
-                agent_image.prepare(self)
+                agent_image.prepare(self.image_endpoint, api)
             for node in self.lab.nodes():
                 self.start_proxy(node.name)
             log(f"proxies: {proxy} on {', '.join(n.name for n in self.lab.nodes())}")
@@ -220,7 +227,7 @@ class Cluster:
             return 0
         info = self.lab.node(node)
         if mode == "kproxy" and self.info.agent == "image":
-            argv, env = agent_image.start_command(self, node)
+            argv, env = agent_image.start_command(self.image_endpoint, info)
         elif mode == "kproxy":
             argv = [sys.executable, "-m", "kproxy_ebpf.cli", "run",
                     "--kubeconfig", self.info.lab_kubeconfig, "--hostname-override", node,

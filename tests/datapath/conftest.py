@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from kproxy_ebpf.datapath import reader, tc
-from kproxy_ebpf.datapath.loader import Datapath, remove_pins
+from kproxy_ebpf.datapath.bpffs import remove_pins
+from kproxy_ebpf.datapath.sock_hooks import SockDatapath
 
 from ..support import require_root
 from kproxy_ebpf.datapath.writer import MapWriter
@@ -57,7 +58,7 @@ class NodeProxy:
         self.netns = info.netns
         self.node = Node(node, addresses=(info.ip,))
         self.bpffs = Path(info.bpffs)
-        self.datapath = Datapath(self.bpffs, Path(info.cgroup))
+        self.datapath = SockDatapath(self.bpffs, Path(info.cgroup))
         self.tc: tc.TcDatapath | None = None
         try:
             self.datapath.load()

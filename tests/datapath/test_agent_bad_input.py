@@ -10,7 +10,7 @@ import pytest
 
 from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.datapath import reader
-from kproxy_ebpf.datapath.loader import open_pinned_maps, remove_pins
+from kproxy_ebpf.datapath.bpffs import open_pinned_maps, remove_pins
 
 from .conftest import pod_of
 from ..support import wait_until

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kproxy_ebpf.datapath.loader import remove_pins
+from kproxy_ebpf.datapath.bpffs import remove_pins
 
 from .conftest import pod_of
 from .test_agent_bad_input import metrics, sample

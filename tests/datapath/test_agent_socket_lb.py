@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from kproxy_ebpf.cli import main
 from kproxy_ebpf.datapath import tc
-from kproxy_ebpf.datapath.loader import SOCK_HOOKS, remove_pins
+from kproxy_ebpf.datapath.bpffs import remove_pins
+from kproxy_ebpf.datapath.sock_hooks import SOCK_HOOKS
 from kproxy_ebpf.lab import nsutil
 
 from ..support import wait_until

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kproxy_ebpf.datapath.loader import ensure_bpffs
+from kproxy_ebpf.datapath.bpffs import ensure_bpffs
 from kproxy_ebpf.lab import Lab, LabError, nsutil, procs
 from kproxy_ebpf.lab.state import ProcRec
 

@@ -8,7 +8,8 @@ import pytest
 
 from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.datapath import libbpf
-from kproxy_ebpf.datapath.loader import Datapath, remove_pins
+from kproxy_ebpf.datapath.bpffs import remove_pins
+from kproxy_ebpf.datapath.sock_hooks import SockDatapath
 from kproxy_ebpf.datapath.pinned import LayoutMismatch
 
 pytestmark = pytest.mark.root
@@ -30,7 +31,7 @@ def test_a_pinned_map_with_another_layout_is_refused(lab):
     assert fd >= 0
     try:
         libbpf.obj_pin(fd, str(bpffs / spec.name))
-        dp = Datapath(bpffs, Path(node.cgroup))
+        dp = SockDatapath(bpffs, Path(node.cgroup))
         with pytest.raises(LayoutMismatch,
                            match=f"{key}/{value + 4} bytes, layout.py expects {key}/{value}"):
             dp.load()
@@ -53,7 +54,7 @@ def test_maps_of_an_older_layout_are_unpinned_once_the_new_programs_are_attached
                                    ctypes.c_uint, ctypes.c_void_p]
     fd = lib.bpf_map_create(BPF_MAP_TYPE_HASH, spec.base.encode(), 12, 16, 64, None)
     assert fd >= 0
-    dp = Datapath(bpffs, Path(node.cgroup))
+    dp = SockDatapath(bpffs, Path(node.cgroup))
     try:
         libbpf.obj_pin(fd, str(bpffs / old))
         dp.load()

@@ -15,7 +15,8 @@ import pytest
 
 from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.datapath import libbpf
-from kproxy_ebpf.datapath.loader import compile_program, open_pinned_maps, remove_pins
+from kproxy_ebpf.datapath.bpffs import open_pinned_maps, remove_pins
+from kproxy_ebpf.datapath.compile_child import compile_program
 from kproxy_ebpf.datapath.paths import bpf_dir
 from kproxy_ebpf.datapath.writer import MapWriter
 from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, ServicePortName

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from kproxy_ebpf.cli import main
 from kproxy_ebpf.datapath import conntrack
-from kproxy_ebpf.datapath.loader import open_pinned_maps, remove_pins
+from kproxy_ebpf.datapath.bpffs import open_pinned_maps, remove_pins
 from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.datapath.tc import (TcDatapath, attached, detach_all, possible_cpus,
                                      write_config)

@@ -20,7 +20,8 @@ import pytest
 
 from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.datapath import ct_upgrade, libbpf
-from kproxy_ebpf.datapath.loader import compile_program, open_pinned_maps, remove_pins
+from kproxy_ebpf.datapath.bpffs import open_pinned_maps, remove_pins
+from kproxy_ebpf.datapath.compile_child import compile_program
 from kproxy_ebpf.datapath.paths import bpf_dir
 from kproxy_ebpf.datapath.tc import PROGRAMS, possible_cpus, write_config
 from kproxy_ebpf.datapath.writer import MapWriter

@@ -3,7 +3,7 @@ tests/conformance and tests/integration/test_proxy_modes.py, image column): what
 import pytest
 
 from kproxy_ebpf.lab import agent_image as ai
-from kproxy_ebpf.lab.network import NodeInfo
+from kproxy_ebpf.lab.namespaces import NodeInfo
 from kproxy_ebpf.lab.nsutil import LabError
 
 NODE = NodeInfo(name="node1", ip="10.250.0.11", netns="kproxy-t-node1",
@@ -72,3 +72,23 @@ def test_volumes(tmp_path):
     assert flags == ["-v", f"{tmp_path}/configmaps/c:/etc/k:ro",
                      "-v", f"{NODE.cgroup}:/run/cg:ro", "--tmpfs", f"/tmp:size={64 << 20}"]
     assert (tmp_path / "configmaps" / "c" / "config.yaml").read_text() == "logLevel: info\n"
+
+
+def test_a_nodes_podman_command_needs_only_the_labs_endpoint(tmp_path):
+    """start_command reads what prepare() stored for the lab (no cluster object involved)."""
+    lab = ai.LabEndpoint(lab="t", files_dir=tmp_path, api_port=6443,
+                         admin_kubeconfig=str(tmp_path / "admin.kubeconfig"),
+                         ca_cert=tmp_path / "ca.crt")
+    (tmp_path / "spec.json").write_text(spec(args=["--config=/etc/k/config.yaml"], security={
+        "capabilities": {"drop": ["ALL"]}}).to_json())
+    (tmp_path / "service-env.json").write_text('{"KUBERNETES_SERVICE_HOST": "10.96.0.1"}')
+    argv, env = ai.start_command(lab, NODE)
+    assert argv[argv.index("--name") + 1] == ai.container_name("t", "node1")
+    assert argv[argv.index("--network") + 1] == "ns:/run/netns/kproxy-t-node1"
+    assert argv[argv.index("--cgroup-parent") + 1] == "/kproxy-t/node1/agent"
+    assert argv[argv.index("-v") + 1] == f"{tmp_path}/serviceaccount:{ai.SA_DIR}:ro"
+    assert "KUBERNETES_SERVICE_HOST=10.96.0.1" in argv
+    assert argv[-2:] == ["i:1", "--config=/etc/k/config.yaml"]
+    assert env["CONTAINERS_CONF"] == str(tmp_path / "containers.conf")
+    assert ai.lab_values(lab, "localhost/kproxy-ebpf:x")["apiServer"] == {
+        "host": "10.250.0.1", "port": 6443}

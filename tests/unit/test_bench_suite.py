@@ -16,12 +16,12 @@ def test_full_run_measures_iptables_on_nft_for_cold_start_only_beside_legacy():
 def test_m5_takes_all_changes_unless_they_outlast_the_budget_then_the_minimum():
     cfg = BenchConfig.make(False)
     assert (cfg.m5_changes, cfg.m5_min_changes, cfg.m5_budget_s) == (50, 20, 100.0)
-    assert cfg.m5_more(49, 99.0) and not cfg.m5_more(50, 10.0)
+    assert cfg.another_change(49, 99.0) and not cfg.another_change(50, 10.0)
     # over the budget: on to the minimum, then no more
-    assert cfg.m5_more(19, 500.0) and not cfg.m5_more(20, 101.0)
-    assert cfg.m5_more(20, 99.9)
+    assert cfg.another_change(19, 500.0) and not cfg.another_change(20, 101.0)
+    assert cfg.another_change(20, 99.9)
     quick = BenchConfig.make(True)
-    assert quick.m5_more(4, 0.0) and not quick.m5_more(5, 0.0)
+    assert quick.another_change(4, 0.0) and not quick.another_change(5, 0.0)
 
 
 class _Churn:
@@ -58,7 +58,7 @@ def test_m8_alternates_quiet_and_churn_windows_and_takes_the_median_pair_ratio(m
     tb = SimpleNamespace(client=client, api=None, rolling_change=None, pods={"p": "10.0.0.1"},
                          target_set=["p"], wait_programmed=lambda timeout: 0.0)
     run = suite.ModeRun(tb, BenchConfig.make(False), "direct", 100, False, lambda m: None)
-    run.m8()
+    run.connect_during_rolling_update()
     m8 = run.out["M8"]
     assert client.calls == [False, True] * 4
     # pair ratios 1.1, 1.5, 1.0, 1.0: the median is 1.05 (a drift between pairs cancels)

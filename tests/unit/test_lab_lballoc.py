@@ -80,7 +80,7 @@ def test_a_restarted_allocator_keeps_the_addresses_in_the_statuses():
 def test_external_routes_and_pools_stay_clear_of_the_lab_own_routes():
     import pytest
 
-    from kproxy_ebpf.lab.network import external_cidr
+    from kproxy_ebpf.lab.namespaces import external_cidr
     from kproxy_ebpf.lab.nsutil import LabError
 
     assert external_cidr("10.250.200.7/24") == "10.250.200.0/24"

@@ -1,18 +1,26 @@
 """layout.py against bpf/kproxy.h as the BPF compiler lays it out (no root needed).
 
-The header is the one definition: layoutgen compiles it for the BPF target with BTF and writes
-layout_gen.py; layout.py builds its ctypes types from that table. These tests regenerate the
-table (a stale committed copy fails here), and check what the Python side derives from it.
+The header is the one definition: tools/layoutgen.py compiles it for the BPF target with BTF
+and writes datapath/kproxy_h.py; layout.py builds its ctypes types from that table. These tests
+regenerate the table (a stale committed copy fails here), and check what the Python side
+derives from it.
 """
 import ctypes
+import importlib.util
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from kproxy_ebpf.datapath import layout, layout_gen, layoutgen
+from kproxy_ebpf.datapath import kproxy_h, layout
 from kproxy_ebpf.datapath.paths import bpf_dir
+
+_GEN = Path(__file__).resolve().parents[2] / "tools" / "layoutgen.py"
+_spec = importlib.util.spec_from_file_location("layoutgen", _GEN)
+layoutgen = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(layoutgen)
 
 TOOLS = shutil.which("clang") and shutil.which("bpftool")
 
@@ -26,25 +34,25 @@ def generated() -> str:
 
 def test_committed_table_is_current(generated):
     assert layoutgen.OUT.read_text() == generated, (
-        "bpf/kproxy.h changed: run `python -m kproxy_ebpf.datapath.layoutgen`")
+        "bpf/kproxy.h changed: run `make layout`")
 
 
-@pytest.mark.parametrize("cname", sorted(layout_gen.STRUCTS))
+@pytest.mark.parametrize("cname", sorted(kproxy_h.STRUCTS))
 def test_ctypes_types_follow_the_table(cname):
-    spec, cls = layout_gen.STRUCTS[cname], layout.STRUCTS[cname]
+    spec, cls = kproxy_h.STRUCTS[cname], layout.STRUCTS[cname]
     assert ctypes.sizeof(cls) == spec["size"]
     assert [(f, getattr(cls, f).offset) for f, _, _ in spec["fields"]] == \
         [(f, off) for f, off, _ in spec["fields"]]
 
 
 def test_byte_order_is_read_from_the_typedefs():
-    fields = {f: t for f, _, t in layout_gen.STRUCTS["kp_svc4_key"]["fields"]}
+    fields = {f: t for f, _, t in kproxy_h.STRUCTS["kp_svc4_key"]["fields"]}
     assert fields["addr"] == "be32" and fields["port"] == "be16" and fields["slot"] == "u16"
 
 
 def test_maps_and_constants_come_from_the_header():
     assert layout.const("KP_ACTION_REJECT") != layout.const("KP_ACTION_FORWARD")
-    assert layout.MAPS["svc"].name == f"kp_svc4_v{layout_gen.MAPS['svc']['version']}"
+    assert layout.MAPS["svc"].name == f"kp_svc4_v{kproxy_h.MAPS['svc']['version']}"
     assert layout.MAPS["stats"].percpu and layout.MAPS["sknat"].lru
     assert layout.MAPS["stats"].default_size == layout.const("KP_STAT_MAX")
     # Kernel map names are limited to 15 characters (pin names are not, but stay short).
@@ -62,7 +70,7 @@ def test_a_version_bump_is_one_edit(tmp_path, monkeypatch):
     shutil.copytree(src, copy)
     header = copy / "kproxy.h"
     text = header.read_text()
-    version = layout_gen.MAPS["backend"]["version"]
+    version = kproxy_h.MAPS["backend"]["version"]
     row = next(line for line in text.splitlines() if line.strip().startswith("X(backend,"))
     bumped = row.replace(f"kp_be4,{row.split('kp_be4,')[1].split(',')[0]},",
                          f"kp_be4,{row.split('kp_be4,')[1].split(',')[0].replace(str(version), str(version + 1))},")
@@ -88,3 +96,10 @@ def test_byte_order_round_trip(ip, port):
     assert raw[4:6] == port.to_bytes(2, "big")
     assert raw[6] == 17 and int.from_bytes(raw[8:10], sys.byteorder) == 3
     assert layout.key_tuple(key) == (ip, port, layout.Protocol.UDP)
+
+
+def test_the_source_range_prefix_is_the_headers():
+    """kp_srcrange4_key's frontend part, which rows match in full (lib/srcrange.h looks up
+    that plus a whole address): one constant in kproxy.h, the bits between prefixlen and saddr."""
+    key = layout.SrcRangeKey
+    assert layout.const("KP_SRCRANGE_FE_BITS") == 8 * (key.saddr.offset - key.fe_addr.offset)

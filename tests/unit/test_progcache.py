@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
-from kproxy_ebpf.config import MapSizes
-from kproxy_ebpf.datapath import libbpf, progcache, progload
+from kproxy_ebpf.datapath import compile_child, libbpf, progcache, progload
+from kproxy_ebpf.datapath.map_sizes import MapSizes
 from kproxy_ebpf.datapath.progcache import CacheMiss
 
 INSN = struct.Struct("<BBhi")
@@ -73,9 +73,9 @@ def test_layout_specs_change_the_key(bpf_root, monkeypatch):
 
 def test_the_request_key_ignores_the_pin_directory_and_follows_map_sizes():
     progs = [{"name": "kp_connect4"}]
-    base = progload.cache_inputs(progs, MapSizes())
+    base = compile_child.cache_inputs(progs, MapSizes())
     assert not any("KP_PIN_DIR" in f for f in base["cflags"])
-    assert progcache.cache_key(progload.cache_inputs(progs, MapSizes(svc=1024))) != \
+    assert progcache.cache_key(compile_child.cache_inputs(progs, MapSizes(svc=1024))) != \
         progcache.cache_key(base)
 
 
@@ -238,9 +238,9 @@ def test_prune_keeps_the_most_recently_used_and_remove_only_ours(tmp_path):
 @pytest.fixture
 def child(monkeypatch, tmp_path):
     compiled = []
-    monkeypatch.setattr(progload, "_compile", lambda progs, bpffs, sizes, stage:
+    monkeypatch.setattr(compile_child, "_compile", lambda progs, bpffs, sizes, stage:
                         compiled.append(stage) or [record()])
-    monkeypatch.setattr(progload, "cache_inputs", lambda progs, sizes: {"i": 1})
+    monkeypatch.setattr(compile_child, "cache_inputs", lambda progs, sizes: {"i": 1})
     request = {"bpffs_dir": str(tmp_path), "stage": str(tmp_path / "stage"),
                "sizes": {}, "programs": [{"name": "kp_connect4"}],
                "cache_dir": str(tmp_path / "cache")}
@@ -249,7 +249,7 @@ def child(monkeypatch, tmp_path):
 
 def test_the_child_compiles_and_stores_on_a_first_start(child):
     request, compiled = child
-    status = progload._child(request)
+    status = compile_child._child(request)
     assert compiled and status["cache"] == "miss" and status["stored"].endswith(".json")
 
 
@@ -260,22 +260,22 @@ def test_the_child_falls_back_to_the_compile_on_a_bad_entry(child, monkeypatch):
         raise CacheMiss("the kernel rejected cached kp_connect4: Permission denied")
 
     monkeypatch.setattr(progcache, "load", bad)
-    status = progload._child(request)
+    status = compile_child._child(request)
     assert compiled and status["cache"] == "fallback"
     assert "rejected" in status["reason"] and "stored" in status
 
 
 def test_what_cannot_be_recorded_still_loads_and_says_why(child, monkeypatch):
     request, compiled = child
-    monkeypatch.setattr(progload, "_compile", lambda *a: compiled.append(1) or "kp_x: fd 9")
-    status = progload._child(request)
+    monkeypatch.setattr(compile_child, "_compile", lambda *a: compiled.append(1) or "kp_x: fd 9")
+    status = compile_child._child(request)
     assert compiled and status["store_error"] == "kp_x: fd 9"
 
 
 def test_without_a_cache_directory_the_child_only_compiles(child):
     request, compiled = child
     request["cache_dir"] = None
-    assert progload._child(request) == {"cache": "off"} and compiled
+    assert compile_child._child(request) == {"cache": "off"} and compiled
 
 
 def test_the_parent_reads_the_status_line_and_logs_a_fallback(caplog):

@@ -2,8 +2,8 @@
 never outlives the load. (The successful load is covered by every datapath test.)"""
 import pytest
 
-from kproxy_ebpf.config import MapSizes
-from kproxy_ebpf.datapath import progload
+from kproxy_ebpf.datapath import bpffs, progload
+from kproxy_ebpf.datapath.map_sizes import MapSizes
 
 
 def test_a_failed_compile_is_raised_with_the_childs_message_and_the_stage_is_removed(tmp_path):
@@ -30,9 +30,9 @@ def test_stages_of_dead_agents_are_removed_and_live_ones_kept(tmp_path):
     for stage in (dead, live):
         stage.mkdir()
         (stage / "kp_connect4").write_text("")
-    assert progload.remove_stale_stages(tmp_path) == [str(dead)]
+    assert bpffs.remove_stale_stages(tmp_path) == [str(dead)]
     assert live.is_dir() and not dead.exists()
-    assert progload.remove_stale_stages(tmp_path, keep_live=False) == [str(live)]
+    assert bpffs.remove_stale_stages(tmp_path, keep_live=False) == [str(live)]
     assert list(tmp_path.iterdir()) == []
 
 

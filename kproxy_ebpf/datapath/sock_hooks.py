@@ -1,5 +1,8 @@
-"""Loads the BPF programs (compiled by bcc in a child process, datapath/progload.py), opens
-the pinned maps, and attaches the socket hooks to a cgroup through pinned BPF links.
+"""The socket hooks: sock_lb.c's programs attached to a cgroup through pinned BPF links.
+
+SockDatapath starts the load child (progload.py) for them and for any other programs that
+share the maps (the TC ones), takes the socket programs' fds, opens every pinned map for the
+agent, attaches the hooks and detaches them (`socketLB: false`).
 
 Why links: a pinned link keeps its program attached after the agent exits (the datapath must
 outlive a restart), and BPF_LINK_UPDATE swaps the program of a running link atomically, so a new
@@ -7,24 +10,18 @@ agent replaces the old programs with no instant where a connect goes unseen.
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
-import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import kernel, libbpf
-from ..config import MapSizes
 from .layout import MAPS
-from .paths import bpf_dir, kernel_headers
+from .map_sizes import MapSizes
 from .pinned import PinnedMap
-from .progload import CGROUP_SOCK_ADDR, LoadJob, Program, remove_stale_stages, spawn
-from .source import expand
+from .progload import CGROUP_SOCK_ADDR, LoadJob, Program, spawn
 
 log = logging.getLogger(__name__)
-
-BPFFS_MAGIC = 0xCAFE4A11
 
 # program name in sock_lb.c -> (attach type, pin name of its link)
 SOCK_HOOKS = {
@@ -40,43 +37,6 @@ SOCK_HOOKS = {
 }
 
 
-def size_cflags(sizes: MapSizes) -> list[str]:
-    """The configured map sizes as the -D knobs of KP_MAPS."""
-    return [f"-D{MAPS[name].size_macro}={value}" for name, value in asdict(sizes).items()]
-
-
-def compile_program(source: Path, bpffs_dir: Path, sizes: MapSizes | None = None):
-    """Compiles one program file with bcc against the maps pinned in bpffs_dir (adopting
-    them, or creating and pinning them)."""
-    os.environ.setdefault("BCC_KERNEL_SOURCE", str(kernel_headers()))
-    from bcc import BPF  # imported late: only the load child (progload.py) needs bcc
-
-    ensure_bpffs(bpffs_dir)
-    cflags = [f"-I{bpf_dir()}", f'-DKP_PIN_DIR="{bpffs_dir}"', "-Wno-macro-redefined",
-              *size_cflags(sizes or MapSizes())]
-    return BPF(text=expand(source).encode(), cflags=cflags)
-
-
-def ensure_bpffs(directory: Path) -> None:
-    """Creates the pin directory, mounting bpffs at /sys/fs/bpf first if nothing is there."""
-    root = Path("/sys/fs/bpf")
-    if not _is_bpffs(root):
-        log.info("mounting bpffs at %s", root)
-        if subprocess.run(["mount", "-t", "bpf", "bpf", str(root)]).returncode != 0:
-            raise RuntimeError(f"{root} is not bpffs and could not be mounted")
-    directory.mkdir(parents=True, exist_ok=True)
-    if not _is_bpffs(directory):
-        raise RuntimeError(f"{directory} is not on a bpffs mount")
-
-
-def _is_bpffs(path: Path) -> bool:
-    if not path.exists():
-        return False
-    buf = (ctypes.c_long * 16)()     # struct statfs; f_type is the first field
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.statfs(str(path).encode(), buf) == 0 and (buf[0] & 0xFFFFFFFF) == BPFFS_MAGIC
-
-
 def sock_programs() -> list[Program]:
     """The socket hooks of sock_lb.c, as the child process loads them."""
     return [Program("sock_lb.c", prog, CGROUP_SOCK_ADDR, attach_type)
@@ -84,7 +44,7 @@ def sock_programs() -> list[Program]:
 
 
 @dataclass
-class Datapath:
+class SockDatapath:
     bpffs_dir: Path
     cgroup: Path
     sizes: MapSizes = field(default_factory=MapSizes)
@@ -194,27 +154,3 @@ class Datapath:
         for fd in self._progs.values():
             os.close(fd)
         self._progs.clear()
-
-
-def open_pinned_maps(bpffs_dir: Path) -> dict[str, PinnedMap]:
-    """Opens the maps an agent pinned, without compiling anything (for the CLI)."""
-    out = {}
-    for name, spec in MAPS.items():
-        path = bpffs_dir / spec.name
-        if path.exists():
-            out[name] = PinnedMap(path, spec)
-    return out
-
-
-def remove_pins(bpffs_dir: Path) -> list[str]:
-    """Detaches the hooks (unpinning a link releases it) and drops the maps: `cleanup`."""
-    removed = remove_stale_stages(bpffs_dir, keep_live=False)
-    for sub in (bpffs_dir / "links", bpffs_dir):
-        if not sub.is_dir():
-            continue
-        for entry in sorted(sub.iterdir()):
-            if entry.is_file():
-                entry.unlink()
-                removed.append(str(entry))
-        sub.rmdir()
-    return removed

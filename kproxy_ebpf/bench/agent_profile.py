@@ -20,9 +20,9 @@ the API server's work, is left out):
   change one endpoint of one slice flips readiness, then a partial sync; repeated, median CPU
   rss    resident memory after the fill, and what the imports alone cost
 
-    .venv/bin/python tools/profile_agent.py --services 10000 --endpoints 10
-    .venv/bin/python tools/profile_agent.py --services 10000 --cprofile fill --top 25
-    .venv/bin/python tools/profile_agent.py --services 10000 --tracemalloc --top 15
+    .venv/bin/python -m kproxy_ebpf.bench.agent_profile --services 10000 --endpoints 10
+    .venv/bin/python -m kproxy_ebpf.bench.agent_profile --services 10000 --cprofile fill --top 25
+    .venv/bin/python -m kproxy_ebpf.bench.agent_profile --services 10000 --tracemalloc --top 15
 """
 from __future__ import annotations
 
@@ -37,18 +37,15 @@ import sys
 import tempfile
 import time
 import tracemalloc
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from kproxy_ebpf.agent import Agent  # noqa: E402
-from kproxy_ebpf.config import AgentConfig  # noqa: E402
-from kproxy_ebpf.datapath.writer import ApplyResult  # noqa: E402
-from kproxy_ebpf.kube.reflector import Reflector  # noqa: E402
-from kproxy_ebpf.kube.sources import ApiSource  # noqa: E402
+from ..agent import Agent
+from ..config import AgentConfig
+from ..datapath.writer import ApplyResult
+from ..kube.reflector import Reflector
+from ..kube.sources import ApiSource
 
 try:        # the LIST transform (absent before the scale work: run against older code too)
-    from kproxy_ebpf.kube.sources import _listed  # noqa: E402
+    from ..kube.sources import _listed
 except ImportError:
     _listed = None
 

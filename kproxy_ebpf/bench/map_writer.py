@@ -2,7 +2,7 @@
 diff of N services x E endpoints, batched against one-by-one in the same run, and batched with
 the cyclic GC paused during the cold apply as the agent's first sync runs (agent.pause_gc).
 
-    sudo .venv/bin/python tools/bench_writer.py [--services 10000] [--endpoints 10]
+    sudo .venv/bin/python -m kproxy_ebpf.bench.map_writer [--services 10000] [--endpoints 10]
 
 A benchmark, not a test: it prints numbers. Maps are pinned under /sys/fs/bpf/kproxy-wbench
 and removed after; nothing is attached and no packet is sent.
@@ -15,12 +15,13 @@ import json
 import time
 from pathlib import Path
 
-from kproxy_ebpf.datapath import writer as W
-from kproxy_ebpf.datapath.loader import compile_program, open_pinned_maps, remove_pins
-from kproxy_ebpf.datapath.paths import bpf_dir
-from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, ServicePortName
-from kproxy_ebpf.model import Protocol
-from kproxy_ebpf.process_tuning import pause_gc
+from ..datapath import writer as W
+from ..datapath.bpffs import open_pinned_maps, remove_pins
+from ..datapath.compile_child import compile_program
+from ..datapath.paths import bpf_dir
+from ..desired import Action, Backend, Frontend, FrontendKind, ServicePortName
+from ..model import Protocol
+from ..process_tuning import pause_gc
 
 PINS = Path("/sys/fs/bpf/kproxy-wbench")
 

@@ -1,4 +1,7 @@
-"""The lab's simulated cluster network: nodes and pods as network namespaces on one machine.
+"""The lab below Kubernetes (`Lab`): nodes, pods, a router and an external client as network
+namespaces on one machine, each with its cgroup and its recorded processes; the pods' echo
+servers; `down()` that removes all of it. cluster.py puts the control plane and the proxies on
+top.
 
 Topology (every name carries the prefix kproxy-<lab>; nothing is ever added to the host's own
 namespace, and no lab link leads out of the lab):

@@ -1,0 +1,67 @@
+"""`kproxy-ebpf run`: the agent's command line, flags over KPROXY_* variables over the config
+file (config.py), then the agent until a signal.
+
+A module of its own, below cli.py: the lab checks the Helm chart's args against this very
+command (lab/agent_image.py) without importing the command group that mounts the lab.
+"""
+from __future__ import annotations
+
+import logging
+
+import click
+
+DEFAULT_BPFFS = "/sys/fs/bpf/kproxy"
+
+
+@click.command()
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              help="YAML configuration file (camelCase keys, as kube-proxy's).")
+@click.option("--kubeconfig", help="Kubeconfig; default: in-cluster, then ~/.kube/config.")
+@click.option("--master", help="API server address, overriding the kubeconfig's.")
+@click.option("--hostname-override", help="This node's name (default: the host name).")
+@click.option("--bpffs-dir", help=f"Pin directory for maps and links [{DEFAULT_BPFFS}].")
+@click.option("--program-cache",
+              help="Directory of compiled programs reused across restarts ('' disables) "
+                   "[/var/cache/kproxy-ebpf/programs].")
+@click.option("--cgroup", help="cgroup v2 directory the socket hooks attach to (required).")
+@click.option("--min-sync-period", help="Shortest time between two syncs, e.g. 200ms.")
+@click.option("--sync-period", help="Full resync period, e.g. 30s.")
+@click.option("--healthz-bind-address", help="host:port of /healthz and /livez ('' disables).")
+@click.option("--metrics-bind-address", help="host:port of /metrics ('' disables).")
+@click.option("--manifests", multiple=True,
+              help="Read Services/EndpointSlices from these YAML files or directories instead "
+                   "of the API server (re-read when they change).")
+@click.option("--north-south/--no-north-south", default=None,
+              help="Serve NodePort/ExternalIP/LoadBalancer traffic from outside the node (TC).")
+@click.option("--devices", multiple=True,
+              help="External devices for the TC programs (default: from the routes).")
+@click.option("--node-port-addresses", multiple=True,
+              help="CIDRs (or 'primary') whose node addresses serve NodePorts [primary].")
+@click.option("--external-ip-allowlist", multiple=True,
+              help="Program only ExternalIPs inside these CIDRs (CVE-2020-8554) [all].")
+@click.option("--socket-lb", type=click.BOOL, default=None,
+              help="Socket-level load balancing (cgroup hooks) [true]; false serves ClusterIPs "
+                   "per packet at TC on the pod devices (--socket-lb=false).")
+@click.option("--pod-devices", multiple=True,
+              help="Globs of the pod-facing devices for --socket-lb=false [veth*,cali*,lxc*,kpv*].")
+@click.option("--snat-port-range", help="SNAT source ports for remote backends [61000-65535].")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
+def run(config_file, **flags) -> None:
+    """Run the agent: watch the cluster and program this node's datapath."""
+    from .config import ConfigError, load
+
+    try:
+        cfg = load(config_file, overrides=flags)
+        cfg.validate()
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    logging.basicConfig(level=cfg.log_level.upper(),
+                        format="%(asctime)s %(levelname).1s %(name)s: %(message)s")
+    from .agent import Agent
+    from .datapath.kernel import KernelUnsupported
+    from .datapath.pinned import LayoutMismatch
+
+    try:
+        Agent(cfg).run_until_signalled()
+    except (LayoutMismatch, KernelUnsupported) as exc:
+        raise click.ClickException(f"refusing to run: {exc}") from exc
