@@ -8,6 +8,9 @@
 # Leaves nothing behind (the check's namespace is deleted).
 set -euo pipefail
 . "$(dirname "$0")/kind-lib.sh"
+# The whole script is read before it runs (a function called on the last line): a checkout
+# that changes this file while a cluster comes up cannot make bash run half of each version.
+main() {
 IMAGE=${IMAGE:-localhost/kproxy-ebpf:$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)}
 NS=kproxy-check
 PY=/opt/kproxy-ebpf/venv/bin/python
@@ -69,3 +72,6 @@ sys.exit(1)
 done
 
 if [[ $KIND_IMAGES == local ]]; then log "egress guard drops (packets): $(hack/kind-guard.sh)"; fi
+}
+main "$@"
+exit

@@ -32,13 +32,24 @@ if [[ $KIND_PROVIDER == podman ]]; then
   # Debian's podman: runc (crun refuses hybrid cgroup layouts) and ulimits within the hard
   # limit (its defaults exceed it and the node container fails with EPERM).
   mkdir -p "$RUN_DIR"
-  nofile=$(ulimit -Hn)
-  cat > "$RUN_DIR/containers.conf" <<CONF
-[containers]
-default_ulimits = ["nofile=$nofile:$nofile", "nproc=32768:32768"]
-[engine]
-runtime = "runc"
-CONF
+  # Once the network exists, every container of ours (nodes, clients, the e2e runner) asks its
+  # name server only: without this podman adds the host's resolver, and a container's first
+  # lookups (kind's entrypoint runs before the node's egress guard) head off the machine.
+  write_containers_conf() {
+    local nofile dns=""
+    nofile=$(ulimit -Hn)
+    if podman network exists "$KIND_NET"; then
+      dns=$(podman network inspect "$KIND_NET" --format '{{range .Subnets}}{{.Gateway}} {{end}}' | awk '{print $1}')
+    fi
+    {
+      echo "[containers]"
+      echo "default_ulimits = [\"nofile=$nofile:$nofile\", \"nproc=32768:32768\"]"
+      [[ -n $dns ]] && printf 'dns_servers = ["%s"]\ndns_searches = ["dns.podman"]\n' "$dns"
+      echo "[engine]"
+      echo 'runtime = "runc"'
+    } > "$RUN_DIR/containers.conf"
+  }
+  write_containers_conf
   export CONTAINERS_CONF=$RUN_DIR/containers.conf
   # podman's name server (dnsmasq, started by the dnsname CNI plugin found on PATH) answers
   # the network's container names and nothing else: no upstream resolver.
@@ -61,7 +72,7 @@ for tool in kind kubectl helm; do command -v "$tool" >/dev/null || die "$tool no
 CTX=kind-$CLUSTER
 kc() { kubectl --context "$CTX" "$@"; }
 nodes() { kind get nodes --name "$CLUSTER"; }
-in_node() { local n=$1; shift; "${ENGINE[@]}" exec "$n" "$@"; }
+in_node() { local n=$1; shift; "${ENGINE[@]}" exec -i "$n" "$@"; }
 
 # The host side of the egress guard (the nodes carry their own, tools/kind/node/egress-guard.sh):
 # what a container of the kind network sends through the host to anywhere but that network is

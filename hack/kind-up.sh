@@ -18,6 +18,9 @@
 #      (helm test), and the egress guards' drop counters.
 set -euo pipefail
 . "$(dirname "$0")/kind-lib.sh"
+# The whole script is read before it runs (a function called on the last line): a checkout
+# that changes this file while a cluster comes up cannot make bash run half of each version.
+main() {
 PROXY=${PROXY:-kproxy}
 WORKERS=${WORKERS:-1}
 IMAGE=${IMAGE:-localhost/kproxy-ebpf:$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)}
@@ -41,6 +44,7 @@ if [[ $KIND_IMAGES == local ]]; then
     # As kind makes its own: a bridge, IPv4 from podman's pool and an IPv6 ULA subnet.
     podman network create -d bridge --ipv6 --subnet fc00:f853:ccd:e7a5::/64 "$KIND_NET" >/dev/null
   fi
+  write_containers_conf
   host_guard_up "$(kind_bridge)"
 fi
 
@@ -78,7 +82,7 @@ if [[ $KIND_IMAGES == local ]]; then
   # Before CoreDNS first starts (its pods wait for the CNI below): answer the cluster's zones
   # and podman's search domain, forward nothing.
   kc -n kube-system create configmap coredns --from-file=Corefile=tools/kind/Corefile \
-     --dry-run=client -o yaml | kc apply -f - >/dev/null
+     --dry-run=client -o yaml | kc replace -f - >/dev/null
   # The node's resolver is podman's name server only (its upstream is the host's resolver).
   dns=$(podman network inspect "$KIND_NET" --format '{{range .Subnets}}{{.Gateway}} {{end}}' | awk '{print $1}')
   declare -A cidr ip
@@ -131,7 +135,7 @@ if [[ $PROXY == kproxy ]]; then
 fi
 
 # With Services working, the cluster's add-ons become ready.
-kc -n kube-system rollout status deployment/coredns --timeout=180s
+kc -n kube-system wait --for=condition=Ready pod -l k8s-app=kube-dns --timeout=180s >/dev/null
 if [[ $PROXY == kproxy ]]; then
   # ClusterIP: the chart's test pod reaches the API server through the `kubernetes` Service.
   # Not --logs: the hook policy deletes a passing test pod before helm reads its logs, and
@@ -143,3 +147,6 @@ if [[ $PROXY == kproxy ]]; then
 fi
 hack/kind-check.sh
 log "cluster $CLUSTER is up with ${PROXY/kproxy/kproxy-ebpf} (kubectl --context $CTX)"
+}
+main "$@"
+exit

@@ -69,7 +69,7 @@ build_kube() {
   kube_module
   local pkgs=("${@/#/k8s.io/kubernetes/}")
   (cd "$KUBE_MOD" && go get -tool "${pkgs[@]/%/@$K8S_VERSION}")
-  log "building ${pkgs[*]##*/} (a cold build of the control plane takes 15-30 minutes on 2 cores)"
+  log "building ${pkgs[*]##*/} (a cold build takes 10-30 minutes on 2 cores)"
   (cd "$KUBE_MOD" && go build -tags=selinux,notest -ldflags="${LD[*]}" -o "$OUT/" "${pkgs[@]}")
 }
 
@@ -99,6 +99,7 @@ build_pause() {
 
 # kind and CoreDNS are modules of their own: go install at the pinned version, named with it.
 build_go_install() {  # NAME MODULE VERSION
+  BUILT=1
   local tmp=$WORK/gobin-$1
   log "building $1 $3"
   rm -rf "$tmp"; (cd / && GOBIN=$tmp go install -ldflags="-s -w" "$2@$3")
@@ -114,6 +115,7 @@ check_coredns_pin() {
 }
 
 build_etcd() {
+  BUILT=1
   local e=$WORK/etcd-$ETCD_VERSION sha
   rm -rf "$e"; mkdir -p "$e"; cd "$e"
   # etcd's server/go.mod has replace directives too, so it also needs a wrapper module.
@@ -125,6 +127,7 @@ build_etcd() {
 }
 
 build_helm() {
+  BUILT=1
   local hgomod hmin
   hgomod=$(cd / && go mod download -json "helm.sh/helm/v3@$HELM_VERSION" | field GoMod)
   hmin=$(sed -n 's#^[[:space:]]*k8s\.io/client-go v0\.\([0-9]\{1,\}\)\..*#\1#p' "$hgomod" | sed -n 1p)
@@ -143,17 +146,19 @@ have helm || build_helm
 have kube-apiserver kube-controller-manager kube-proxy kubectl ||
   build_kube cmd/kube-apiserver cmd/kube-controller-manager cmd/kube-proxy cmd/kubectl
 if [[ $SET == kind ]]; then
-  check_coredns_pin
   have kubelet kubeadm kube-scheduler || build_kube cmd/kubelet cmd/kubeadm cmd/kube-scheduler
   have agnhost regression-issue-74839 ||
     build_kube test/images/agnhost test/images/regression-issue-74839
   have pause || build_pause
   have "kind-$KIND_VERSION" || build_go_install kind sigs.k8s.io/kind "$KIND_VERSION"
-  have "coredns-$COREDNS_VERSION" || build_go_install coredns github.com/coredns/coredns "$COREDNS_VERSION"
+  have "coredns-$COREDNS_VERSION" ||
+    { check_coredns_pin; build_go_install coredns github.com/coredns/coredns "$COREDNS_VERSION"; }
   have e2e.test ginkgo || build_e2e
 fi
-"$OUT/kube-apiserver" --version >&2
-# Not `| head -1`: under pipefail, etcd's SIGPIPE when head exits early fails the script (141).
-"$OUT/etcd" --version | sed -n 1p >&2
-"$OUT/helm" version --short >&2
+if [[ -n $KUBE_MOD || -n ${BUILT:-} ]]; then
+  "$OUT/kube-apiserver" --version >&2
+  # Not `| head -1`: under pipefail, etcd's SIGPIPE when head exits early fails the script (141).
+  "$OUT/etcd" --version | sed -n 1p >&2
+  "$OUT/helm" version --short >&2
+fi
 echo "$OUT"

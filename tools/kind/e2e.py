@@ -81,7 +81,7 @@ class Outcome:
 
 
 def spec_name(spec: dict) -> str:
-    return " ".join(t for t in [*spec.get("ContainerHierarchyTexts") or [],
+    return " ".join(t for t in [*(spec.get("ContainerHierarchyTexts") or []),
                                 spec.get("LeafNodeText", "")] if t)
 
 
@@ -142,16 +142,13 @@ def run_suite(proxy: str, cluster: str, focus: str, skip: str, procs: int, image
         archive = work / "e2e-images.tar"
         if not archive.exists():
             sh("podman", "save", "-q", "-m", "-o", str(archive), *images)
-        sh("kind", "load", "image-archive", str(archive), "--name", cluster)
-        kubeconfig = sh("kind", "get", "kubeconfig", "--internal", "--name", cluster,
+        sh("hack/kind-env.sh", "kind", "load", "image-archive", str(archive), "--name", cluster)
+        kubeconfig = sh("hack/kind-env.sh", "kind", "get", "kubeconfig", "--internal", "--name", cluster,
                         stdout=subprocess.PIPE).stdout
         (out / "kubeconfig").write_text(kubeconfig)
         (out / "repo-list.yaml").write_text((KIND / "e2e-repo-list.yaml").read_text())
         run.guard_before = guard_drops(cluster)
-        nofile = subprocess.run(["sh", "-c", "ulimit -Hn"], text=True,
-                                capture_output=True).stdout.strip()
-        r = sh("podman", "--runtime", "runc", "run", "--rm", "--network", NET, "--pull=never",
-               f"--ulimit=nofile={nofile}:{nofile}",
+        r = sh("hack/kind-env.sh", "podman", "run", "--rm", "--network", NET, "--pull=never",
                "-v", f"{out}:/out", "-e", "KUBE_TEST_REPO_LIST=/out/repo-list.yaml",
                "-e", "KUBERNETES_CONFORMANCE_TEST=y", runner,
                "ginkgo", f"--procs={procs}", f"--focus={focus}", f"--skip={skip}",
@@ -297,8 +294,6 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown proxy {unknown}: choose from {sorted(PROXIES)}")
     skips = load_skips()
-    bin_dir = sh("tools/k8s/build.sh", "kind", stdout=subprocess.PIPE).stdout.split()[-1]
-    os.environ["PATH"] = f"{bin_dir}:{os.environ['PATH']}"
     names = sh("tools/kind/images.sh", "e2e", stdout=subprocess.PIPE).stdout.split()
     images, runner = names[:-1], names[-1]
     runs = []

@@ -78,9 +78,9 @@ node_image() {
     "${PODMAN[@]}" save -q -m -o "$ctx/components.tar" "${!want[@]}"
     # containerd alone (not the node's systemd), as kind's own node-image build does; the
     # images are imported unpacked-on-demand (CRI unpacks when it first creates a container).
-    cid=$("${PODMAN[@]}" run -d --init --privileged --ulimit "nofile=$NOFILE:$NOFILE" --ulimit "nproc=$NPROC:$NPROC" \
+    cid=$("${PODMAN[@]}" run -d --privileged --ulimit "nofile=$NOFILE:$NOFILE" --ulimit "nproc=$NPROC:$NPROC" \
           -v "$ctx/components.tar:/components.tar:ro" --entrypoint /bin/bash \
-          "$REPO/node-base:$K8S_VERSION" -c 'containerd >/tmp/containerd.log 2>&1 & exec sleep infinity')
+          "$REPO/node-base:$K8S_VERSION" -c 'containerd >/tmp/containerd.log 2>&1 & wait')
     "${PODMAN[@]}" exec "$cid" bash -euc '
       for i in $(seq 50); do [[ -S /run/containerd/containerd.sock ]] && break; sleep 0.2; done
       ctr version >/dev/null
@@ -90,7 +90,10 @@ node_image() {
       "${PODMAN[@]}" exec "$cid" ctr -n k8s.io images tag --force "$img" "${want[$img]}" >/dev/null
       "${PODMAN[@]}" exec "$cid" ctr -n k8s.io images rm "$img" >/dev/null
     done
-    "${PODMAN[@]}" exec "$cid" bash -c 'pkill -x containerd; while pgrep -x containerd >/dev/null; do sleep 0.2; done; rm -f /tmp/containerd.log'
+    "${PODMAN[@]}" exec "$cid" rm -f /tmp/containerd.log
+    # The container ends with containerd (its shell waits for it), cleanly shut down.
+    "${PODMAN[@]}" exec "$cid" pkill -x containerd
+    "${PODMAN[@]}" wait "$cid" >/dev/null
     "${PODMAN[@]}" commit -q --change 'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]' \
         --change 'CMD []' "$cid" "$node" >/dev/null
     "${PODMAN[@]}" rm -f "$cid" >/dev/null; cid=""

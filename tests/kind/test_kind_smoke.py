@@ -1,0 +1,52 @@
+"""The user's first step, for real, inside `make test`: hack/kind-up.sh makes a kind cluster
+(kubelet, containerd, the ptp CNI, CoreDNS; kube-proxy disabled) from images made on this
+machine, installs the chart with helm, runs `helm test` and its own ClusterIP, CoreDNS and
+NodePort-from-outside checks; then upstream e2e.test runs the [Conformance] specs of
+[sig-network] Services against kproxy-ebpf from a container on the kind network
+(tools/kind/e2e.py --smoke), and hack/kind-down.sh removes everything. `make e2e` is the whole
+[sig-network] suite beside kube-proxy nftables."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from kproxy_ebpf.lab.binaries import repo_root
+
+from ..support import require_root
+
+ROOT = repo_root()
+CLUSTER = "kproxy-smoke"
+
+
+def leftovers() -> list[str]:
+    """What the kind path may leave: node containers, the podman network, the host guard."""
+    out = []
+    names = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"], text=True,
+                           capture_output=True).stdout.split()
+    out += [n for n in names if n.startswith(CLUSTER)]
+    if subprocess.run(["podman", "network", "exists", "kproxy-kind"]).returncode == 0:
+        out.append("network kproxy-kind")
+    rules = subprocess.run(["iptables", "-w", "-S", "FORWARD"], text=True, capture_output=True).stdout
+    out += [r for r in rules.splitlines() if "KPROXY-KIND-GUARD" in r]
+    return out
+
+
+def test_kind_install_path_and_conformance_services(tmp_path):
+    require_root()
+    assert not leftovers(), "a previous run left pieces of the kind path behind"
+    out = tmp_path / "smoke.json"
+    r = subprocess.run([sys.executable, "tools/kind/e2e.py", "--smoke", "--json-out", str(out)],
+                       cwd=ROOT, timeout=3600)
+    assert r.returncode == 0
+    rep = json.loads(out.read_text())
+    ran = [s for s in rep["specs"] if s["kproxy"]["state"] != "not-run"]
+    # test/e2e/network/service.go holds 15 such specs in v1.36.3: all of them must have run.
+    assert len(ran) >= 15, [s["spec"] for s in ran]
+    failed = {s["spec"]: s["kproxy"] for s in ran if s["kproxy"]["state"] != "passed"}
+    assert not failed
+    run = rep["runs"][0]
+    during = {n: run["guard_drops_after"]["nodes"][n] - run["guard_drops_before"]["nodes"].get(n, 0)
+              for n in run["guard_drops_after"]["nodes"]}
+    assert sum(during.values()) == 0 and run["guard_drops_after"]["host"] == run["guard_drops_before"]["host"], run
+    assert not leftovers()
