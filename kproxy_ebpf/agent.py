@@ -26,6 +26,7 @@ from . import health, httpserve
 from .config import AgentConfig
 from .datapath import conntrack, reader, tc
 from .datapath.cidr_writer import CidrWriter
+from . import conntrack_sysctl
 from .datapath.sock_hooks import SockDatapath
 from .datapath.tc import TcDatapath
 from .datapath.writer import ApplyResult, MapWriter
@@ -83,6 +84,8 @@ class Agent:
         # within the health timeout (say the API server is unreachable), /healthz says so.
         self.health.queued_update()
         limit_malloc_arenas()
+        conntrack_sysctl.apply({name: int(getattr(self.cfg, name))
+                                for name in conntrack_sysctl.SYSCTLS})
         self.pause_gc()          # until the first sync: the LIST and the first sync are cold work
         job = None
         want_tc = self.cfg.north_south or not self.cfg.socket_lb

@@ -58,6 +58,10 @@ class AgentConfig:
     socket_lb: bool = True
     pod_devices: list[str] = field(default_factory=lambda: list(DEFAULT_POD_GLOBS))
     log_level: str = "info"
+    # Conntrack timeouts of the node's network namespace, as kube-proxy sets them (its
+    # conntrack.tcpEstablishedTimeout and tcpCloseWaitTimeout); 0 leaves the kernel's.
+    conntrack_tcp_established_timeout: float = 24 * 3600.0
+    conntrack_tcp_close_wait_timeout: float = 3600.0
 
     @property
     def node_name(self) -> str:
@@ -153,7 +157,8 @@ def _bool(name: str, value: object) -> bool:
 
 
 def _coerce(name: str, value: object) -> object:
-    if name in ("min_sync_period", "sync_period"):
+    if name in ("min_sync_period", "sync_period", "conntrack_tcp_established_timeout",
+                "conntrack_tcp_close_wait_timeout"):
         return parse_duration(value)
     if name in ("prefer_same_node", "north_south", "socket_lb"):
         return _bool(name, value)

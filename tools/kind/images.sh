@@ -110,7 +110,8 @@ e2e_images() {
   local manifest=$KUBE_SRC/test/utils/image/manifest.go
   local -A stage=([Agnhost]=agnhost [AgnhostPrev]=agnhost [BusyBox]=busybox [Nginx]=nginx
                   [NginxNew]=nginx [GlibcDnsTesting]=glibc-dns-testing
-                  [RegressionIssue74839]=regression-issue-74839 [Pause]=pause)
+                  [RegressionIssue74839]=regression-issue-74839 [Pause]=pause
+                  [DistrolessIptables]=distroless-iptables)
   local -A registry
   while read -r key value; do registry[$key]=$value; done < <(
     sed -n 's/^\([A-Za-z0-9]*\): \(.*\)$/\1 \2/p' tools/kind/e2e-repo-list.yaml)
