@@ -22,6 +22,7 @@ log() { echo "tools/kind: $*" >&2; }
 
 BIN=$(tools/k8s/build.sh kind | tail -1)
 BASE=$(tools/image/base.sh)
+TRIXIE=""
 export GOMODCACHE=${GOMODCACHE:-${KPROXY_CACHE:-/var/cache/kproxy-ebpf}/go/mod} GOTOOLCHAIN=local
 moddir() { (cd / && go mod download -json "$1") | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])'; }
 KUBE_SRC=$(moddir "k8s.io/kubernetes@$K8S_VERSION")
@@ -40,6 +41,7 @@ build() {  # TARGET TAG [CONTAINERFILE]
   log "image $2"
   "${PODMAN[@]}" build --quiet --network host --pull=never --ulimit "nofile=$NOFILE:$NOFILE" \
       --build-arg "BASE_IMAGE=$BASE" --build-arg "KUBE_VERSION=$K8S_VERSION" \
+      ${TRIXIE:+--build-arg "TRIXIE_IMAGE=$TRIXIE"} \
       ${1:+--target "$1"} -t "$2" -f "${3:-tools/kind/images/Containerfile}" "$ctx" >/dev/null
 }
 
@@ -107,6 +109,7 @@ node_image() {
 # e2e images: upstream's image ID -> our stage. The tags come from the suite's own manifest, so
 # they follow K8S_VERSION.
 e2e_images() {
+  TRIXIE=$(SUITE=trixie tools/image/base.sh)
   local manifest=$KUBE_SRC/test/utils/image/manifest.go
   local -A stage=([Agnhost]=agnhost [AgnhostPrev]=agnhost [BusyBox]=busybox [Nginx]=nginx
                   [NginxNew]=nginx [GlibcDnsTesting]=glibc-dns-testing
