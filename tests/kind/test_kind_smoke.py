@@ -8,6 +8,7 @@ NodePort-from-outside checks; then upstream e2e.test runs the [Conformance] spec
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -19,12 +20,17 @@ ROOT = repo_root()
 CLUSTER = "kproxy-smoke"
 
 
+def _podman_names(*filters: str) -> list[str]:
+    argv = ["podman", "ps", "-a", "--format", "{{.Names}}"] + [f"--filter={f}" for f in filters]
+    return subprocess.run(argv, text=True, capture_output=True).stdout.split()
+
+
 def leftovers() -> list[str]:
-    """What the kind path may leave: node containers, the podman network, the host guard."""
-    out = []
-    names = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"], text=True,
-                           capture_output=True).stdout.split()
-    out += [n for n in names if n.startswith(CLUSTER)]
+    """What the kind path may leave of this test's cluster: its node containers and, when no
+    other cluster shares it (a user's `make kind-up`), the podman network and the host guard."""
+    out = [n for n in _podman_names() if n.startswith(CLUSTER)]
+    if [n for n in _podman_names("network=kproxy-kind") if not n.startswith(CLUSTER)]:
+        return out
     if subprocess.run(["podman", "network", "exists", "kproxy-kind"]).returncode == 0:
         out.append("network kproxy-kind")
     rules = subprocess.run(["iptables", "-w", "-S", "FORWARD"], text=True, capture_output=True).stdout
@@ -32,9 +38,17 @@ def leftovers() -> list[str]:
     return out
 
 
+def remove_stale() -> None:
+    """A run killed half-way (a session's end, CI's timeout) leaves its cluster behind: the name
+    is this test's own, so hack/kind-down.sh removes it before the run, as it does after."""
+    if leftovers():
+        subprocess.run(["hack/kind-down.sh"], cwd=ROOT, env={**os.environ, "CLUSTER": CLUSTER}, check=False)
+    assert not leftovers(), "hack/kind-down.sh could not remove what an earlier run left: see its output"
+
+
 def test_kind_install_path_and_conformance_services(tmp_path):
     require_root()
-    assert not leftovers(), "a previous run left pieces of the kind path behind"
+    remove_stale()
     out = tmp_path / "smoke.json"
     r = subprocess.run([sys.executable, "tools/kind/e2e.py", "--smoke", "--json-out", str(out)],
                        cwd=ROOT, timeout=3600)

@@ -138,6 +138,10 @@ def run_suite(proxy: str, cluster: str, focus: str, skip: str, procs: int, image
     start = time.monotonic()
     env = {"CLUSTER": cluster, "PROXY": proxy}
     try:
+        # kind-up reuses a cluster of that name; one left by a run killed half-way is not clean.
+        if cluster in sh("hack/kind-env.sh", "kind", "get", "clusters", stdout=subprocess.PIPE).stdout.split():
+            print(f"e2e: removing cluster {cluster}, left by an earlier run", file=sys.stderr)
+            sh("hack/kind-down.sh", env={"CLUSTER": cluster})
         sh("hack/kind-up.sh", env=env)
         archive = work / "e2e-images.tar"
         if not archive.exists():
