@@ -179,7 +179,7 @@ def environment() -> dict:
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
                            text=True, capture_output=True).stdout.strip()
     podman = subprocess.run(["podman", "--version"], text=True, capture_output=True).stdout.strip()
-    return {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    return {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "commit": commit + ("+changes" if dirty else ""), "kernel": platform.release(),
             "cpus": os.cpu_count(), "kubernetes": versions.get("K8S_VERSION"),
             "kind": versions.get("KIND_VERSION"), "podman": podman,
@@ -235,7 +235,8 @@ def markdown(rep: dict) -> str:
            "| | " + " | ".join(f"`{k}`" for k in env) + " |",
            "|---|" + "---|" * len(env), "| environment | " + " | ".join(str(v) for v in env.values()) + " |",
            "", "## Summary", "",
-           "| proxy | passed | failed | skipped by the suite | not run (skip list) | minutes | egress guard drops during the specs |",
+           "| proxy | passed | failed | skipped by the suite | not run (skip list) | minutes "
+           "| egress guard drops during the specs |",
            "|---|---|---|---|---|---|---|"]
     for r in runs:
         s = summary[r["proxy"]]
