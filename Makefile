@@ -41,15 +41,18 @@ apt-install:
 	    --no-install-recommends $$missing; fi
 
 # The venv sees Debian's bcc (python3-bpfcc) through --system-site-packages; the PyPI "bcc"
-# is an unrelated package and is never installed.
+# is an unrelated package and is never installed. Making it needs only python3-venv (its
+# ensurepip), so `make unit` works without bcc or kernel headers; `venv` adds all of APT_PACKAGES.
 $(VENV)/.installed: pyproject.toml constraints.txt
-	@test -x $(PY) || /usr/bin/python3 -m venv --system-site-packages $(VENV)
+	@test -x $(PY) || { /usr/bin/python3 -c 'import ensurepip' 2>/dev/null \
+	  || $(MAKE) -s apt-install PKGS=python3-venv; /usr/bin/python3 -m venv --system-site-packages $(VENV); }
 	$(PY) -m pip install -q -c constraints.txt -e '.[test,bench]'
 	@touch $@
 
 venv: apt $(VENV)/.installed
 
-headers: apt
+headers:
+	@$(MAKE) -s apt-install PKGS=linux-headers-cloud-amd64
 	@tools/setup-headers.sh >/dev/null
 
 k8s:
@@ -70,7 +73,7 @@ kind-tools: kind-apt
 test: setup image kind-tools
 	KPROXY_REQUIRE_ROOT=1 KPROXY_REQUIRE_CONTROLPLANE=1 $(LOCK) $(PY) -m pytest -q tests
 
-unit: venv
+unit: $(VENV)/.installed
 	$(PY) -m pytest -q tests/unit
 
 datapath: setup
@@ -139,6 +142,13 @@ bench: setup bench-tools
 
 scale: setup bench-tools
 	$(KP) bench --scale --tools-dir $(BENCH_BUILD) $(ARGS)
+
+# ruff with the pinned version and pyproject's rules over the whole tree, then every BPF program
+# compiled as bcc compiles it, with -Wall -Werror (tools/bpflint.py: clang, libbcc, the headers).
+lint: $(VENV)/.installed headers
+	@$(MAKE) -s apt-install PKGS="clang python3-bpfcc"
+	$(VENV)/bin/ruff check .
+	$(PY) tools/bpflint.py
 
 # kproxy_ebpf/datapath/kproxy_h.py from bpf/kproxy.h (clang, bpftool); tests/unit/test_layout.py
 # fails while the committed table is stale.

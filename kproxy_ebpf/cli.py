@@ -127,7 +127,8 @@ def services(bpffs_dir: str, output: str, service_filter: str | None) -> None:
         lines.extend(("", "", "", "", "", "", b) for b in backends[1:])
     widths = [max(len(str(x[i])) for x in [header, *lines]) for i in range(len(header) - 1)]
     for line in [header, *lines]:
-        click.echo("  ".join(str(c).ljust(w) for c, w in zip(line, widths)) + "  " + line[-1])
+        # strict=False: the last column (backends) is not padded, so widths stop before it.
+        click.echo("  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=False)) + "  " + line[-1])
 
 
 @main.group()
@@ -330,7 +331,7 @@ def ct_list(bpffs_dir: str, output: str, service_filter: str | None) -> None:
               r["snat"] or "-", r["state"], f"{r['expires_in_seconds']}s") for r in rows]
     widths = [max(len(str(x[i])) for x in [header, *lines]) for i in range(len(header))]
     for line in [header, *lines]:
-        click.echo("  ".join(str(v).ljust(w) for v, w in zip(line, widths)).rstrip())
+        click.echo("  ".join(str(v).ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())
 
 
 @main.command()

@@ -18,14 +18,14 @@ from typing import NamedTuple
 from .model import IPFamily, Protocol
 
 
-class FrontendKind(str, enum.Enum):
+class FrontendKind(enum.StrEnum):
     CLUSTER_IP = "ClusterIP"
     NODE_PORT = "NodePort"
     EXTERNAL_IP = "ExternalIP"
     LOAD_BALANCER = "LoadBalancer"
 
 
-class Scope(str, enum.Enum):
+class Scope(enum.StrEnum):
     """Which traffic a frontend row serves (kproxy.h enum kp_scope).
 
     Scopes order as the kernel numbers them (SOCK before EXT), not by their text, so that a
@@ -66,7 +66,7 @@ class FrontendKey(NamedTuple):
         return f"{self.ip}:{self.port}/{self.protocol.value}"
 
 
-class Action(str, enum.Enum):
+class Action(enum.StrEnum):
     FORWARD = "forward"   # pick one of the backends
     REJECT = "reject"     # no usable endpoint anywhere: fail fast (ECONNREFUSED)
     DROP = "drop"         # endpoints exist, but none in the applicable Local set

@@ -17,7 +17,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from http.server import BaseHTTPRequestHandler
 
 from . import httpserve
@@ -30,7 +30,7 @@ def go_time(ts: float | None) -> str:
     unset is Go's zero time."""
     if not ts:
         return "0001-01-01T00:00:00Z"
-    dt = datetime.fromtimestamp(ts, timezone.utc)
+    dt = datetime.fromtimestamp(ts, UTC)
     frac = f"{dt.microsecond:06d}".rstrip("0")
     return dt.strftime("%Y-%m-%dT%H:%M:%S") + (f".{frac}" if frac else "") + "Z"
 
@@ -92,7 +92,7 @@ def serve(health: ProxyHealth, address: str) -> httpserve.LocalHTTPServer:
     host, _, port = address.rpartition(":")
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's naming)
+        def do_GET(self):
             path = self.path.split("?")[0]
             if path not in ("/healthz", "/livez"):
                 self.send_error(404)

@@ -35,7 +35,7 @@ def metrics_handler(registry) -> type[BaseHTTPRequestHandler]:
     from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's naming)
+        def do_GET(self):
             data = generate_latest(registry)
             self.send_response(200)
             self.send_header("Content-Type", CONTENT_TYPE_LATEST)

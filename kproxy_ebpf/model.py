@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 
-class Protocol(str, enum.Enum):
+class Protocol(enum.StrEnum):
     TCP = "TCP"
     UDP = "UDP"
     SCTP = "SCTP"
 
 
-class IPFamily(str, enum.Enum):
+class IPFamily(enum.StrEnum):
     """An address family, spelled as the API spells it (EndpointSlice addressType,
     ipFamilies). A str enum: it hashes as its string, at C speed, inside the keys of the
     desired table."""
@@ -28,7 +28,7 @@ class IPFamily(str, enum.Enum):
     IPV6 = "IPv6"
 
 
-class Kind(str, enum.Enum):
+class Kind(enum.StrEnum):
     """The API objects the sources deliver (kube/sources.py) to the agent's sink."""
     SERVICE = "Service"
     ENDPOINT_SLICE = "EndpointSlice"
@@ -36,7 +36,7 @@ class Kind(str, enum.Enum):
     SERVICE_CIDR = "ServiceCIDR"
 
 
-class ServiceType(str, enum.Enum):
+class ServiceType(enum.StrEnum):
     CLUSTER_IP = "ClusterIP"
     NODE_PORT = "NodePort"
     LOAD_BALANCER = "LoadBalancer"

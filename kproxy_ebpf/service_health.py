@@ -61,7 +61,7 @@ class ServiceHealthServers:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server's naming)
+            def do_GET(self):
                 json_response(self, *owner.status(port))
 
             def log_message(self, *args):   # load balancers probe every few seconds

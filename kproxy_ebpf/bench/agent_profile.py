@@ -199,7 +199,7 @@ class MemoryMap:
 
     # The batch calls, so that the writer plans and batches as it does on real maps.
     def put_batch(self, keys, values) -> None:
-        for k, v in zip(keys, values):
+        for k, v in zip(keys, values, strict=True):
             self.put(k, v)
 
     def delete_batch(self, keys) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,13 +68,15 @@ def k8s_version(bin_dir: Path | None) -> str | None:
 def collect(bin_dir: Path | None = None) -> dict:
     uname = platform.uname()
     try:
-        import bcc  # noqa: F401 - Debian's python3-bpfcc
+        import bcc  # Debian's python3-bpfcc
 
         bcc_version = getattr(bcc, "__version__", None)
-    except Exception:        # the bench does not need bcc itself, the agent does
+    # Its import loads libbcc and LLVM, which fail in more ways than ImportError; the bench
+    # does not need bcc itself, the agent does.
+    except Exception:  # noqa: BLE001 - any failure means no version to record
         bcc_version = None
     return {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "kernel": uname.release,
         "machine": uname.machine,
         "cpu_model": cpu_model(),

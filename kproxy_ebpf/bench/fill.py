@@ -201,7 +201,7 @@ class Churner:
                 self.api.json_patch(path, ops)
                 with lock:
                     ok[0] += 1
-            except Exception as e:          # counted and reported, the churn goes on
+            except Exception as e:  # noqa: BLE001 - counted and reported, the churn goes on
                 with lock:
                     errors.append(str(e))
 

@@ -54,7 +54,8 @@ def bench_plots(doc: dict, out_dir: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
         drew = False
         for mode, color in STYLE.items():
-            for key, dash in zip(keys, ("-", "--", ":")):
+            # strict=False: a plot has up to three keys, each takes the next dash.
+            for key, dash in zip(keys, ("-", "--", ":"), strict=False):
                 pts = [(n, goals.value(doc, mode, n, key)) for n in ns]
                 pts = [(n, v) for n, v in pts if isinstance(v, (int, float))]
                 if not pts:
@@ -97,7 +98,7 @@ def m9_plot(doc: dict, out_dir: Path, plt) -> Path | None:
         return None
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.6), dpi=100,
                              squeeze=False)
-    for ax, (title, bars) in zip(axes[0], panels):
+    for ax, (title, bars) in zip(axes[0], panels, strict=True):
         ax.bar(range(len(bars)), [v for _m, v in bars], color=[STYLE[m] for m, _v in bars])
         ax.set_xticks(range(len(bars)), [m for m, _v in bars], rotation=30, fontsize=7)
         ax.set_title(title, fontsize=9)

@@ -102,7 +102,8 @@ def parse_proc_stat(text: str) -> dict[str, float]:
     for line in text.splitlines():
         parts = line.split()
         if parts and parts[0] == "cpu":
-            return {k: int(v) / CLK_TCK for k, v in zip(PROC_STAT_FIELDS, parts[1:])}
+            # strict=False: the line goes on (guest, guest_nice: already counted in user, nice).
+            return {k: int(v) / CLK_TCK for k, v in zip(PROC_STAT_FIELDS, parts[1:], strict=False)}
     raise ValueError("no cpu line in /proc/stat")
 
 

@@ -77,7 +77,7 @@ class ScaleRun:
         full syncs (every syncPeriod; the map re-read of every tenth included). kube-proxy
         has no such counter (0): the median over sub-windows stands in for it there."""
         if not self.mode.startswith("kproxy"):
-            return {node: 0.0 for node in NODES}
+            return dict.fromkeys(NODES, 0.0)
         return {node: metric(self.tb.metrics(node), "kproxy_sync_full_cpu_seconds_total")
                 for node in NODES}
 
@@ -193,7 +193,7 @@ class ScaleRun:
         With `step`, each sub-window runs step() until its share of the window is over."""
         out = []
         a, pa = self._samples(), self._periodic_cpu()
-        for i in range(subs):
+        for _ in range(subs):
             t_end = time.monotonic() + seconds / subs
             done = step(t_end) if step else 0
             time.sleep(max(0.0, t_end - time.monotonic()))

@@ -308,9 +308,9 @@ class ModeRun:
             self.out["M1"]["paired_direct"] = {
                 "connect_us": _us(stats.median_of_runs([r["connect_ns"] for r in floor])),
                 "added_us": {k: round(stats.median(
-                    (o["connect_ns"][k] - d["connect_ns"][k]) / 1000 for o, d in zip(one, floor)),
+                    (o["connect_ns"][k] - d["connect_ns"][k]) / 1000 for o, d in zip(one, floor, strict=True)),
                     2) for k in ("p50", "p99")},
-                "rate_ratio": round(stats.median(o["rate"] / d["rate"] for o, d in zip(one, floor)
+                "rate_ratio": round(stats.median(o["rate"] / d["rate"] for o, d in zip(one, floor, strict=True)
                                                  if d["rate"]), 4),
                 "failed": sum(r["failed"] for r in floor)}
         self.out["M2"] = {
@@ -449,8 +449,8 @@ class ModeRun:
         self.out["M8"] = {
             "connect_p99_us": round(stats.median(p99), 2),
             "connect_p99_us_quiet": round(stats.median(p99_quiet), 2),
-            "inflation": round(stats.median(c / q - 1 for c, q in zip(p99, p99_quiet) if q), 4),
-            "pairs": [[round(q, 2), round(c, 2)] for q, c in zip(p99_quiet, p99)],
+            "inflation": round(stats.median(c / q - 1 for c, q in zip(p99, p99_quiet, strict=True) if q), 4),
+            "pairs": [[round(q, 2), round(c, 2)] for q, c in zip(p99_quiet, p99, strict=True)],
             "connections": sum(r["ok"] + r["failed"] for r in churn),
             "failed": sum(r["failed"] for r in churn),
             "errors": stats.merge_counts(r["errors"] for r in churn),
@@ -551,12 +551,12 @@ class ModeRun:
             "failed": sum(r["failed"] for r in rr + st)}
         if pod:
             self.out["M3"]["paired_direct"] = {
-                "rr_ratio": round(stats.median(o["rate"] / d["rate"] for o, d in zip(rr, rr_d)
+                "rr_ratio": round(stats.median(o["rate"] / d["rate"] for o, d in zip(rr, rr_d, strict=True)
                                                if d["rate"]), 4),
                 "gbit_ratio": round(stats.median(o["gbit_s"] / d["gbit_s"]
-                                                 for o, d in zip(st, st_d) if d["gbit_s"]), 4),
+                                                 for o, d in zip(st, st_d, strict=True) if d["gbit_s"]), 4),
                 "rr_p99_added_us": round(stats.median(
-                    (o["txn_ns"]["p99"] - d["txn_ns"]["p99"]) / 1000 for o, d in zip(rr, rr_d)),
+                    (o["txn_ns"]["p99"] - d["txn_ns"]["p99"]) / 1000 for o, d in zip(rr, rr_d, strict=True)),
                     2),
                 "failed": sum(r["failed"] for r in rr_d + st_d)}
 

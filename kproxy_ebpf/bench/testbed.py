@@ -198,10 +198,10 @@ class Testbed:
     def down(self) -> None:
         if self.cluster is None:
             return
-        for node in list(self.pids):
+        for _node in list(self.pids):
             try:
                 self.stop_proxy()
-            except Exception as e:              # down() must go on whatever happened
+            except Exception as e:  # noqa: BLE001 - down() must go on whatever happened
                 self.log(f"stopping the proxy: {e}")
                 break
         problems = self.cluster.down()
@@ -241,7 +241,7 @@ class Testbed:
                      capture_output=True, timeout=30)
 
         try:
-            nsutil.sysctls(lab.node_netns("node1"), {k: "0" for k in redirects})
+            nsutil.sysctls(lab.node_netns("node1"), dict.fromkeys(redirects, "0"))
             for target, dst in routes:
                 ip_route("replace", target, dst)
             yield

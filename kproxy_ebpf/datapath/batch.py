@@ -39,7 +39,7 @@ class DirectWrites:
         m.put(key, value)
 
     def rows(self, m: PinnedMap, keys: Sequence, values: Sequence) -> None:
-        for k, v in zip(keys, values):
+        for k, v in zip(keys, values, strict=True):
             m.put(k, v)
 
     def slots(self, keys: Sequence, values: Sequence) -> None:
@@ -112,7 +112,7 @@ class BatchedWrites:
                     if batch:
                         m.put_batch(keys, values)
                     else:
-                        for k, v in zip(keys, values):
+                        for k, v in zip(keys, values, strict=True):
                             m.put(k, v)
                 elif batch:
                     m.delete_batch(keys)

@@ -45,9 +45,9 @@ class CidrWriter:
     def apply(self, want: ServiceCIDRSet, res: ApplyResult) -> bool:
         """Writes the whole difference (full syncs); failures go into `res`. True when all
         was written."""
-        actions: dict[str, str | None] = {ip: "pass" for ip in want.foreign_ips}
+        actions: dict[str, str | None] = dict.fromkeys(want.foreign_ips, "pass")
         actions.update((ip, "reject") for ip in want.cluster_ips)
-        gone = {ip: None for ip in self.cluster_ips.keys() - actions.keys()}
+        gone = dict.fromkeys(self.cluster_ips.keys() - actions.keys())
         return self.apply_changes(want.cidrs, {**actions, **gone}, res)
 
     def apply_changes(self, cidrs: frozenset[str], wanted: Mapping[str, str | None],

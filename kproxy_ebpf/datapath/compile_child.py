@@ -39,6 +39,12 @@ def size_cflags(sizes: MapSizes) -> list[str]:
     return [f"-D{MAPS[name].size_macro}={value}" for name, value in asdict(sizes).items()]
 
 
+def program_cflags(bpffs_dir: Path, sizes: MapSizes | None = None) -> list[str]:
+    """The include path and defines every program is compiled with (tools/bpflint.py
+    compiles with them too)."""
+    return [f"-I{bpf_dir()}", f'-DKP_PIN_DIR="{bpffs_dir}"', *size_cflags(sizes or MapSizes())]
+
+
 def compile_program(source: Path, bpffs_dir: Path, sizes: MapSizes | None = None):
     """Compiles one program file with bcc against the maps pinned in bpffs_dir (adopting
     them, or creating and pinning them)."""
@@ -46,8 +52,7 @@ def compile_program(source: Path, bpffs_dir: Path, sizes: MapSizes | None = None
     from bcc import BPF  # late: importing this module must not load LLVM
 
     ensure_bpffs(bpffs_dir)
-    cflags = [f"-I{bpf_dir()}", f'-DKP_PIN_DIR="{bpffs_dir}"', "-Wno-macro-redefined",
-              *size_cflags(sizes or MapSizes())]
+    cflags = [*program_cflags(bpffs_dir, sizes), "-Wno-macro-redefined"]
     return BPF(text=expand(source).encode(), cflags=cflags)
 
 

@@ -153,7 +153,7 @@ class PinnedMap:
         kf, vf = struct.Struct(self.spec.key_format), struct.Struct(self.spec.value_format)
         out: list[tuple[tuple, tuple]] = []
         for keys, values in self._raw_batches():
-            out.extend(zip(kf.iter_unpack(keys), vf.iter_unpack(values)))
+            out.extend(zip(kf.iter_unpack(keys), vf.iter_unpack(values), strict=True))
         return out
 
     def raw_items(self) -> list[tuple[bytes, bytes]]:

@@ -18,7 +18,7 @@ import fnmatch
 import logging
 import select
 import threading
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 log = logging.getLogger(__name__)
 

@@ -119,7 +119,7 @@ def dump(m: PinnedMap) -> list[dict]:
         if m.spec.by_addr:                  # clusterip, extaddr, extbe
             row = {"key": L.ip_str(key.value), "value": _plain(value)}
         elif m.spec.percpu:
-            per_cpu = [v for v in value]
+            per_cpu = list(value)
             row = {"key": _plain(key), "value": sum(per_cpu), "per_cpu": per_cpu}
             if m.spec.id == "stats":
                 row["counter"] = STAT_NAMES.get(key.value, str(key.value))

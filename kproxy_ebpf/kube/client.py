@@ -48,7 +48,7 @@ def make_api_client(
     *,
     context: str | None = None,
     pool_maxsize: int = 16,
-) -> "kubernetes.client.ApiClient":
+) -> kubernetes.client.ApiClient:
     """Return an ApiClient for the first source of credentials that applies.
 
     kubeconfig: explicit kubeconfig file (wins over everything else).

@@ -54,7 +54,7 @@ class _Entry:
 
 
 def _now_rfc3339() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class EventRecorder:
@@ -246,6 +246,6 @@ class EventRecorder:
 def _drain(resp: Any) -> None:
     """Read and release a raw response (we never need the created object back)."""
     try:
-        resp.data
+        _ = resp.data       # the property reads the whole body
     finally:
         resp.release_conn()

@@ -141,7 +141,7 @@ class Reflector:
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    def start(self) -> "Reflector":
+    def start(self) -> Reflector:
         if self._thread is not None:
             raise RuntimeError(f"reflector for {self.resource} already started")
         self._thread = threading.Thread(target=self.run, name=f"kproxy-reflector-{self.resource}",
@@ -193,7 +193,7 @@ class Reflector:
                 shutdown()
             else:
                 resp.close()
-        except Exception:   # the connection may already be gone; nothing to do then
+        except Exception:  # noqa: BLE001 - the connection may already be gone; nothing to do then
             pass
 
     # -- main loop ------------------------------------------------------------------------------
@@ -315,7 +315,7 @@ class Reflector:
                 resp.release_conn()
             else:
                 resp.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - as in _abort(): a connection already gone needs nothing
             pass
 
     # -- WATCH ----------------------------------------------------------------------------------
@@ -382,7 +382,7 @@ class Reflector:
     def _deliver(self, etype: str, payload: Any) -> None:
         try:
             self._on_event(etype, payload)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a handler bug is counted and logged; the watch goes on
             self.handler_errors += 1
             self._log.exception("%s: the event handler failed on a %s event", self.resource, etype)
 
@@ -460,7 +460,7 @@ class _Ahead:
     def _run(self, fetch: PageFunc, kwargs: dict[str, Any]) -> None:
         try:
             self._value = fetch(**kwargs)
-        except BaseException as exc:        # re-raised on the caller's thread by result()
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread by result()
             self._error = exc
 
     def result(self) -> bytes:

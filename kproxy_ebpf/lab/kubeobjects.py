@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 from kubernetes import client
 from kubernetes.client import ApiClient
@@ -28,7 +28,7 @@ _STRATEGIC = "application/strategic-merge-patch+json"
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def ensure_namespace(api: ApiClient, name: str) -> None:
@@ -57,7 +57,8 @@ def create_node(
     if zone:
         all_labels[ZONE_LABEL] = zone
     spec = {"podCIDR": pod_cidr, "podCIDRs": [pod_cidr]} if pod_cidr else {}
-    core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": all_labels}, "spec": spec})
+    core.create_node({"apiVersion": "v1", "kind": "Node",
+                      "metadata": {"name": name, "labels": all_labels}, "spec": spec})
     now = _now()
     status = {"status": {
         "addresses": [{"type": "InternalIP", "address": internal_ip}, {"type": "Hostname", "address": name}],

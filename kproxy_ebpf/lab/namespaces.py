@@ -33,8 +33,9 @@ Pod gateway: the host end of every pod veth carries 169.254.1.1/32 (scope link),
 ARP for its gateway is answered as for any local address (proxy_arp would make the answer
 depend on the node's routes to 169.254.1.1, which only the default route covers, towards the
 router). Many veths holding the same /32 is fine for the kernel; being scope link, that address
-is never picked as a source (not by MASQUERADE either). Node routes to pods carry `src <node ip>` so that node processes talk to local
-pods from the node address, not from 169.254.1.1.
+is never picked as a source (not by MASQUERADE either). Node routes to pods carry
+`src <node ip>` so that node processes talk to local pods from the node address, not from
+169.254.1.1.
 
 cgroups (v2, under /sys/fs/cgroup/unified/kproxy-<lab>): node<i> is where node i's agent
 attaches its socket hooks; node<i>/host holds the node's own processes and node<i>/pod-<pod>

@@ -65,7 +65,7 @@ def _in_thread(fn: Callable[[], T], label: str) -> T:
     def body() -> None:
         try:
             box["value"] = fn()
-        except BaseException as e:  # re-raised in the caller
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
             box["error"] = e
 
     t = threading.Thread(target=body, name=f"kproxy-{label}")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from .endpoints import EndpointInfo
 
 
-class TopologyMode(str, enum.Enum):
+class TopologyMode(enum.StrEnum):
     NONE = "none"            # no filtering
     SAME_NODE = "node"       # keep Ready endpoints hinted for this node
     SAME_ZONE = "zone"       # keep Ready endpoints hinted for this node's zone
