@@ -4,7 +4,6 @@ The central check runs after EVERY single map operation: what a BPF program coul
 instant must be consistent (make-before-break): a frontend's count never covers a missing slot,
 and no slot names a missing backend.
 """
-import errno
 import random
 
 import pytest
@@ -12,61 +11,18 @@ import pytest
 from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.datapath.plan import stable_slots
 from kproxy_ebpf.datapath.writer import MapWriter
-from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, ServicePortName
+from kproxy_ebpf.desired import Action, Backend, Frontend
 from kproxy_ebpf.model import Protocol
 
-from .fakemaps import FakeMap
+from ..builders import fe, table
+from .fakemaps import FakeMap, checked_maps
 
 TCP = Protocol.TCP
 
 
-def consistent(maps) -> None:
-    """What a lookup can see right now is whole."""
-    rows = {L.raw(k): v for k, v in maps["svc"].items()}
-    backends = {k.value for k, _ in maps["backend"].items()}
-    for key, val in maps["svc"].items():
-        if key.slot:
-            assert val.backend_id in backends, f"slot {key.slot} names a freed backend"
-    ext = {L.raw(k) for k in maps["extaddr"].keys()} if "extaddr" in maps else None
-    ext_be = {L.raw(k) for k in maps["extbe"].keys()} if "extbe" in maps else None
-    be_addr = {k.value: v.addr for k, v in maps["backend"].items()} if ext_be is not None else {}
-    for key, val in maps["svc"].items():
-        if ext is not None and key.slot == 0 and key.scope == L.SCOPE_EXT:
-            assert L.raw(L.U32(key.addr)) in ext, f"{L.key_tuple(key)}: no kp_extaddr4 row"
-        if key.slot != 0 or val.action != L.const("KP_ACTION_FORWARD"):
-            continue
-        for slot in range(1, val.count + 1):
-            skey = L.SvcKey(addr=key.addr, port=key.port, proto=key.proto, scope=key.scope, slot=slot)
-            row = rows.get(L.raw(skey))
-            assert row is not None, f"slot {slot} of {L.key_tuple(key)} missing (count {val.count})"
-            assert row.backend_id in backends, f"slot {slot} names a freed backend"
-            if ext_be is not None and key.scope == L.SCOPE_EXT and row.be_flags & L.F_LOCAL:
-                assert L.raw(L.U32(be_addr[row.backend_id])) in ext_be, \
-                    f"slot {slot} of {L.key_tuple(key)}: its local backend has no kp_extbe4 row"
-
-
 @pytest.fixture
 def maps():
-    m = {}
-    check = lambda: consistent(m)  # noqa: E731
-    for name, spec in L.MAPS.items():
-        if name in ("svc", "backend", "meta"):
-            m[name] = FakeMap(spec, on_op=check)
-    return m
-
-
-def spn(name="web", port="http"):
-    return ServicePortName("default", name, port, TCP)
-
-
-def fe(ip="10.96.0.10", port=80, backends=(), action=Action.FORWARD, name="web", affinity=0,
-       kind=FrontendKind.CLUSTER_IP):
-    bs = tuple(sorted(Backend(b, 8080, TCP) if isinstance(b, str) else b for b in backends))
-    return Frontend(ip, port, TCP, kind, spn(name), action, bs, affinity)
-
-
-def table(*fes):
-    return {f.key: f for f in fes}
+    return checked_maps()
 
 
 def slots_of(maps, ip="10.96.0.10", port=80):
@@ -221,10 +177,8 @@ def test_restore_drops_slots_above_the_count(maps):
 
 def test_a_backend_shared_with_different_states_is_not_rewritten_forever(maps):
     shared = "10.244.1.10"
-    a = Frontend("10.96.0.10", 80, TCP, FrontendKind.CLUSTER_IP, spn("a"), Action.FORWARD,
-                 (Backend(shared, 8080, TCP, ready=True),))
-    b = Frontend("10.96.0.11", 80, TCP, FrontendKind.CLUSTER_IP, spn("b"), Action.FORWARD,
-                 (Backend(shared, 8080, TCP, ready=False, terminating=True),))
+    a = fe(backends=[Backend(shared, 8080, TCP, ready=True)], name="a")
+    b = fe("10.96.0.11", backends=[Backend(shared, 8080, TCP, ready=False, terminating=True)], name="b")
     w = MapWriter(maps)
     w.apply(table(a, b))
     assert w.apply(table(a, b)).writes == 0
