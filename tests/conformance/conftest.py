@@ -220,7 +220,7 @@ class Scenario:
             try:
                 r = lab.exec(target, argv, capture_output=True, text=True, timeout=30)
                 return (r.stdout + r.stderr)[-limit:]
-            except Exception as exc:       # a diagnostic must not hide the failure itself
+            except Exception as exc:  # noqa: BLE001 - a diagnostic must not hide the failure itself
                 return f"({' '.join(argv)}: {exc})"
 
         rules = {"nftables": ["nft", "list", "table", "ip", "kube-proxy"],

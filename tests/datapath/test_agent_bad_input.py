@@ -12,9 +12,9 @@ from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.datapath import reader
 from kproxy_ebpf.datapath.bpffs import open_pinned_maps, remove_pins
 
-from .conftest import pod_of
 from ..support import wait_until
-from .test_agent_restart import log_of
+from .agent_proc import log_of, metrics, sample
+from .dplab import pod_of
 
 pytestmark = pytest.mark.root
 
@@ -83,20 +83,6 @@ addressType: IPv4
 ports: [{name: http, port: 8080, protocol: TCP}]
 endpoints:
 """ + "".join(f"- {{addresses: [10.244.9.{i}], conditions: {{ready: true}}}}\n" for i in range(1, 13))
-
-
-def metrics(lab) -> str:
-    script = ("import urllib.request\n"
-              "print(urllib.request.urlopen('http://127.0.0.1:10249/metrics').read().decode())")
-    return lab.exec("node1", [sys.executable, "-c", script], capture_output=True, text=True,
-                    check=True).stdout
-
-
-def sample(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 def test_bad_input_and_a_full_map_are_reported_and_harm_nothing(lab, tmp_path):

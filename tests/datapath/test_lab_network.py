@@ -202,9 +202,9 @@ def _counter(lab: Lab, target: str, table: str, key: str) -> int:
     rows = lab.exec(target, ["cat", f"/proc/net/{table}"], capture_output=True, text=True,
                     check=True).stdout.splitlines()
     group, _, name = key.partition(".")
-    for head, values in zip(rows[::2], rows[1::2]):
+    for head, values in zip(rows[::2], rows[1::2], strict=True):
         if head.startswith(group + ":"):
-            return int(dict(zip(head.split()[1:], values.split()[1:]))[name])
+            return int(dict(zip(head.split()[1:], values.split()[1:], strict=True))[name])
     raise KeyError(key)
 
 
@@ -216,7 +216,7 @@ def test_outside_addresses_end_at_the_lab_router(lab, host_before):
     rtr = lab.rtr_netns
     with nsutil.iproute(rtr) as ipr:
         links = {link.get("ifname"): link for link in ipr.get_links()}
-        routes = [r for r in ipr.get_routes(family=socket.AF_INET, table=254)]
+        routes = list(ipr.get_routes(family=socket.AF_INET, table=254))
     assert set(links) == {"lo", "eth0"}, "the router has no link but its port on the bridge"
     assert all(r.get("dst_len") > 0 for r in routes), "the router has no default route"
     peer_ns = links["eth0"].get("IFLA_LINK_NETNSID")
@@ -265,7 +265,7 @@ def test_exec_from_many_threads_at_once(lab):
 
     with ThreadPoolExecutor(8) as pool:
         seen = list(pool.map(where, targets))
-    for t, (cg, ns) in zip(targets, seen):
+    for t, (cg, ns) in zip(targets, seen, strict=True):
         want = lab.target(t)
         assert cg == "0::/" + os.path.relpath(want.cgroup, CGROOT)
         assert ns == f"net:[{os.stat(f'/run/netns/{want.netns}').st_ino}]"

@@ -1,9 +1,10 @@
 """ServiceCIDRs and allocated ClusterIPs on both ClusterIP paths (socket hooks, per-packet TC;
-conftest.LB_PATHS), with real packets from a pod of node1 (lab "dp", see conftest.py). kube-proxy nftables (v1.36, chain cluster-ips-check) rejects
-a port an allocated ClusterIP does not have and drops any other address of a ServiceCIDR; we
-refuse the first the same way and fail the second at once with EHOSTUNREACH (a documented
-divergence, as for internalTrafficPolicy Local). Addresses of Services another proxy owns and
-addresses outside every ServiceCIDR are left untouched."""
+dplab.LB_PATHS), with real packets from a pod of node1 (lab "dp", see dplab.py). kube-proxy
+nftables (v1.36, chain cluster-ips-check) rejects a port an allocated ClusterIP does not have
+and drops any other address of a ServiceCIDR; we refuse the first the same way and fail the
+second at once with EHOSTUNREACH (a documented divergence, as for internalTrafficPolicy Local).
+Addresses of Services another proxy owns and addresses outside every ServiceCIDR are left
+untouched."""
 from __future__ import annotations
 
 import time
@@ -12,11 +13,10 @@ import pytest
 
 from kproxy_ebpf.datapath import reader
 from kproxy_ebpf.datapath.cidr_writer import CidrWriter
-from kproxy_ebpf.datapath.writer import ApplyResult
 from kproxy_ebpf.model import Service, ServiceCIDR
 from kproxy_ebpf.proxy.state import ProxyState
 
-from .conftest import LB_PATHS, endpoints, pod_of, service
+from .dplab import LB_PATHS, assert_untouched, endpoints, pod_of, service
 
 pytestmark = [pytest.mark.root, pytest.mark.parametrize("lb_path", LB_PATHS, indirect=True)]
 
@@ -37,19 +37,6 @@ def program(node1, cidrs, *objs) -> None:
     cidrs.restore()               # as a restarted agent: diff against what the maps hold
     cidrs.apply(state.service_cidr_set(), result)
     assert result.ok, result.errors
-
-
-VERDICTS = ("cip_reject", "cidr_drop")
-
-
-def assert_untouched(lab, node1, ip: str, port: int, udp: bool = False) -> None:
-    """The hooks neither refused nor failed the attempt: their counters stay, and the result is
-    whatever the lab's routing gives (no route, or an ICMP error the kernel may rate-limit)."""
-    stats = node1.datapath.maps["stats"]
-    before = {k: reader.counters(stats).get(k, 0) for k in VERDICTS}
-    result = lab.probe("client", ip, port, udp=udp, timeout=0.5)[0]
-    assert {k: reader.counters(stats).get(k, 0) for k in VERDICTS} == before, (ip, udp, result)
-    assert result in ("ERROR ENETUNREACH", "TIMEOUT"), (ip, udp, result)
 
 
 def test_wrong_port_refused_unallocated_unreachable_others_untouched(lab, node1):

@@ -1,6 +1,6 @@
 """ClusterIP load balancing with real packets, clients in pod namespaces, once through each path
-(conftest.LB_PATHS): the socket hooks on node1's cgroup, and the per-packet TC programs on
-node1's pod veths (`socketLB: false`). See conftest.py for the lab's conventions."""
+(dplab.LB_PATHS): the socket hooks on node1's cgroup, and the per-packet TC programs on
+node1's pod veths (`socketLB: false`). See dplab.py for the lab's conventions."""
 from __future__ import annotations
 
 import math
@@ -12,7 +12,7 @@ import pytest
 
 from kproxy_ebpf.datapath import reader
 
-from .conftest import LB_PATHS, endpoints, pod_of, service
+from .dplab import LB_PATHS, endpoints, pod_of, service
 
 pytestmark = [pytest.mark.root, pytest.mark.parametrize("lb_path", LB_PATHS, indirect=True)]
 

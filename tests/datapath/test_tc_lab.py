@@ -31,7 +31,7 @@ from kproxy_ebpf.model import EndpointSlice, Node, Protocol, Service, ServicePor
 from kproxy_ebpf.proxy.state import ProxyState
 from kproxy_ebpf.service_health import ServiceHealthServers
 
-from .conftest import endpoints
+from .dplab import endpoints
 
 pytestmark = pytest.mark.root
 

@@ -44,7 +44,7 @@ class FakeMap:
     def put_batch(self, keys, values):
         """As the kernel: element by element, so checks run between any two."""
         self.batches += 1
-        for k, v in zip(keys, values):
+        for k, v in zip(keys, values, strict=True):
             self.put(k, v)
 
     def delete_batch(self, keys):

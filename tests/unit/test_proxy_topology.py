@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from kproxy_ebpf.model import (Endpoint, EndpointPort, EndpointSlice, Node, Protocol, Service,
-                               ServicePort)
+from kproxy_ebpf.model import (EndpointPort, EndpointSlice, Node, Protocol)
 from kproxy_ebpf.proxy.endpoints import EndpointInfo
 from kproxy_ebpf.proxy.frontends import service_port_endpoints
 from kproxy_ebpf.proxy.topology import TopologyMode, categorize, topology_mode
+
+from .. import builders
+from ..builders import sl, svc
 
 NODE, ZONE = "node-a", "zone-a"
 
@@ -159,11 +161,15 @@ PODS = [("10.0.1.1", "node-a", "zone-a"), ("10.0.2.1", "node-b", "zone-a"),
 def controller_slice(distribution: str | None, ready=True) -> EndpointSlice:
     node_hints = distribution == "PreferSameNode"
     zone_hints = distribution in ("PreferClose", "PreferSameZone", "PreferSameNode")
-    eps = tuple(Endpoint((ip,), ready=ready, node_name=node, zone=zone,
-                         hint_zones=(zone,) if zone_hints and ready else (),
-                         hint_nodes=(node,) if node_hints and ready else ())
-                for ip, node, zone in PODS)
-    return EndpointSlice("ns", "web-1", "web", "IPv4", (EndpointPort("", Protocol.TCP, 80),), eps)
+    return sl(*(builders.ep(ip, node, ready=ready, zone=zone,
+                            hint_zones=(zone,) if zone_hints and ready else (),
+                            hint_nodes=(node,) if node_hints and ready else ())
+                for ip, node, zone in PODS),
+              name="web-1", svc="web", ports=(EndpointPort("", Protocol.TCP, 80),))
+
+
+def web(distribution: str | None):
+    return svc("web", "172.30.0.1", traffic_distribution=distribution)
 
 
 @pytest.mark.parametrize("distribution, node, gate, want", [
@@ -181,9 +187,7 @@ def controller_slice(distribution: str | None, ready=True) -> EndpointSlice:
 ])
 def test_traffic_distribution_through_controller_hints(distribution, node, gate, want):
     zone = {"node-a": "zone-a", "node-d": "zone-a", "node-e": "zone-c"}[node]
-    svc = Service("ns", "web", cluster_ips=("172.30.0.1",), ports=(ServicePort("", Protocol.TCP, 80),),
-                  traffic_distribution=distribution)
-    (pe,) = service_port_endpoints(svc, [controller_slice(distribution)], Node(node, zone=zone),
+    (pe,) = service_port_endpoints(web(distribution), [controller_slice(distribution)], Node(node, zone=zone),
                                    prefer_same_node=gate).values()
     assert {e.ip for e in pe.cluster} == want
 
@@ -193,9 +197,7 @@ def test_traffic_distribution_through_controller_hints(distribution, node, gate,
     pytest.param(None, "PreferSameNode", id="hints-left-after-the-field-was-cleared"),
 ])
 def test_the_service_field_is_not_read_only_hints_are(field, hinted_by):
-    svc = Service("ns", "web", cluster_ips=("172.30.0.1",), ports=(ServicePort("", Protocol.TCP, 80),),
-                  traffic_distribution=field)
-    (pe,) = service_port_endpoints(svc, [controller_slice(hinted_by)],
+    (pe,) = service_port_endpoints(web(field), [controller_slice(hinted_by)],
                                    Node("node-a", zone="zone-a")).values()
     want = {"10.0.1.1"} if hinted_by else {"10.0.1.1", "10.0.2.1", "10.0.3.1"}
     assert {e.ip for e in pe.cluster} == want
