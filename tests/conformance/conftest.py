@@ -27,8 +27,7 @@ from kproxy_ebpf.cli import main as kproxy_cli
 from kproxy_ebpf.lab import agent_image, kubeobjects
 from kproxy_ebpf.lab.cluster import NAMESPACE, Cluster
 
-from ..integration.lab_services import lab_cluster
-from ..support import wait_until
+from ..support import lab_cluster, wait_until
 from . import verdicts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -74,7 +73,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def cluster(request) -> Iterator[Cluster]:
     image = request.param == "image"
     with lab_cluster(f"cf-{request.param}", "kproxy" if image else request.param,
-                     "image" if image else "process") as c:
+                     "image" if image else "process", client_pod=True) as c:
         yield c
 
 
