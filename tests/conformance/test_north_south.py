@@ -10,7 +10,7 @@ import pytest
 from kproxy_ebpf.lab.cluster import NAMESPACE
 
 from ..support import wait_until
-from .conftest import CLIENT, EXT, HOST
+from .scenario import CLIENT, EXT, HOST
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from .conftest import CLIENT, HOST
+from .scenario import CLIENT, HOST
 from .verdicts import sticky_cell
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
