@@ -7,7 +7,6 @@ Addresses of Services another proxy owns and addresses outside every ServiceCIDR
 untouched."""
 from __future__ import annotations
 
-import time
 
 import pytest
 
@@ -53,14 +52,13 @@ def test_wrong_port_refused_unallocated_unreachable_others_untouched(lab, node1)
     # The Service's own ports still work.
     assert pod_of(lab.probe("client", "10.96.0.10", 80)[0]) == "a1"
     assert pod_of(lab.probe("client", "10.96.0.10", 53, udp=True)[0]) == "a1"
-    # A port (or protocol) the allocated ClusterIP does not have: refused at once.
-    t0 = time.monotonic()
+    # A port (or protocol) the allocated ClusterIP does not have: refused at once (each attempt
+    # by its first packet or syscall: the counters below grow by one per attempt).
     assert lab.probe("client", "10.96.0.10", 81, count=3) == ["REFUSED"] * 3
     assert lab.probe("client", "10.96.0.10", 80, udp=True) == ["REFUSED"]
     # An unallocated address inside the ServiceCIDR: fails at once, TCP and UDP.
     assert lab.probe("client", "10.96.9.9", 81, count=3) == ["ERROR EHOSTUNREACH"] * 3
     assert lab.probe("client", "10.96.9.9", 53, udp=True) == ["ERROR EHOSTUNREACH"]
-    assert time.monotonic() - t0 < 30, "nothing above may wait for a timeout"
     # A Service of another proxy, and addresses outside every ServiceCIDR: as without us.
     after = reader.counters(node1.datapath.maps["stats"])
     assert after["cip_reject"] - before["cip_reject"] == 4

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from kubernetes import client
@@ -73,11 +72,11 @@ def test_agent_started_while_the_api_is_dead_keeps_the_datapath_then_converges(c
     try:
         cluster.stop_proxy("node1")                 # the agent exits; its datapath stays
         cluster.start_proxy("node1")                # and a new one starts with no API
-        time.sleep(3)
+        log_path = cluster.lab.log_path(cluster.proxy_name("node1"))
+        wait_until(lambda: open(log_path).read().count("adopted") >= 2, 30,
+                   "the second agent to adopt the pinned maps")
         lines = cluster.lab.probe("pod/client", ip, 80, count=50, interval=0.02)
         assert set(pods_of(lines)) == {"dead-1"}, "the adopted datapath serves with no API"
-        log = open(cluster.lab.log_path(cluster.proxy_name("node1"))).read()
-        assert log.count("adopted") >= 2, "the second agent adopted the pinned maps"
     finally:
         cluster.start_apiserver()
     ip2 = make_service(cluster, "dead-after", "dead")
