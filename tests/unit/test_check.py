@@ -113,7 +113,7 @@ def test_check_lists_through_kube_with_pagination_and_the_agent_selectors(cluste
     assert pages == [("services", None), ("services", "2"), ("services", "4"),
                      ("endpointslices", None), ("endpointslices", "2"), ("endpointslices", "4"),
                      ("nodes", None)]
-    by_what = {what: kw for what, kw in cluster.calls}
+    by_what = dict(cluster.calls)
     assert "label_selector" not in by_what["services"]      # kube-proxy 1.36: every Service
     assert by_what["endpointslices"]["label_selector"] == SLICE_LABEL_SELECTOR
     assert by_what["nodes"]["field_selector"] == "metadata.name=node-a"

@@ -226,7 +226,7 @@ def test_a_large_apply_goes_in_batches_and_stays_consistent(maps):
     res = w.apply(desired)
     assert res.ok and maps["svc"].batches and maps["backend"].batches
     assert maps["svc"].batches <= 2, "one batch for the slots, one for the heads"
-    smaller = {k: f for k, f in list(desired.items())[:12]}
+    smaller = dict(list(desired.items())[:12])
     assert w.apply(smaller).ok and maps["svc"].batches > 2
     fresh = MapWriter(maps)
     fresh.restore()
