@@ -10,24 +10,31 @@ from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.datapath import reader
 from kproxy_ebpf.datapath.bpffs import open_pinned_maps
 
-# Service web (10.96.0.80:80) with endpoints a1 (node1) and b1 (node2): fill in their IPs.
-MANIFEST = """
+def service_manifest(name: str, cluster_ip: str, endpoints) -> str:
+    """YAML for `run --manifests`: Service default/<name> on <cluster_ip>:80 (http, to 8080)
+    and its slice <name>-1 with one ready endpoint per (ip, node or None)."""
+    eps = "".join(f"- {{addresses: [{ip}], conditions: {{ready: true}}"
+                  + (f", nodeName: {node}" if node else "") + "}\n" for ip, node in endpoints)
+    return f"""---
 apiVersion: v1
 kind: Service
-metadata: {name: web, namespace: default}
+metadata: {{name: {name}, namespace: default}}
 spec:
-  clusterIP: 10.96.0.80
-  ports: [{name: http, port: 80, targetPort: 8080}]
+  clusterIP: {cluster_ip}
+  ports: [{{name: http, port: 80, targetPort: 8080}}]
 ---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
-metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
+metadata: {{name: {name}-1, namespace: default, labels: {{kubernetes.io/service-name: {name}}}}}
 addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
+ports: [{{name: http, port: 8080, protocol: TCP}}]
 endpoints:
-- {addresses: [%(a1)s], conditions: {ready: true}, nodeName: node1}
-- {addresses: [%(b1)s], conditions: {ready: true}, nodeName: node2}
-"""
+{eps}"""
+
+
+def web_manifest(lab) -> str:
+    """Service web (10.96.0.80:80) with endpoints a1 (node1) and b1 (node2)."""
+    return service_manifest("web", "10.96.0.80", [(lab.pod(p).ip, lab.pod(p).node) for p in ("a1", "b1")])
 
 
 def start_agent(lab, manifest: Path, name: str, flags: tuple[str, ...] = ()):

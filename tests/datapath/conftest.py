@@ -14,7 +14,7 @@ from kproxy_ebpf.lab import Lab, LabError, nsutil
 
 from ..support import require_root, wait_until
 from . import tcrun
-from .agent_proc import MANIFEST, log_of, start_agent
+from .agent_proc import log_of, start_agent, web_manifest
 from .dplab import LAB, PODS, PORTS, NodeProxy
 
 
@@ -52,7 +52,7 @@ def node1(lab, lb_path):
 def agents(lab, tmp_path):
     """Starts agents (name, extra flags); stops them and removes what they left on node1."""
     manifest = tmp_path / "web.yaml"
-    manifest.write_text(MANIFEST % {"a1": lab.pod("a1").ip, "b1": lab.pod("b1").ip})
+    manifest.write_text(web_manifest(lab))
     node = lab.node("node1")
     started = []
 

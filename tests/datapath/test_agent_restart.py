@@ -16,7 +16,7 @@ from kproxy_ebpf.datapath.bpffs import open_pinned_maps, remove_pins
 from kproxy_ebpf.lab import LabError
 
 from ..support import wait_until
-from .agent_proc import MANIFEST, log_of, programmed, start_agent
+from .agent_proc import log_of, programmed, start_agent, web_manifest
 from .dplab import pod_of
 
 pytestmark = pytest.mark.root
@@ -33,7 +33,7 @@ def forwarded(bpffs: str) -> int:
 
 def test_sigkill_and_restart_loses_no_connection(lab, tmp_path):
     manifest = tmp_path / "web.yaml"
-    manifest.write_text(MANIFEST % {"a1": lab.pod("a1").ip, "b1": lab.pod("b1").ip})
+    manifest.write_text(web_manifest(lab))
     bpffs = lab.node("node1").bpffs
     first = start_agent(lab, manifest, "agent-1")
     second = None
