@@ -10,9 +10,9 @@ import pytest
 
 from kproxy_ebpf.datapath import tc
 from kproxy_ebpf.datapath.bpffs import remove_pins
-from kproxy_ebpf.lab import Lab, LabError, nsutil
+from kproxy_ebpf.lab import LabError, nsutil
 
-from ..support import require_root, wait_until
+from ..support import fresh_lab, wait_until
 from . import tcrun
 from .agent_proc import log_of, start_agent, web_manifest
 from .dplab import LAB, PODS, PORTS, NodeProxy
@@ -20,17 +20,10 @@ from .dplab import LAB, PODS, PORTS, NodeProxy
 
 @pytest.fixture(scope="session")
 def lab():
-    require_root()
-    lab = Lab(LAB)
-    lab.down()                         # a previous run killed hard may have left pieces
-    try:
-        lab.up(nodes=2, external=False)
+    with fresh_lab(LAB, nodes=2, external=False) as lab:
         for pod, node in PODS.items():
             lab.create_pod(pod, node, ports=PORTS)
         yield lab
-    finally:
-        report = lab.down()
-        assert report.ok, report.problems
 
 
 @pytest.fixture

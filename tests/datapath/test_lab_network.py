@@ -19,16 +19,13 @@ from kproxy_ebpf.datapath.bpffs import ensure_bpffs
 from kproxy_ebpf.lab import Lab, LabError, nsutil, procs
 from kproxy_ebpf.lab.state import ProcRec
 
+from ..support import fresh_lab, require_root
+
 pytestmark = pytest.mark.root
 
 LAB = "labnet-t"
 PREFIX = f"kproxy-{LAB}"
 CGROOT = "/sys/fs/cgroup/unified"
-
-
-def _need_root() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root (network namespaces, cgroups)")
 
 
 def _sh(*argv: str) -> str:
@@ -59,23 +56,17 @@ def _leftovers(prefix: str = PREFIX) -> list[str]:
 
 @pytest.fixture(scope="module")
 def host_before() -> dict[str, set[str]]:
-    _need_root()
+    require_root()
     return _host_view()
 
 
 @pytest.fixture(scope="module")
 def lab(host_before):
-    lab = Lab(LAB)
-    lab.down()  # leftovers of an aborted earlier run
-    try:
-        lab.up(2)
+    with fresh_lab(LAB, nodes=2) as lab:
         lab.create_pod("a", "node1", labels={"app": "echo"})
         lab.create_pod("b", "node2")
         lab.create_pod("c", "node1")
         yield lab
-    finally:
-        report = lab.down()
-    assert report.ok, report.problems
 
 
 def _ip(lab: Lab, target: str, *args: str) -> str:
@@ -341,7 +332,7 @@ def test_down_of_a_prefix_named_lab_spares_this_lab(lab):
 
 
 def test_up_failure_removes_the_partial_lab(monkeypatch):
-    _need_root()
+    require_root()
     failing = Lab("labnet-fail")
     failing.down()
     real_add_node = Lab.add_node

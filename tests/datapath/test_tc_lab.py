@@ -11,7 +11,6 @@ the external client via node1 (10.250.100.0/24).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -31,6 +30,7 @@ from kproxy_ebpf.model import EndpointSlice, Node, Protocol, Service, ServicePor
 from kproxy_ebpf.proxy.state import ProxyState
 from kproxy_ebpf.service_health import ServiceHealthServers
 
+from ..support import fresh_lab
 from .dplab import endpoints
 
 pytestmark = pytest.mark.root
@@ -44,19 +44,11 @@ CLIENT = "10.250.0.250"
 
 @pytest.fixture(scope="module")
 def lab():
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    lab = Lab(LAB)
-    lab.down()
-    try:
-        lab.up(nodes=2, external=True)
+    with fresh_lab(LAB, nodes=2, external=True) as lab:
         for pod, node in PODS.items():
             lab.create_pod(pod, node, ports=PORTS)
         lab.add_external_route("10.250.100.0/24", "node1")
         yield lab
-    finally:
-        report = lab.down()
-        assert report.ok, report.problems
 
 
 class TcNode:
