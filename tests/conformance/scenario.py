@@ -123,6 +123,13 @@ class Scenario:
             self.probe(src, ip, port, udp=udp, count=count, timeout=timeout, sport=sport),
             self.roles), dest=ip)
 
+    def check_tcp_udp(self, check: str, src: str, ip: str, ports: tuple[int, int],
+                      want: str | dict[str, str], **kw: Any) -> None:
+        """check() over TCP to ports[0], then over UDP to ports[1]: cells "tcp <check>" and
+        "udp <check>"."""
+        self.check(f"tcp {check}", src, ip, ports[0], want, **kw)
+        self.check(f"udp {check}", src, ip, ports[1], want, udp=True, **kw)
+
     def health(self, check: str, node: str, port: int, want: str | dict[str, str],
                converge: float = 30) -> str:
         """GET http://<node>:<healthCheckNodePort>/ from the external client (as a cloud load

@@ -195,6 +195,18 @@ def services_reflector(api: client.ApiClient, store: Store, gate: bool = False,
     return Reflector("services", fn, g or fn, store, **options), g
 
 
+def held_services_reflector(api: client.ApiClient, running) -> tuple[Store, Reflector, Gate]:
+    """A services reflector behind a Gate: synced, its first watch open, then cut and held:
+    its next watch waits at the gate until gate.open is set."""
+    store = Store()
+    r, gate = services_reflector(api, store, gate=True)
+    running(r)
+    assert r.synced.wait(15)
+    wait_for(lambda: gate.watch_rvs, what="the first watch")
+    gate.hold(r)
+    return store, r, gate
+
+
 # ---------------------------------------------------------------------------------------------
 # list + watch
 
@@ -313,13 +325,7 @@ def test_dropped_watch_resumes_from_last_resource_version(apiserver, reflector_a
     core = client.CoreV1Api(api)
     core.create_namespaced_service(namespace, service_body("keep"))
     core.create_namespaced_service(namespace, service_body("gone"))
-    store = Store()
-    r, gate = services_reflector(reflector_api, store, gate=True)
-    running(r)
-    assert r.synced.wait(15)
-    wait_for(lambda: gate.watch_rvs, what="the first watch")
-
-    gate.hold(r)
+    store, r, gate = held_services_reflector(reflector_api, running)
     rv_before = r.resource_version
     core.create_namespaced_service(namespace, service_body("new"))
     core.delete_namespaced_service("gone", namespace)
@@ -337,13 +343,7 @@ def test_expired_resource_version_relists_without_duplicates_or_losses(apiserver
     core = client.CoreV1Api(api)
     for name in ("stay", "change", "remove"):
         core.create_namespaced_service(namespace, service_body(name))
-    store = Store()
-    r, gate = services_reflector(reflector_api, store, gate=True)
-    running(r)
-    assert r.synced.wait(15)
-    wait_for(lambda: gate.watch_rvs, what="the first watch")
-
-    gate.hold(r)
+    store, r, gate = held_services_reflector(reflector_api, running)
     stale_rv = r.resource_version
     core.delete_namespaced_service("remove", namespace)
     core.patch_namespaced_service("change", namespace, {"metadata": {"labels": {"kproxy-test": "changed"}}})
