@@ -75,10 +75,8 @@ def test_scale_keeps_survivors_in_their_slots(maps):
 
 def test_writes_are_proportional_to_the_change(maps):
     w = MapWriter(maps)
-    desired = {}
-    for i in range(200):
-        f = fe(ip=f"10.96.1.{i}", name=f"s{i}", backends=[f"10.244.{i % 3}.{10 + i % 50}"])
-        desired[f.key] = f
+    desired = table(*(fe(ip=f"10.96.1.{i}", name=f"s{i}", backends=[f"10.244.{i % 3}.{10 + i % 50}"])
+                      for i in range(200)))
     w.apply(desired)
     changed = fe(ip="10.96.1.7", name="s7", backends=["10.244.9.9"])
     desired[changed.key] = changed
@@ -219,10 +217,8 @@ def test_a_large_apply_goes_in_batches_and_stays_consistent(maps):
     """Cold start: a few syscalls per phase instead of one per row; `consistent` still runs
     after every element the kernel would apply."""
     w = MapWriter(maps)
-    desired = {}
-    for i in range(30):
-        f = fe(ip=f"10.96.2.{i}", name=f"b{i}", backends=[f"10.244.3.{10 + (i + j) % 40}" for j in range(5)])
-        desired[f.key] = f
+    desired = table(*(fe(ip=f"10.96.2.{i}", name=f"b{i}", backends=[f"10.244.3.{10 + (i + j) % 40}" for j in range(5)])
+                      for i in range(30)))
     res = w.apply(desired)
     assert res.ok and maps["svc"].batches and maps["backend"].batches
     assert maps["svc"].batches <= 2, "one batch for the slots, one for the heads"
@@ -236,10 +232,8 @@ def test_a_large_apply_goes_in_batches_and_stays_consistent(maps):
 def test_near_a_full_map_the_writer_goes_one_by_one(maps):
     maps["backend"].max_entries = 100
     w = MapWriter(maps)
-    desired = {}
-    for i in range(30):
-        f = fe(ip=f"10.96.2.{i}", name=f"b{i}", backends=[f"10.244.3.{10 + i * 5 + j}" for j in range(5)])
-        desired[f.key] = f
+    desired = table(*(fe(ip=f"10.96.2.{i}", name=f"b{i}", backends=[f"10.244.3.{10 + i * 5 + j}" for j in range(5)])
+                      for i in range(30)))
     res = w.apply(desired)
     assert not maps["backend"].batches and not res.ok and res.full_maps
     assert len(res.failed) == 10, "20 frontends fit (100 backends), the others are retried"
@@ -305,10 +299,8 @@ def test_bulk_filled_rows_equal_the_per_row_encoding(monkeypatch):
 def test_a_failure_half_way_through_a_bulk_fill_keeps_the_ids_it_took(maps):
     """A bad backend address in the middle of a cold fill: the frontend is reported, the slots
     before it stay accounted for, no id is left without a row naming it."""
-    desired = {}
-    for i in range(20):
-        f = fe(ip=f"10.96.5.{i}", name=f"f{i}", backends=[f"10.244.5.{i * 4 + j}" for j in range(4)])
-        desired[f.key] = f
+    desired = table(*(fe(ip=f"10.96.5.{i}", name=f"f{i}", backends=[f"10.244.5.{i * 4 + j}" for j in range(4)])
+                      for i in range(20)))
     bad = fe(ip="10.96.5.99", name="bad", backends=["10.244.6.1", "10.244.6.3", "not-an-ip"])
     desired[bad.key] = bad
     w = MapWriter(maps)
