@@ -60,10 +60,7 @@ class NodeProxy:
 
     def program(self, *objs) -> None:
         """Replaces the whole cluster view with `objs` (Services and EndpointSlices)."""
-        state = ProxyState(self.node)
-        state.load([o for o in objs if isinstance(o, Service)],
-                   [o for o in objs if isinstance(o, EndpointSlice)])
-        result = self.writer.apply(state.compute(full=True).frontends)
+        result = self.writer.apply(cluster_view(self.node, objs).compute(full=True).frontends)
         assert result.ok, result.errors
 
     def counter(self, name: str) -> int:
@@ -77,6 +74,17 @@ class NodeProxy:
             nsutil.run_in_thread(self.netns, lambda: tc.detach_all(tc.POD_PROGRAMS))
         self.datapath.close()
         remove_pins(self.bpffs)
+
+
+def cluster_view(node: Node, objs, cidrs=(), **options) -> ProxyState:
+    """The policy state of a node that sees exactly `objs` (Services and EndpointSlices) and
+    the ServiceCIDRs `cidrs`; `options` are ProxyState's."""
+    state = ProxyState(node, **options)
+    state.load([o for o in objs if isinstance(o, Service)],
+               [o for o in objs if isinstance(o, EndpointSlice)])
+    for sc in cidrs:
+        state.upsert_service_cidr(sc)
+    return state
 
 
 def service(name: str, ip: str, *ports: tuple[str, str, int], affinity: int = 0,

@@ -13,9 +13,8 @@ import pytest
 from kproxy_ebpf.datapath import reader
 from kproxy_ebpf.datapath.cidr_writer import CidrWriter
 from kproxy_ebpf.model import Service, ServiceCIDR
-from kproxy_ebpf.proxy.state import ProxyState
 
-from .dplab import LB_PATHS, assert_untouched, endpoints, pod_of, service
+from .dplab import LB_PATHS, assert_untouched, cluster_view, endpoints, pod_of, service
 
 pytestmark = [pytest.mark.root, pytest.mark.parametrize("lb_path", LB_PATHS, indirect=True)]
 
@@ -26,11 +25,7 @@ CIDR = ServiceCIDR("kubernetes", ("10.96.0.0/16",))
 
 def program(node1, cidrs, *objs) -> None:
     """Frontends through the MapWriter, then the ServiceCIDR rows, as the agent's sync does."""
-    state = ProxyState(node1.node)
-    state.load([o for o in objs if isinstance(o, Service)],
-               [o for o in objs if not isinstance(o, Service)])
-    for sc in cidrs:
-        state.upsert_service_cidr(sc)
+    state = cluster_view(node1.node, objs, cidrs)
     result = node1.writer.apply(state.compute(full=True).frontends)
     cidrs = CidrWriter(node1.datapath.maps)
     cidrs.restore()               # as a restarted agent: diff against what the maps hold

@@ -26,12 +26,11 @@ from kproxy_ebpf.datapath.tc import (TcDatapath, attached, detach_all, possible_
 from kproxy_ebpf.datapath.writer import MapWriter
 from kproxy_ebpf.lab import Lab
 from kproxy_ebpf.lab import nsutil
-from kproxy_ebpf.model import EndpointSlice, Node, Protocol, Service, ServicePort, ServiceType
-from kproxy_ebpf.proxy.state import ProxyState
+from kproxy_ebpf.model import Node, Protocol, Service, ServicePort, ServiceType
 from kproxy_ebpf.service_health import ServiceHealthServers
 
 from ..support import fresh_lab
-from .dplab import endpoints
+from .dplab import cluster_view, endpoints
 
 pytestmark = pytest.mark.root
 
@@ -71,9 +70,7 @@ class TcNode:
             raise
 
     def program(self, *objs) -> None:
-        state = ProxyState(self.node, node_port_addresses=())
-        state.load([o for o in objs if isinstance(o, Service)],
-                   [o for o in objs if isinstance(o, EndpointSlice)])
+        state = cluster_view(self.node, objs, node_port_addresses=())
         result = self.writer.apply(state.compute(full=True).frontends)
         assert result.ok, result.errors
         self.state = state
