@@ -4,8 +4,8 @@ node1's pod veths (`socketLB: false`). See dplab.py for the lab's conventions.""
 from __future__ import annotations
 
 import math
-import threading
 import os
+import threading
 from collections import Counter
 
 import pytest
