@@ -1,12 +1,19 @@
-"""Small helpers shared by the root test suites."""
+"""Helpers shared by the root test suites: root and control-plane gates, polling, lab clusters."""
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from kproxy_ebpf.lab.binaries import k8s_bin_dir, missing_binaries
+
+if TYPE_CHECKING:       # imported where used: the suite-wide conftest imports this module
+    from kproxy_ebpf.lab import Lab
+    from kproxy_ebpf.lab.cluster import Cluster
 
 
 def require_root() -> None:
@@ -39,3 +46,42 @@ def wait_until(pred, timeout: float, what: str, step: float = 0.05):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(step)
+
+
+@contextlib.contextmanager
+def fresh_lab(name: str, **up) -> Iterator[Lab]:
+    """Lab `name` brought up anew (`up`: Lab.up's arguments; a run killed hard may have left
+    pieces of an earlier one); taken down after, and it must have left nothing behind."""
+    from kproxy_ebpf.lab import Lab
+
+    require_root()
+    lab = Lab(name)
+    lab.down()
+    try:
+        lab.up(**up)
+        yield lab
+    finally:
+        report = lab.down()
+    assert report.ok, report.problems
+
+
+@contextlib.contextmanager
+def lab_cluster(name: str, proxy: str, agent: str = "process",
+                client_pod: bool = False) -> Iterator[Cluster]:
+    """A 2-node lab cluster running `proxy` (our agent as a "process" or from the "image"),
+    with the client pod on node1 (tcp:8080) when asked; removed after, unless
+    KPROXY_KEEP_LAB=1 keeps it to debug (`lab down --lab <name>` then)."""
+    from kproxy_ebpf.lab.cluster import Cluster
+
+    require_controlplane()
+    c = Cluster(name)
+    c.down()
+    c.up(nodes=2, proxy=proxy, agent=agent)
+    try:
+        if client_pod:
+            c.create_pod("client", "node1", ports=(("tcp", 8080),))
+        yield c
+    finally:
+        if os.environ.get("KPROXY_KEEP_LAB") != "1":
+            problems = c.down()
+            assert not problems, problems

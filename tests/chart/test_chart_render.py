@@ -3,7 +3,6 @@ flag, config key and KPROXY_* variable checked against the real `kproxy-ebpf run
 from __future__ import annotations
 
 import copy
-import os
 import subprocess
 
 import pytest
@@ -14,17 +13,7 @@ from kproxy_ebpf.datapath.layout import MAPS
 from kproxy_ebpf.datapath.pod_devices import DEFAULT_GLOBS
 
 from kproxy_ebpf.lab import agent_image
-from kproxy_ebpf.lab.binaries import k8s_bin_dir, missing_binaries
 from kproxy_ebpf.lab.nsutil import LabError
-
-
-@pytest.fixture(scope="module")
-def helm() -> str:
-    if missing_binaries(k8s_bin_dir(), ("helm",)):
-        if os.environ.get("KPROXY_REQUIRE_CONTROLPLANE") == "1":
-            pytest.fail(f"helm missing in {k8s_bin_dir()}: run `make setup`")
-        pytest.skip("helm not built (make setup)")
-    return str(k8s_bin_dir() / "helm")
 
 
 @pytest.fixture(scope="module")

@@ -87,7 +87,7 @@ def test_the_image_holds_the_agents_modules_and_no_lab_or_bench(probe):
 
 
 def test_the_node_commands_run_and_lab_and_bench_say_they_are_not_installed(probe):
-    assert probe["help"] == {c: 0 for c in NODE_COMMANDS}
+    assert probe["help"] == dict.fromkeys(NODE_COMMANDS, 0)
     code, text = probe["top_help"]
     listed = [line.split()[0] for line in text.partition("Commands:")[2].splitlines()
               if line.strip()]

@@ -8,8 +8,6 @@ import subprocess
 from kproxy_ebpf.lab import agent_image
 from kproxy_ebpf.lab.binaries import repo_root
 
-from .test_chart_render import helm  # noqa: F401  (fixture)
-
 HACK = repo_root() / "hack"
 
 
@@ -19,7 +17,7 @@ def test_scripts_parse():
         assert r.returncode == 0, r.stderr
 
 
-def test_chart_renders_with_kind_up_values(helm, tmp_path):  # noqa: F811
+def test_chart_renders_with_kind_up_values(helm, tmp_path):
     text = (HACK / "kind-up.sh").read_text()
     sets = dict(re.findall(r"--set ([\w.]+)=(\S+)", text))
     assert {"apiServer.host", "apiServer.port", "image.pullPolicy"} <= set(sets)

@@ -10,7 +10,7 @@ import pytest
 from kproxy_ebpf.lab.cluster import NAMESPACE
 
 from ..support import wait_until
-from .conftest import CLIENT, EXT, HOST
+from .scenario import CLIENT, EXT, HOST
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 
@@ -46,19 +46,14 @@ def test_nodeport_etp_cluster(scenario):
     scenario.service("np-remote", "npr", ports(30100, 30101), type="NodePort")
     scenario.service("np-local", "npl", ports(30102, 30103), type="NodePort")
     node1 = scenario.node_ip("node1")
-    scenario.check("tcp ext -> node1, backend on node2", EXT, node1, 30100, "npr-2 from node")
-    scenario.check("udp ext -> node1, backend on node2", EXT, node1, 30101, "npr-2 from node",
-                   udp=True)
-    scenario.check("tcp ext -> node1, backend on node1", EXT, node1, 30102, "npl-1 from node")
-    scenario.check("udp ext -> node1, backend on node1", EXT, node1, 30103, "npl-1 from node",
-                   udp=True)
+    scenario.check_tcp_udp("ext -> node1, backend on node2", EXT, node1, (30100, 30101), "npr-2 from node")
+    scenario.check_tcp_udp("ext -> node1, backend on node1", EXT, node1, (30102, 30103), "npl-1 from node")
     # The other node answers the same NodePort (the backend now remote from node2).
     scenario.check("tcp ext -> node2, backend on node1", EXT, scenario.node_ip("node2"), 30102,
                    "npl-1 from node2")
     # From inside the cluster (semantics 1.8): kube-proxy masquerades pod clients of a
     # NodePort too; the socket hook connects the pod to the backend directly.
-    scenario.check("tcp pod -> node1", CLIENT, node1, 30100, "npr-2 from node")
-    scenario.check("udp pod -> node1", CLIENT, node1, 30101, "npr-2 from node", udp=True)
+    scenario.check_tcp_udp("pod -> node1", CLIENT, node1, (30100, 30101), "npr-2 from node")
     scenario.check("tcp host -> node1", HOST, node1, 30100, "npr-2 from node")
 
 
@@ -70,12 +65,8 @@ def test_nodeport_etp_local(scenario):
                      loadBalancerClass=LB_CLASS, externalTrafficPolicy="Local",
                      healthCheckNodePort=32110)
     node1, node2 = scenario.node_ip("node1"), scenario.node_ip("node2")
-    scenario.check("tcp ext -> node1 (local endpoint)", EXT, node1, 30110, "etl-1 from ext")
-    scenario.check("udp ext -> node1 (local endpoint)", EXT, node1, 30111, "etl-1 from ext",
-                   udp=True)
-    scenario.check("tcp ext -> node2 (no local endpoint)", EXT, node2, 30110, "TIMEOUT", count=2)
-    scenario.check("udp ext -> node2 (no local endpoint)", EXT, node2, 30111, "TIMEOUT",
-                   udp=True, count=2)
+    scenario.check_tcp_udp("ext -> node1 (local endpoint)", EXT, node1, (30110, 30111), "etl-1 from ext")
+    scenario.check_tcp_udp("ext -> node2 (no local endpoint)", EXT, node2, (30110, 30111), "TIMEOUT", count=2)
     scenario.health("healthCheckNodePort node1", "node1", 32110, health_body(200, "etp-local", 1))
     scenario.health("healthCheckNodePort node2", "node2", 32110, health_body(503, "etp-local", 0))
 
@@ -89,8 +80,7 @@ def test_nodeport_etp_local_from_inside(scenario):
                      externalTrafficPolicy="Local")
     node1 = scenario.node_ip("node1")
     scenario.check("tcp ext -> node1 (no local endpoint)", EXT, node1, 30112, "TIMEOUT", count=2)
-    scenario.check("tcp pod -> node1", CLIENT, node1, 30112, "etr-2 from pod")
-    scenario.check("udp pod -> node1", CLIENT, node1, 30113, "etr-2 from pod", udp=True)
+    scenario.check_tcp_udp("pod -> node1", CLIENT, node1, (30112, 30113), "etr-2 from pod")
     scenario.check("tcp host -> node1", HOST, node1, 30112, "etr-2 from node")
 
 
@@ -101,12 +91,8 @@ def test_nodeport_no_endpoints(scenario):
                      externalTrafficPolicy="Local")
     scenario.wait_endpoints("np-empty", 0)
     node1 = scenario.node_ip("node1")
-    scenario.check("tcp ext -> node1, eTP Cluster", EXT, node1, 30120, "REFUSED", count=3)
-    scenario.check("udp ext -> node1, eTP Cluster", EXT, node1, 30121, "REFUSED", udp=True,
-                   count=3)
-    scenario.check("tcp ext -> node1, eTP Local", EXT, node1, 30122, "REFUSED", count=3)
-    scenario.check("udp ext -> node1, eTP Local", EXT, node1, 30123, "REFUSED", udp=True,
-                   count=3)
+    scenario.check_tcp_udp("ext -> node1, eTP Cluster", EXT, node1, (30120, 30121), "REFUSED", count=3)
+    scenario.check_tcp_udp("ext -> node1, eTP Local", EXT, node1, (30122, 30123), "REFUSED", count=3)
 
 
 def test_external_ip_and_load_balancer_ip(scenario):
@@ -117,10 +103,8 @@ def test_external_ip_and_load_balancer_ip(scenario):
     scenario.service("eip", "eip", ports(30140, 30141), type="LoadBalancer",
                      loadBalancerClass=LB_CLASS, externalIPs=[EXTERNAL_IP])
     scenario.set_load_balancer_ip("eip", LB_IP)
-    scenario.check("tcp ext -> externalIP", EXT, EXTERNAL_IP, 80, "eip-2 from node")
-    scenario.check("udp ext -> externalIP", EXT, EXTERNAL_IP, 53, "eip-2 from node", udp=True)
-    scenario.check("tcp ext -> LB IP", EXT, LB_IP, 80, "eip-2 from node")
-    scenario.check("udp ext -> LB IP", EXT, LB_IP, 53, "eip-2 from node", udp=True)
+    scenario.check_tcp_udp("ext -> externalIP", EXT, EXTERNAL_IP, (80, 53), "eip-2 from node")
+    scenario.check_tcp_udp("ext -> LB IP", EXT, LB_IP, (80, 53), "eip-2 from node")
     # From a pod (eTP Cluster: kube-proxy masquerades, semantics 1.8).
     scenario.check("tcp pod -> LB IP", CLIENT, LB_IP, 80, "eip-2 from node")
 

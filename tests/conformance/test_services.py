@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from .conftest import CLIENT, HOST
+from .scenario import CLIENT, HOST
 from .verdicts import sticky_cell
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
@@ -27,8 +27,7 @@ def test_clusterip_tcp_udp(scenario):
     scenario.check("udp pod", CLIENT, ip, 53, "web-1,web-2 from pod", udp=True)
     # Host clients: kube-proxy masquerades them to the node's address; the socket hook
     # connects from the node's address directly.
-    scenario.check("tcp host", HOST, ip, 80, "web-1,web-2 from node")
-    scenario.check("udp host", HOST, ip, 53, "web-1,web-2 from node", udp=True)
+    scenario.check_tcp_udp("host", HOST, ip, (80, 53), "web-1,web-2 from node")
 
 
 def test_multiport_named_ports(scenario):
@@ -51,8 +50,7 @@ def test_multiport_named_ports(scenario):
 def test_no_endpoints_refused(scenario):
     ip = scenario.service("empty", "nothing-matches", [HTTP, DNS])
     scenario.wait_endpoints("empty", 0)
-    scenario.check("tcp pod", CLIENT, ip, 80, "REFUSED", count=3)
-    scenario.check("udp pod", CLIENT, ip, 53, "REFUSED", udp=True, count=3)
+    scenario.check_tcp_udp("pod", CLIENT, ip, (80, 53), "REFUSED", count=3)
     scenario.check("tcp host", HOST, ip, 80, "REFUSED", count=3)
     # kube-proxy's REJECT runs in the OUTPUT hook here: the datagram is dropped inside sendto().
     scenario.check("udp host", HOST, ip, 53, "ERROR EPERM", udp=True, count=3)
@@ -73,8 +71,7 @@ def test_terminating_fallback(scenario):
 def test_itp_local(scenario):
     scenario.pods("itp", {"itp-1": "node1", "itp-2": "node2"})
     ip = scenario.service("itp", "itp", [HTTP, DNS], internalTrafficPolicy="Local")
-    scenario.check("tcp pod", CLIENT, ip, 80, "itp-1 from pod")
-    scenario.check("udp pod", CLIENT, ip, 53, "itp-1 from pod", udp=True)
+    scenario.check_tcp_udp("pod", CLIENT, ip, (80, 53), "itp-1 from pod")
     scenario.check("tcp host", HOST, ip, 80, "itp-1 from node")
 
 
@@ -82,8 +79,7 @@ def test_itp_local_no_local_endpoint(scenario):
     scenario.pods("itpn", {"itpn-2": "node2"})
     ip = scenario.service("itpn", "itpn", [HTTP, DNS], internalTrafficPolicy="Local")
     scenario.wait_endpoints("itpn", 1)
-    scenario.check("tcp pod", CLIENT, ip, 80, "TIMEOUT", count=2)
-    scenario.check("udp pod", CLIENT, ip, 53, "TIMEOUT", udp=True, count=2)
+    scenario.check_tcp_udp("pod", CLIENT, ip, (80, 53), "TIMEOUT", count=2)
     scenario.check("tcp host", HOST, ip, 80, "TIMEOUT", count=2)
 
 

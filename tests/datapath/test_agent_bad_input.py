@@ -12,28 +12,16 @@ from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.datapath import reader
 from kproxy_ebpf.datapath.bpffs import open_pinned_maps, remove_pins
 
-from .conftest import pod_of
 from ..support import wait_until
-from .test_agent_restart import log_of
+from .agent_proc import log_of, metrics, sample, service_manifest
+from .dplab import pod_of
 
 pytestmark = pytest.mark.root
 
-GOOD = """
-apiVersion: v1
-kind: Service
-metadata: {name: ok, namespace: default}
-spec:
-  clusterIP: 10.96.0.90
-  ports: [{name: http, port: 80, targetPort: 8080}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: ok-1, namespace: default, labels: {kubernetes.io/service-name: ok}}
-addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints:
-- {addresses: [%(a1)s], conditions: {ready: true}, nodeName: node1}
-"""
+def good(lab) -> str:
+    """Service ok (10.96.0.90) with endpoint a1."""
+    return service_manifest("ok", "10.96.0.90", [(lab.pod("a1").ip, "node1")])
+
 
 BAD = """
 ---
@@ -67,42 +55,14 @@ metadata: {name: bad-proto, namespace: default}
 spec: {clusterIP: 10.96.0.92, ports: [{port: 80, protocol: FOO}]}
 """
 
-BIG = """
----
-apiVersion: v1
-kind: Service
-metadata: {name: big, namespace: default}
-spec:
-  clusterIP: 10.96.0.93
-  ports: [{name: http, port: 80, targetPort: 8080}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: big-1, namespace: default, labels: {kubernetes.io/service-name: big}}
-addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints:
-""" + "".join(f"- {{addresses: [10.244.9.{i}], conditions: {{ready: true}}}}\n" for i in range(1, 13))
-
-
-def metrics(lab) -> str:
-    script = ("import urllib.request\n"
-              "print(urllib.request.urlopen('http://127.0.0.1:10249/metrics').read().decode())")
-    return lab.exec("node1", [sys.executable, "-c", script], capture_output=True, text=True,
-                    check=True).stdout
-
-
-def sample(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+# 1 + 12 service rows: more than the map holds.
+BIG = service_manifest("big", "10.96.0.93", [(f"10.244.9.{i}", None) for i in range(1, 13)])
 
 
 def test_bad_input_and_a_full_map_are_reported_and_harm_nothing(lab, tmp_path):
     node = lab.node("node1")
     manifest = tmp_path / "svc.yaml"
-    manifest.write_text(GOOD % {"a1": lab.pod("a1").ip} + BAD)
+    manifest.write_text(good(lab) + BAD)
     config = tmp_path / "agent.yaml"
     # 10 service rows: "ok" (2 rows) and "bad-port" (2) fit, "big" (1 + 12 slots) cannot.
     config.write_text("mapSizes: {svc: 10}\nmetricsBindAddress: 127.0.0.1:10249\n"
@@ -123,7 +83,7 @@ def test_bad_input_and_a_full_map_are_reported_and_harm_nothing(lab, tmp_path):
         # The good port of a service with a bad one still works (here: no endpoints, so refused).
         assert lab.probe("client", "10.96.0.91", 80) == ["REFUSED"]
 
-        manifest.write_text(GOOD % {"a1": lab.pod("a1").ip} + BAD + BIG)   # the map overflows
+        manifest.write_text(good(lab) + BAD + BIG)   # the map overflows
         svc_map = L.MAPS["svc"].name
         wait_until(lambda: f"BPF map {svc_map} is full" in log_of(lab, "agent-bad"), 15,
                    "a map-full log line")
@@ -140,7 +100,7 @@ def test_bad_input_and_a_full_map_are_reported_and_harm_nothing(lab, tmp_path):
                 mp.close()
         assert "default/big:http" not in shown, "a half-written frontend is never visible"
 
-        manifest.write_text(GOOD % {"a1": lab.pod("a1").ip})        # the operator fixes it
+        manifest.write_text(good(lab))        # the operator fixes it
         def cleaned():
             mp = open_pinned_maps(Path(node.bpffs))
             try:

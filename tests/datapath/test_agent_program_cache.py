@@ -14,10 +14,9 @@ import pytest
 
 from kproxy_ebpf.datapath.bpffs import remove_pins
 
-from .conftest import pod_of
-from .test_agent_bad_input import metrics, sample
-from .test_agent_restart import log_of, programmed
-from .test_agent_socket_lb import agents  # noqa: F401 - the fixture
+from ..support import wait_until
+from .agent_proc import log_of, metrics, programmed, sample
+from .dplab import pod_of
 
 pytestmark = pytest.mark.root
 
@@ -29,7 +28,7 @@ def serves(lab) -> None:
     assert len(lines) == 20 and {pod_of(x) for x in lines} <= {"a1", "b1"}, lines
 
 
-def test_a_restart_loads_from_the_cache_and_serves_both_paths(lab, agents, tmp_path):  # noqa: F811
+def test_a_restart_loads_from_the_cache_and_serves_both_paths(lab, agents, tmp_path):
     bpffs = lab.node("node1").bpffs
     cache = tmp_path / "programs"
     flag = f"--program-cache={cache}"
@@ -63,7 +62,7 @@ def test_a_restart_loads_from_the_cache_and_serves_both_paths(lab, agents, tmp_p
     lab.kill(third.pid)
 
 
-def test_an_entry_the_verifier_rejects_falls_back_to_the_compile(lab, agents, tmp_path):  # noqa: F811
+def test_an_entry_the_verifier_rejects_falls_back_to_the_compile(lab, agents, tmp_path):
     bpffs = lab.node("node1").bpffs
     cache = tmp_path / "programs"
     flag = f"--program-cache={cache}"
@@ -87,6 +86,4 @@ def test_an_entry_the_verifier_rejects_falls_back_to_the_compile(lab, agents, tm
 
 
 def wait_programmed(bpffs: str) -> None:
-    from ..support import wait_until
-
     wait_until(lambda: programmed(bpffs), 30, "the service programmed")

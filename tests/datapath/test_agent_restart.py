@@ -3,69 +3,23 @@ connecting; the pinned maps and links carry the datapath across, and the new age
 maps without rewriting them."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 
-from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.datapath import reader
 from kproxy_ebpf.datapath.bpffs import open_pinned_maps, remove_pins
+from kproxy_ebpf.lab import LabError
 
 from ..support import wait_until
-from .conftest import pod_of
+from .agent_proc import log_of, programmed, start_agent, web_manifest
+from .dplab import pod_of
 
 pytestmark = pytest.mark.root
-
-MANIFEST = """
-apiVersion: v1
-kind: Service
-metadata: {name: web, namespace: default}
-spec:
-  clusterIP: 10.96.0.80
-  ports: [{name: http, port: 80, targetPort: 8080}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
-addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints:
-- {addresses: [%(a1)s], conditions: {ready: true}, nodeName: node1}
-- {addresses: [%(b1)s], conditions: {ready: true}, nodeName: node2}
-"""
-
-
-def start_agent(lab, manifest: Path, name: str, flags: tuple[str, ...] = ()):
-    node = lab.node("node1")
-    argv = [sys.executable, "-m", "kproxy_ebpf.cli", "run", "--manifests", str(manifest),
-            "--cgroup", node.cgroup, "--bpffs-dir", node.bpffs, "--hostname-override", "node1",
-            "--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "",
-            "--min-sync-period", "50ms",
-            # the lab's own program cache (gone with the lab); a later --program-cache wins
-            "--program-cache", os.path.join(lab.state_dir, "programs"), *flags]
-    # The lab appends to a name's log: an earlier agent's "first sync" must not count.
-    Path(lab.log_path(name)).unlink(missing_ok=True)
-    return lab.spawn("node1", argv, name)
-
-
-def log_of(lab, name: str) -> str:
-    return Path(lab.log_path(name)).read_text()
-
-
-def programmed(bpffs: str) -> list[dict]:
-    if not Path(bpffs, L.MAPS["svc"].name).exists():
-        return []
-    maps = open_pinned_maps(Path(bpffs))
-    try:
-        return [s for s in reader.services(maps) if s["address"] == "10.96.0.80" and s["backends"]]
-    finally:
-        for m in maps.values():
-            m.close()
-
 
 def forwarded(bpffs: str) -> int:
     """Connects the programs have translated so far (their own counter)."""
@@ -79,7 +33,7 @@ def forwarded(bpffs: str) -> int:
 
 def test_sigkill_and_restart_loses_no_connection(lab, tmp_path):
     manifest = tmp_path / "web.yaml"
-    manifest.write_text(MANIFEST % {"a1": lab.pod("a1").ip, "b1": lab.pod("b1").ip})
+    manifest.write_text(web_manifest(lab))
     bpffs = lab.node("node1").bpffs
     first = start_agent(lab, manifest, "agent-1")
     second = None
@@ -120,10 +74,8 @@ def test_sigkill_and_restart_loses_no_connection(lab, tmp_path):
                 t.join(60)
         for rec in (first, second):
             if rec is not None:
-                try:
+                with contextlib.suppress(LabError):      # the test stopped it already
                     lab.kill(rec.pid)
-                except Exception:
-                    pass
         remove_pins(Path(bpffs))
 
     for name, lines in results.items():

@@ -1,7 +1,7 @@
 """The agent as a process with `run --socket-lb=false` (fed from manifests): no cgroup hooks,
 the per-packet ClusterIP programs on every pod veth of node1, a pod created while the agent
 runs covered at once, and a switch between the modes that leaves only the current mode's
-programs attached. See conftest.py for the lab."""
+programs attached. See dplab.py for the lab."""
 from __future__ import annotations
 
 import json
@@ -12,13 +12,12 @@ from click.testing import CliRunner
 
 from kproxy_ebpf.cli import main
 from kproxy_ebpf.datapath import tc
-from kproxy_ebpf.datapath.bpffs import remove_pins
 from kproxy_ebpf.datapath.sock_hooks import SOCK_HOOKS
 from kproxy_ebpf.lab import nsutil
 
 from ..support import wait_until
-from .conftest import PORTS, pod_of
-from .test_agent_restart import MANIFEST, log_of, programmed, start_agent
+from .agent_proc import log_of, programmed
+from .dplab import PORTS, pod_of
 
 pytestmark = pytest.mark.root
 
@@ -37,32 +36,6 @@ def links(bpffs: str) -> set[str]:
     d = Path(bpffs, "links")
     return {p.name for p in d.iterdir()} if d.is_dir() else set()
 
-
-
-@pytest.fixture
-def agents(lab, tmp_path):
-    """Starts agents (name, extra flags); stops them and removes what they left on node1."""
-    manifest = tmp_path / "web.yaml"
-    manifest.write_text(MANIFEST % {"a1": lab.pod("a1").ip, "b1": lab.pod("b1").ip})
-    node = lab.node("node1")
-    started = []
-
-    def start(name: str, *flags: str):
-        rec = start_agent(lab, manifest, name, flags)
-        started.append(rec)
-        wait_until(lambda: "first sync:" in log_of(lab, name), 30, f"{name}'s first sync")
-        return rec
-
-    try:
-        yield start
-    finally:
-        for rec in started:
-            try:
-                lab.kill(rec.pid)
-            except Exception:
-                pass
-        nsutil.run_in_thread(node.netns, tc.detach_all)
-        remove_pins(Path(node.bpffs))
 
 
 def test_socket_lb_false_serves_pods_per_packet_and_covers_new_pods(lab, agents):

@@ -8,7 +8,7 @@ made (the union of the sets programmed between the last apply completed before t
 and the last apply begun before the answer). A reverse-NAT row that names another backend
 than the one the socket was sent to, or a backend id read half-rewritten, shows up as a
 mismatch. The issue asks for at least 20,000 connections with none. It runs once per
-ClusterIP path (conftest.LB_PATHS): on the per-packet path the backend is chosen when the SYN
+ClusterIP path (dplab.LB_PATHS): on the per-packet path the backend is chosen when the SYN
 passes kp_from_pod, inside the same window, and the reply's source must be the service's.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from .conftest import LB_PATHS, endpoints, service
+from .dplab import LB_PATHS, endpoints, service
 
 pytestmark = [pytest.mark.root, pytest.mark.parametrize("lb_path", LB_PATHS, indirect=True)]
 
@@ -95,7 +95,7 @@ def test_no_mismatch_over_20000_connections_under_churn(lab, node1):
                 begun = time.monotonic()
                 node1.program(svc, *slices)
                 history.append((begun, time.monotonic(), used))
-        except BaseException as exc:       # surfaced by the main thread
+        except BaseException as exc:  # noqa: BLE001 - any failure of the thread is surfaced by the main one
             errors.append(exc)
 
     writer = threading.Thread(target=churn, name="churn")

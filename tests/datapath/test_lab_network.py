@@ -19,16 +19,13 @@ from kproxy_ebpf.datapath.bpffs import ensure_bpffs
 from kproxy_ebpf.lab import Lab, LabError, nsutil, procs
 from kproxy_ebpf.lab.state import ProcRec
 
+from ..support import fresh_lab, require_root
+
 pytestmark = pytest.mark.root
 
 LAB = "labnet-t"
 PREFIX = f"kproxy-{LAB}"
 CGROOT = "/sys/fs/cgroup/unified"
-
-
-def _need_root() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root (network namespaces, cgroups)")
 
 
 def _sh(*argv: str) -> str:
@@ -59,23 +56,17 @@ def _leftovers(prefix: str = PREFIX) -> list[str]:
 
 @pytest.fixture(scope="module")
 def host_before() -> dict[str, set[str]]:
-    _need_root()
+    require_root()
     return _host_view()
 
 
 @pytest.fixture(scope="module")
 def lab(host_before):
-    lab = Lab(LAB)
-    lab.down()  # leftovers of an aborted earlier run
-    try:
-        lab.up(2)
+    with fresh_lab(LAB, nodes=2) as lab:
         lab.create_pod("a", "node1", labels={"app": "echo"})
         lab.create_pod("b", "node2")
         lab.create_pod("c", "node1")
         yield lab
-    finally:
-        report = lab.down()
-    assert report.ok, report.problems
 
 
 def _ip(lab: Lab, target: str, *args: str) -> str:
@@ -202,9 +193,9 @@ def _counter(lab: Lab, target: str, table: str, key: str) -> int:
     rows = lab.exec(target, ["cat", f"/proc/net/{table}"], capture_output=True, text=True,
                     check=True).stdout.splitlines()
     group, _, name = key.partition(".")
-    for head, values in zip(rows[::2], rows[1::2]):
+    for head, values in zip(rows[::2], rows[1::2], strict=True):
         if head.startswith(group + ":"):
-            return int(dict(zip(head.split()[1:], values.split()[1:]))[name])
+            return int(dict(zip(head.split()[1:], values.split()[1:], strict=True))[name])
     raise KeyError(key)
 
 
@@ -216,7 +207,7 @@ def test_outside_addresses_end_at_the_lab_router(lab, host_before):
     rtr = lab.rtr_netns
     with nsutil.iproute(rtr) as ipr:
         links = {link.get("ifname"): link for link in ipr.get_links()}
-        routes = [r for r in ipr.get_routes(family=socket.AF_INET, table=254)]
+        routes = list(ipr.get_routes(family=socket.AF_INET, table=254))
     assert set(links) == {"lo", "eth0"}, "the router has no link but its port on the bridge"
     assert all(r.get("dst_len") > 0 for r in routes), "the router has no default route"
     peer_ns = links["eth0"].get("IFLA_LINK_NETNSID")
@@ -265,7 +256,7 @@ def test_exec_from_many_threads_at_once(lab):
 
     with ThreadPoolExecutor(8) as pool:
         seen = list(pool.map(where, targets))
-    for t, (cg, ns) in zip(targets, seen):
+    for t, (cg, ns) in zip(targets, seen, strict=True):
         want = lab.target(t)
         assert cg == "0::/" + os.path.relpath(want.cgroup, CGROOT)
         assert ns == f"net:[{os.stat(f'/run/netns/{want.netns}').st_ino}]"
@@ -341,7 +332,7 @@ def test_down_of_a_prefix_named_lab_spares_this_lab(lab):
 
 
 def test_up_failure_removes_the_partial_lab(monkeypatch):
-    _need_root()
+    require_root()
     failing = Lab("labnet-fail")
     failing.down()
     real_add_node = Lab.add_node

@@ -9,8 +9,8 @@ import pytest
 
 from kproxy_ebpf.model import LoadBalancerIngress, ServiceType
 
-from .conftest import endpoints, pod_of, service
-from .test_servicecidr import assert_untouched
+from .dplab import assert_untouched, endpoints, pod_of, service
+
 
 pytestmark = pytest.mark.root
 

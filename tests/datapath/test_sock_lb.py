@@ -1,18 +1,19 @@
 """ClusterIP load balancing with real packets, clients in pod namespaces, once through each path
-(conftest.LB_PATHS): the socket hooks on node1's cgroup, and the per-packet TC programs on
-node1's pod veths (`socketLB: false`). See conftest.py for the lab's conventions."""
+(dplab.LB_PATHS): the socket hooks on node1's cgroup, and the per-packet TC programs on
+node1's pod veths (`socketLB: false`). See dplab.py for the lab's conventions."""
 from __future__ import annotations
 
 import math
+import os
 import threading
-import time
 from collections import Counter
 
 import pytest
 
 from kproxy_ebpf.datapath import reader
 
-from .conftest import LB_PATHS, endpoints, pod_of, service
+from ..support import wait_until
+from .dplab import LB_PATHS, endpoints, pod_of, service
 
 pytestmark = [pytest.mark.root, pytest.mark.parametrize("lb_path", LB_PATHS, indirect=True)]
 
@@ -74,28 +75,29 @@ def test_tcp_getpeername_outlives_every_lru_row(lab, node1, tmp_path):
     (simulated: every row deleted while the socket is open). TC path: no row is needed, the
     reply's source is rewritten per packet."""
     node1.program(service("web", "10.96.0.10", HTTP), endpoints(lab, "web", ["b1"], HTTP_EP))
-    connected, go = tmp_path / "connected", tmp_path / "go"
+    connected = tmp_path / "connected"
+    # The client holds its socket until its stdin (a pipe of ours) ends.
     script = (
-        "import os, socket, time\n"
+        "import socket, sys\n"
         "t = socket.create_connection(('10.96.0.10', 80), timeout=2)\n"
         f"open({str(connected)!r}, 'w').close()\n"
-        "deadline = time.time() + 20\n"
-        f"while not os.path.exists({str(go)!r}) and time.time() < deadline: time.sleep(0.01)\n"
+        "sys.stdin.read()\n"
         "print('tcp', t.getpeername()[0], t.getpeername()[1])\n")
     out = {}
+    hold, release = os.pipe()
     th = threading.Thread(target=lambda: out.update(r=lab.exec(
-        "client", ["python3", "-c", script], capture_output=True, text=True, timeout=30)))
+        "client", ["python3", "-c", script], stdin=hold, capture_output=True, text=True,
+        timeout=30)))
     th.start()
     try:
-        deadline = time.monotonic() + 20
-        while not connected.exists() and time.monotonic() < deadline and th.is_alive():
-            time.sleep(0.01)
+        wait_until(lambda: connected.exists() or not th.is_alive(), 20, "the client's connection")
         sknat = node1.datapath.maps["sknat"]
         for key in sknat.keys():
             sknat.delete(key)
     finally:
-        go.touch()
+        os.close(release)
         th.join()
+        os.close(hold)
     assert out["r"].returncode == 0, out["r"].stderr
     assert out["r"].stdout.split("\n")[0] == "tcp 10.96.0.10 80"
 

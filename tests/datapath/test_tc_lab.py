@@ -11,7 +11,6 @@ the external client via node1 (10.250.100.0/24).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -27,11 +26,11 @@ from kproxy_ebpf.datapath.tc import (TcDatapath, attached, detach_all, possible_
 from kproxy_ebpf.datapath.writer import MapWriter
 from kproxy_ebpf.lab import Lab
 from kproxy_ebpf.lab import nsutil
-from kproxy_ebpf.model import EndpointSlice, Node, Protocol, Service, ServicePort, ServiceType
-from kproxy_ebpf.proxy.state import ProxyState
+from kproxy_ebpf.model import Node, Protocol, Service, ServicePort, ServiceType
 from kproxy_ebpf.service_health import ServiceHealthServers
 
-from .conftest import endpoints
+from ..support import fresh_lab
+from .dplab import cluster_view, endpoints
 
 pytestmark = pytest.mark.root
 
@@ -44,19 +43,11 @@ CLIENT = "10.250.0.250"
 
 @pytest.fixture(scope="module")
 def lab():
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    lab = Lab(LAB)
-    lab.down()
-    try:
-        lab.up(nodes=2, external=True)
+    with fresh_lab(LAB, nodes=2, external=True) as lab:
         for pod, node in PODS.items():
             lab.create_pod(pod, node, ports=PORTS)
         lab.add_external_route("10.250.100.0/24", "node1")
         yield lab
-    finally:
-        report = lab.down()
-        assert report.ok, report.problems
 
 
 class TcNode:
@@ -79,9 +70,7 @@ class TcNode:
             raise
 
     def program(self, *objs) -> None:
-        state = ProxyState(self.node, node_port_addresses=())
-        state.load([o for o in objs if isinstance(o, Service)],
-                   [o for o in objs if isinstance(o, EndpointSlice)])
+        state = cluster_view(self.node, objs, node_port_addresses=())
         result = self.writer.apply(state.compute(full=True).frontends)
         assert result.ok, result.errors
         self.state = state

@@ -1,6 +1,6 @@
 """The per-packet ClusterIP path (`socketLB: false`: kp_from_pod / kp_to_pod of tc_lb.c) run
 with BPF_PROG_TEST_RUN on hand-built packets, with real maps: the harness, packets and checksum
-checks of test_tc_run.py, scope-SOCK frontends written by the real MapWriter.
+checks of tcrun.py, scope-SOCK frontends written by the real MapWriter.
 
 The pod POD (10.244.1.5) of this node opens the flows; its host-side veth's ingress runs
 kp_from_pod and the egress toward it kp_to_pod.
@@ -14,9 +14,9 @@ from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
 from kproxy_ebpf.lab import nsutil
 
-from .test_tc_run import (ACK, FIN, LOCAL_BE, NETNS, NODE, PORTS, REMOTE_BE, RST, SYN,  # noqa: F401
-                          TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TCP, UDP, TcRun, ct_key, harness,
-                          moved_snat_reply, packet, parse)
+from .tcrun import (ACK, FIN, LOCAL_BE, NETNS, NODE, PORTS, REMOTE_BE, RST, SYN, TC_ACT_OK,
+                    TC_ACT_REDIRECT, TCP, UDP, TcRun, ct_key, moved_snat_reply, packet,
+                    parse)
 
 pytestmark = pytest.mark.root
 

@@ -7,13 +7,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from kproxy_ebpf.lab.binaries import k8s_bin_dir
 
-from ..support import require_controlplane
+from ..support import require_controlplane, wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 
@@ -56,15 +55,17 @@ def test_lab_cli_round_trip(lab_up):
                         check=True, capture_output=True, text=True).stdout
     assert ip.startswith("10.96.")
 
-    deadline = time.monotonic() + 30
-    while True:
+    def served_by(all_ok: bool = False) -> set[str] | None:
+        """The pods answering 20 probes from the client, through the CLI (None: the probe
+        command failed and `all_ok` was asked)."""
         probe = kp("lab", "probe", *LAB, "--pod", "client", f"{ip}:80", "--count", "20",
                    check=False)
-        seen = {line.split()[0] for line in probe.stdout.splitlines()}
-        if probe.returncode == 0 and seen == {"web-1", "web-2"}:
-            break
-        assert time.monotonic() < deadline, probe.stdout
-        time.sleep(0.3)
+        if all_ok and probe.returncode != 0:
+            return None
+        return {line.split()[0] for line in probe.stdout.splitlines()}
+
+    wait_until(lambda: served_by(all_ok=True) == {"web-1", "web-2"}, 30, "both pods behind the Service",
+               step=0.3)
 
     bpffs = "/sys/fs/bpf/kproxy-e2e-node2"        # kproxy-<lab>-<node>
     services = json.loads(kp("lab", "exec", *LAB, "--node", "node2", "--", sys.executable, "-m",
@@ -88,9 +89,4 @@ def test_lab_cli_round_trip(lab_up):
     assert exec_rc.returncode == 7, "lab exec passes the exit code through"
 
     kp("lab", "pod", "delete", *LAB, "web-1")
-    deadline = time.monotonic() + 30
-    while {line.split()[0] for line in kp("lab", "probe", *LAB, "--pod", "client", f"{ip}:80",
-                                          "--count", "20", check=False).stdout.splitlines()} \
-            != {"web-2"}:
-        assert time.monotonic() < deadline
-        time.sleep(0.3)
+    wait_until(lambda: served_by() == {"web-2"}, 30, "web-1 gone from the Service", step=0.3)

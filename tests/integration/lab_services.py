@@ -1,35 +1,20 @@
-"""Helpers for integration tests on a lab cluster (tests/conformance has the differential
-Service scenarios that used to live in test_lab_cluster.py).
+"""Helpers for integration tests on a lab cluster (started by tests/support.py lab_cluster;
+tests/conformance has the differential Service scenarios): Services, probes, and what our
+agent programmed and counts.
 
 Conventions: node1 10.250.0.11 (zone-a), node2 10.250.0.12 (zone-b), client pod "client" on
 node1; namespace default; Service IPs allocated by the API server from 10.96.0.0/16.
 """
 from __future__ import annotations
 
-import contextlib
+import json
+import sys
 from collections import Counter
 
 from kubernetes import client
 
 from kproxy_ebpf.lab.cluster import Cluster
 from kproxy_ebpf.lab.probe import is_reply
-
-from ..support import require_controlplane
-
-
-@contextlib.contextmanager
-def lab_cluster(name: str, proxy: str, agent: str = "process"):
-    """A 2-node lab cluster running `proxy`, with the client pod on node1; removed after."""
-    require_controlplane()
-    c = Cluster(name)
-    c.down()
-    c.up(nodes=2, proxy=proxy, agent=agent)
-    try:
-        c.create_pod("client", "node1", ports=(("tcp", 8080),))
-        yield c
-    finally:
-        problems = c.down()
-        assert not problems, problems
 
 
 def make_service(c: Cluster, name: str, app: str, udp: bool = False) -> str:
@@ -60,3 +45,21 @@ def seen_from_outside(c: Cluster, ip: str, port: int, udp: bool = False,
     lines = c.lab.probe("ext", ip, port, udp=udp, count=count, timeout=timeout, source=source)
     return {f"{ln.split()[0]} {ln.split()[1].rsplit(':', 1)[0]}" if len(ln.split()) == 2 else ln
             for ln in lines}
+
+
+def services_on(c: Cluster, node: str) -> list[dict]:
+    out = c.lab.exec(f"node/{node}", [sys.executable, "-m", "kproxy_ebpf.cli", "services",
+                                      "--bpffs-dir", c.lab.node(node).bpffs, "-o", "json"],
+                     capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def metric(c: Cluster, node: str, name: str, labels: str = "") -> float:
+    script = ("import urllib.request\n"
+              "print(urllib.request.urlopen('http://127.0.0.1:10249/metrics').read().decode())")
+    text = c.lab.exec(f"node/{node}", [sys.executable, "-c", script], capture_output=True,
+                      text=True, check=True).stdout
+    for line in text.splitlines():
+        if line.startswith(name + (f"{{{labels}}}" if labels else "")):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0

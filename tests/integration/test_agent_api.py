@@ -3,44 +3,26 @@ reconnects and converges) and a forced 410 Gone (a relist that neither duplicate
 entry). Lab "it-api", kproxy on both nodes; conventions as in lab_services.py."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from kubernetes import client
 
 from kproxy_ebpf.lab.cluster import Cluster
 
-from ..support import require_controlplane, wait_until
-from .lab_services import delete_service, make_service, pods_of, served_by
+from ..support import lab_cluster, wait_until
+from .lab_services import delete_service, make_service, metric, pods_of, served_by, services_on
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    require_controlplane()
-    c = Cluster("it-api")
-    c.down()
-    c.up(nodes=2, proxy="kproxy")
-    try:
-        c.create_pod("client", "node1", ports=(("tcp", 8080),))
+    with lab_cluster("it-api", "kproxy", client_pod=True) as c:
         yield c
-    finally:
-        if os.environ.get("KPROXY_KEEP_LAB") != "1":    # keep it to debug: `lab down --lab it-api`
-            problems = c.down()
-            assert not problems, problems
-
-
-def services_on(c: Cluster, node: str) -> list[dict]:
-    out = c.lab.exec(f"node/{node}", [sys.executable, "-m", "kproxy_ebpf.cli", "services",
-                                      "--bpffs-dir", c.lab.node(node).bpffs, "-o", "json"],
-                     capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)
 
 
 def check(c: Cluster, node: str) -> subprocess.CompletedProcess:
@@ -49,17 +31,6 @@ def check(c: Cluster, node: str) -> subprocess.CompletedProcess:
                                        "--bpffs-dir", c.lab.node(node).bpffs, "--kubeconfig",
                                        c.info.lab_kubeconfig, "--hostname-override", node],
                       capture_output=True, text=True)
-
-
-def metric(c: Cluster, node: str, name: str, labels: str = "") -> float:
-    script = ("import urllib.request\n"
-              "print(urllib.request.urlopen('http://127.0.0.1:10249/metrics').read().decode())")
-    text = c.lab.exec(f"node/{node}", [sys.executable, "-c", script], capture_output=True,
-                      text=True, check=True).stdout
-    for line in text.splitlines():
-        if line.startswith(name + (f"{{{labels}}}" if labels else "")):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 def test_api_outage_keeps_the_datapath_and_the_agent_converges_after(cluster):
@@ -101,11 +72,11 @@ def test_agent_started_while_the_api_is_dead_keeps_the_datapath_then_converges(c
     try:
         cluster.stop_proxy("node1")                 # the agent exits; its datapath stays
         cluster.start_proxy("node1")                # and a new one starts with no API
-        time.sleep(3)
+        log_path = cluster.lab.log_path(cluster.proxy_name("node1"))
+        wait_until(lambda: open(log_path).read().count("adopted") >= 2, 30,
+                   "the second agent to adopt the pinned maps")
         lines = cluster.lab.probe("pod/client", ip, 80, count=50, interval=0.02)
         assert set(pods_of(lines)) == {"dead-1"}, "the adopted datapath serves with no API"
-        log = open(cluster.lab.log_path(cluster.proxy_name("node1"))).read()
-        assert log.count("adopted") >= 2, "the second agent adopted the pinned maps"
     finally:
         cluster.start_apiserver()
     ip2 = make_service(cluster, "dead-after", "dead")

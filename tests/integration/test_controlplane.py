@@ -19,6 +19,8 @@ from kproxy_ebpf.lab import kubeobjects as ko
 from kproxy_ebpf.lab.binaries import read_versions
 from kproxy_ebpf.lab.controlplane import RELAY_ADDRESS, WATCHED_RESOURCES, ControlPlane
 
+from ..support import wait_until
+
 pytestmark = pytest.mark.controlplane
 
 NODE = "kproxy-cp-test-node"
@@ -125,13 +127,11 @@ def test_terminating_pod_is_terminating_and_serving_per_ready_condition(apiserve
     pod = client.CoreV1Api(api).read_namespaced_pod("ready-term", namespace)
     assert pod.metadata.deletion_timestamp is not None  # stays: no kubelet finishes it
 
-    deadline = time.monotonic() + 5
-    while True:
-        slices = ko.wait_for_slice_endpoints(api, namespace, "echo", 2, timeout=5)
-        eps = endpoints_by_ip(slices)
-        if all(ep.conditions.terminating for ep in eps.values()) or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+    def both_terminating():
+        eps = endpoints_by_ip(ko.wait_for_slice_endpoints(api, namespace, "echo", 2, timeout=5))
+        return eps if all(ep.conditions.terminating for ep in eps.values()) else None
+
+    eps = wait_until(both_terminating, 5, "both endpoints terminating in the slice")
     ready_term = eps["10.244.11.6"].conditions
     unready_term = eps["10.244.11.7"].conditions
     assert (ready_term.ready, ready_term.serving, ready_term.terminating) == (False, True, True)

@@ -14,29 +14,23 @@ from kubernetes import client
 from kproxy_ebpf.lab.binaries import k8s_bin_dir
 from kproxy_ebpf.lab.cluster import Cluster
 
-from ..support import require_controlplane, wait_until
+from ..support import lab_cluster, wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 
 
 @pytest.fixture(scope="module", params=["iptables", "nftables"])
 def cluster(request):
-    require_controlplane()
-    c = Cluster(f"kpc-{request.param}")
-    c.down()
-    c.up(nodes=2, proxy=request.param)
-    try:
+    with lab_cluster(f"kpc-{request.param}", request.param) as c:
         c.create_pod("backend", "node2", labels={"app": "kpc"})
         body = {"metadata": {"name": "kpc"},
                 "spec": {"selector": {"app": "kpc"}, "ports": [{"port": 80, "targetPort": 8080}]}}
         ip = client.CoreV1Api(c.api()).create_namespaced_service("default", body).spec.cluster_ip
         for node in ("node1", "node2"):      # kube-proxy has programmed the Service everywhere
-            wait_until(lambda: ip in ruleset(c, node), 30, f"kube-proxy rules for {ip} on {node}")
+            wait_until(lambda node=node: ip in ruleset(c, node), 30,
+                       f"kube-proxy rules for {ip} on {node}")
             c.stop_proxy(node)
         yield c
-    finally:
-        problems = c.down()
-        assert not problems, problems
 
 
 def ruleset(c: Cluster, node: str) -> str:

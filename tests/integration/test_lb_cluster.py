@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 import subprocess
 import sys
 
@@ -22,7 +21,7 @@ from kubernetes import client
 from kproxy_ebpf.lab.cluster import Cluster
 from kproxy_ebpf.lab.lballoc import DEFAULT_POOL
 
-from ..support import require_controlplane, wait_until
+from ..support import lab_cluster, wait_until
 from .lab_services import seen_from_outside
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
@@ -34,18 +33,10 @@ POOL = ipaddress.IPv4Network(DEFAULT_POOL)
 
 @pytest.fixture(scope="module", params=["kproxy", "nftables"])
 def cluster(request):
-    require_controlplane()
-    c = Cluster(f"it-lb-{request.param}")
-    c.down()
-    c.up(nodes=2, proxy=request.param)
-    try:
+    with lab_cluster(f"it-lb-{request.param}", request.param) as c:
         c.lab.add_external_address(CLIENT2)
         c.create_pod("lbb", "node2", labels={"app": "lbb"})
         yield c
-    finally:
-        if os.environ.get("KPROXY_KEEP_LAB") != "1":
-            problems = c.down()
-            assert not problems, problems
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ import sys
 import pytest
 from kubernetes import client
 
-from ..support import wait_until
-from .lab_services import delete_service, lab_cluster, make_service, served_by
+from ..support import lab_cluster, wait_until
+from .lab_services import delete_service, make_service, served_by
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 
@@ -30,7 +30,7 @@ MODES = {"kproxy": ("kproxy", "process"), "image": ("kproxy", "image"),
 @pytest.fixture(scope="module", params=list(MODES))
 def cluster(request):
     proxy, agent = MODES[request.param]
-    with lab_cluster(f"it-{request.param}", proxy, agent) as c:
+    with lab_cluster(f"it-{request.param}", proxy, agent, client_pod=True) as c:
         yield c
 
 
@@ -83,7 +83,7 @@ def test_each_proxy_runs_inside_its_nodes_cgroup_and_the_image_agent_as_the_char
                 assert int(status[field], 16) == want, (field, status[field])
             assert status["NoNewPrivs"].strip() == "0"   # as the chart leaves it (SYS_ADMIN)
             # `status` in the agent's container says where the hooks are, and no warning.
-            out = wait_until(lambda: _container_status(cluster, node.name), 15,
+            out = wait_until(lambda node=node: _container_status(cluster, node.name), 15,
                              "the hooks to be attached")
             assert {h["cgroup"] for h in out["hooks"]} == {"/run/kproxy-ebpf/cgroup"}
             assert {h["cgroup_id"] for h in out["hooks"]} == {os.stat(node.cgroup).st_ino}

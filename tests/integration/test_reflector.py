@@ -13,6 +13,7 @@ reflector's watch back with a gate, changes objects, restarts kube-apiserver and
 """
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import uuid
@@ -156,10 +157,10 @@ def running() -> Iterator[Callable[[Reflector], Reflector]]:
 
     yield start
     for r in started:
-        t0 = time.monotonic()
-        r.stop(timeout=10)
-        assert not r.alive, f"{r.resource} reflector did not stop"
-        assert time.monotonic() - t0 < 5, "stop() must cut the watch, not wait for it to time out"
+        # Every watch here lasts 5 s or more (its server-side timeout): a thread gone within
+        # 4 s was cut by stop(), it did not wait for the watch to time out.
+        r.stop(timeout=4)
+        assert not r.alive, f"{r.resource} reflector did not stop: stop() must cut the watch"
 
 
 def _ignore_404(fn: Callable[..., Any], *args: Any) -> None:
@@ -192,6 +193,18 @@ def services_reflector(api: client.ApiClient, store: Store, gate: bool = False,
     fn = client.CoreV1Api(api).list_service_for_all_namespaces
     g = Gate(fn) if gate else None
     return Reflector("services", fn, g or fn, store, **options), g
+
+
+def held_services_reflector(api: client.ApiClient, running) -> tuple[Store, Reflector, Gate]:
+    """A services reflector behind a Gate: synced, its first watch open, then cut and held:
+    its next watch waits at the gate until gate.open is set."""
+    store = Store()
+    r, gate = services_reflector(api, store, gate=True)
+    running(r)
+    assert r.synced.wait(15)
+    wait_for(lambda: gate.watch_rvs, what="the first watch")
+    gate.hold(r)
+    return store, r, gate
 
 
 # ---------------------------------------------------------------------------------------------
@@ -312,13 +325,7 @@ def test_dropped_watch_resumes_from_last_resource_version(apiserver, reflector_a
     core = client.CoreV1Api(api)
     core.create_namespaced_service(namespace, service_body("keep"))
     core.create_namespaced_service(namespace, service_body("gone"))
-    store = Store()
-    r, gate = services_reflector(reflector_api, store, gate=True)
-    running(r)
-    assert r.synced.wait(15)
-    wait_for(lambda: gate.watch_rvs, what="the first watch")
-
-    gate.hold(r)
+    store, r, gate = held_services_reflector(reflector_api, running)
     rv_before = r.resource_version
     core.create_namespaced_service(namespace, service_body("new"))
     core.delete_namespaced_service("gone", namespace)
@@ -336,13 +343,7 @@ def test_expired_resource_version_relists_without_duplicates_or_losses(apiserver
     core = client.CoreV1Api(api)
     for name in ("stay", "change", "remove"):
         core.create_namespaced_service(namespace, service_body(name))
-    store = Store()
-    r, gate = services_reflector(reflector_api, store, gate=True)
-    running(r)
-    assert r.synced.wait(15)
-    wait_for(lambda: gate.watch_rvs, what="the first watch")
-
-    gate.hold(r)
+    store, r, gate = held_services_reflector(reflector_api, running)
     stale_rv = r.resource_version
     core.delete_namespaced_service("remove", namespace)
     core.patch_namespaced_service("change", namespace, {"metadata": {"labels": {"kproxy-test": "changed"}}})
@@ -380,24 +381,16 @@ def test_apiserver_outage_deletes_nothing(apiserver, controlplane, reflector_api
     r = running(reflector_for(reflector_api, "services", store, backoff_initial=0.2, backoff_max=1.0))
     assert r.synced.wait(15)
     restarts_before = r.restarts
-    seen: list[set[str]] = []
-    stop_sampling = threading.Event()
-
-    def sample() -> None:
-        while not stop_sampling.is_set():
-            seen.append(store.names(namespace))
-            time.sleep(0.02)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        controlplane.restart_apiserver()
-        core.create_namespaced_service(namespace, service_body("b"))
-        wait_for(lambda: store.names(namespace) == {"a", "b"}, 30, "recovery after the restart")
-    finally:
-        stop_sampling.set()
-        sampler.join()
-    assert all("a" in names for names in seen), "an object vanished while the API server was away"
+    controlplane.restart_apiserver()
+    core.create_namespaced_service(namespace, service_body("b"))
+    wait_for(lambda: store.names(namespace) == {"a", "b"}, 30, "recovery after the restart")
+    # Every delivery is in the log: none took "a" away (no DELETED, no SYNC without it).
+    a = (namespace, "a")
+    with store.lock:
+        log = list(store.log)
+    assert not [(etype, what) for etype, what in log
+                if (etype == "DELETED" and what == a) or (etype == SYNC and a not in what)], \
+        f"an object vanished while the API server was away: {log}"
     assert r.restarts > restarts_before or r.relists > 0, "the outage went unnoticed"
 
 
@@ -413,16 +406,18 @@ def test_bookmarks_advance_the_resource_version(apiserver, reflector_api, namesp
     created = core.create_namespaced_service(namespace, service_body("unmatched"))
     target = int(created.metadata.resource_version)
     # The server sends a bookmark 2 s before each watch's timeout, and only when the resource's
-    # resourceVersion moved since the watch began: keep it moving until one arrives.
-    deadline = time.monotonic() + 40
-    i = 0
-    while not (r.bookmarks >= 1 and int(r.resource_version) >= target):
-        assert time.monotonic() < deadline, (
-            f"no bookmark carrying resourceVersion >= {target} (listed at {listed_rv}; "
-            f"{r.bookmarks} bookmarks, now at {r.resource_version}, {r.restarts} restarts)")
-        i += 1
-        core.patch_namespaced_service("unmatched", namespace, {"metadata": {"annotations": {"n": str(i)}}})
-        time.sleep(1.0)
+    # resourceVersion moved since the watch began: keep it moving (once a second) until one arrives.
+    patches = itertools.count(1)
+
+    def bookmarked() -> bool:
+        if r.bookmarks >= 1 and int(r.resource_version) >= target:
+            return True
+        core.patch_namespaced_service("unmatched", namespace,
+                                      {"metadata": {"annotations": {"n": str(next(patches))}}})
+        return False
+
+    wait_until(bookmarked, 40, f"a bookmark carrying resourceVersion >= {target} (listed at {listed_rv})",
+               step=1.0)
     assert int(r.resource_version) > listed_rv
     assert r.events == 0 and store.names(namespace) == set()
     assert r.relists == 0
@@ -432,10 +427,10 @@ def test_stop_is_prompt_during_a_long_watch(reflector_api):
     store = Store()
     r = reflector_for(reflector_api, "services", store, watch_timeout=300).start()
     assert r.synced.wait(15)
-    time.sleep(0.5)    # let it settle into the watch
-    t0 = time.monotonic()
-    r.stop(timeout=10)
-    assert not r.alive and time.monotonic() - t0 < 2
+    wait_for(lambda: r._response is not None, 15, "the watch to be open")
+    # The watch lasts 300 s: a thread gone within stop()'s 2 s was cut by it.
+    r.stop(timeout=2)
+    assert not r.alive
 
 
 def test_master_override(apiserver, controlplane, running):

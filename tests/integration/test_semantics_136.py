@@ -19,9 +19,8 @@ from kubernetes.client.rest import ApiException
 
 from kproxy_ebpf.lab.cluster import Cluster
 
-from ..support import wait_until
-from .test_agent_api import metric, services_on
-from .lab_services import delete_service, lab_cluster, make_service, served_by
+from ..support import lab_cluster, wait_until
+from .lab_services import delete_service, make_service, metric, served_by, services_on
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 
@@ -39,7 +38,7 @@ NEEDS_ROUTER = pytest.mark.parametrize("cluster", ["kproxy"], indirect=True)
 
 @pytest.fixture(scope="module", params=["kproxy", "nftables"])
 def cluster(request):
-    with lab_cluster(f"it-sem-{request.param[:3]}", request.param) as c:
+    with lab_cluster(f"it-sem-{request.param[:3]}", request.param, client_pod=True) as c:
         yield c
 
 

@@ -3,14 +3,13 @@ nodes (the agent finds eth0 from the node's addresses, SNATs to the node address
 external client at 10.250.0.250, a backend pod on node2 only."""
 from __future__ import annotations
 
-import os
 
 import pytest
 from kubernetes import client
 
 from kproxy_ebpf.lab.cluster import Cluster
 
-from ..support import require_controlplane, wait_until
+from ..support import lab_cluster, wait_until
 from .lab_services import seen_from_outside
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
@@ -21,17 +20,9 @@ NODE_PORT = 30180
 
 @pytest.fixture(scope="module")
 def cluster():
-    require_controlplane()
-    c = Cluster("it-ns")
-    c.down()
-    c.up(nodes=2, proxy="kproxy")
-    try:
+    with lab_cluster("it-ns", "kproxy") as c:
         c.create_pod("nsb", "node2", labels={"app": "nsb"})
         yield c
-    finally:
-        if os.environ.get("KPROXY_KEEP_LAB") != "1":
-            problems = c.down()
-            assert not problems, problems
 
 
 def seen_by_backend(c: Cluster, node_ip: str, udp: bool = False, count: int = 3) -> set[str]:

@@ -44,7 +44,7 @@ class FakeMap:
     def put_batch(self, keys, values):
         """As the kernel: element by element, so checks run between any two."""
         self.batches += 1
-        for k, v in zip(keys, values):
+        for k, v in zip(keys, values, strict=True):
             self.put(k, v)
 
     def delete_batch(self, keys):
@@ -66,3 +66,38 @@ class FakeMap:
 
 def fake_maps(names=("svc", "backend", "meta"), on_op=None) -> dict:
     return {name: FakeMap(L.MAPS[name], on_op=on_op) for name in names}
+
+
+def consistent(maps) -> None:
+    """What a lookup can see right now is whole."""
+    rows = {L.raw(k): v for k, v in maps["svc"].items()}
+    backends = {k.value for k, _ in maps["backend"].items()}
+    for key, val in maps["svc"].items():
+        if key.slot:
+            assert val.backend_id in backends, f"slot {key.slot} names a freed backend"
+    ext = {L.raw(k) for k in maps["extaddr"].keys()} if "extaddr" in maps else None
+    ext_be = {L.raw(k) for k in maps["extbe"].keys()} if "extbe" in maps else None
+    be_addr = {k.value: v.addr for k, v in maps["backend"].items()} if ext_be is not None else {}
+    for key, val in maps["svc"].items():
+        if ext is not None and key.slot == 0 and key.scope == L.SCOPE_EXT:
+            assert L.raw(L.U32(key.addr)) in ext, f"{L.key_tuple(key)}: no kp_extaddr4 row"
+        if key.slot != 0 or val.action != L.const("KP_ACTION_FORWARD"):
+            continue
+        for slot in range(1, val.count + 1):
+            skey = L.SvcKey(addr=key.addr, port=key.port, proto=key.proto, scope=key.scope, slot=slot)
+            row = rows.get(L.raw(skey))
+            assert row is not None, f"slot {slot} of {L.key_tuple(key)} missing (count {val.count})"
+            assert row.backend_id in backends, f"slot {slot} names a freed backend"
+            if ext_be is not None and key.scope == L.SCOPE_EXT and row.be_flags & L.F_LOCAL:
+                assert L.raw(L.U32(be_addr[row.backend_id])) in ext_be, \
+                    f"slot {slot} of {L.key_tuple(key)}: its local backend has no kp_extbe4 row"
+
+
+def checked_maps(names=("svc", "backend", "meta"), max_entries=1000, **sizes) -> dict:
+    """FakeMaps that run consistent() over all of them after every single operation;
+    `sizes` gives a map its own max_entries."""
+    m: dict = {}
+    for name in names:
+        m[name] = FakeMap(L.MAPS[name], max_entries=sizes.get(name, max_entries),
+                          on_op=lambda: consistent(m))
+    return m

@@ -10,7 +10,7 @@ SAVE = """*nat
 -A KUBE-SERVICES -m comment --comment "kubernetes service nodeports" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
 -A KUBE-SVC-DDDD -j KUBE-SEP-1
 COMMIT
-"""
+"""  # noqa: E501 - verbatim iptables-save output
 
 
 def test_each_port_is_placed_on_its_own_and_a_prefix_address_does_not_match():

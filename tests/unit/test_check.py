@@ -7,16 +7,13 @@ from click.testing import CliRunner
 from kproxy_ebpf.check import compare, desired_for
 from kproxy_ebpf.config import AgentConfig
 from kproxy_ebpf.kube.sources import SLICE_LABEL_SELECTOR
-from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKey, FrontendKind, ServicePortName
+from kproxy_ebpf.desired import Action, FrontendKey, ServicePortName
 from kproxy_ebpf.model import Protocol
+
+from ..builders import fe
 
 TCP = Protocol.TCP
 SPN = ServicePortName("default", "web", "http", TCP)
-
-
-def fe(ip, backends=(), action=Action.FORWARD):
-    return Frontend(ip, 80, TCP, FrontendKind.CLUSTER_IP, SPN, action,
-                    tuple(Backend(b, 8080, TCP) for b in backends))
 
 
 def held(ip, backends=(), action="forward", service="default/web:http"):
@@ -27,12 +24,12 @@ def held(ip, backends=(), action="forward", service="default/web:http"):
 
 
 def test_in_sync():
-    f = fe("10.96.0.10", ["10.244.1.10", "10.244.2.10"])
+    f = fe("10.96.0.10", backends=["10.244.1.10", "10.244.2.10"])
     assert compare({f.key: f}, [held("10.96.0.10", ["10.244.2.10", "10.244.1.10"])]) == []
 
 
 def test_missing_stale_and_different():
-    a, b = fe("10.96.0.10", ["10.244.1.10"]), fe("10.96.0.11", action=Action.REJECT)
+    a, b = fe("10.96.0.10", backends=["10.244.1.10"]), fe("10.96.0.11", action=Action.REJECT)
     kernel = [held("10.96.0.10", ["10.244.9.9"]), held("10.96.0.12", service="default/old")]
     drifts = {(d.what, d.frontend) for d in compare({a.key: a, b.key: b}, kernel)}
     assert drifts == {("different", "10.96.0.10:80/TCP"), ("missing", "10.96.0.11:80/TCP"),
@@ -116,7 +113,7 @@ def test_check_lists_through_kube_with_pagination_and_the_agent_selectors(cluste
     assert pages == [("services", None), ("services", "2"), ("services", "4"),
                      ("endpointslices", None), ("endpointslices", "2"), ("endpointslices", "4"),
                      ("nodes", None)]
-    by_what = {what: kw for what, kw in cluster.calls}
+    by_what = dict(cluster.calls)
     assert "label_selector" not in by_what["services"]      # kube-proxy 1.36: every Service
     assert by_what["endpointslices"]["label_selector"] == SLICE_LABEL_SELECTOR
     assert by_what["nodes"]["field_selector"] == "metadata.name=node-a"

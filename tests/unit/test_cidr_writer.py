@@ -10,7 +10,7 @@ from kproxy_ebpf.datapath.cidr_writer import CIP_PASS, CIP_REJECT, CidrWriter
 from kproxy_ebpf.datapath.writer import ApplyResult
 from kproxy_ebpf.desired import ServiceCIDRSet
 
-from .test_writer import FakeMap
+from .fakemaps import FakeMap
 
 
 def maps(on_op=None, cip_size=1000):

@@ -6,14 +6,19 @@ Same conventions as test_proxy_frontends.py: this node is "node-a" with addresse
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from kproxy_ebpf.desired import Action, FrontendKey, FrontendKind, Scope
-from kproxy_ebpf.model import (Endpoint, EndpointPort, EndpointSlice, LoadBalancerIngress, Node,
-                               Protocol, Service, ServicePort, ServiceType)
+from kproxy_ebpf.model import (EndpointPort, LoadBalancerIngress, Node,
+                               Protocol, ServicePort, ServiceType)
 from kproxy_ebpf.proxy.external import (node_port_ips, service_ext_frontends,
                                         validate_node_port_addresses)
 from kproxy_ebpf.proxy.state import ProxyState
+
+from .. import builders
+from ..builders import ep, sl
 
 TCP, UDP = Protocol.TCP, Protocol.UDP
 NODE = Node(name="node-a", addresses=("192.168.0.1", "192.168.1.1"))
@@ -23,18 +28,14 @@ LOCAL_EP = ("10.0.1.5", "node-a")
 REMOTE_EP = ("10.0.2.5", "node-b")
 
 
-def svc(etp_local=False, **kw):
-    kw.setdefault("cluster_ips", ("172.30.0.10",))
-    kw.setdefault("ports", (ServicePort("", TCP, 80, node_port=30080),))
-    kw.setdefault("type", ServiceType.LOAD_BALANCER)
-    return Service(namespace="ns", name="svc", external_traffic_local=etp_local, **kw)
+# A LoadBalancer ns/svc with NodePort 30080 (eTP Cluster unless told).
+svc = functools.partial(builders.svc, type=ServiceType.LOAD_BALANCER,
+                        ports=(ServicePort("", TCP, 80, node_port=30080),))
 
 
 def slice_of(*eps, ready=True):
-    return EndpointSlice(namespace="ns", name="s1", service_name="svc",
-                         ports=(EndpointPort("", TCP, 8080),),
-                         endpoints=tuple(Endpoint(addresses=(ip,), node_name=n, ready=ready)
-                                         for ip, n in eps))
+    """Slice s1 of svc with one endpoint per (ip, node)."""
+    return sl(*(ep(ip, n, ready=ready) for ip, n in eps))
 
 
 def summary(fronts):
@@ -54,17 +55,14 @@ POLICY_CASES = [
 
 @pytest.mark.parametrize("etp_local,eps,action,backends", POLICY_CASES)
 def test_external_traffic_policy(etp_local, eps, action, backends):
-    fronts = service_ext_frontends(svc(etp_local), [slice_of(*eps)] if eps else [], NODE)
+    fronts = service_ext_frontends(svc(external_traffic_local=etp_local), [slice_of(*eps)] if eps else [], NODE)
     assert summary(fronts) == {("192.168.0.1", 30080, K.NODE_PORT): (action, backends)}
     assert all(f.scope is Scope.EXT for f in fronts)
 
 
 def test_local_terminating_fallback_is_used_for_etp_local():
-    eps = slice_of(LOCAL_EP, ready=False)
-    eps = EndpointSlice(namespace="ns", name="s1", service_name="svc", ports=eps.ports,
-                        endpoints=(Endpoint(("10.0.1.5",), ready=False, serving=True,
-                                            terminating=True, node_name="node-a"),))
-    (fe,) = service_ext_frontends(svc(True), [eps], NODE)
+    eps = sl(ep("10.0.1.5", "node-a", ready=False, serving=True, terminating=True))
+    (fe,) = service_ext_frontends(svc(external_traffic_local=True), [eps], NODE)
     assert (fe.action, [b.ip for b in fe.backends]) == (FWD, ["10.0.1.5"])
 
 
@@ -101,10 +99,9 @@ def test_external_and_load_balancer_ips_proxy_mode_skipped_clusterip_absent():
 def test_no_node_port_no_node_port_frontend_and_tcp_udp_are_two_rows():
     service = svc(type=ServiceType.CLUSTER_IP, external_ips=("203.0.113.1",),
                   ports=(ServicePort("dns", UDP, 53), ServicePort("dnstcp", TCP, 53)))
-    sl = EndpointSlice(namespace="ns", name="s1", service_name="svc",
-                       ports=(EndpointPort("dns", UDP, 5353), EndpointPort("dnstcp", TCP, 5353)),
-                       endpoints=(Endpoint(("10.0.2.5",), node_name="node-b"),))
-    fronts = service_ext_frontends(service, [sl], NODE)
+    dns = sl(ep("10.0.2.5", "node-b"),
+             ports=(EndpointPort("dns", UDP, 5353), EndpointPort("dnstcp", TCP, 5353)))
+    fronts = service_ext_frontends(service, [dns], NODE)
     assert sorted((f.ip, f.port, f.protocol) for f in fronts) == [
         ("203.0.113.1", 53, TCP), ("203.0.113.1", 53, UDP)]
 
@@ -120,7 +117,7 @@ def test_affinity_is_carried():
 
 def test_proxy_state_keeps_both_scopes_apart():
     state = ProxyState(NODE, node_port_addresses=())
-    state.load([svc(True)], [slice_of(REMOTE_EP)])
+    state.load([svc(external_traffic_local=True)], [slice_of(REMOTE_EP)])
     table = state.compute().frontends
     sock = table[FrontendKey("192.168.0.1", 30080, TCP)]
     ext = table[FrontendKey("192.168.0.1", 30080, TCP, Scope.EXT)]
@@ -130,15 +127,13 @@ def test_proxy_state_keeps_both_scopes_apart():
     assert (ext.action, ext.backends) == (DROP, ())
     # Without node_port_addresses the state computes the socket scope only (as before).
     plain = ProxyState(NODE)
-    plain.load([svc(True)], [slice_of(REMOTE_EP)])
+    plain.load([svc(external_traffic_local=True)], [slice_of(REMOTE_EP)])
     assert all(k.scope is Scope.SOCK for k in plain.compute().frontends)
 
 
 def test_conflicts_are_reported_once():
-    a = Service(namespace="ns", name="a", cluster_ips=("172.30.0.1",),
-                ports=(ServicePort("", TCP, 80),), external_ips=("203.0.113.9",))
-    b = Service(namespace="ns", name="b", cluster_ips=("172.30.0.2",),
-                ports=(ServicePort("", TCP, 80),), external_ips=("203.0.113.9",))
+    a = builders.svc("a", "172.30.0.1", external_ips=("203.0.113.9",))
+    b = builders.svc("b", "172.30.0.2", external_ips=("203.0.113.9",))
     state = ProxyState(NODE, node_port_addresses=())
     state.load([a, b])
     cs = state.compute()
@@ -184,12 +179,10 @@ def test_sctp_ports_get_no_ext_frontends_and_a_problem():
     not programmed at TC and says why, while its TCP sibling and the ClusterIPs are."""
     service = svc(ports=(ServicePort("sig", Protocol.SCTP, 3868, node_port=30868),
                          ServicePort("web", TCP, 80, node_port=30080)))
-    sl = EndpointSlice(namespace="ns", name="s1", service_name="svc",
-                       ports=(EndpointPort("sig", Protocol.SCTP, 3868),
-                              EndpointPort("web", TCP, 8080)),
-                       endpoints=(Endpoint(addresses=("10.0.1.5",), node_name="node-a"),))
+    slice_ = sl(ep("10.0.1.5", "node-a"),
+                ports=(EndpointPort("sig", Protocol.SCTP, 3868), EndpointPort("web", TCP, 8080)))
     state = ProxyState(NODE, node_port_addresses=())
-    state.load([service], [sl])
+    state.load([service], [slice_])
     changes = state.compute()
     ext = {k for k in changes.frontends if k.scope is Scope.EXT}
     assert ext == {FrontendKey("192.168.0.1", 30080, TCP, Scope.EXT)}

@@ -4,6 +4,7 @@ The HTTP test binds 127.0.0.1 on a free port: loopback only, no packet leaves th
 """
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import urllib.error
@@ -11,38 +12,31 @@ import urllib.request
 
 import pytest
 
-from kproxy_ebpf.model import (Endpoint, EndpointPort, EndpointSlice, Node, Protocol, Service,
-                               ServicePort, ServiceType)
+from kproxy_ebpf.model import (EndpointPort, Node, Protocol, ServicePort, ServiceType)
 from kproxy_ebpf.proxy.healthcheck import HealthCheck, health_check
 from kproxy_ebpf.proxy.state import ProxyState
 from kproxy_ebpf.service_health import ServiceHealthServers
+
+from .. import builders
 
 TCP, UDP = Protocol.TCP, Protocol.UDP
 NODE = Node(name="node-a", addresses=("192.168.0.1",))
 LB = ServiceType.LOAD_BALANCER
 
 
-def svc(name="lb", type=LB, etp_local=True, hc_port=32000):
-    return Service(namespace="ns", name=name, type=type, cluster_ips=("172.30.0.10",),
-                   ports=(ServicePort("a", TCP, 80, 30080), ServicePort("b", UDP, 53, 30053)),
-                   external_traffic_local=etp_local, health_check_node_port=hc_port)
-
-
-def ep(ip, node="node-a", **cond):
-    return Endpoint(addresses=(ip,), node_name=node, **cond)
-
-
-def sl(*eps, name="lb-1", svc_name="lb"):
-    return EndpointSlice(namespace="ns", name=name, service_name=svc_name,
-                         ports=(EndpointPort("a", TCP, 8080), EndpointPort("b", UDP, 5353)),
-                         endpoints=tuple(eps))
+# An eTP Local LoadBalancer "lb" with healthCheckNodePort 32000, its slice and local endpoints.
+svc = functools.partial(builders.svc, name="lb", type=LB, external_traffic_local=True, health_check_node_port=32000,
+                        ports=(ServicePort("a", TCP, 80, 30080), ServicePort("b", UDP, 53, 30053)))
+sl = functools.partial(builders.sl, name="lb-1", svc="lb",
+                       ports=(EndpointPort("a", TCP, 8080), EndpointPort("b", UDP, 5353)))
+ep = functools.partial(builders.ep, node="node-a")
 
 
 @pytest.mark.parametrize("service,expected", [
     pytest.param(svc(), 32000, id="lb-etp-local"),
-    pytest.param(svc(etp_local=False), None, id="etp-cluster-none"),
+    pytest.param(svc(external_traffic_local=False), None, id="etp-cluster-none"),
     pytest.param(svc(type=ServiceType.NODE_PORT), None, id="nodeport-none"),
-    pytest.param(svc(hc_port=0), None, id="no-port"),
+    pytest.param(svc(health_check_node_port=0), None, id="no-port"),
 ])
 def test_which_services_get_a_server(service, expected):
     hc = health_check(service, [], NODE)
@@ -64,7 +58,7 @@ def test_local_endpoints_are_unique_local_ready_ips_over_all_ports(endpoints, co
 
 def test_state_first_service_keeps_a_shared_port():
     state = ProxyState(NODE)
-    state.load([svc("b"), svc("a")], [sl(ep("10.0.1.1"), svc_name="b")])
+    state.load([svc(name="b"), svc(name="a")], [sl(ep("10.0.1.1"), svc="b")])
     state.compute()                     # health_checks() reads what compute() kept
     assert state.health_checks() == {32000: HealthCheck("ns", "a", 32000, 0)}
 

@@ -30,7 +30,7 @@ from kproxy_ebpf.model import (
 )
 
 
-def svc(spec: dict[str, Any] | None = None, *, status: dict | None = None, labels: dict | None = None,
+def svc_obj(spec: dict[str, Any] | None = None, *, status: dict | None = None, labels: dict | None = None,
         name: str = "web", namespace: str = "ns1") -> dict[str, Any]:
     obj: dict[str, Any] = {
         "apiVersion": "v1",
@@ -55,33 +55,33 @@ def reasons(rejections: list[Rejection]) -> list[str]:
 # Services: table of (id, API object, expected fields of the Service, expected rejection reasons)
 
 SERVICE_CASES = [
-    ("clusterip", svc(), dict(
+    ("clusterip", svc_obj(), dict(
         namespace="ns1", name="web", type=ServiceType.CLUSTER_IP, cluster_ips=("172.30.0.10",),
         headless=False, ports=(ServicePort("http", Protocol.TCP, 80),), session_affinity_timeout=0,
         external_traffic_local=False, internal_traffic_local=False, resource_version="42"), []),
-    ("dual-stack keeps IPv4 only", svc({"clusterIP": "fd00::10", "clusterIPs": ["fd00::10", "172.30.0.10"],
+    ("dual-stack keeps IPv4 only", svc_obj({"clusterIP": "fd00::10", "clusterIPs": ["fd00::10", "172.30.0.10"],
                                         "ipFamilies": ["IPv6", "IPv4"]}),
      dict(cluster_ips=("172.30.0.10",), headless=False), []),
-    ("IPv6-only", svc({"clusterIP": "fd00::10", "clusterIPs": ["fd00::10"]}),
+    ("IPv6-only", svc_obj({"clusterIP": "fd00::10", "clusterIPs": ["fd00::10"]}),
      dict(cluster_ips=(), headless=False), ["NoIPv4ClusterIP"]),
-    ("clusterIP without clusterIPs", svc({"clusterIPs": None, "clusterIP": "172.30.0.11"}),
+    ("clusterIP without clusterIPs", svc_obj({"clusterIPs": None, "clusterIP": "172.30.0.11"}),
      dict(cluster_ips=("172.30.0.11",)), []),
-    ("headless", svc({"clusterIP": "None", "clusterIPs": ["None"]}), dict(cluster_ips=(), headless=True), []),
-    ("headless IPv6 family", svc({"clusterIP": "None", "clusterIPs": ["None"], "ipFamilies": ["IPv6"]}),
+    ("headless", svc_obj({"clusterIP": "None", "clusterIPs": ["None"]}), dict(cluster_ips=(), headless=True), []),
+    ("headless IPv6 family", svc_obj({"clusterIP": "None", "clusterIPs": ["None"], "ipFamilies": ["IPv6"]}),
      dict(headless=True), []),
-    ("ExternalName", svc({"type": "ExternalName", "externalName": "example.com", "clusterIP": None,
+    ("ExternalName", svc_obj({"type": "ExternalName", "externalName": "example.com", "clusterIP": None,
                           "clusterIPs": None}),
      dict(type=ServiceType.EXTERNAL_NAME, cluster_ips=(), headless=False), []),
-    ("NodePort", svc({"type": "NodePort", "ports": [
+    ("NodePort", svc_obj({"type": "NodePort", "ports": [
         {"name": "http", "port": 80, "nodePort": 30080, "protocol": "TCP"},
         {"name": "dns", "port": 53, "nodePort": 30053, "protocol": "UDP"},
         {"name": "sctp", "port": 9999, "nodePort": 30099, "protocol": "SCTP"}]}),
      dict(type=ServiceType.NODE_PORT, ports=(ServicePort("http", Protocol.TCP, 80, 30080),
                                              ServicePort("dns", Protocol.UDP, 53, 30053),
                                              ServicePort("sctp", Protocol.SCTP, 9999, 30099))), []),
-    ("protocol defaults to TCP, unnamed port", svc({"ports": [{"port": 8080}]}),
+    ("protocol defaults to TCP, unnamed port", svc_obj({"ports": [{"port": 8080}]}),
      dict(ports=(ServicePort("", Protocol.TCP, 8080),)), []),
-    ("LoadBalancer", svc(
+    ("LoadBalancer", svc_obj(
         {"type": "LoadBalancer", "externalTrafficPolicy": "Local", "healthCheckNodePort": 32000,
          "loadBalancerSourceRanges": ["203.0.113.0/24", " 198.51.100.7/16", "2001:db8::/32"],
          "ports": [{"port": 80, "nodePort": 30080}]},
@@ -96,50 +96,50 @@ SERVICE_CASES = [
           load_balancer_ingress=(LoadBalancerIngress("192.0.2.1"), LoadBalancerIngress("192.0.2.2", "Proxy"),
                                  LoadBalancerIngress("192.0.2.3", "VIP")),
           ports=(ServicePort("", Protocol.TCP, 80, 30080),)), []),
-    ("externalIPs IPv4 only", svc({"externalIPs": ["198.51.100.1", "2001:db8::5", "198.51.100.2"]}),
+    ("externalIPs IPv4 only", svc_obj({"externalIPs": ["198.51.100.1", "2001:db8::5", "198.51.100.2"]}),
      dict(external_ips=("198.51.100.1", "198.51.100.2")), []),
-    ("affinity ClientIP default timeout", svc({"sessionAffinity": "ClientIP"}),
+    ("affinity ClientIP default timeout", svc_obj({"sessionAffinity": "ClientIP"}),
      dict(session_affinity_timeout=DEFAULT_AFFINITY_TIMEOUT), []),
-    ("affinity ClientIP explicit timeout", svc({"sessionAffinity": "ClientIP",
+    ("affinity ClientIP explicit timeout", svc_obj({"sessionAffinity": "ClientIP",
                                                 "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}}),
      dict(session_affinity_timeout=60), []),
-    ("affinity None", svc({"sessionAffinity": "None"}), dict(session_affinity_timeout=0), []),
-    ("affinity bad timeout falls back to default", svc({"sessionAffinity": "ClientIP",
+    ("affinity None", svc_obj({"sessionAffinity": "None"}), dict(session_affinity_timeout=0), []),
+    ("affinity bad timeout falls back to default", svc_obj({"sessionAffinity": "ClientIP",
                                                        "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 0}}}),
      dict(session_affinity_timeout=DEFAULT_AFFINITY_TIMEOUT), ["InvalidSessionAffinity"]),
-    ("eTP Cluster explicit, iTP Local", svc({"externalTrafficPolicy": "Cluster", "internalTrafficPolicy": "Local"}),
+    ("eTP Cluster explicit, iTP Local", svc_obj({"externalTrafficPolicy": "Cluster", "internalTrafficPolicy": "Local"}),
      dict(external_traffic_local=False, internal_traffic_local=True), []),
-    ("unknown traffic policy", svc({"externalTrafficPolicy": "Nearby"}),
+    ("unknown traffic policy", svc_obj({"externalTrafficPolicy": "Nearby"}),
      dict(external_traffic_local=False), ["InvalidTrafficPolicy"]),
-    ("trafficDistribution", svc({"trafficDistribution": "PreferClose"}),
+    ("trafficDistribution", svc_obj({"trafficDistribution": "PreferClose"}),
      dict(traffic_distribution="PreferClose"), []),
-    ("labels", svc(labels={"service.kubernetes.io/service-proxy-name": "other",
+    ("labels", svc_obj(labels={"service.kubernetes.io/service-proxy-name": "other",
                            "service.kubernetes.io/headless": ""}),
      dict(proxy_name="other"), []),
-    ("port 0 dropped, others kept", svc({"ports": [{"name": "a", "port": 0}, {"name": "b", "port": 81}]}),
+    ("port 0 dropped, others kept", svc_obj({"ports": [{"name": "a", "port": 0}, {"name": "b", "port": 81}]}),
      dict(ports=(ServicePort("b", Protocol.TCP, 81),)), ["InvalidPort"]),
-    ("port 70000 dropped", svc({"ports": [{"name": "a", "port": 70000}, {"name": "b", "port": 81}]}),
+    ("port 70000 dropped", svc_obj({"ports": [{"name": "a", "port": 70000}, {"name": "b", "port": 81}]}),
      dict(ports=(ServicePort("b", Protocol.TCP, 81),)), ["InvalidPort"]),
-    ('port "abc" dropped', svc({"ports": [{"name": "a", "port": "abc"}, {"name": "b", "port": 81}]}),
+    ('port "abc" dropped', svc_obj({"ports": [{"name": "a", "port": "abc"}, {"name": "b", "port": 81}]}),
      dict(ports=(ServicePort("b", Protocol.TCP, 81),)), ["InvalidPort"]),
-    ("port true is not a number", svc({"ports": [{"port": True}]}), dict(ports=()), ["InvalidPort"]),
-    ("unknown protocol dropped", svc({"ports": [{"port": 80, "protocol": "QUIC"}, {"port": 81}]}),
+    ("port true is not a number", svc_obj({"ports": [{"port": True}]}), dict(ports=()), ["InvalidPort"]),
+    ("unknown protocol dropped", svc_obj({"ports": [{"port": 80, "protocol": "QUIC"}, {"port": 81}]}),
      dict(ports=(ServicePort("", Protocol.TCP, 81),)), ["InvalidProtocol"]),
-    ("port entry not an object", svc({"ports": ["80", None, {"port": 81}]}),
+    ("port entry not an object", svc_obj({"ports": ["80", None, {"port": 81}]}),
      dict(ports=(ServicePort("", Protocol.TCP, 81),)), ["InvalidPort", "InvalidPort"]),
-    ("ports not a list", svc({"ports": {"port": 80}}), dict(ports=()), ["InvalidPort"]),
-    ("bad nodePort ignored, port kept", svc({"type": "NodePort", "ports": [{"port": 80, "nodePort": -1}]}),
+    ("ports not a list", svc_obj({"ports": {"port": 80}}), dict(ports=()), ["InvalidPort"]),
+    ("bad nodePort ignored, port kept", svc_obj({"type": "NodePort", "ports": [{"port": 80, "nodePort": -1}]}),
      dict(ports=(ServicePort("", Protocol.TCP, 80, 0),)), ["InvalidPort"]),
-    ("garbage clusterIP", svc({"clusterIP": "not-an-ip", "clusterIPs": ["not-an-ip"]}),
+    ("garbage clusterIP", svc_obj({"clusterIP": "not-an-ip", "clusterIPs": ["not-an-ip"]}),
      dict(cluster_ips=()), ["InvalidClusterIP", "NoIPv4ClusterIP"]),
-    ("garbage externalIP", svc({"externalIPs": ["1.2.3", 7]}), dict(external_ips=()), ["InvalidIP", "InvalidIP"]),
-    ("garbage source range", svc({"loadBalancerSourceRanges": ["10.0.0.0/33"]}),
+    ("garbage externalIP", svc_obj({"externalIPs": ["1.2.3", 7]}), dict(external_ips=()), ["InvalidIP", "InvalidIP"]),
+    ("garbage source range", svc_obj({"loadBalancerSourceRanges": ["10.0.0.0/33"]}),
      dict(load_balancer_source_ranges=()), ["InvalidSourceRange"]),
-    ("garbage LB ingress", svc(status={"loadBalancer": {"ingress": ["x", {"ip": "nope"}]}}),
+    ("garbage LB ingress", svc_obj(status={"loadBalancer": {"ingress": ["x", {"ip": "nope"}]}}),
      dict(load_balancer_ingress=()), ["InvalidIP", "InvalidIP"]),
-    ("garbage types in status and labels", svc(status="weird", labels={"a": 1, 2: "b"}),
+    ("garbage types in status and labels", svc_obj(status="weird", labels={"a": 1, 2: "b"}),
      dict(load_balancer_ingress=(), proxy_name=None), []),
-    ("namespace defaults like kubectl", svc(namespace=None), dict(namespace="default"), []),
+    ("namespace defaults like kubectl", svc_obj(namespace=None), dict(namespace="default"), []),
 ]
 
 
@@ -159,7 +159,7 @@ def test_service_from_api(obj, expected, want_reasons):
 
 
 def test_rejection_messages_name_the_field_and_value():
-    _, rejections = service_from_api(svc({"ports": [{"name": "a", "port": "abc"}]}))
+    _, rejections = service_from_api(svc_obj({"ports": [{"name": "a", "port": "abc"}]}))
     assert len(rejections) == 1
     assert "spec.ports[0].port" in rejections[0].message and "'abc'" in rejections[0].message
     assert str(rejections[0]).startswith("Service ns1/web: InvalidPort: ")
@@ -173,8 +173,8 @@ REJECTED_SERVICES = [
     ("name not a string", {"metadata": {"name": 5}, "spec": {}}, "InvalidMetadata"),
     ("missing spec", {"metadata": {"name": "web"}}, "InvalidSpec"),
     ("spec not an object", {"metadata": {"name": "web"}, "spec": [1, 2]}, "InvalidSpec"),
-    ("unknown type", svc({"type": "Magic"}), "InvalidServiceType"),
-    ("unhashable type", svc({"type": {"a": 1}}), "InvalidServiceType"),
+    ("unknown type", svc_obj({"type": "Magic"}), "InvalidServiceType"),
+    ("unhashable type", svc_obj({"type": {"a": 1}}), "InvalidServiceType"),
 ]
 
 
@@ -188,7 +188,7 @@ def test_service_rejected_whole(obj, reason):
 # ----------------------------------------------------------------------------------------------
 # EndpointSlices
 
-def eps(endpoints: list | None = None, ports: list | None = None, *, address_type: str = "IPv4",
+def slice_obj(endpoints: list | None = None, ports: list | None = None, *, address_type: str = "IPv4",
         labels: dict | None = None) -> dict[str, Any]:
     return {
         "apiVersion": "discovery.k8s.io/v1",
@@ -204,47 +204,49 @@ def eps(endpoints: list | None = None, ports: list | None = None, *, address_typ
 
 
 SLICE_CASES = [
-    ("normal", eps(), dict(
+    ("normal", slice_obj(), dict(
         namespace="ns1", name="web-abc12", service_name="web", address_type="IPv4", resource_version="7",
         ports=(EndpointPort("http", Protocol.TCP, 8080),),
         endpoints=(Endpoint(("10.0.1.5",), ready=True, serving=True, terminating=False, node_name="node-a",
                             zone="zone-1"),)), []),
-    ("no service-name label", eps(labels={}), dict(service_name=None), []),
-    ("headless label", eps(labels={"kubernetes.io/service-name": "web",
+    ("no service-name label", slice_obj(labels={}), dict(service_name=None), []),
+    ("headless label", slice_obj(labels={"kubernetes.io/service-name": "web",
                                    "service.kubernetes.io/headless": ""}),
      dict(service_name="web", headless_label=True), []),
-    ("unnamed port keeps name None, protocol defaults", eps(ports=[{"port": 8080}]),
+    ("unnamed port keeps name None, protocol defaults", slice_obj(ports=[{"port": 8080}]),
      dict(ports=(EndpointPort(None, Protocol.TCP, 8080),)), []),
-    ("named and unnamed ports", eps(ports=[{"name": "", "port": 80, "protocol": "UDP"},
+    ("named and unnamed ports", slice_obj(ports=[{"name": "", "port": 80, "protocol": "UDP"},
                                            {"name": "metrics", "port": 9090}]),
      dict(ports=(EndpointPort("", Protocol.UDP, 80), EndpointPort("metrics", Protocol.TCP, 9090))), []),
-    ("port absent stays None", eps(ports=[{"name": "http"}]),
+    ("port absent stays None", slice_obj(ports=[{"name": "http"}]),
      dict(ports=(EndpointPort("http", Protocol.TCP, None),)), []),
-    ("ports null", eps(ports=None) | {"ports": None}, dict(ports=()), []),
-    ("bad port dropped", eps(ports=[{"name": "a", "port": "x"}, {"name": "b", "port": 99999},
+    ("ports null", slice_obj(ports=None) | {"ports": None}, dict(ports=()), []),
+    ("bad port dropped", slice_obj(ports=[{"name": "a", "port": "x"}, {"name": "b", "port": 99999},
                                     {"name": "c", "port": 81, "protocol": "ICMP"}, {"name": "d", "port": 82}]),
      dict(ports=(EndpointPort("d", Protocol.TCP, 82),)), ["InvalidPort", "InvalidPort", "InvalidProtocol"]),
-    ("unset conditions stay None", eps([{"addresses": ["10.0.1.6"]}, {"addresses": ["10.0.1.7"], "conditions": {}},
-                                        {"addresses": ["10.0.1.8"], "conditions": {"ready": False}}]),
+    ("unset conditions stay None",
+     slice_obj([{"addresses": ["10.0.1.6"]}, {"addresses": ["10.0.1.7"], "conditions": {}},
+                {"addresses": ["10.0.1.8"], "conditions": {"ready": False}}]),
      dict(endpoints=(Endpoint(("10.0.1.6",)), Endpoint(("10.0.1.7",)), Endpoint(("10.0.1.8",), ready=False))), []),
-    ("serving-terminating", eps([{"addresses": ["10.0.1.6"],
+    ("serving-terminating", slice_obj([{"addresses": ["10.0.1.6"],
                                   "conditions": {"ready": False, "serving": True, "terminating": True}}]),
      dict(endpoints=(Endpoint(("10.0.1.6",), ready=False, serving=True, terminating=True),)), []),
-    ("hints", eps([{"addresses": ["10.0.1.6"], "hints": {"forZones": [{"name": "zone-1"}, {"name": "zone-2"}],
+    ("hints", slice_obj([{"addresses": ["10.0.1.6"], "hints": {"forZones": [{"name": "zone-1"}, {"name": "zone-2"}],
                                                          "forNodes": [{"name": "node-a"}]}}]),
      dict(endpoints=(Endpoint(("10.0.1.6",), hint_zones=("zone-1", "zone-2"), hint_nodes=("node-a",)),)), []),
-    ("IPv6 slice converts without rejection", eps([{"addresses": ["fd00::5"], "conditions": {"ready": True}}],
+    ("IPv6 slice converts without rejection", slice_obj([{"addresses": ["fd00::5"], "conditions": {"ready": True}}],
                                                  address_type="IPv6"),
      dict(address_type="IPv6", endpoints=(Endpoint(("fd00::5",), ready=True),)), []),
-    ("FQDN slice", eps([{"addresses": ["db.example.com"]}], address_type="FQDN"),
+    ("FQDN slice", slice_obj([{"addresses": ["db.example.com"]}], address_type="FQDN"),
      dict(address_type="FQDN", endpoints=(Endpoint(("db.example.com",)),)), []),
-    ("bad address in IPv4 slice drops the endpoint", eps([{"addresses": ["fd00::5"]}, {"addresses": ["10.0.1.9"]}]),
+    ("bad address in IPv4 slice drops the endpoint",
+     slice_obj([{"addresses": ["fd00::5"]}, {"addresses": ["10.0.1.9"]}]),
      dict(endpoints=(Endpoint(("10.0.1.9",)),)), ["InvalidEndpoint"]),
-    ("garbage endpoints", eps(["x", {"addresses": "10.0.0.1"}, {"addresses": [1]},
+    ("garbage endpoints", slice_obj(["x", {"addresses": "10.0.0.1"}, {"addresses": [1]},
                                {"addresses": ["10.0.1.9"], "conditions": {"ready": "yes"}, "hints": "no",
                                 "nodeName": 3}]),
      dict(endpoints=(Endpoint(("10.0.1.9",)),)), ["InvalidEndpoint"] * 4),
-    ("no endpoints", eps([]) | {"endpoints": None}, dict(endpoints=()), []),
+    ("no endpoints", slice_obj([]) | {"endpoints": None}, dict(endpoints=()), []),
 ]
 
 
@@ -323,13 +325,13 @@ def _mutations(obj: Any, path: tuple = ()):
 
 
 @pytest.mark.parametrize("convert,template", [
-    (service_from_api, svc({"type": "LoadBalancer", "sessionAffinity": "ClientIP",
+    (service_from_api, svc_obj({"type": "LoadBalancer", "sessionAffinity": "ClientIP",
                             "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 30}},
                             "externalIPs": ["198.51.100.1"], "loadBalancerSourceRanges": ["10.0.0.0/8"],
                             "ports": [{"name": "a", "port": 80, "nodePort": 30000, "protocol": "UDP"}]},
                            status={"loadBalancer": {"ingress": [{"ip": "192.0.2.1", "ipMode": "VIP"}]}},
                            labels={"service.kubernetes.io/headless": ""})),
-    (slice_from_api, eps([{"addresses": ["10.0.1.5"], "conditions": {"ready": True}, "nodeName": "n",
+    (slice_from_api, slice_obj([{"addresses": ["10.0.1.5"], "conditions": {"ready": True}, "nodeName": "n",
                            "zone": "z", "hints": {"forZones": [{"name": "z"}], "forNodes": [{"name": "n"}]}}])),
     (node_from_api, {"metadata": {"name": "n", "labels": {"a": "b"}},
                      "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.2"}]}}),

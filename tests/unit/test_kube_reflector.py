@@ -5,8 +5,9 @@ get, in order. When a script runs out, the fake holds the next request open like
 in the synchronous tests (`drive`, which runs `Reflector.run()` on the test thread) it first
 calls stop(), so the script's end is the end of the run. Backoff waits go through the
 reflector's pause event; `drive` swaps in one that records the delay and returns at once, so the
-backoff sequence is asserted exactly and nothing sleeps. The threaded tests use real (tiny)
-waits and a fixture that stops every reflector and checks that no thread is left behind.
+backoff sequence is asserted exactly and nothing sleeps. The threaded tests wait (bounded) on
+events the fakes set where the reflector's thread blocks (FakeResponse.blocked, WatchedPause),
+and a fixture stops every reflector and checks that no thread is left behind.
 
 The fakes model what reflector.py uses of a urllib3 response with _preload_content=False:
 `.data` (a LIST body), `.stream(amt, decode_content)` (a WATCH body), `.release_conn()`,
@@ -18,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -28,6 +28,8 @@ from urllib3.exceptions import MaxRetryError, ProtocolError
 
 from kproxy_ebpf.kube import reflector as reflector_mod
 from kproxy_ebpf.kube.reflector import SYNC, Reflector, ResourceExpired, WatchError
+
+from ..support import wait_until
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -50,6 +52,7 @@ class FakeResponse:
         self._error = error     # raised after the chunks (or by .data): a connection that broke
         self._hold = hold       # block after the chunks until the connection is cut
         self.cut = threading.Event()
+        self.blocked = threading.Event()   # a reader waits in it for the cut
         self.released = False   # went back to the pool (release_conn)
         self.closed = False     # was discarded (close)
 
@@ -72,6 +75,7 @@ class FakeResponse:
             self._wait_for_cut()
 
     def _wait_for_cut(self) -> None:
+        self.blocked.set()
         if not self.cut.wait(HOLD_LIMIT):
             raise AssertionError("a held request was never cut")
         # A socket shut down under a blocked read surfaces as a broken connection.
@@ -147,6 +151,22 @@ class RecordingStop(threading.Event):
         return self.is_set()
 
 
+class WatchedPause(threading.Event):
+    """The reflector's backoff event, waiting for real, and telling the test when a wait began
+    and whether each ended by the event (True) or by its timeout (False)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.woken: list[bool] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.entered.set()
+        woken = super().wait(timeout)
+        self.woken.append(woken)
+        return woken
+
+
 def obj(name: str, rv: str, **extra: Any) -> dict[str, Any]:
     return {"metadata": {"name": name, "namespace": "ns1", "resourceVersion": rv}, **extra}
 
@@ -214,7 +234,7 @@ def summary(seen: Seen) -> list[tuple[str, Any]]:
 def assert_backoff(actual: list[float], expected: list[float]) -> None:
     """Each wait is the expected delay with +-20% jitter, never above backoff_max."""
     assert len(actual) == len(expected), (actual, expected)
-    for got, want in zip(actual, expected):
+    for got, want in zip(actual, expected, strict=True):
         assert want * 0.8 - 1e-9 <= got <= min(want * 1.2, BACKOFF_MAX) + 1e-9, (actual, expected)
 
 
@@ -240,13 +260,6 @@ def started():
     for refl in running:
         refl.stop(timeout=2.0)
     assert not [r for r in running if r.alive]
-
-
-def wait_until(pred: Callable[[], bool], timeout: float = 2.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.001)
 
 
 # -- LIST -------------------------------------------------------------------------------------------
@@ -286,7 +299,7 @@ def test_transform_converts_each_page_as_it_arrives():
 
     def transform(o: dict) -> str:
         if o["metadata"]["name"] in ("a", "b"):
-            wait_until(lambda: len(api.list_calls) >= 2)
+            wait_until(lambda: len(api.list_calls) >= 2, 2.0, "the request for page 2")
         converted.append((o["metadata"]["name"], len(api.list_calls)))
         return o["metadata"]["name"].upper()
 
@@ -667,14 +680,15 @@ def test_start_runs_in_a_daemon_thread_and_stop_ends_a_held_watch_promptly(start
     refl = started(Reflector("services", api.list_fn, api.watch_fn,
                              lambda t, p: seen.append((t, p)), **FAST))
     assert refl.synced.wait(1.0)
-    wait_until(lambda: refl.events == 1)
+    wait_until(lambda: refl.events == 1, 2.0, "the ADDED event")
     assert refl.alive and refl._thread.daemon and refl._thread.name == "kproxy-reflector-services"
     with pytest.raises(RuntimeError, match="already started"):
         refl.start()
 
-    t0 = time.monotonic()
+    assert held.blocked.wait(2.0)
+    # The held watch lasts HOLD_LIMIT unless cut: a thread gone within stop()'s 2 s was cut.
     refl.stop(timeout=2.0)
-    assert time.monotonic() - t0 < 0.5 and not refl.alive
+    assert not refl.alive
     assert held.cut.is_set() and held.closed           # cut, and not returned to the pool
     assert summary(seen) == [(SYNC, []), ("ADDED", "a")]
     assert refl.restarts == 0                           # a stop is not a failure
@@ -692,17 +706,20 @@ def test_stop_ends_the_thread_promptly_wherever_it_waits(where, started):
         api = FakeAPI(lists=[api_error(500, "Internal Server Error")])
         opts = {**FAST, "backoff_initial": 60.0, "backoff_max": 60.0}
     seen: Seen = []
-    refl = started(Reflector("services", api.list_fn, api.watch_fn,
-                             lambda t, p: seen.append((t, p)), **opts))
+    refl = Reflector("services", api.list_fn, api.watch_fn, lambda t, p: seen.append((t, p)), **opts)
+    refl._pause = pause = WatchedPause()
+    started(refl)
     if where == "backoff":
-        wait_until(lambda: refl.restarts == 1)
+        assert pause.entered.wait(2.0)
     else:
-        wait_until(lambda: api.handed_out and api.handed_out[-1]._hold)
-    time.sleep(0.002)             # let the thread block
-
-    t0 = time.monotonic()
+        held = wait_until(lambda: api.handed_out and api.handed_out[-1]._hold and api.handed_out[-1],
+                          2.0, "the held request")
+        assert held.blocked.wait(2.0)
+    # Each wait lasts far longer than stop()'s 2 s unless stop() ends it (HOLD_LIMIT, a 60 s
+    # backoff): a thread gone after stop() was ended by it.
     refl.stop(timeout=2.0)
-    assert time.monotonic() - t0 < 0.5 and not refl.alive
+    assert not refl.alive
+    assert pause.woken == ([True] if where == "backoff" else [])
     assert refl.restarts == (1 if where == "backoff" else 0)
     assert seen == ([] if where != "watch-no-shutdown" else [(SYNC, [])])
 
@@ -725,7 +742,7 @@ def test_nothing_is_delivered_after_stop(started):
     assert gate.wait(1.0)
     stopper = threading.Thread(target=refl.stop, kwargs={"timeout": 2.0})
     stopper.start()
-    wait_until(lambda: refl._stop.is_set())
+    wait_until(lambda: refl._stop.is_set(), 2.0, "stop() to begin")
     release.set()
     stopper.join(2.0)
     assert not refl.alive
@@ -775,13 +792,13 @@ def test_wake_cuts_a_backoff_short_and_contact_after_failure_is_reported():
                      **{**FAST, "backoff_initial": 30.0, "backoff_max": 30.0},
                      on_contact=lambda: contacts.append(1))
     api.reflector = refl
+    refl._pause = pause = WatchedPause()
     refl.start()
     try:
-        time.sleep(0.05)                  # now in a 30 s backoff after the refused list
-        t0 = time.monotonic()
+        assert pause.entered.wait(2.0)    # in a 30 s backoff after the refused list
         refl.wake()
-        wait_until(lambda: refl.synced.is_set())
-        assert time.monotonic() - t0 < 2, "wake() ended the backoff"
+        assert refl.synced.wait(2.0)
+        assert pause.woken == [True], "wake() ended the backoff"
         assert contacts == [1], "the first answer after a failure is reported once"
     finally:
         refl.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kproxy_ebpf.lab.lballoc import Pool, decide, wants_address
 
 
-def svc(name, type_="LoadBalancer", ips=(), lb_ip=None, lb_class=None, families=None):
+def svc_obj(name, type_="LoadBalancer", ips=(), lb_ip=None, lb_class=None, families=None):
     spec = {"type": type_}
     if lb_ip:
         spec["loadBalancerIP"] = lb_ip
@@ -30,50 +30,50 @@ def test_pool_leaves_out_network_and_broadcast_and_hands_out_the_lowest_free():
 
 
 def test_which_services_get_an_address():
-    assert wants_address(svc("a"))
-    assert not wants_address(svc("a", type_="NodePort"))
-    assert not wants_address(svc("a", lb_class="example.com/other"))
-    assert not wants_address(svc("a", families=["IPv6"]))
-    assert wants_address(svc("a", families=["IPv6", "IPv4"]))
+    assert wants_address(svc_obj("a"))
+    assert not wants_address(svc_obj("a", type_="NodePort"))
+    assert not wants_address(svc_obj("a", lb_class="example.com/other"))
+    assert not wants_address(svc_obj("a", families=["IPv6"]))
+    assert wants_address(svc_obj("a", families=["IPv6", "IPv4"]))
 
 
 def test_new_service_gets_an_address_without_ip_mode():
     pool = Pool("10.250.200.0/24")
-    d = decide(pool, svc("a"))
+    d = decide(pool, svc_obj("a"))
     assert d.ips == ["10.250.200.1"]
     # Once the status holds it, nothing more to write.
-    assert decide(pool, svc("a", ips=["10.250.200.1"])).ips is None
+    assert decide(pool, svc_obj("a", ips=["10.250.200.1"])).ips is None
 
 
 def test_requested_address_is_honoured_in_the_pool_only_and_when_free():
     pool = Pool("10.250.200.0/24")
-    assert decide(pool, svc("a", lb_ip="10.250.200.50")).ips == ["10.250.200.50"]
-    taken = decide(pool, svc("b", lb_ip="10.250.200.50"))
+    assert decide(pool, svc_obj("a", lb_ip="10.250.200.50")).ips == ["10.250.200.50"]
+    taken = decide(pool, svc_obj("b", lb_ip="10.250.200.50"))
     assert taken.ips is None and "held by default/a" in taken.reason
-    outside = decide(pool, svc("c", lb_ip="192.0.2.1"))
+    outside = decide(pool, svc_obj("c", lb_ip="192.0.2.1"))
     assert outside.ips is None and "outside the pool" in outside.reason
     # A Service that asks for another address moves there and frees the old one.
-    assert decide(pool, svc("a", ips=["10.250.200.50"], lb_ip="10.250.200.60")).ips == [
+    assert decide(pool, svc_obj("a", ips=["10.250.200.50"], lb_ip="10.250.200.60")).ips == [
         "10.250.200.60"]
     assert "10.250.200.50" in pool.free
 
 
 def test_release_on_type_change_clears_the_status_and_on_delete_frees():
     pool = Pool("10.250.200.0/24")
-    decide(pool, svc("a"))
-    d = decide(pool, svc("a", type_="ClusterIP", ips=["10.250.200.1"]))
+    decide(pool, svc_obj("a"))
+    d = decide(pool, svc_obj("a", type_="ClusterIP", ips=["10.250.200.1"]))
     assert d.ips == [] and pool.held == {}
-    assert decide(pool, svc("a", type_="ClusterIP")).ips is None, "nothing left to clear"
+    assert decide(pool, svc_obj("a", type_="ClusterIP")).ips is None, "nothing left to clear"
     # A Service of another class keeps whatever its own controller wrote.
-    assert decide(pool, svc("x", lb_class="other", ips=["10.250.200.9"])).ips is None
+    assert decide(pool, svc_obj("x", lb_class="other", ips=["10.250.200.9"])).ips is None
 
 
 def test_a_restarted_allocator_keeps_the_addresses_in_the_statuses():
     pool = Pool("10.250.200.0/24")
     # As Allocator.resync: first the addresses already written, then everything else.
     pool.claim(("default", "b"), "10.250.200.7")
-    assert decide(pool, svc("b", ips=["10.250.200.7"])).ips is None
-    assert decide(pool, svc("a")).ips == ["10.250.200.1"]
+    assert decide(pool, svc_obj("b", ips=["10.250.200.7"])).ips is None
+    assert decide(pool, svc_obj("a")).ips == ["10.250.200.1"]
     assert pool.held[("default", "b")] == "10.250.200.7"
 
 

@@ -6,20 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from kproxy_ebpf.model import Endpoint, EndpointPort, EndpointSlice, Protocol
+from kproxy_ebpf.model import Endpoint, EndpointPort, Protocol
 from kproxy_ebpf.proxy.endpoints import endpoints_by_port
+
+from ..builders import ep, sl
 
 TCP, UDP = Protocol.TCP, Protocol.UDP
 NODE = "node-a"
-
-
-def sl(name="s1", *, ports=(EndpointPort("", TCP, 8080),), eps=(), svc="svc", family="IPv4"):
-    return EndpointSlice(namespace="ns", name=name, service_name=svc, address_type=family,
-                         ports=tuple(ports), endpoints=tuple(eps))
-
-
-def ep(ip, node=None, **kw):
-    return Endpoint(addresses=(ip,) if ip else (), node_name=node, **kw)
 
 
 def flat(result):
@@ -43,39 +36,39 @@ def flat(result):
                  id="serving-nil-is-true"),
 ])
 def test_condition_defaults(cond, want):
-    (e,), = endpoints_by_port([sl(eps=[ep("10.0.1.1", **cond)])], NODE).values()
+    (e,), = endpoints_by_port([sl(ep("10.0.1.1", **cond))], NODE).values()
     assert (e.ready, e.serving, e.terminating) == want
 
 
 # -- what is ignored ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("slices", [
-    pytest.param([sl(svc=None, eps=[ep("10.0.1.1")])], id="slice-without-service-name-label"),
-    pytest.param([sl(family="IPv6", eps=[ep("fd00::1")])], id="ipv6-slice"),
-    pytest.param([sl(family="FQDN", eps=[ep("example.com")])], id="fqdn-slice"),
-    pytest.param([sl(ports=[EndpointPort(None, TCP, 8080)], eps=[ep("10.0.1.1")])],
+    pytest.param([sl(ep("10.0.1.1"), svc=None)], id="slice-without-service-name-label"),
+    pytest.param([sl(ep("fd00::1"), family="IPv6")], id="ipv6-slice"),
+    pytest.param([sl(ep("example.com"), family="FQDN")], id="fqdn-slice"),
+    pytest.param([sl(ep("10.0.1.1"), ports=[EndpointPort(None, TCP, 8080)])],
                  id="port-name-nil"),
-    pytest.param([sl(ports=[EndpointPort("", TCP, None)], eps=[ep("10.0.1.1")])],
+    pytest.param([sl(ep("10.0.1.1"), ports=[EndpointPort("", TCP, None)])],
                  id="port-number-nil"),
-    pytest.param([sl(ports=[EndpointPort("", TCP, 0)], eps=[ep("10.0.1.1")])],
+    pytest.param([sl(ep("10.0.1.1"), ports=[EndpointPort("", TCP, 0)])],
                  id="port-number-zero"),
-    pytest.param([sl(ports=[], eps=[ep("10.0.1.1")])], id="slice-without-ports"),
-    pytest.param([sl(eps=[ep("")])], id="endpoint-without-addresses"),
+    pytest.param([sl(ep("10.0.1.1"), ports=[])], id="slice-without-ports"),
+    pytest.param([sl(ep(""))], id="endpoint-without-addresses"),
     pytest.param([], id="no-slices"),
 ])
 def test_ignored_input(slices):
     assert {k: v for k, v in endpoints_by_port(slices, NODE).items() if v} == {}
 
 
-def test_only_first_address_is_used():
-    s = sl(eps=[Endpoint(addresses=("10.0.1.1", "10.0.1.2"))])
-    assert flat(endpoints_by_port([s], NODE)) == {("", TCP): [("10.0.1.1", 8080, False)]}
-
-
-def test_ipv6_slice_ignored_next_to_ipv4_slice():
-    v4 = sl("v4", eps=[ep("10.0.1.1")])
-    v6 = sl("v6", family="IPv6", eps=[ep("fd00::1")])
-    assert flat(endpoints_by_port([v6, v4], NODE)) == {("", TCP): [("10.0.1.1", 8080, False)]}
+@pytest.mark.parametrize("slices, want", [
+    pytest.param([sl(Endpoint(addresses=("10.0.1.1", "10.0.1.2")))],
+                 {("", TCP): [("10.0.1.1", 8080, False)]}, id="only-first-address-is-used"),
+    pytest.param([sl(ep("fd00::1"), family="IPv6", name="v6"), sl(ep("10.0.1.1"), name="v4")],
+                 {("", TCP): [("10.0.1.1", 8080, False)]},
+                 id="ipv6-slice-ignored-next-to-ipv4-slice"),
+])
+def test_used_input(slices, want):
+    assert flat(endpoints_by_port(slices, NODE)) == want
 
 
 # -- locality -----------------------------------------------------------------------------------
@@ -87,36 +80,36 @@ def test_ipv6_slice_ignored_next_to_ipv4_slice():
     pytest.param(None, "", False, id="unknown-node-nothing-local"),
 ])
 def test_is_local(node_name, this_node, local):
-    (e,), = endpoints_by_port([sl(eps=[ep("10.0.1.1", node_name)])], this_node).values()
+    (e,), = endpoints_by_port([sl(ep("10.0.1.1", node_name))], this_node).values()
     assert e.local is local
     assert e.node_name == node_name
 
 
 # -- ports --------------------------------------------------------------------------------------
 
-def test_ports_keyed_by_name_and_protocol_not_number():
-    s = sl(ports=[EndpointPort("dns", UDP, 53), EndpointPort("dns", TCP, 53),
-                  EndpointPort("metrics", TCP, 9153)], eps=[ep("10.0.1.1")])
-    assert flat(endpoints_by_port([s], NODE)) == {
-        ("dns", UDP): [("10.0.1.1", 53, False)],
-        ("dns", TCP): [("10.0.1.1", 53, False)],
-        ("metrics", TCP): [("10.0.1.1", 9153, False)],
-    }
-
-
-def test_named_port_with_different_numbers_across_slices():
+@pytest.mark.parametrize("slices, want", [
+    # Keyed by name and protocol, not by number.
+    pytest.param([sl(ep("10.0.1.1"), ports=[EndpointPort("dns", UDP, 53), EndpointPort("dns", TCP, 53),
+                                            EndpointPort("metrics", TCP, 9153)])],
+                 {("dns", UDP): [("10.0.1.1", 53, False)], ("dns", TCP): [("10.0.1.1", 53, False)],
+                  ("metrics", TCP): [("10.0.1.1", 9153, False)]},
+                 id="ports-keyed-by-name-and-protocol-not-number"),
     # A rollout moved the container port: each slice carries its own number for "http".
-    old = sl("a-old", ports=[EndpointPort("http", TCP, 8080)], eps=[ep("10.0.1.1")])
-    new = sl("b-new", ports=[EndpointPort("http", TCP, 9090)], eps=[ep("10.0.2.1")])
-    assert flat(endpoints_by_port([new, old], NODE)) == {
-        ("http", TCP): [("10.0.1.1", 8080, False), ("10.0.2.1", 9090, False)]}
-
-
-def test_multiple_slices_merge_and_sort():
-    a = sl("a", eps=[ep("10.0.2.2"), ep("10.0.1.9")])
-    b = sl("b", eps=[ep("10.0.1.1", NODE)])
-    assert flat(endpoints_by_port([b, a], NODE)) == {("", TCP): [
-        ("10.0.1.1", 8080, True), ("10.0.1.9", 8080, False), ("10.0.2.2", 8080, False)]}
+    pytest.param([sl(ep("10.0.2.1"), ports=[EndpointPort("http", TCP, 9090)], name="b-new"),
+                  sl(ep("10.0.1.1"), ports=[EndpointPort("http", TCP, 8080)], name="a-old")],
+                 {("http", TCP): [("10.0.1.1", 8080, False), ("10.0.2.1", 9090, False)]},
+                 id="named-port-with-different-numbers-across-slices"),
+    pytest.param([sl(ep("10.0.1.1", NODE), name="b"), sl(ep("10.0.2.2"), ep("10.0.1.9"), name="a")],
+                 {("", TCP): [("10.0.1.1", 8080, True), ("10.0.1.9", 8080, False),
+                              ("10.0.2.2", 8080, False)]},
+                 id="multiple-slices-merge-and-sort"),
+    pytest.param([sl(ep("10.0.1.1"), ports=[EndpointPort("", TCP, 80)], name="a"),
+                  sl(ep("10.0.1.1"), ports=[EndpointPort("", TCP, 81)], name="b")],
+                 {("", TCP): [("10.0.1.1", 80, False), ("10.0.1.1", 81, False)]},
+                 id="same-ip-different-port-is-not-a-duplicate"),
+])
+def test_ports(slices, want):
+    assert flat(endpoints_by_port(slices, NODE)) == want
 
 
 # -- deduplication ------------------------------------------------------------------------------
@@ -127,23 +120,15 @@ def test_multiple_slices_merge_and_sort():
     pytest.param("node-b", "node-c", False, True, id="both-remote-first-slice-by-name-stays"),
 ])
 def test_duplicate_ip_port_across_slices(first, second, want_local, want_ready):
-    s1 = sl("a", eps=[ep("10.0.1.1", first, ready=True)])
-    s2 = sl("b", eps=[ep("10.0.1.1", second, ready=False)])
+    s1 = sl(ep("10.0.1.1", first, ready=True), name="a")
+    s2 = sl(ep("10.0.1.1", second, ready=False), name="b")
     for order in ([s1, s2], [s2, s1]):
         (e,), = endpoints_by_port(order, NODE).values()
         assert (e.local, e.ready) == (want_local, want_ready)
 
 
-def test_same_ip_different_port_is_not_a_duplicate():
-    s1 = sl("a", ports=[EndpointPort("", TCP, 80)], eps=[ep("10.0.1.1")])
-    s2 = sl("b", ports=[EndpointPort("", TCP, 81)], eps=[ep("10.0.1.1")])
-    assert flat(endpoints_by_port([s1, s2], NODE)) == {
-        ("", TCP): [("10.0.1.1", 80, False), ("10.0.1.1", 81, False)]}
-
-
 def test_hints_and_zone_carried():
-    s = sl(eps=[ep("10.0.1.1", "node-b", zone="z1", hint_zones=("z1", "z2"),
-                   hint_nodes=("node-b",))])
+    s = sl(ep("10.0.1.1", "node-b", zone="z1", hint_zones=("z1", "z2"), hint_nodes=("node-b",)))
     (e,), = endpoints_by_port([s], NODE).values()
     assert (e.zone, e.hint_zones, e.hint_nodes) == ("z1", frozenset({"z1", "z2"}),
                                                      frozenset({"node-b"}))

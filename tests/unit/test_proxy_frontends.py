@@ -7,39 +7,31 @@ are 172.30.0.x, externalIPs 203.0.113.x, LoadBalancer IPs 198.51.100.x, pods 10.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 
 from kproxy_ebpf.desired import Action, FrontendKind, ServicePortName
-from kproxy_ebpf.model import (Endpoint, EndpointPort, EndpointSlice, LoadBalancerIngress, Node,
-                               Protocol, Service, ServicePort, ServiceType)
+from kproxy_ebpf.model import (EndpointPort, LoadBalancerIngress, Node,
+                               Protocol, ServicePort, ServiceType)
 from kproxy_ebpf.kube.convert import service_from_api
 from kproxy_ebpf.proxy.external import service_ext_frontends
 from kproxy_ebpf.proxy.frontends import is_proxied, service_frontends, service_port_endpoints
 
+from .. import builders
+from ..builders import sl, svc
+
 TCP, UDP, SCTP = Protocol.TCP, Protocol.UDP, Protocol.SCTP
 NODE = Node(name="node-a", addresses=("192.168.0.1", "192.168.1.1"), zone="zone-a")
-CIP = "172.30.0.10"
+CIP = builders.CLUSTER_IP
 K = FrontendKind
 
-READY = dict(ready=True)
 TERMINATING = dict(ready=False, serving=True, terminating=True)
 SERVING_ONLY = dict(ready=False, serving=True, terminating=False)
 
 
-def svc(**kw):
-    kw.setdefault("cluster_ips", (CIP,))
-    kw.setdefault("ports", (ServicePort("", TCP, 80),))
-    return Service(namespace="ns", name="svc", **kw)
-
-
-def ep(ip, node="node-b", cond=READY, **kw):
-    return Endpoint(addresses=(ip,), node_name=node, **cond, **kw)
-
-
-def sl(*eps, name="s1", ports=(EndpointPort("", TCP, 8080),), svc_name="svc"):
-    return EndpointSlice(namespace="ns", name=name, service_name=svc_name, ports=tuple(ports),
-                         endpoints=tuple(eps))
+# ep(ip, node=..., **conditions): ready on node-b unless told
+ep = functools.partial(builders.ep, node="node-b", ready=True)
 
 
 def run(service, *slices, node=NODE, **kw):
@@ -68,11 +60,23 @@ def test_skipped_services(service):
     assert service_port_endpoints(service, [sl(ep("10.0.2.1"))], NODE) == {}
 
 
-def test_headless_label_on_the_service_is_not_a_filter():
-    """kube-proxy v1.36 reads service.kubernetes.io/headless on EndpointSlices only (its
-    Service informer filters the proxy-name label and clusterIP None, nothing else)."""
-    fronts, _ = run(svc(), sl(ep("10.0.2.1")))
-    assert is_proxied(svc()) and summary(fronts) == {(CIP, 80, K.CLUSTER_IP): (Action.FORWARD, ["10.0.2.1"])}
+@pytest.mark.parametrize("service, slices, want", [
+    # kube-proxy v1.36 reads service.kubernetes.io/headless on EndpointSlices only (its Service
+    # informer filters the proxy-name label and clusterIP None, nothing else).
+    pytest.param(svc(), [sl(ep("10.0.2.1"))], {(CIP, 80, K.CLUSTER_IP): (Action.FORWARD, ["10.0.2.1"])},
+                 id="headless-label-on-the-service-is-not-a-filter"),
+    pytest.param(svc(), [sl(ep("10.0.2.1")), sl(ep("10.0.9.9"), name="other", svc="other")],
+                 {(CIP, 80, K.CLUSTER_IP): (Action.FORWARD, ["10.0.2.1"])},
+                 id="slices-of-other-services-are-ignored"),
+    pytest.param(svc(ports=(ServicePort("http", TCP, 80),)),
+                 [sl(ep("10.0.2.1"), ports=[EndpointPort("web", TCP, 8080)])],
+                 {(CIP, 80, K.CLUSTER_IP): (Action.REJECT, [])}, id="port-name-mismatch-means-no-endpoints"),
+    pytest.param(svc(ports=(ServicePort("", UDP, 53),)), [sl(ep("10.0.2.1"), ports=[EndpointPort("", TCP, 53)])],
+                 {(CIP, 53, K.CLUSTER_IP): (Action.REJECT, [])}, id="protocol-mismatch-means-no-endpoints"),
+])
+def test_frontends_of_one_service(service, slices, want):
+    fronts, _ = run(service, *slices)
+    assert is_proxied(service) and summary(fronts) == want
 
 
 def test_slice_with_the_headless_label_is_ignored():
@@ -159,12 +163,6 @@ def test_ipv6_external_ip_skipped_quietly_and_garbage_reported():
                                              ("192.168.0.1", 30080)}
 
 
-def test_slices_of_other_services_are_ignored():
-    other = sl(ep("10.0.9.9"), name="other", svc_name="other")
-    fronts, _ = run(svc(), sl(ep("10.0.2.1")), other)
-    assert summary(fronts) == {(CIP, 80, K.CLUSTER_IP): (Action.FORWARD, ["10.0.2.1"])}
-
-
 # -- 1.5 verdicts, 1.7 which policy applies ---------------------------------------------------------
 
 NP = ServicePort("", TCP, 80, node_port=30080)
@@ -189,13 +187,13 @@ def everything(action, ips=()):
 
 @pytest.mark.parametrize("policy, eps, want", [
     pytest.param({}, [], everything(Action.REJECT), id="no-endpoints-reject-all"),
-    pytest.param({}, [ep(REMOTE, cond=SERVING_ONLY)], everything(Action.REJECT),
+    pytest.param({}, [ep(REMOTE, **SERVING_ONLY)], everything(Action.REJECT),
                  id="serving-not-terminating-never-used-reject"),
     pytest.param({"internal_traffic_local": True, "external_traffic_local": True}, [],
                  everything(Action.REJECT), id="local-policies-no-endpoints-reject-not-drop"),
     pytest.param({}, [ep(LOCAL, node="node-a"), ep(REMOTE)], everything(Action.FORWARD,
                  [LOCAL, REMOTE]), id="cluster-policies-all-ready"),
-    pytest.param({}, [ep(REMOTE, cond=TERMINATING), ep(LOCAL, node="node-a", cond=TERMINATING)],
+    pytest.param({}, [ep(REMOTE, **TERMINATING), ep(LOCAL, node="node-a", **TERMINATING)],
                  everything(Action.FORWARD, [LOCAL, REMOTE]), id="cluster-terminating-fallback"),
     pytest.param({"internal_traffic_local": True}, [ep(LOCAL, node="node-a"), ep(REMOTE)],
                  {K.CLUSTER_IP: (Action.FORWARD, [LOCAL]),
@@ -208,12 +206,12 @@ def everything(action, ips=()):
                      for k in (K.NODE_PORT, K.EXTERNAL_IP, K.LOAD_BALANCER)}},
                  id="itp-local-no-local-endpoint-drop"),
     pytest.param({"internal_traffic_local": True},
-                 [ep(LOCAL, node="node-a", cond=TERMINATING), ep(REMOTE)],
+                 [ep(LOCAL, node="node-a", **TERMINATING), ep(REMOTE)],
                  {K.CLUSTER_IP: (Action.FORWARD, [LOCAL]),
                   **{k: (Action.FORWARD, [REMOTE])
                      for k in (K.NODE_PORT, K.EXTERNAL_IP, K.LOAD_BALANCER)}},
                  id="itp-local-falls-back-to-local-terminating"),
-    pytest.param({"internal_traffic_local": True}, [ep(REMOTE, cond=TERMINATING)],
+    pytest.param({"internal_traffic_local": True}, [ep(REMOTE, **TERMINATING)],
                  {K.CLUSTER_IP: (Action.DROP, []),
                   **{k: (Action.FORWARD, [REMOTE])
                      for k in (K.NODE_PORT, K.EXTERNAL_IP, K.LOAD_BALANCER)}},
@@ -265,18 +263,6 @@ def test_multi_port_named_ports_matched_by_name_across_slices():
            for f in fronts.values()}
     assert got == {(80, "http"): [("10.0.2.1", 8080)],
                    (443, "https"): [("10.0.2.1", 8443), ("10.0.3.1", 9443)]}
-
-
-def test_port_name_mismatch_means_no_endpoints():
-    fronts, _ = run(svc(ports=(ServicePort("http", TCP, 80),)),
-                    sl(ep("10.0.2.1"), ports=[EndpointPort("web", TCP, 8080)]))
-    assert summary(fronts) == {(CIP, 80, K.CLUSTER_IP): (Action.REJECT, [])}
-
-
-def test_protocol_mismatch_means_no_endpoints():
-    fronts, _ = run(svc(ports=(ServicePort("", UDP, 53),)),
-                    sl(ep("10.0.2.1"), ports=[EndpointPort("", TCP, 53)]))
-    assert summary(fronts) == {(CIP, 53, K.CLUSTER_IP): (Action.REJECT, [])}
 
 
 def test_same_port_different_protocols():

@@ -2,27 +2,27 @@
 and service-CIDR drop rule, pkg/proxy/nftables/proxier.go v1.36). No traffic: data only."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from kproxy_ebpf.desired import ServiceCIDRSet
-from kproxy_ebpf.model import Protocol, Service, ServiceCIDR, ServicePort, ServiceType
+from kproxy_ebpf.model import ServiceCIDR, ServiceType
 from kproxy_ebpf.proxy.servicecidr import ClusterIPIndex, service_cidr_set
 from kproxy_ebpf.proxy.state import ProxyState
 
-PORTS = (ServicePort("", Protocol.TCP, 80),)
+from ..builders import svc
 
-
-def svc(name="web", ips=("10.96.0.10",), **kw):
-    kw.setdefault("ports", PORTS)
-    return Service("ns", name, cluster_ips=ips, **kw)
+# Service ns/web on 10.96.0.10:80, inside the default ServiceCIDR.
+web = functools.partial(svc, "web", "10.96.0.10")
 
 
 @pytest.mark.parametrize("service,ours,foreign", [
-    pytest.param(svc(), {"10.96.0.10"}, set(), id="proxied"),
-    pytest.param(svc(proxy_name="other"), set(), {"10.96.0.10"}, id="service-proxy-name"),
-    pytest.param(svc(ips=(), headless=True), set(), set(), id="headless"),
-    pytest.param(svc(type=ServiceType.EXTERNAL_NAME), set(), set(), id="externalname"),
-    pytest.param(svc(ports=()), set(), set(), id="no-ports-no-rules"),
+    pytest.param(web(), {"10.96.0.10"}, set(), id="proxied"),
+    pytest.param(web(proxy_name="other"), set(), {"10.96.0.10"}, id="service-proxy-name"),
+    pytest.param(web(cluster_ips=(), headless=True), set(), set(), id="headless"),
+    pytest.param(web(type=ServiceType.EXTERNAL_NAME), set(), set(), id="externalname"),
+    pytest.param(web(ports=()), set(), set(), id="no-ports-no-rules"),
 ])
 def test_which_cluster_ips_are_allocated(service, ours, foreign):
     index = ClusterIPIndex()
@@ -32,13 +32,13 @@ def test_which_cluster_ips_are_allocated(service, ours, foreign):
 
 def test_index_follows_updates_and_deletes():
     index = ClusterIPIndex()
-    assert index.update(("ns", "a"), svc("a", ("10.96.0.1",)))
-    assert not index.update(("ns", "a"), svc("a", ("10.96.0.1",)))      # nothing new
-    index.update(("ns", "b"), svc("b", ("10.96.0.2",), proxy_name="x"))
+    assert index.update(("ns", "a"), svc("a", "10.96.0.1"))
+    assert not index.update(("ns", "a"), svc("a", "10.96.0.1"))      # nothing new
+    index.update(("ns", "b"), svc("b", "10.96.0.2", proxy_name="x"))
     assert index.ours() == {"10.96.0.1"} and index.foreign() == {"10.96.0.2"}
     # The label moves the Service from one proxy to the other, and back.
-    index.update(("ns", "a"), svc("a", ("10.96.0.1",), proxy_name="x"))
-    index.update(("ns", "b"), svc("b", ("10.96.0.2",)))
+    index.update(("ns", "a"), svc("a", "10.96.0.1", proxy_name="x"))
+    index.update(("ns", "b"), svc("b", "10.96.0.2"))
     assert index.ours() == {"10.96.0.2"} and index.foreign() == {"10.96.0.1"}
     index.update(("ns", "a"), None)
     index.update(("ns", "b"), None)
@@ -47,7 +47,7 @@ def test_index_follows_updates_and_deletes():
 
 def test_set_unions_every_service_cidr():
     index = ClusterIPIndex()
-    index.update(("ns", "web"), svc())
+    index.update(("ns", "web"), web())
     got = service_cidr_set([ServiceCIDR("kubernetes", ("10.96.0.0/16",)),
                             ServiceCIDR("extra", ("10.97.0.0/24", "10.96.0.0/16"))], index)
     assert got == ServiceCIDRSet(cidrs=frozenset({"10.96.0.0/16", "10.97.0.0/24"}),
@@ -59,7 +59,7 @@ def test_proxy_state_reports_cidr_changes_and_caches():
     assert state.service_cidr_set() == ServiceCIDRSet()
     assert state.upsert_service_cidr(ServiceCIDR("kubernetes", ("10.96.0.0/16",), "1"))
     assert not state.upsert_service_cidr(ServiceCIDR("kubernetes", ("10.96.0.0/16",), "2"))
-    state.upsert_service(svc())
+    state.upsert_service(web())
     first = state.service_cidr_set()
     assert first.cidrs == {"10.96.0.0/16"} and first.cluster_ips == {"10.96.0.10"}
     assert state.service_cidr_set() is first                    # nothing changed: cached

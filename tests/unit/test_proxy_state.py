@@ -10,25 +10,19 @@ import dataclasses
 import pytest
 
 from kproxy_ebpf.desired import Action, FrontendKey
-from kproxy_ebpf.model import (Endpoint, EndpointPort, EndpointSlice, Node, Protocol, Service,
-                               ServicePort)
+from kproxy_ebpf.model import (Node, Protocol, ServicePort)
 from kproxy_ebpf.proxy import state as state_mod
 from kproxy_ebpf.proxy.state import ProxyState
+
+from ..builders import ep, sl, svc
 
 TCP = Protocol.TCP
 NODE = Node(name="node-a", addresses=("192.168.0.1",), zone="zone-a")
 
 
-def svc(name="svc", ip="172.30.0.10", ns="ns", **kw):
-    kw.setdefault("ports", (ServicePort("", TCP, 80),))
-    return Service(namespace=ns, name=name, cluster_ips=(ip,), **kw)
-
-
-def sl(name, service, *ips, ns="ns", rv=""):
-    return EndpointSlice(namespace=ns, name=name, service_name=service,
-                         ports=(EndpointPort("", TCP, 8080),),
-                         endpoints=tuple(Endpoint(addresses=(ip,), node_name="node-b")
-                                         for ip in ips), resource_version=rv)
+def slice_of(name, service, *ips, ns="ns", rv=""):
+    """Slice `name` of `service`, one endpoint on node-b per ip."""
+    return sl(*(ep(ip, "node-b") for ip in ips), name=name, svc=service, ns=ns, rv=rv)
 
 
 def backends(cs, ip, port=80):
@@ -41,8 +35,8 @@ def st():
     s = ProxyState(NODE)
     s.upsert_service(svc("a", "172.30.0.1"))
     s.upsert_service(svc("b", "172.30.0.2"))
-    s.upsert_slice(sl("a-1", "a", "10.0.2.1"))
-    s.upsert_slice(sl("b-1", "b", "10.0.2.2"))
+    s.upsert_slice(slice_of("a-1", "a", "10.0.2.1"))
+    s.upsert_slice(slice_of("b-1", "b", "10.0.2.2"))
     s.compute()
     return s
 
@@ -73,15 +67,15 @@ def test_initial_compute(st):
     pytest.param(lambda s: s.upsert_service(dataclasses.replace(svc("a", "172.30.0.1"),
                                                                 resource_version="9")),
                  False, [], id="service-noop-update-new-rv"),
-    pytest.param(lambda s: s.upsert_slice(sl("a-1", "a", "10.0.2.1", rv="9")),
+    pytest.param(lambda s: s.upsert_slice(slice_of("a-1", "a", "10.0.2.1", rv="9")),
                  False, [], id="slice-noop-update-new-rv"),
     pytest.param(lambda s: s.upsert_service(svc("a", "172.30.0.1", session_affinity_timeout=5)),
                  True, ["a"], id="service-change-dirties-it"),
-    pytest.param(lambda s: s.upsert_slice(sl("a-1", "a", "10.0.2.9")),
+    pytest.param(lambda s: s.upsert_slice(slice_of("a-1", "a", "10.0.2.9")),
                  True, ["a"], id="slice-change-dirties-its-service-only"),
-    pytest.param(lambda s: s.upsert_slice(sl("a-1", "b", "10.0.2.1")),
+    pytest.param(lambda s: s.upsert_slice(slice_of("a-1", "b", "10.0.2.1")),
                  True, ["a", "b"], id="slice-moving-between-services-dirties-both"),
-    pytest.param(lambda s: s.upsert_slice(sl("x-1", None, "10.0.2.1")),
+    pytest.param(lambda s: s.upsert_slice(slice_of("x-1", None, "10.0.2.1")),
                  False, [], id="unlabelled-slice-dirties-nothing"),
     pytest.param(lambda s: s.delete_slice("ns", "nope"), False, [], id="delete-unknown-slice"),
     pytest.param(lambda s: s.delete_service("ns", "nope"), False, [],
@@ -107,7 +101,7 @@ def test_full_recomputes_everything(st, calls):
 
 
 def test_slice_change_updates_backends(st):
-    st.upsert_slice(sl("a-2", "a", "10.0.3.1"))
+    st.upsert_slice(slice_of("a-2", "a", "10.0.3.1"))
     cs = st.compute()
     assert backends(cs, "172.30.0.1") == (Action.FORWARD, ["10.0.2.1", "10.0.3.1"])
     assert cs.changed_services == {("ns", "a")}
@@ -116,7 +110,7 @@ def test_slice_change_updates_backends(st):
 
 
 def test_slice_move_between_services(st):
-    st.upsert_slice(sl("a-1", "b", "10.0.2.1"))
+    st.upsert_slice(slice_of("a-1", "b", "10.0.2.1"))
     cs = st.compute()
     assert backends(cs, "172.30.0.1") == (Action.REJECT, [])
     assert backends(cs, "172.30.0.2") == (Action.FORWARD, ["10.0.2.1", "10.0.2.2"])
@@ -133,7 +127,7 @@ def test_delete_service_removes_frontends(st):
 
 def test_slice_before_service():
     s = ProxyState(NODE)
-    s.upsert_slice(sl("a-1", "a", "10.0.2.1"))
+    s.upsert_slice(slice_of("a-1", "a", "10.0.2.1"))
     assert s.compute().frontends == {}
     s.upsert_service(svc("a", "172.30.0.1"))
     assert backends(s.compute(), "172.30.0.1") == (Action.FORWARD, ["10.0.2.1"])
@@ -142,7 +136,7 @@ def test_slice_before_service():
 def test_node_arrives_later_brings_nodeports():
     s = ProxyState()
     s.upsert_service(svc("a", "172.30.0.1", ports=(ServicePort("", TCP, 80, node_port=30080),)))
-    s.upsert_slice(sl("a-1", "a", "10.0.2.1"))
+    s.upsert_slice(slice_of("a-1", "a", "10.0.2.1"))
     assert set(s.compute().frontends) == {FrontendKey("172.30.0.1", 80, TCP)}
     assert s.set_node(NODE)
     cs = s.compute()
@@ -172,7 +166,7 @@ def test_conflict_first_in_name_order_wins(order):
     ips = {"a": "172.30.0.1", "b": "172.30.0.2"}
     for name in order:
         s.upsert_service(svc(name, ips[name], external_ips=("203.0.113.1",)))
-        s.upsert_slice(sl(f"{name}-1", name, "10.0.2.1" if name == "a" else "10.0.2.2"))
+        s.upsert_slice(slice_of(f"{name}-1", name, "10.0.2.1" if name == "a" else "10.0.2.2"))
         s.compute()
     assert s.compute(full=True).frontends[EXT].service.name == "a"
     assert [(p.name, p.reason) for p in s.problems()] == [("b", "FrontendConflict")]
@@ -182,7 +176,7 @@ def test_conflict_loser_takes_over_when_winner_leaves():
     s = ProxyState(NODE)
     s.upsert_service(svc("a", "172.30.0.1", external_ips=("203.0.113.1",)))
     s.upsert_service(svc("b", "172.30.0.2", external_ips=("203.0.113.1",)))
-    s.upsert_slice(sl("b-1", "b", "10.0.2.2"))
+    s.upsert_slice(slice_of("b-1", "b", "10.0.2.2"))
     cs = s.compute()
     assert cs.frontends[EXT].service.name == "a"
     assert cs.frontends[EXT].action is Action.REJECT
@@ -202,7 +196,7 @@ def test_conflict_loser_change_does_not_touch_winner_frontend():
     s.upsert_service(svc("a", "172.30.0.1", external_ips=("203.0.113.1",)))
     s.upsert_service(svc("b", "172.30.0.2", external_ips=("203.0.113.1",)))
     s.compute()
-    s.upsert_slice(sl("b-1", "b", "10.0.2.2"))
+    s.upsert_slice(slice_of("b-1", "b", "10.0.2.2"))
     cs = s.compute()
     assert cs.frontends[EXT].service.name == "a"
     assert cs.changed_keys == {FrontendKey("172.30.0.2", 80, TCP)}

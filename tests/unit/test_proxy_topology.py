@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from kproxy_ebpf.model import (Endpoint, EndpointPort, EndpointSlice, Node, Protocol, Service,
-                               ServicePort)
+from kproxy_ebpf.model import (EndpointPort, EndpointSlice, Node, Protocol)
 from kproxy_ebpf.proxy.endpoints import EndpointInfo
 from kproxy_ebpf.proxy.frontends import service_port_endpoints
 from kproxy_ebpf.proxy.topology import TopologyMode, categorize, topology_mode
+
+from .. import builders
+from ..builders import sl, svc
 
 NODE, ZONE = "node-a", "zone-a"
 
@@ -23,7 +25,7 @@ TERMINATING = dict(ready=False, serving=True, terminating=True)       # fallback
 GONE = dict(ready=False, serving=False, terminating=True)             # never used
 
 
-def ep(ip, cond=READY, *, local=False, zones=(), nodes=()):
+def info(ip, cond=READY, *, local=False, zones=(), nodes=()):
     return EndpointInfo(ip=ip, port=80, node_name=NODE if local else "node-x", zone=None,
                         hint_zones=frozenset(zones), hint_nodes=frozenset(nodes), local=local,
                         **cond)
@@ -32,88 +34,88 @@ def ep(ip, cond=READY, *, local=False, zones=(), nodes=()):
 CASES = [
     # id, endpoints, kwargs, cluster, local, has_any
     ("no-endpoints", [], {}, set(), set(), False),
-    ("ready-remote-only", [ep("10.0.2.1"), ep("10.0.3.1")], {},
+    ("ready-remote-only", [info("10.0.2.1"), info("10.0.3.1")], {},
      {"10.0.2.1", "10.0.3.1"}, set(), True),
-    ("ready-local-and-remote", [ep("10.0.1.1", local=True), ep("10.0.2.1")], {},
+    ("ready-local-and-remote", [info("10.0.1.1", local=True), info("10.0.2.1")], {},
      {"10.0.1.1", "10.0.2.1"}, {"10.0.1.1"}, True),
-    ("unready-ignored", [ep("10.0.1.1", UNREADY, local=True), ep("10.0.2.1")], {},
+    ("unready-ignored", [info("10.0.1.1", UNREADY, local=True), info("10.0.2.1")], {},
      {"10.0.2.1"}, set(), True),
-    ("all-unready-means-none", [ep("10.0.1.1", UNREADY, local=True), ep("10.0.2.1", UNREADY)],
+    ("all-unready-means-none", [info("10.0.1.1", UNREADY, local=True), info("10.0.2.1", UNREADY)],
      {}, set(), set(), False),
     ("serving-not-terminating-never-used",
-     [ep("10.0.1.1", SERVING_ONLY, local=True), ep("10.0.2.1", SERVING_ONLY)], {},
+     [info("10.0.1.1", SERVING_ONLY, local=True), info("10.0.2.1", SERVING_ONLY)], {},
      set(), set(), False),
     ("terminating-not-serving-never-used",
-     [ep("10.0.1.1", GONE, local=True), ep("10.0.2.1", GONE)], {}, set(), set(), False),
+     [info("10.0.1.1", GONE, local=True), info("10.0.2.1", GONE)], {}, set(), set(), False),
     ("cluster-falls-back-to-serving-terminating-local-and-remote",
-     [ep("10.0.1.1", TERMINATING, local=True), ep("10.0.2.1", TERMINATING),
-      ep("10.0.3.1", GONE), ep("10.0.4.1", SERVING_ONLY)], {},
+     [info("10.0.1.1", TERMINATING, local=True), info("10.0.2.1", TERMINATING),
+      info("10.0.3.1", GONE), info("10.0.4.1", SERVING_ONLY)], {},
      {"10.0.1.1", "10.0.2.1"}, {"10.0.1.1"}, True),
     ("ready-preferred-over-terminating",
-     [ep("10.0.1.1", TERMINATING, local=True), ep("10.0.2.1")], {},
+     [info("10.0.1.1", TERMINATING, local=True), info("10.0.2.1")], {},
      {"10.0.2.1"}, {"10.0.1.1"}, True),
     ("local-falls-back-to-local-terminating",
-     [ep("10.0.1.1", TERMINATING, local=True), ep("10.0.1.2", UNREADY, local=True),
-      ep("10.0.2.1")], {},
+     [info("10.0.1.1", TERMINATING, local=True), info("10.0.1.2", UNREADY, local=True),
+      info("10.0.2.1")], {},
      {"10.0.2.1"}, {"10.0.1.1"}, True),
     ("local-ready-preferred-over-local-terminating",
-     [ep("10.0.1.1", TERMINATING, local=True), ep("10.0.1.2", local=True)], {},
+     [info("10.0.1.1", TERMINATING, local=True), info("10.0.1.2", local=True)], {},
      {"10.0.1.2"}, {"10.0.1.2"}, True),
     ("local-empty-when-local-only-unready",
-     [ep("10.0.1.1", SERVING_ONLY, local=True), ep("10.0.2.1")], {},
+     [info("10.0.1.1", SERVING_ONLY, local=True), info("10.0.2.1")], {},
      {"10.0.2.1"}, set(), True),
     ("only-remote-terminating-has-any",
-     [ep("10.0.2.1", TERMINATING)], {}, {"10.0.2.1"}, set(), True),
+     [info("10.0.2.1", TERMINATING)], {}, {"10.0.2.1"}, set(), True),
     # topology: zone hints
     ("zone-hints-filter-cluster-set",
-     [ep("10.0.1.1", local=True, zones=[ZONE]), ep("10.0.2.1", zones=[ZONE]),
-      ep("10.0.3.1", zones=["zone-b"])], {},
+     [info("10.0.1.1", local=True, zones=[ZONE]), info("10.0.2.1", zones=[ZONE]),
+      info("10.0.3.1", zones=["zone-b"])], {},
      {"10.0.1.1", "10.0.2.1"}, {"10.0.1.1"}, True),
     ("zone-hints-incomplete-no-filtering",
-     [ep("10.0.2.1", zones=[ZONE]), ep("10.0.3.1")], {},
+     [info("10.0.2.1", zones=[ZONE]), info("10.0.3.1")], {},
      {"10.0.2.1", "10.0.3.1"}, set(), True),
     ("zone-hints-none-for-our-zone-no-filtering",
-     [ep("10.0.2.1", zones=["zone-b"]), ep("10.0.3.1", zones=["zone-c"])], {},
+     [info("10.0.2.1", zones=["zone-b"]), info("10.0.3.1", zones=["zone-c"])], {},
      {"10.0.2.1", "10.0.3.1"}, set(), True),
     ("unready-without-hints-ignored-for-completeness",
-     [ep("10.0.2.1", zones=[ZONE]), ep("10.0.3.1", zones=["zone-b"]),
-      ep("10.0.4.1", UNREADY)], {},
+     [info("10.0.2.1", zones=[ZONE]), info("10.0.3.1", zones=["zone-b"]),
+      info("10.0.4.1", UNREADY)], {},
      {"10.0.2.1"}, set(), True),
     ("node-without-zone-no-zone-filtering",
-     [ep("10.0.2.1", zones=[ZONE]), ep("10.0.3.1", zones=["zone-b"])], {"zone": None},
+     [info("10.0.2.1", zones=[ZONE]), info("10.0.3.1", zones=["zone-b"])], {"zone": None},
      {"10.0.2.1", "10.0.3.1"}, set(), True),
     ("multi-zone-hint",
-     [ep("10.0.2.1", zones=["zone-b", ZONE]), ep("10.0.3.1", zones=["zone-b"])], {},
+     [info("10.0.2.1", zones=["zone-b", ZONE]), info("10.0.3.1", zones=["zone-b"])], {},
      {"10.0.2.1"}, set(), True),
     ("topology-ignored-for-terminating-fallback",
-     [ep("10.0.2.1", TERMINATING, zones=["zone-b"]), ep("10.0.3.1", TERMINATING, zones=[ZONE])],
+     [info("10.0.2.1", TERMINATING, zones=["zone-b"]), info("10.0.3.1", TERMINATING, zones=[ZONE])],
      {}, {"10.0.2.1", "10.0.3.1"}, set(), True),
     ("topology-ignored-for-local-set",
-     [ep("10.0.1.1", local=True, zones=["zone-b"]), ep("10.0.2.1", zones=[ZONE])], {},
+     [info("10.0.1.1", local=True, zones=["zone-b"]), info("10.0.2.1", zones=[ZONE])], {},
      {"10.0.2.1"}, {"10.0.1.1"}, True),
     # topology: node hints (PreferSameNode)
     ("node-hints-filter-cluster-set",
-     [ep("10.0.1.1", local=True, zones=[ZONE], nodes=[NODE]),
-      ep("10.0.2.1", zones=[ZONE], nodes=["node-b"])], {},
+     [info("10.0.1.1", local=True, zones=[ZONE], nodes=[NODE]),
+      info("10.0.2.1", zones=[ZONE], nodes=["node-b"])], {},
      {"10.0.1.1"}, {"10.0.1.1"}, True),
     ("node-hints-gate-off-uses-zone",
-     [ep("10.0.1.1", local=True, zones=[ZONE], nodes=[NODE]),
-      ep("10.0.2.1", zones=[ZONE], nodes=["node-b"])], {"prefer_same_node": False},
+     [info("10.0.1.1", local=True, zones=[ZONE], nodes=[NODE]),
+      info("10.0.2.1", zones=[ZONE], nodes=["node-b"])], {"prefer_same_node": False},
      {"10.0.1.1", "10.0.2.1"}, {"10.0.1.1"}, True),
     ("node-hints-incomplete-falls-to-zone",
-     [ep("10.0.1.1", local=True, zones=[ZONE], nodes=[NODE]),
-      ep("10.0.2.1", zones=[ZONE]), ep("10.0.3.1", zones=["zone-b"])], {},
+     [info("10.0.1.1", local=True, zones=[ZONE], nodes=[NODE]),
+      info("10.0.2.1", zones=[ZONE]), info("10.0.3.1", zones=["zone-b"])], {},
      {"10.0.1.1", "10.0.2.1"}, {"10.0.1.1"}, True),
     ("node-hints-none-for-us-falls-to-zone",
-     [ep("10.0.2.1", zones=[ZONE], nodes=["node-b"]),
-      ep("10.0.3.1", zones=["zone-b"], nodes=["node-c"])], {},
+     [info("10.0.2.1", zones=[ZONE], nodes=["node-b"]),
+      info("10.0.3.1", zones=["zone-b"], nodes=["node-c"])], {},
      {"10.0.2.1"}, set(), True),
     ("node-hints-none-for-us-no-zone-hints-no-filtering",
-     [ep("10.0.2.1", nodes=["node-b"]), ep("10.0.3.1", nodes=["node-c"])], {},
+     [info("10.0.2.1", nodes=["node-b"]), info("10.0.3.1", nodes=["node-c"])], {},
      {"10.0.2.1", "10.0.3.1"}, set(), True),
     ("node-hints-unready-local-ignored",
-     [ep("10.0.1.1", UNREADY, local=True, nodes=[NODE]),
-      ep("10.0.2.1", nodes=["node-b"])], {},
+     [info("10.0.1.1", UNREADY, local=True, nodes=[NODE]),
+      info("10.0.2.1", nodes=["node-b"])], {},
      {"10.0.2.1"}, set(), True),
 ]
 
@@ -131,13 +133,13 @@ def test_categorize(eps, kwargs, cluster, local, has_any):
 
 @pytest.mark.parametrize("eps, kwargs, mode", [
     pytest.param([], {}, TopologyMode.NONE, id="empty"),
-    pytest.param([ep("10.0.2.1")], {}, TopologyMode.NONE, id="no-hints"),
-    pytest.param([ep("10.0.2.1", zones=[ZONE])], {}, TopologyMode.SAME_ZONE, id="zone"),
-    pytest.param([ep("10.0.2.1", zones=[ZONE], nodes=[NODE])], {}, TopologyMode.SAME_NODE,
+    pytest.param([info("10.0.2.1")], {}, TopologyMode.NONE, id="no-hints"),
+    pytest.param([info("10.0.2.1", zones=[ZONE])], {}, TopologyMode.SAME_ZONE, id="zone"),
+    pytest.param([info("10.0.2.1", zones=[ZONE], nodes=[NODE])], {}, TopologyMode.SAME_NODE,
                  id="node"),
-    pytest.param([ep("10.0.2.1", zones=[ZONE], nodes=[NODE])], {"prefer_same_node": False},
+    pytest.param([info("10.0.2.1", zones=[ZONE], nodes=[NODE])], {"prefer_same_node": False},
                  TopologyMode.SAME_ZONE, id="node-gate-off"),
-    pytest.param([ep("10.0.2.1", UNREADY, zones=[ZONE], nodes=[NODE])], {}, TopologyMode.NONE,
+    pytest.param([info("10.0.2.1", UNREADY, zones=[ZONE], nodes=[NODE])], {}, TopologyMode.NONE,
                  id="only-unready-hinted"),
 ])
 def test_topology_mode(eps, kwargs, mode):
@@ -159,11 +161,15 @@ PODS = [("10.0.1.1", "node-a", "zone-a"), ("10.0.2.1", "node-b", "zone-a"),
 def controller_slice(distribution: str | None, ready=True) -> EndpointSlice:
     node_hints = distribution == "PreferSameNode"
     zone_hints = distribution in ("PreferClose", "PreferSameZone", "PreferSameNode")
-    eps = tuple(Endpoint((ip,), ready=ready, node_name=node, zone=zone,
-                         hint_zones=(zone,) if zone_hints and ready else (),
-                         hint_nodes=(node,) if node_hints and ready else ())
-                for ip, node, zone in PODS)
-    return EndpointSlice("ns", "web-1", "web", "IPv4", (EndpointPort("", Protocol.TCP, 80),), eps)
+    return sl(*(builders.ep(ip, node, ready=ready, zone=zone,
+                            hint_zones=(zone,) if zone_hints and ready else (),
+                            hint_nodes=(node,) if node_hints and ready else ())
+                for ip, node, zone in PODS),
+              name="web-1", svc="web", ports=(EndpointPort("", Protocol.TCP, 80),))
+
+
+def web(distribution: str | None):
+    return svc("web", "172.30.0.1", traffic_distribution=distribution)
 
 
 @pytest.mark.parametrize("distribution, node, gate, want", [
@@ -181,9 +187,7 @@ def controller_slice(distribution: str | None, ready=True) -> EndpointSlice:
 ])
 def test_traffic_distribution_through_controller_hints(distribution, node, gate, want):
     zone = {"node-a": "zone-a", "node-d": "zone-a", "node-e": "zone-c"}[node]
-    svc = Service("ns", "web", cluster_ips=("172.30.0.1",), ports=(ServicePort("", Protocol.TCP, 80),),
-                  traffic_distribution=distribution)
-    (pe,) = service_port_endpoints(svc, [controller_slice(distribution)], Node(node, zone=zone),
+    (pe,) = service_port_endpoints(web(distribution), [controller_slice(distribution)], Node(node, zone=zone),
                                    prefer_same_node=gate).values()
     assert {e.ip for e in pe.cluster} == want
 
@@ -193,9 +197,7 @@ def test_traffic_distribution_through_controller_hints(distribution, node, gate,
     pytest.param(None, "PreferSameNode", id="hints-left-after-the-field-was-cleared"),
 ])
 def test_the_service_field_is_not_read_only_hints_are(field, hinted_by):
-    svc = Service("ns", "web", cluster_ips=("172.30.0.1",), ports=(ServicePort("", Protocol.TCP, 80),),
-                  traffic_distribution=field)
-    (pe,) = service_port_endpoints(svc, [controller_slice(hinted_by)],
+    (pe,) = service_port_endpoints(web(field), [controller_slice(hinted_by)],
                                    Node("node-a", zone="zone-a")).values()
     want = {"10.0.1.1"} if hinted_by else {"10.0.1.1", "10.0.2.1", "10.0.3.1"}
     assert {e.ip for e in pe.cluster} == want

@@ -48,7 +48,7 @@ def test_periodic_full_resync():
 def test_failed_sync_retries_with_backoff(failures, delay):
     s = Schedule(min_interval=0.1, max_interval=300, retry_base=0.5, retry_cap=30)
     run_at(s, 0.0)
-    for i in range(failures):
+    for _ in range(failures):
         s.request()
         at, _ = s.due(s.last_run)
         run_at(s, max(at, s.last_run), ok=False)

@@ -14,14 +14,14 @@ import pytest
 
 from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.datapath.writer import MapWriter
-from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
+from kproxy_ebpf.desired import FrontendKind, Scope, ServicePortName
 from kproxy_ebpf.kube.convert import cidr_sloppy, service_from_api
 from kproxy_ebpf.model import LoadBalancerIngress, Node, Protocol, Service, ServicePort, ServiceType
 from kproxy_ebpf.proxy.external import lb_source_ranges, service_ext_frontends
 from kproxy_ebpf.proxy.frontends import service_frontends
 
-from .fakemaps import FakeMap
-from .test_writer import consistent
+from ..builders import fe
+from .fakemaps import FakeMap, consistent
 
 TCP = Protocol.TCP
 NODE = Node(name="node-a", addresses=("192.168.0.1",))
@@ -117,10 +117,9 @@ SPN = ServicePortName("ns", "lb", "", TCP)
 LB = ("198.51.100.1", 80)
 
 
-def fe(ranges=(), backends=("10.244.1.10",)):
-    return Frontend(*LB, TCP, FrontendKind.LOAD_BALANCER, SPN, Action.FORWARD,
-                    tuple(Backend(ip, 8080, TCP) for ip in backends), 0, Scope.EXT,
-                    source_ranges=tuple(ranges))
+def lb_fe(ranges=(), backends=("10.244.1.10",)):
+    return fe(*LB, backends, kind=FrontendKind.LOAD_BALANCER, service=SPN, scope=Scope.EXT,
+              ranges=ranges)
 
 
 class Watch:
@@ -135,7 +134,7 @@ class Watch:
         self.checks = 0
 
     def flag(self) -> bool | None:
-        head = self.maps["svc"].get(L.frontend_svc_key(fe().key))
+        head = self.maps["svc"].get(L.frontend_svc_key(lb_fe().key))
         return None if head is None else bool(head.fe_flags & L.FE_F_SRC_RANGES)
 
     def rows(self) -> set[str]:
@@ -150,7 +149,7 @@ class Watch:
             assert any(rows >= s for s in sets), (rows, self.old, self.new)
 
     def step(self, writer, ranges):
-        desired = {} if ranges is None else {fe(ranges).key: fe(ranges)}
+        desired = {} if ranges is None else {lb_fe(ranges).key: lb_fe(ranges)}
         self.new = frozenset(ranges or ())
         res = writer.apply(desired)
         assert res.ok
@@ -177,17 +176,17 @@ def test_rows_land_before_the_flag_and_leave_after_it():
 def test_operation_order_in_the_recorded_log():
     maps = {n: FakeMap(L.MAPS[n]) for n in ("svc", "backend", "meta", "srcrange")}
     w = MapWriter(maps)
-    w.apply({fe().key: fe()})
+    w.apply({lb_fe().key: lb_fe()})
     log = []
     for n in ("svc", "srcrange"):
         maps[n].on_op = lambda n=n: log.append((n, maps[n].ops[-1][0]))
-    w.apply({fe().key: fe(["203.0.113.0/24"])})
+    w.apply({lb_fe().key: lb_fe(["203.0.113.0/24"])})
     assert log == [("srcrange", "put"), ("svc", "put")]
     log.clear()
-    w.apply({fe().key: fe()})
+    w.apply({lb_fe().key: lb_fe()})
     assert log == [("svc", "put"), ("srcrange", "delete")]
     log.clear()
-    w.apply({fe().key: fe(["203.0.113.0/24"])})
+    w.apply({lb_fe().key: lb_fe(["203.0.113.0/24"])})
     log.clear()
     w.apply({})
     assert log[:2] == [("svc", "delete"), ("srcrange", "delete")]
@@ -200,7 +199,7 @@ def test_batched_apply_keeps_the_order():
     many = tuple(f"10.244.1.{i}" for i in range(1, 80))
     for ranges in (["203.0.113.0/24"], ["192.0.2.0/28"], []):
         watch.new = frozenset(ranges)
-        f = fe(ranges, backends=many)
+        f = lb_fe(ranges, backends=many)
         assert w.apply({f.key: f}).ok
         watch.old = watch.new
         assert watch.rows() == set(ranges)
@@ -209,10 +208,10 @@ def test_batched_apply_keeps_the_order():
 
 def test_restore_adopts_the_rows_and_rewrites_nothing():
     maps = {n: FakeMap(L.MAPS[n]) for n in ("svc", "backend", "meta", "srcrange")}
-    f = fe(["203.0.113.0/24", "192.0.2.0/28"])
+    f = lb_fe(["203.0.113.0/24", "192.0.2.0/28"])
     MapWriter(maps).apply({f.key: f})
     # A leftover row of a frontend that no longer exists (a crash between two deletes).
-    stray = dataclasses.replace(fe(["198.18.0.0/15"]), ip="198.51.100.99")
+    stray = dataclasses.replace(lb_fe(["198.18.0.0/15"]), ip="198.51.100.99")
     maps["srcrange"].put(L.srcrange_key(stray.key, "198.18.0.0/15"), L.U32(0))
     w = MapWriter(maps)
     assert w.restore() == 1
@@ -223,6 +222,6 @@ def test_restore_adopts_the_rows_and_rewrites_nothing():
 
 
 def test_the_trie_key_matches_the_frontend_in_full_then_the_source_prefix():
-    key = L.srcrange_key(fe().key, "203.0.113.0/24")
+    key = L.srcrange_key(lb_fe().key, "203.0.113.0/24")
     assert key.prefixlen == 64 + 24 and L.ip_str(key.saddr) == "203.0.113.0"
-    assert L.srcrange_of(key) == (fe().key, "203.0.113.0/24")
+    assert L.srcrange_of(key) == (lb_fe().key, "203.0.113.0/24")

@@ -202,7 +202,10 @@ def test_the_changes_were_done(costs):
 def test_problems_are_told_once_while_current_and_again_when_they_return(monkeypatch, caplog):
     """Incremental problem reports behave as the whole-list ones did."""
     h = Harness(3, monkeypatch)
-    told = lambda: [r.getMessage() for r in caplog.records if "is listed twice" in r.getMessage()]
+
+    def told():
+        return [r.getMessage() for r in caplog.records if "is listed twice" in r.getMessage()]
+
     bad, good = service(1, ports=DUPLICATE_PORTS), service(1)
     for change, expected in ((lambda a: a.sink.upsert("Service", bad), 1),
                              (lambda a: a.sink.upsert("EndpointSlice", endpoint_slice(2, (False,))), 1),
@@ -269,7 +272,10 @@ def test_the_periodic_map_reread_is_counted_apart(monkeypatch):
     restores = []
     real = MapWriter.restore
     monkeypatch.setattr(MapWriter, "restore", lambda w: (restores.append(1), real(w)))
-    value = lambda name: h.agent.metrics.registry.get_sample_value(name) or 0.0
+
+    def value(name):
+        return h.agent.metrics.registry.get_sample_value(name) or 0.0
+
     before = value("kproxy_datapath_drift_checks_total")
     for _ in range(sync_policy.KERNEL_CHECK_EVERY):
         assert h.agent._sync(False)
@@ -298,8 +304,10 @@ def test_full_sync_cpu_is_counted_and_partial_syncs_are_not(monkeypatch):
     """The scale run takes kproxy's periodic work out of its per-change windows by this
     counter: every full sync adds to it (the map re-read included), a partial sync does not."""
     h = Harness(3, monkeypatch)
-    value = lambda: h.agent.metrics.registry.get_sample_value(
-        "kproxy_sync_full_cpu_seconds_total") or 0.0
+
+    def value():
+        return h.agent.metrics.registry.get_sample_value("kproxy_sync_full_cpu_seconds_total") or 0.0
+
     assert h.agent._sync(True)
     after_full = value()
     assert after_full > 0

@@ -4,7 +4,6 @@ The central check runs after EVERY single map operation: what a BPF program coul
 instant must be consistent (make-before-break): a frontend's count never covers a missing slot,
 and no slot names a missing backend.
 """
-import errno
 import random
 
 import pytest
@@ -12,61 +11,18 @@ import pytest
 from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.datapath.plan import stable_slots
 from kproxy_ebpf.datapath.writer import MapWriter
-from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, ServicePortName
+from kproxy_ebpf.desired import Action, Backend, Frontend
 from kproxy_ebpf.model import Protocol
 
-from .fakemaps import FakeMap
+from ..builders import fe, table
+from .fakemaps import FakeMap, checked_maps
 
 TCP = Protocol.TCP
 
 
-def consistent(maps) -> None:
-    """What a lookup can see right now is whole."""
-    rows = {L.raw(k): v for k, v in maps["svc"].items()}
-    backends = {k.value for k, _ in maps["backend"].items()}
-    for key, val in maps["svc"].items():
-        if key.slot:
-            assert val.backend_id in backends, f"slot {key.slot} names a freed backend"
-    ext = {L.raw(k) for k in maps["extaddr"].keys()} if "extaddr" in maps else None
-    ext_be = {L.raw(k) for k in maps["extbe"].keys()} if "extbe" in maps else None
-    be_addr = {k.value: v.addr for k, v in maps["backend"].items()} if ext_be is not None else {}
-    for key, val in maps["svc"].items():
-        if ext is not None and key.slot == 0 and key.scope == L.SCOPE_EXT:
-            assert L.raw(L.U32(key.addr)) in ext, f"{L.key_tuple(key)}: no kp_extaddr4 row"
-        if key.slot != 0 or val.action != L.const("KP_ACTION_FORWARD"):
-            continue
-        for slot in range(1, val.count + 1):
-            skey = L.SvcKey(addr=key.addr, port=key.port, proto=key.proto, scope=key.scope, slot=slot)
-            row = rows.get(L.raw(skey))
-            assert row is not None, f"slot {slot} of {L.key_tuple(key)} missing (count {val.count})"
-            assert row.backend_id in backends, f"slot {slot} names a freed backend"
-            if ext_be is not None and key.scope == L.SCOPE_EXT and row.be_flags & L.F_LOCAL:
-                assert L.raw(L.U32(be_addr[row.backend_id])) in ext_be, \
-                    f"slot {slot} of {L.key_tuple(key)}: its local backend has no kp_extbe4 row"
-
-
 @pytest.fixture
 def maps():
-    m = {}
-    check = lambda: consistent(m)  # noqa: E731
-    for name, spec in L.MAPS.items():
-        if name in ("svc", "backend", "meta"):
-            m[name] = FakeMap(spec, on_op=check)
-    return m
-
-
-def spn(name="web", port="http"):
-    return ServicePortName("default", name, port, TCP)
-
-
-def fe(ip="10.96.0.10", port=80, backends=(), action=Action.FORWARD, name="web", affinity=0,
-       kind=FrontendKind.CLUSTER_IP):
-    bs = tuple(sorted(Backend(b, 8080, TCP) if isinstance(b, str) else b for b in backends))
-    return Frontend(ip, port, TCP, kind, spn(name), action, bs, affinity)
-
-
-def table(*fes):
-    return {f.key: f for f in fes}
+    return checked_maps()
 
 
 def slots_of(maps, ip="10.96.0.10", port=80):
@@ -119,10 +75,8 @@ def test_scale_keeps_survivors_in_their_slots(maps):
 
 def test_writes_are_proportional_to_the_change(maps):
     w = MapWriter(maps)
-    desired = {}
-    for i in range(200):
-        f = fe(ip=f"10.96.1.{i}", name=f"s{i}", backends=[f"10.244.{i % 3}.{10 + i % 50}"])
-        desired[f.key] = f
+    desired = table(*(fe(ip=f"10.96.1.{i}", name=f"s{i}", backends=[f"10.244.{i % 3}.{10 + i % 50}"])
+                      for i in range(200)))
     w.apply(desired)
     changed = fe(ip="10.96.1.7", name="s7", backends=["10.244.9.9"])
     desired[changed.key] = changed
@@ -221,10 +175,8 @@ def test_restore_drops_slots_above_the_count(maps):
 
 def test_a_backend_shared_with_different_states_is_not_rewritten_forever(maps):
     shared = "10.244.1.10"
-    a = Frontend("10.96.0.10", 80, TCP, FrontendKind.CLUSTER_IP, spn("a"), Action.FORWARD,
-                 (Backend(shared, 8080, TCP, ready=True),))
-    b = Frontend("10.96.0.11", 80, TCP, FrontendKind.CLUSTER_IP, spn("b"), Action.FORWARD,
-                 (Backend(shared, 8080, TCP, ready=False, terminating=True),))
+    a = fe(backends=[Backend(shared, 8080, TCP, ready=True)], name="a")
+    b = fe("10.96.0.11", backends=[Backend(shared, 8080, TCP, ready=False, terminating=True)], name="b")
     w = MapWriter(maps)
     w.apply(table(a, b))
     assert w.apply(table(a, b)).writes == 0
@@ -265,14 +217,12 @@ def test_a_large_apply_goes_in_batches_and_stays_consistent(maps):
     """Cold start: a few syscalls per phase instead of one per row; `consistent` still runs
     after every element the kernel would apply."""
     w = MapWriter(maps)
-    desired = {}
-    for i in range(30):
-        f = fe(ip=f"10.96.2.{i}", name=f"b{i}", backends=[f"10.244.3.{10 + (i + j) % 40}" for j in range(5)])
-        desired[f.key] = f
+    desired = table(*(fe(ip=f"10.96.2.{i}", name=f"b{i}", backends=[f"10.244.3.{10 + (i + j) % 40}" for j in range(5)])
+                      for i in range(30)))
     res = w.apply(desired)
     assert res.ok and maps["svc"].batches and maps["backend"].batches
     assert maps["svc"].batches <= 2, "one batch for the slots, one for the heads"
-    smaller = {k: f for k, f in list(desired.items())[:12]}
+    smaller = dict(list(desired.items())[:12])
     assert w.apply(smaller).ok and maps["svc"].batches > 2
     fresh = MapWriter(maps)
     fresh.restore()
@@ -282,10 +232,8 @@ def test_a_large_apply_goes_in_batches_and_stays_consistent(maps):
 def test_near_a_full_map_the_writer_goes_one_by_one(maps):
     maps["backend"].max_entries = 100
     w = MapWriter(maps)
-    desired = {}
-    for i in range(30):
-        f = fe(ip=f"10.96.2.{i}", name=f"b{i}", backends=[f"10.244.3.{10 + i * 5 + j}" for j in range(5)])
-        desired[f.key] = f
+    desired = table(*(fe(ip=f"10.96.2.{i}", name=f"b{i}", backends=[f"10.244.3.{10 + i * 5 + j}" for j in range(5)])
+                      for i in range(30)))
     res = w.apply(desired)
     assert not maps["backend"].batches and not res.ok and res.full_maps
     assert len(res.failed) == 10, "20 frontends fit (100 backends), the others are retried"
@@ -351,10 +299,8 @@ def test_bulk_filled_rows_equal_the_per_row_encoding(monkeypatch):
 def test_a_failure_half_way_through_a_bulk_fill_keeps_the_ids_it_took(maps):
     """A bad backend address in the middle of a cold fill: the frontend is reported, the slots
     before it stay accounted for, no id is left without a row naming it."""
-    desired = {}
-    for i in range(20):
-        f = fe(ip=f"10.96.5.{i}", name=f"f{i}", backends=[f"10.244.5.{i * 4 + j}" for j in range(4)])
-        desired[f.key] = f
+    desired = table(*(fe(ip=f"10.96.5.{i}", name=f"f{i}", backends=[f"10.244.5.{i * 4 + j}" for j in range(4)])
+                      for i in range(20)))
     bad = fe(ip="10.96.5.99", name="bad", backends=["10.244.6.1", "10.244.6.3", "not-an-ip"])
     desired[bad.key] = bad
     w = MapWriter(maps)

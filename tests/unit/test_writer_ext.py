@@ -5,37 +5,31 @@ port) but are separate rows of the svc map: the same ip:port/proto in both scope
 frontends with their own slots, verdicts and make-before-break order.
 """
 import dataclasses
+import functools
 
 import pytest
 
 from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.datapath.writer import MapWriter
-from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
+from kproxy_ebpf.desired import Action, Backend, FrontendKind, Scope, ServicePortName
 from kproxy_ebpf.model import Protocol
 
-from .fakemaps import FakeMap
-from .test_writer import consistent
+from .. import builders
+from ..builders import table
+from .fakemaps import checked_maps
 
 TCP = Protocol.TCP
 SPN = ServicePortName("default", "web", "http", TCP)
 NP = ("10.250.0.11", 30080)
 
 
+# fe(backends, action, scope=...): node1's NodePort 30080
+fe = functools.partial(builders.fe, *NP, kind=FrontendKind.NODE_PORT, service=SPN)
+
+
 @pytest.fixture
 def maps():
-    m = {}
-    for name in ("svc", "backend", "meta"):
-        m[name] = FakeMap(L.MAPS[name], on_op=lambda: consistent(m))
-    return m
-
-
-def fe(backends=(), action=Action.FORWARD, scope=Scope.SOCK):
-    bs = tuple(sorted(Backend(ip, 8080, TCP) for ip in backends))
-    return Frontend(*NP, TCP, FrontendKind.NODE_PORT, SPN, action, bs, 0, scope)
-
-
-def table(*fes):
-    return {f.key: f for f in fes}
+    return checked_maps()
 
 
 def rows(maps, scope):
@@ -94,16 +88,13 @@ def test_restart_adopts_both_scopes_and_rewrites_nothing(maps):
 
 # -- kp_extaddr4: the addresses tc_lb.c lets through to its lookups ----------------------------
 def ext_maps(extaddr_entries=1000):
-    m = {}
-    for name in ("svc", "backend", "meta", "extaddr", "extbe"):
-        m[name] = FakeMap(L.MAPS[name], max_entries=extaddr_entries if name == "extaddr"
-                          else 100000, on_op=lambda: consistent(m))
-    return m
+    return checked_maps(("svc", "backend", "meta", "extaddr", "extbe"), max_entries=100000,
+                        extaddr=extaddr_entries)
 
 
 def ext_fe(ip, port, backends=("10.244.2.10",), local=()):
-    bs = tuple(sorted(Backend(b, 8080, TCP, local=b in local) for b in backends))
-    return Frontend(ip, port, TCP, FrontendKind.NODE_PORT, SPN, Action.FORWARD, bs, 0, Scope.EXT)
+    return builders.fe(ip, port, [Backend(b, 8080, TCP, local=b in local) for b in backends],
+                       kind=FrontendKind.NODE_PORT, service=SPN, scope=Scope.EXT)
 
 
 def addrs(maps, name="extaddr"):

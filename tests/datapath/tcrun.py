@@ -1,0 +1,181 @@
+"""The BPF_PROG_TEST_RUN harness of tc_lb.c shared by test_tc_run.py (scope EXT) and
+test_tc_pod_run.py (the per-packet ClusterIP path): hand-built packets and their checksum
+checks, a netns of its own (one veth pair, the "node" address 10.250.0.11/24, a route to
+node2's pod CIDR) so the programs' route lookups are deterministic, and real maps written by
+the real MapWriter. A test run never sends a packet anywhere: a redirect is only its return
+value."""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import struct
+from pathlib import Path
+
+from kproxy_ebpf.datapath import layout as L
+from kproxy_ebpf.datapath import libbpf
+from kproxy_ebpf.datapath.bpffs import open_pinned_maps, remove_pins
+from kproxy_ebpf.datapath.compile_child import compile_program
+from kproxy_ebpf.datapath.paths import bpf_dir
+from kproxy_ebpf.datapath.tc import PROGRAMS, write_config
+from kproxy_ebpf.datapath.writer import MapWriter
+from kproxy_ebpf.desired import Frontend
+from kproxy_ebpf.lab import nsutil
+from kproxy_ebpf.model import Protocol
+
+BPFFS = Path("/sys/fs/bpf/kproxy-tcrun")
+NETNS = "kproxy-tcrun"
+TCP, UDP = Protocol.TCP, Protocol.UDP
+NODE, CLIENT = "10.250.0.11", "10.250.0.250"
+LOCAL_BE, REMOTE_BE = "10.244.1.10", "10.244.2.10"
+TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT = 0, 2, 7
+SYN, ACK, FIN, RST = 0x02, 0x10, 0x01, 0x04
+PORTS = (61000, 61003)
+ISN = 1000                  # the sequence number of the test clients' SYNs
+
+
+# -- packets --------------------------------------------------------------------------------------
+
+def csum(data: bytes) -> int:
+    if len(data) % 2:
+        data += b"\0"
+    s = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return ~s & 0xFFFF
+
+
+def pseudo(src: str, dst: str, proto: int, length: int) -> bytes:
+    return socket.inet_aton(src) + socket.inet_aton(dst) + struct.pack("!BBH", 0, proto, length)
+
+
+def packet(src, sport, dst, dport, proto=TCP, flags=SYN, payload=b"hello", udp_csum=True,
+           ip_options=b"", frag=0, seq=ISN, ack=ISN + 1) -> bytes:
+    """An Ethernet frame. TCP: every packet carries seq ISN and acknowledges ISN + 1 unless
+    told otherwise, so a client's SYN and a backend's SYN-ACK belong to one connection."""
+    num = L.PROTO_NUM[proto]
+    if proto is TCP:
+        l4 = struct.pack("!HHIIBBHHH", sport, dport, seq, ack, 5 << 4, flags, 65535, 0, 0) + payload
+        off = 16
+    else:
+        l4 = struct.pack("!HHHH", sport, dport, 8 + len(payload), 0) + payload
+        off = 6
+    if proto is TCP or udp_csum:
+        c = csum(pseudo(src, dst, num, len(l4)) + l4) or 0xFFFF
+        l4 = l4[:off] + struct.pack("!H", c) + l4[off + 2:]
+    hl = 20 + len(ip_options)
+    ip = struct.pack("!BBHHHBBH4s4s", 0x40 | hl // 4, 0, hl + len(l4), 1, frag, 64, num, 0,
+                     socket.inet_aton(src), socket.inet_aton(dst)) + ip_options
+    ip = ip[:10] + struct.pack("!H", csum(ip)) + ip[12:]
+    eth = bytes.fromhex("02000000000a02000000000b") + struct.pack("!H", 0x0800)
+    return eth + ip + l4
+
+
+def parse(frame: bytes) -> dict:
+    hl = (frame[14] & 0x0F) * 4
+    ip = frame[14:14 + hl]
+    proto, src, dst = ip[9], socket.inet_ntoa(ip[12:16]), socket.inet_ntoa(ip[16:20])
+    total = struct.unpack("!H", ip[2:4])[0]
+    l4 = frame[14 + hl:14 + total]
+    out = {"src": src, "dst": dst, "proto": proto, "ip_ok": csum(ip) == 0}
+    if proto == 1:
+        out.update(type=l4[0], code=l4[1], l4_ok=csum(l4) == 0, quote=l4[8:36])
+        return out
+    out["sport"], out["dport"] = struct.unpack("!HH", l4[:4])
+    if proto == 17 and l4[6:8] == b"\0\0":
+        out["l4_ok"] = "none"
+    else:
+        out["l4_ok"] = csum(pseudo(src, dst, proto, len(l4)) + l4) == 0
+    return out
+
+
+@contextlib.contextmanager
+def open_harness():
+    """A netns of its own with tc_lb.c loaded: yields (program fds by name, pinned maps);
+    removes all of it after."""
+    from bcc import BPF
+
+    remove_pins(BPFFS)
+    nsutil.delete(NETNS)
+    bpf = None
+    maps = {}
+    try:
+        nsutil.add(NETNS, {"net.ipv4.conf.all.forwarding": "1"})
+        nsutil.add_veth(NETNS, "kpt0", NETNS, "kpt1")
+        nsutil.set_addr(NETNS, "kpt0", f"{NODE}/24")
+        for dev in ("kpt0", "kpt1"):
+            nsutil.link_up(NETNS, dev)
+        nsutil.set_route(NETNS, "10.244.2.0/24", "kpt0", via="10.250.0.12")
+        bpf = compile_program(bpf_dir() / "tc_lb.c", BPFFS)
+        fds = {name: bpf.load_func(name.encode(), BPF.SCHED_CLS).fd
+               for name in PROGRAMS}     # the per-packet ClusterIP ones too (test_tc_pod_run)
+        write_config(BPFFS, NODE, PORTS)
+        maps = open_pinned_maps(BPFFS)
+        yield fds, maps
+    finally:
+        for m in maps.values():
+            m.close()
+        if bpf is not None:
+            bpf.cleanup()
+        remove_pins(BPFFS)
+        nsutil.delete(NETNS)
+
+
+def ct_key(src, sport, dst, dport, proto=TCP) -> L.CtKey:
+    """The kp_ct4 key of a flow's original tuple."""
+    return L.CtKey(saddr=L.ip_be(src), daddr=L.ip_be(dst), sport=L.port_be(sport),
+                   dport=L.port_be(dport), proto=L.PROTO_NUM[proto])
+
+
+class TcRun:
+    """One test's view of the harness: its frontends programmed, conntrack emptied, programs
+    run with BPF_PROG_TEST_RUN inside the netns (on CPU `cpu` when given: kp_snat_alloc reuses
+    a port only on the CPU whose slice holds it). close() removes the frontends."""
+
+    def __init__(self, harness, frontends: list[Frontend]):
+        self.fds, self.maps = harness
+        self.writer = MapWriter(self.maps)
+        self.writer.restore()
+        assert self.writer.apply({f.key: f for f in frontends}).ok
+        for name in ("ct", "rnat"):
+            for k in self.maps[name].keys():
+                self.maps[name].delete(k)
+
+    def run(self, prog: str, frame: bytes, cpu: int | None = None) -> tuple[int, bytes]:
+        def go():
+            if cpu is not None:
+                os.sched_setaffinity(0, {cpu})     # this thread only
+            return libbpf.prog_test_run(self.fds[prog], frame)
+        return nsutil.run_in_thread(NETNS, go)
+
+    def ct(self, src, sport, dst, dport, proto=TCP):
+        key = ct_key(src, sport, dst, dport, proto)
+        return key, self.maps["ct"].get(key)
+
+    def stat(self, name) -> int:
+        idx = {n: v for v, n in L.STAT_NAMES.items()}[name]
+        return sum(self.maps["stats"].get(L.U32(idx)))
+
+    def close(self) -> None:
+        self.writer.apply({})
+
+
+def snat_reply_key(key: L.CtKey, ct: L.CtVal) -> L.CtKey:
+    """The kp_rnat4 key of SNAT flow `key`: the tuple its backend's replies carry."""
+    return L.CtKey(saddr=ct.be_addr, daddr=ct.nat_addr, sport=ct.be_port, dport=ct.nat_port,
+                   proto=key.proto)
+
+
+def moved_snat_reply(run, key: L.CtKey, addr: str | None = None, port: int | None = None) -> bytes:
+    """Rewrites the SNAT flow `key` as if it had been given `addr`:`port` (each kept where
+    None), with its kp_rnat4 row, and returns the backend's reply to it: a reply that
+    kp_reply() would translate if it were asked."""
+    ct = run.maps["ct"].get(key)
+    if addr is not None:
+        ct.nat_addr = L.ip_be(addr)
+    if port is not None:
+        ct.nat_port = L.port_be(port)
+    run.maps["ct"].put(key, ct)
+    run.maps["rnat"].put(snat_reply_key(key, ct), key)
+    return packet(L.ip_str(ct.be_addr), L.port_host(ct.be_port), L.ip_str(ct.nat_addr),
+                  L.port_host(ct.nat_port), flags=SYN | ACK)
