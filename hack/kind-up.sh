@@ -115,7 +115,9 @@ kc taint nodes "$CLUSTER-control-plane" node-role.kubernetes.io/control-plane:No
 kc wait --for=condition=Ready node --all --timeout=180s >/dev/null
 
 if [[ $PROXY == kproxy ]]; then
-  make -s image IMAGE="$IMAGE" >/dev/null
+  # The image's own build reaches the package registries (pip, apt) through the host's
+  # resolver: podman's config for the kind network, which names no upstream, is not for it.
+  env -u CONTAINERS_CONF make -s image IMAGE="$IMAGE" >/dev/null
   archive=$(mktemp --suffix=.tar); trap 'rm -f "$cfg" "$archive"' EXIT
   if [[ $KIND_PROVIDER == podman ]]; then
     podman save -q -o "$archive" "$IMAGE"
