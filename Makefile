@@ -104,7 +104,8 @@ image: image-apt
 # RBAC) and the lab's ClusterIP tests with every agent running from the image.
 chart-test: setup image
 	KPROXY_REQUIRE_ROOT=1 KPROXY_REQUIRE_CONTROLPLANE=1 $(LOCK) $(PY) -m pytest -q \
-	  tests/chart tests/integration/test_chart_api.py \
+	  tests/chart tests/integration/test_chart_api.py
+	KPROXY_REQUIRE_ROOT=1 KPROXY_REQUIRE_CONTROLPLANE=1 $(LOCK) $(PY) -m pytest -q \
 	  tests/integration/test_proxy_modes.py tests/conformance -k "image"
 
 # kind with kube-proxy disabled and the chart installed (hack/kind-up.sh says how: Docker and

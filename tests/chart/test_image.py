@@ -30,6 +30,7 @@ NODE_COMMANDS = ("run", "status", "services", "check", "maps list", "maps dump",
 _PROBE = """
 import importlib, json, os, pkgutil, subprocess, sys
 import kproxy_ebpf
+BPF = "/usr/share/kproxy-ebpf/bpf"
 root = os.path.dirname(kproxy_ebpf.__file__)
 files = sorted(os.path.relpath(os.path.join(d, f), root) for d, dirs, fs in os.walk(root)
                for f in fs if "__pycache__" not in d)
@@ -50,7 +51,8 @@ print(json.dumps({
     "root": root, "files": files, "import_failed": failed, "copies": copies,
     "help": {c: cli(*c.split(), "--help")[0] for c in sys.argv[1:]},
     "top_help": cli("--help"), "maps_list": cli("maps", "list", "--bpffs-dir", "/tmp/none"),
-    "lab": cli("lab", "up"), "bench": cli("bench")}))
+    "lab": cli("lab", "up"), "bench": cli("bench"),
+    "bpf": sorted(os.path.relpath(os.path.join(d, f), BPF) for d, _, fs in os.walk(BPF) for f in fs)}))
 """
 
 
@@ -84,6 +86,14 @@ def test_the_image_holds_the_agents_modules_and_no_lab_or_bench(probe):
     assert probe["files"] == _agent_files()
     assert probe["import_failed"] == {}
     assert probe["copies"] == [probe["root"]] and probe["root"].startswith("/opt/kproxy-ebpf/venv/")
+
+
+def test_the_image_holds_the_programs_sources_and_not_their_test_harness(probe):
+    """The agent compiles bpf/*.c and their headers on the node; bpf/tests is tests/datapath's."""
+    bpf = repo_root() / "bpf"
+    sources = sorted(str(p.relative_to(bpf)) for p in bpf.rglob("*") if p.is_file())
+    assert probe["bpf"] == [f for f in sources if not f.startswith("tests/")]
+    assert "sock_lb.c" in probe["bpf"] and "tc_lb.c" in probe["bpf"]
 
 
 def test_the_node_commands_run_and_lab_and_bench_say_they_are_not_installed(probe):
