@@ -309,13 +309,14 @@ def main(argv: list[str] | None = None) -> int:
     differences = load_listed(KIND / "e2e-differences.yaml")
     names = sh("tools/kind/images.sh", "e2e", stdout=subprocess.PIPE).stdout.split()
     images, runner = names[:-1], names[-1]
+    env = environment()        # before the runs: the commit they test, not one made meanwhile
     runs = []
     with tempfile.TemporaryDirectory(prefix="kproxy-e2e.", dir="/var/tmp") as work:
         for proxy in proxies:
             cluster = "kproxy-smoke" if args.smoke else f"kproxy-e2e-{proxy}"
             runs.append(run_suite(proxy, cluster, args.focus, skip_regex(skips), args.procs,
                                   images, runner, Path(work), args.keep))
-    rep = report(runs, skips, differences, args.focus, environment())
+    rep = report(runs, skips, differences, args.focus, env)
     if args.json_out:
         args.json_out.write_text(json.dumps(rep, indent=1) + "\n")
     else:
