@@ -365,9 +365,10 @@ class Lab:
         """The lab's gateway: one port on br0 and nothing else. No link leaves the lab and it
         has no default route, so a packet for an outside address ends here; forwarding is on
         only so that it answers "network unreachable" at once (a real router without a route
-        does the same), instead of leaving the client to time out."""
+        does the same), instead of leaving the client to time out. Its ICMP errors are not
+        rate-limited (icmp_ratelimit, 1 s per peer by default), so every probe gets its answer."""
         ns = self.rtr_netns
-        self._netns(st, ns, {"net.ipv4.ip_forward": "1"})
+        self._netns(st, ns, {"net.ipv4.ip_forward": "1", "net.ipv4.icmp_ratelimit": "0"})
         self._attach_to_bridge("kpn-rtr", ns, ROUTER_IP)
         self._cg(st, os.path.join(self.cgroup, "rtr"))
 

@@ -2,6 +2,7 @@
 classes it never uses are not imported. Run in a fresh interpreter: this one may have imported
 the whole client already."""
 import json
+import os
 import subprocess
 import sys
 
@@ -33,9 +34,11 @@ print(json.dumps({
 """
 
 
-def test_the_agents_client_calls_import_only_what_they_use():
+def test_the_agents_client_calls_import_only_what_they_use(tmp_path):
+    # The user's own ~/.kube/config (kind writes one) must not decide what this probe loads.
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"} | {"HOME": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
-                         check=True).stdout
+                         check=True, env=env).stdout
     got = json.loads(out.strip().splitlines()[-1])
     assert got["lazy"] == "LazyPackage"
     assert got["models"] <= 5, "a few model modules at most, not ~800"
