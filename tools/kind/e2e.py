@@ -312,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     env = environment()        # before the runs: the commit they test, not one made meanwhile
     runs = []
     with tempfile.TemporaryDirectory(prefix="kproxy-e2e.", dir="/var/tmp") as work:
+        # kind, kubectl and helm keep the clusters' contexts here, not in the user's
+        # ~/.kube/config (kind's default), which a run would otherwise leave rewritten.
+        os.environ["KUBECONFIG"] = str(Path(work) / "kubeconfig")
         for proxy in proxies:
             cluster = "kproxy-smoke" if args.smoke else f"kproxy-e2e-{proxy}"
             runs.append(run_suite(proxy, cluster, args.focus, skip_regex(skips), args.procs,
