@@ -11,7 +11,7 @@
  *
  * Rules: byte order is in the types (__be* are network order), padding is written out (bcc
  * passes no sizes to the kernel), and a layout change bumps the map's version in KP_MAPS: the
- * pin name carries it (kp_svc4_v2), so a new agent never misreads a map an older one pinned.
+ * pin name carries it (kp_svc_v3), so a new agent never misreads a map an older one pinned.
  *
  * Consistency rule (see docs/architecture.md, "No torn reads"): a row the programs read is
  * either never rewritten (backend rows: an id names one address for its whole life) or carries
@@ -25,7 +25,7 @@
 
 /* ---- Constants (enums, so that they reach the BTF and Python reads them from there) ---- */
 
-enum kp_scope {                 /* kp_svc4_key.scope: which traffic a service row serves */
+enum kp_scope {                 /* kp_svc_key.scope: which traffic a service row serves */
 	KP_SCOPE_SOCK = 0,      /* connects/sends from sockets on this node (cgroup hooks) */
 	KP_SCOPE_EXT  = 1,      /* packets from outside the node (tc_lb.c) */
 };
@@ -52,7 +52,7 @@ enum kp_be_flags {              /* kp_svc_val.be_flags (slot > 0): the endpoint'
 };
 
 enum kp_fe_flags {              /* kp_svc_val.fe_flags (slot 0): what else applies to a frontend */
-	KP_FE_F_SRC_RANGES  = 0x01, /* loadBalancerSourceRanges: the source must match a kp_srcrange4
+	KP_FE_F_SRC_RANGES  = 0x01, /* loadBalancerSourceRanges: the source must match a kp_srcrange
 				     * row of this frontend (lib/srcrange.h); rows land before the
 				     * flag is set and go only after it is cleared */
 };
@@ -93,7 +93,7 @@ enum kp_stat {                  /* index into the per-CPU counter array kp_stats
 	KP_STAT_MAX           = 32,
 };
 
-enum kp_cip_action {            /* kp_cip4_val.action (lib/servicecidr.h) */
+enum kp_cip_action {            /* kp_cip_val.action (lib/servicecidr.h) */
 	KP_CIP_REJECT = 1,      /* a ClusterIP we program, on a port the Service does not have */
 	KP_CIP_PASS   = 2,      /* a ClusterIP of a Service another proxy owns: left untouched */
 };
@@ -125,10 +125,20 @@ enum kp_tunables {
 
 /* ---- Keys and values ---------------------------------------------------------------------- */
 
+/* An address of either family, as every service-side row holds it: an IPv6 address as is, an
+ * IPv4 address IPv4-mapped (::ffff:a.b.c.d, RFC 4291 2.5.5.2). One key type for both families
+ * means one lookup path for both (lib/ip.h), and the *6 socket hooks meet an IPv4 Service
+ * reached through an AF_INET6 socket as exactly the key of that Service. Per-packet conntrack
+ * (kp_ct4) stays per family: its tuples come from headers that are. */
+struct kp_ip {
+	__be32 w[4];
+};
+
 /* Service rows: slot 0 describes the frontend, slots 1..count name its backends.
- * A frontend is (address, port, protocol, scope): the same port on TCP and UDP are two rows. */
-struct kp_svc4_key {
-	__be32 addr;      /* frontend address */
+ * A frontend is (address, port, protocol, scope): the same port on TCP and UDP are two rows,
+ * and a dual-stack Service has one frontend per ClusterIP. Its backends are of its family. */
+struct kp_svc_key {
+	struct kp_ip addr; /* frontend address */
 	__be16 port;      /* frontend port */
 	__u8   proto;     /* IPPROTO_TCP, IPPROTO_UDP, IPPROTO_SCTP */
 	__u8   scope;     /* enum kp_scope */
@@ -146,42 +156,42 @@ struct kp_svc_val {
 	__u8  be_flags;         /* slot > 0: enum kp_be_flags (tc_lb.c reads KP_BE_F_LOCAL) */
 	__u8  fe_flags;         /* slot 0: enum kp_fe_flags. Was padding, always written 0, which
 				 * reads as "no flag": rows of an older agent mean what they say,
-				 * so this field needed no version bump of kp_svc4 */
+				 * so this field needed no version bump */
 	__u8  pad[2];
 };
 
 /* Backends, keyed by a __u32 id allocated by the agent (0 is never used). Written once when
  * the id is allocated and never modified: a backend whose address changes is another id. */
-struct kp_backend4 {
-	__be32 addr;
+struct kp_backend {
+	struct kp_ip addr;
 	__be16 port;
 	__u8   proto;
 	__u8   pad;
 };
 
 /* Reverse translation for the socket path: which service address a socket meant when the
- * connect/sendmsg hook sent it to a backend. Read by recvmsg4 (UDP reply source) and
- * getpeername4. LRU: entries of closed sockets age out. */
-struct kp_sknat4_key {
+ * connect/sendmsg hook sent it to a backend. Read by recvmsg4/6 (UDP reply source) and
+ * getpeername4/6. LRU: entries of closed sockets age out. */
+struct kp_sknat_key {
 	__u64  cookie;    /* socket cookie */
-	__be32 addr;      /* backend address */
+	struct kp_ip addr; /* backend address */
 	__be16 port;      /* backend port */
-	__u8   pad[2];
+	__u8   pad[6];
 };
 
-struct kp_sknat4_val {
-	__be32 addr;      /* service address */
+struct kp_sknat_val {
+	struct kp_ip addr; /* service address */
 	__be16 port;      /* service port */
 	__u8   pad[2];
 	__u32  svc_id;
 };
 
-/* The same for a TCP socket, in its own storage (kp_sksvc4, BPF_MAP_TYPE_SK_STORAGE): written
+/* The same for a TCP socket, in its own storage (kp_sksvc, BPF_MAP_TYPE_SK_STORAGE): written
  * once by connect, freed with the socket. An LRU row would be evicted by other sockets' rows
  * once the map is full, and that eviction was ~40 % of connect4's cost under churn. */
 struct kp_sksvc_val {
-	__be32 be_addr;   /* backend address the socket was sent to */
-	__be32 addr;      /* service address */
+	struct kp_ip be_addr; /* backend address the socket was sent to */
+	struct kp_ip addr; /* service address */
 	__be16 be_port;   /* backend port */
 	__be16 port;      /* service port */
 	__u32  svc_id;
@@ -218,16 +228,17 @@ struct kp_svc_meta {
 };
 
 /* Addresses that matched no frontend (lib/servicecidr.h), kube-proxy nftables' cluster-ips
- * set and service-CIDR rule: kp_cip4 maps an allocated ClusterIP (__be32) to what it gets;
- * kp_svccidr4 (LPM trie) holds the ServiceCIDRs, and an address inside one fails at once. */
-struct kp_cip4_val {
+ * set and service-CIDR rule: kp_cip maps an allocated ClusterIP to what it gets; kp_svccidr
+ * (LPM trie) holds the ServiceCIDRs of both families (an IPv4 one as its IPv4-mapped prefix,
+ * 96 + its length), and an address inside one fails at once. */
+struct kp_cip_val {
 	__u8 action;      /* enum kp_cip_action */
 	__u8 pad[3];
 };
 
-struct kp_cidr4_key {
+struct kp_cidr_key {
 	__u32  prefixlen; /* LPM trie key: prefix length in bits, then the address */
-	__be32 addr;
+	struct kp_ip addr;
 };
 
 /* loadBalancerSourceRanges (lib/srcrange.h): an LPM trie keyed by the frontend (the
@@ -235,16 +246,17 @@ struct kp_cidr4_key {
  * lookup with prefixlen KP_SRCRANGE_FE_BITS + 32 (a whole source address) answers "is this
  * source inside one of this frontend's ranges". */
 enum kp_srcrange_bits {
-	KP_SRCRANGE_FE_BITS = 64,   /* fe_addr, fe_port, proto, pad: the key's frontend part */
+	KP_SRCRANGE_FE_BITS = 160,  /* fe_addr, fe_port, proto, pad: the key's frontend part */
 };
 
-struct kp_srcrange4_key {
-	__u32  prefixlen; /* KP_SRCRANGE_FE_BITS + the range's prefix length */
-	__be32 fe_addr;   /* the frontend (an LB ingress IP), its port and protocol */
+struct kp_srcrange_key {
+	__u32  prefixlen; /* KP_SRCRANGE_FE_BITS + the range's prefix length (an IPv4 range's
+			   * IPv4-mapped: 96 + its length) */
+	struct kp_ip fe_addr; /* the frontend (an LB ingress IP), its port and protocol */
 	__be16 fe_port;
 	__u8   proto;
 	__u8   pad;
-	__be32 saddr;     /* the range's network address */
+	struct kp_ip saddr; /* the range's network address */
 };
 
 /* ---- The lookup interface of lib/lb.h (a request and its answer) ----------------------------
@@ -258,7 +270,7 @@ enum kp_lb_verdict {
 };
 
 struct kp_lb_req {
-	struct kp_svc4_key key; /* the frontend (slot ignored) */
+	struct kp_svc_key key;  /* the frontend (slot ignored) */
 	__u32 rnd[2];           /* one random number per attempt */
 	__u64 client;           /* ClientIP affinity: the client's identity (netns cookie) */
 	__u64 flow;             /* unconnected UDP: the socket cookie; 0 = not such a flow */
@@ -266,7 +278,7 @@ struct kp_lb_req {
 };
 
 struct kp_lb_res {
-	struct kp_backend4 be;  /* a copy of the chosen backend row */
+	struct kp_backend be;   /* a copy of the chosen backend row */
 	__u32 backend_id;
 	__u32 svc_id;
 	__u16 slot;
@@ -278,23 +290,24 @@ struct kp_lb_res {
 	__u8  pad;
 };
 
-_Static_assert(sizeof(struct kp_svc4_key) == 12, "kp_svc4_key");
+_Static_assert(sizeof(struct kp_ip) == 16, "kp_ip");
+_Static_assert(sizeof(struct kp_svc_key) == 24, "kp_svc_key");
 _Static_assert(sizeof(struct kp_svc_val) == 20, "kp_svc_val");
-_Static_assert(sizeof(struct kp_backend4) == 8, "kp_backend4");
-_Static_assert(sizeof(struct kp_sknat4_key) == 16, "kp_sknat4_key");
-_Static_assert(sizeof(struct kp_sknat4_val) == 12, "kp_sknat4_val");
-_Static_assert(sizeof(struct kp_sksvc_val) == 16, "kp_sksvc_val");
+_Static_assert(sizeof(struct kp_backend) == 20, "kp_backend");
+_Static_assert(sizeof(struct kp_sknat_key) == 32, "kp_sknat_key");
+_Static_assert(sizeof(struct kp_sknat_val) == 24, "kp_sknat_val");
+_Static_assert(sizeof(struct kp_sksvc_val) == 40, "kp_sksvc_val");
 _Static_assert(sizeof(struct kp_aff_key) == 16, "kp_aff_key");
 _Static_assert(sizeof(struct kp_aff_val) == 16, "kp_aff_val");
 _Static_assert(sizeof(struct kp_svc_meta) == 152, "kp_svc_meta");
-_Static_assert(sizeof(struct kp_cip4_val) == 4, "kp_cip4_val");
-_Static_assert(sizeof(struct kp_cidr4_key) == 8, "kp_cidr4_key");
-_Static_assert(sizeof(struct kp_srcrange4_key) == 16, "kp_srcrange4_key");
-_Static_assert(KP_SRCRANGE_FE_BITS == 8 * (__builtin_offsetof(struct kp_srcrange4_key, saddr) -
-					  __builtin_offsetof(struct kp_srcrange4_key, fe_addr)),
+_Static_assert(sizeof(struct kp_cip_val) == 4, "kp_cip_val");
+_Static_assert(sizeof(struct kp_cidr_key) == 20, "kp_cidr_key");
+_Static_assert(sizeof(struct kp_srcrange_key) == 40, "kp_srcrange_key");
+_Static_assert(KP_SRCRANGE_FE_BITS == 8 * (__builtin_offsetof(struct kp_srcrange_key, saddr) -
+					  __builtin_offsetof(struct kp_srcrange_key, fe_addr)),
 	       "KP_SRCRANGE_FE_BITS: the bits between prefixlen and saddr");
-_Static_assert(sizeof(struct kp_lb_req) == 48, "kp_lb_req");
-_Static_assert(sizeof(struct kp_lb_res) == 24, "kp_lb_res");
+_Static_assert(sizeof(struct kp_lb_req) == 56, "kp_lb_req");
+_Static_assert(sizeof(struct kp_lb_res) == 36, "kp_lb_res");
 
 /* ---- North-south (TC): connection tracking and NAT ---------------------------------------
  * A flow from outside the node is tracked by its original tuple (client -> frontend) in kp_ct4,
@@ -404,34 +417,34 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 12, "kp_tc_cfg");
  * below (the agent passes its configured sizes), `flags` the map_flags at creation. */
 #define KP_NO_PREALLOC 1   /* BPF_F_NO_PREALLOC: LPM tries and socket storage require it */
 #define KP_MAPS(X)                                                                            \
-	X(svc,         kp_svc4,     2, hash,         struct kp_svc4_key,   struct kp_svc_val,    KP_SVC4_SIZE,     0) \
-	X(backend,     kp_be4,      2, hash,         __u32,                struct kp_backend4,   KP_BE4_SIZE,      0) \
-	X(sknat,       kp_sknat4,   1, lru_hash,     struct kp_sknat4_key, struct kp_sknat4_val, KP_SKNAT4_SIZE,   0) \
-	X(sksvc,       kp_sksvc4,   1, sk_storage,   int,                  struct kp_sksvc_val,  KP_SKSVC4_SIZE,   KP_NO_PREALLOC) \
+	X(svc,         kp_svc,      3, hash,         struct kp_svc_key,    struct kp_svc_val,    KP_SVC_SIZE,      0) \
+	X(backend,     kp_be,       3, hash,         __u32,                struct kp_backend,    KP_BE_SIZE,       0) \
+	X(sknat,       kp_sknat,    2, lru_hash,     struct kp_sknat_key,  struct kp_sknat_val,  KP_SKNAT_SIZE,    0) \
+	X(sksvc,       kp_sksvc,    2, sk_storage,   int,                  struct kp_sksvc_val,  KP_SKSVC_SIZE,    KP_NO_PREALLOC) \
 	X(affinity,    kp_aff,      1, lru_hash,     struct kp_aff_key,    struct kp_aff_val,    KP_AFF_SIZE,      0) \
 	X(flow,        kp_flow,     1, lru_hash,     struct kp_aff_key,    struct kp_aff_val,    KP_FLOW_SIZE,     0) \
 	X(meta,        kp_meta,     2, hash,         __u32,                struct kp_svc_meta,   KP_META_SIZE,     0) \
 	X(stats,       kp_stats,    3, percpu_array, __u32,                __u64,                KP_STAT_MAX,      0) \
-	X(clusterip,   kp_cip4,     1, hash,         __be32,               struct kp_cip4_val,   KP_CIP4_SIZE,     0) \
-	X(servicecidr, kp_svccidr4, 1, lpm_trie,     struct kp_cidr4_key,  __u32,                KP_SVCCIDR4_SIZE, KP_NO_PREALLOC) \
+	X(clusterip,   kp_cip,      2, hash,         struct kp_ip,         struct kp_cip_val,    KP_CIP_SIZE,      0) \
+	X(servicecidr, kp_svccidr,  2, lpm_trie,     struct kp_cidr_key,   __u32,                KP_SVCCIDR_SIZE,  KP_NO_PREALLOC) \
 	X(ct,          kp_ct4,      2, lru_hash,     struct kp_ct4_key,    struct kp_ct4_val,    KP_CT4_SIZE,      0) \
 	X(rnat,        kp_rnat4,    1, lru_hash,     struct kp_ct4_key,    struct kp_ct4_key,    KP_RNAT4_SIZE,    0) \
 	X(tccfg,       kp_tccfg,    2, array,        __u32,                struct kp_tc_cfg,     1,                0) \
-	X(srcrange,    kp_srcrange4, 1, lpm_trie,    struct kp_srcrange4_key, __u32,             KP_SRCRANGE4_SIZE, KP_NO_PREALLOC) \
-	X(extaddr,     kp_extaddr4, 1, hash,         __be32,               __u32,                KP_EXTADDR4_SIZE, 0) \
-	X(extbe,       kp_extbe4,   1, hash,         __be32,               __u32,                KP_EXTBE4_SIZE,   0)
+	X(srcrange,    kp_srcrange, 2, lpm_trie,     struct kp_srcrange_key, __u32,              KP_SRCRANGE_SIZE, KP_NO_PREALLOC) \
+	X(extaddr,     kp_extaddr,  2, hash,         struct kp_ip,         __u32,                KP_EXTADDR_SIZE,  0) \
+	X(extbe,       kp_extbe,    2, hash,         struct kp_ip,         __u32,                KP_EXTBE_SIZE,    0)
 
-#ifndef KP_SVC4_SIZE
-#define KP_SVC4_SIZE   262144  /* frontends plus one row per backend slot (10k x 10: 110k) */
+#ifndef KP_SVC_SIZE
+#define KP_SVC_SIZE   262144  /* frontends plus one row per backend slot (10k x 10: 110k) */
 #endif
-#ifndef KP_BE4_SIZE
-#define KP_BE4_SIZE    131072  /* distinct backends (10k x 10: 100k) */
+#ifndef KP_BE_SIZE
+#define KP_BE_SIZE    131072  /* distinct backends (10k x 10: 100k) */
 #endif
-#ifndef KP_SKNAT4_SIZE
-#define KP_SKNAT4_SIZE 65536   /* reverse translation per UDP socket and backend (LRU) */
+#ifndef KP_SKNAT_SIZE
+#define KP_SKNAT_SIZE 65536   /* reverse translation per UDP socket and backend (LRU) */
 #endif
-#ifndef KP_SKSVC4_SIZE
-#define KP_SKSVC4_SIZE 0       /* socket storage: no size, one row per socket, freed with it */
+#ifndef KP_SKSVC_SIZE
+#define KP_SKSVC_SIZE 0       /* socket storage: no size, one row per socket, freed with it */
 #endif
 #ifndef KP_AFF_SIZE
 #define KP_AFF_SIZE    65536   /* ClientIP affinity (LRU) */
@@ -448,20 +461,20 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 12, "kp_tc_cfg");
 #ifndef KP_META_SIZE
 #define KP_META_SIZE   16384   /* service-port names for the CLI */
 #endif
-#ifndef KP_CIP4_SIZE
-#define KP_CIP4_SIZE   65536   /* allocated ClusterIPs (ours and other proxies') */
+#ifndef KP_CIP_SIZE
+#define KP_CIP_SIZE   65536   /* allocated ClusterIPs (ours and other proxies') */
 #endif
-#ifndef KP_EXTADDR4_SIZE
-#define KP_EXTADDR4_SIZE 16384 /* addresses of scope-EXT frontends: node IPs, external and LB IPs */
+#ifndef KP_EXTADDR_SIZE
+#define KP_EXTADDR_SIZE 16384 /* addresses of scope-EXT frontends: node IPs, external and LB IPs */
 #endif
-#ifndef KP_EXTBE4_SIZE
-#define KP_EXTBE4_SIZE 16384   /* local backends of scope-EXT frontends (their replies' sources) */
+#ifndef KP_EXTBE_SIZE
+#define KP_EXTBE_SIZE 16384   /* local backends of scope-EXT frontends (their replies' sources) */
 #endif
-#ifndef KP_SRCRANGE4_SIZE
-#define KP_SRCRANGE4_SIZE 16384 /* loadBalancerSourceRanges rows: one per (LB frontend, range) */
+#ifndef KP_SRCRANGE_SIZE
+#define KP_SRCRANGE_SIZE 16384 /* loadBalancerSourceRanges rows: one per (LB frontend, range) */
 #endif
-#ifndef KP_SVCCIDR4_SIZE
-#define KP_SVCCIDR4_SIZE 256   /* ServiceCIDR ranges */
+#ifndef KP_SVCCIDR_SIZE
+#define KP_SVCCIDR_SIZE 256   /* ServiceCIDR ranges */
 #endif
 
 /* Enums that reach the BTF through tools/layoutgen.py's anchor struct (a type no variable

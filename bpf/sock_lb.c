@@ -6,9 +6,11 @@
  * appears to come from the service address and getpeername() names the service, as with
  * kube-proxy's DNAT. The choice itself is lib/lb.h's, shared with every other program.
  *
- * The *6 programs serve IPv4 Services reached through AF_INET6 sockets as IPv4-mapped
- * addresses (::ffff:10.96.0.10, what Java and other dual-stack clients do): the kernel runs only
- * the IPv6 hooks for those, and kube-proxy, which sees plain IPv4 packets, serves them too.
+ * The *4 and *6 programs are one code path over struct kp_ip (lib/ip.h): the *4 ones map their
+ * IPv4 address, the *6 ones pass theirs as is. So an IPv4 Service reached through an AF_INET6
+ * socket as an IPv4-mapped address (::ffff:10.96.0.10, what Java and other dual-stack clients
+ * do; the kernel runs only the IPv6 hooks for those, and kube-proxy, which sees plain IPv4
+ * packets, serves them too) is simply its frontend's key, and gets an IPv4-mapped backend.
  *
  * Compiled by bcc; KP_PIN_DIR (the agent's bpffs directory) and the map sizes come in as -D.
  */
@@ -17,6 +19,7 @@
 #include <uapi/linux/errno.h>
 #include "kproxy.h"
 #include "lib/endian.h"
+#include "lib/ip.h"
 #include "lib/lb.h"
 #include "lib/servicecidr.h"
 
@@ -27,26 +30,27 @@
  * runs for an unconnected socket only and getpeername for a connected one, so the row is never
  * read while it is written. False without memory for it: the LRU row below is written. */
 static __always_inline bool sock_remember_tcp(struct bpf_sock_addr *ctx,
-					     const struct kp_lb_res *res, __be32 addr, __be16 port)
+					     const struct kp_lb_res *res,
+					     const struct kp_ip *addr, __be16 port)
 {
 	struct bpf_sock *sk = ctx->sk;
 	struct kp_sksvc_val *row;
 
 	if (!sk)
 		return false;
-	row = kp_sksvc4.sk_storage_get(sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	row = kp_sksvc.sk_storage_get(sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	if (!row)
 		return false;
 	row->be_addr = res->be.addr;
 	row->be_port = res->be.port;
-	row->addr = addr;
+	row->addr = *addr;
 	row->port = port;
 	row->svc_id = res->svc_id;
 	return true;
 }
 
 /* The service address sock_remember_tcp stored for (*addr, *port), if any, into them. */
-static __always_inline bool sock_recall_tcp(struct bpf_sock_addr *ctx, __be32 *addr,
+static __always_inline bool sock_recall_tcp(struct bpf_sock_addr *ctx, struct kp_ip *addr,
 					    __be16 *port)
 {
 	struct kp_sksvc_val *row;
@@ -54,11 +58,11 @@ static __always_inline bool sock_recall_tcp(struct bpf_sock_addr *ctx, __be32 *a
 
 	if (!ctx->sk)
 		return false;
-	row = kp_sksvc4.sk_storage_get(ctx->sk, 0, 0);
+	row = kp_sksvc.sk_storage_get(ctx->sk, 0, 0);
 	if (!row)
 		return false;
 	v = *row;
-	if (v.be_addr != *addr || v.be_port != *port)
+	if (!kp_ip_eq(&v.be_addr, addr) || v.be_port != *port)
 		return false;
 	*addr = v.addr;
 	*port = v.port;
@@ -68,33 +72,33 @@ static __always_inline bool sock_recall_tcp(struct bpf_sock_addr *ctx, __be32 *a
 /* Remembers which service address the socket meant, for recvmsg/getpeername. Written only
  * when it changes: an unconnected UDP client (every DNS query) sends through here each time. */
 static __always_inline void sock_remember(struct bpf_sock_addr *ctx, const struct kp_lb_res *res,
-					  __be32 addr, __be16 port)
+					  const struct kp_ip *addr, __be16 port)
 {
-	struct kp_sknat4_key rkey = {};
-	struct kp_sknat4_val rval = {};
-	struct kp_sknat4_val old;
-	struct kp_sknat4_val *row;
+	struct kp_sknat_key rkey = {};
+	struct kp_sknat_val rval = {};
+	struct kp_sknat_val old;
+	struct kp_sknat_val *row;
 
 	if (ctx->protocol == IPPROTO_TCP && sock_remember_tcp(ctx, res, addr, port))
 		return;
 	rkey.cookie = bpf_get_socket_cookie(ctx);
 	rkey.addr = res->be.addr;
 	rkey.port = res->be.port;
-	row = kp_sknat4.lookup(&rkey);
+	row = kp_sknat.lookup(&rkey);
 	if (row) {
 		old = *row;
-		if (old.addr == addr && old.port == port && old.svc_id == res->svc_id)
+		if (kp_ip_eq(&old.addr, addr) && old.port == port && old.svc_id == res->svc_id)
 			return;
 	}
-	rval.addr = addr;
+	rval.addr = *addr;
 	rval.port = port;
 	rval.svc_id = res->svc_id;
-	kp_sknat4.update(&rkey, &rval);
+	kp_sknat.update(&rkey, &rval);
 }
 
 /* Translates (*addr, *port) if it is a service frontend. Returns 1 when translated, 0 when it
  * is no service (the socket proceeds untouched), or a negative errno to report. */
-static __always_inline int sock_xlate_fwd(struct bpf_sock_addr *ctx, __be32 *addr,
+static __always_inline int sock_xlate_fwd(struct bpf_sock_addr *ctx, struct kp_ip *addr,
 					  __be16 *port, bool unconnected_udp)
 {
 	struct kp_lb_req req = {};
@@ -108,7 +112,7 @@ static __always_inline int sock_xlate_fwd(struct bpf_sock_addr *ctx, __be32 *add
 		return kp_servicecidr_unmatched(req.key.addr);
 	if (res.verdict != KP_LB_FORWARD)
 		return kp_lb_refusal(res.verdict, KP_LB_PATH_SOCK);
-	sock_remember(ctx, &res, *addr, *port);
+	sock_remember(ctx, &res, addr, *port);
 	*addr = res.be.addr;
 	*port = res.be.port;
 	kp_count(KP_STAT_FORWARD);
@@ -117,12 +121,12 @@ static __always_inline int sock_xlate_fwd(struct bpf_sock_addr *ctx, __be32 *add
 
 /* The service address a translated socket meant, for a (backend addr, port) it sees; a UDP
  * reply also keeps the socket's flow row alive, as a reply refreshes a conntrack entry. */
-static __always_inline bool sock_xlate_rev(struct bpf_sock_addr *ctx, __be32 *addr,
+static __always_inline bool sock_xlate_rev(struct bpf_sock_addr *ctx, struct kp_ip *addr,
 					   __be16 *port)
 {
-	struct kp_sknat4_key rkey = {};
-	struct kp_sknat4_val rval;
-	struct kp_sknat4_val *row;
+	struct kp_sknat_key rkey = {};
+	struct kp_sknat_val rval;
+	struct kp_sknat_val *row;
 	struct kp_aff_key akey = {};
 	struct kp_aff_val flow;
 	struct kp_aff_val *frow;
@@ -135,7 +139,7 @@ static __always_inline bool sock_xlate_rev(struct bpf_sock_addr *ctx, __be32 *ad
 	rkey.cookie = bpf_get_socket_cookie(ctx);
 	rkey.addr = *addr;
 	rkey.port = *port;
-	row = kp_sknat4.lookup(&rkey);
+	row = kp_sknat.lookup(&rkey);
 	if (!row)
 		return false;
 	rval = *row;
@@ -163,77 +167,60 @@ static __always_inline int sock_verdict(int err)
 	return SYS_REJECT;
 }
 
-static __always_inline int sock4_fwd(struct bpf_sock_addr *ctx, bool unconnected_udp)
+/* The socket's address as a kp_ip, and back: the only difference between the families. */
+static __always_inline struct kp_ip sock_addr(const struct bpf_sock_addr *ctx, bool v6)
 {
-	__be32 addr = ctx->user_ip4;
+	struct kp_ip ip;
+
+	if (!v6)
+		return kp_ip_from4(ctx->user_ip4);
+	ip.w[0] = ctx->user_ip6[0];
+	ip.w[1] = ctx->user_ip6[1];
+	ip.w[2] = ctx->user_ip6[2];
+	ip.w[3] = ctx->user_ip6[3];
+	return ip;
+}
+
+static __always_inline void sock_set_addr(struct bpf_sock_addr *ctx, bool v6,
+					  const struct kp_ip *ip, __be16 port)
+{
+	if (v6) {
+		ctx->user_ip6[0] = ip->w[0];
+		ctx->user_ip6[1] = ip->w[1];
+		ctx->user_ip6[2] = ip->w[2];
+		ctx->user_ip6[3] = ip->w[3];
+	} else {
+		ctx->user_ip4 = ip->w[3];
+	}
+	ctx->user_port = (__u32)port;
+}
+
+static __always_inline int sock_fwd(struct bpf_sock_addr *ctx, bool v6, bool unconnected_udp)
+{
+	struct kp_ip addr = sock_addr(ctx, v6);
 	__be16 port = (__be16)ctx->user_port;
 	int ret = sock_xlate_fwd(ctx, &addr, &port, unconnected_udp);
 
-	if (ret > 0) {
-		ctx->user_ip4 = addr;
-		ctx->user_port = (__u32)port;
-	}
+	if (ret > 0)
+		sock_set_addr(ctx, v6, &addr, port);
 	return sock_verdict(ret);
 }
 
-static __always_inline int sock4_rev(struct bpf_sock_addr *ctx)
+static __always_inline int sock_rev(struct bpf_sock_addr *ctx, bool v6)
 {
-	__be32 addr = ctx->user_ip4;
+	struct kp_ip addr = sock_addr(ctx, v6);
 	__be16 port = (__be16)ctx->user_port;
 
-	if (sock_xlate_rev(ctx, &addr, &port)) {
-		ctx->user_ip4 = addr;
-		ctx->user_port = (__u32)port;
-	}
+	if (sock_xlate_rev(ctx, &addr, &port))
+		sock_set_addr(ctx, v6, &addr, port);
 	return SYS_PROCEED;
 }
 
-/* ::ffff:a.b.c.d: the third 32-bit word is 0x0000ffff in network byte order. */
-static __always_inline bool sock6_v4mapped(struct bpf_sock_addr *ctx)
-{
-	return ctx->user_ip6[0] == 0 && ctx->user_ip6[1] == 0 &&
-	       ctx->user_ip6[2] == kp_htonl(0x0000ffff);
-}
-
-static __always_inline int sock6_fwd(struct bpf_sock_addr *ctx, bool unconnected_udp)
-{
-	__be32 addr;
-	__be16 port;
-	int ret;
-
-	if (!sock6_v4mapped(ctx))
-		return SYS_PROCEED;          /* IPv6 Services are not served yet */
-	addr = ctx->user_ip6[3];
-	port = (__be16)ctx->user_port;
-	ret = sock_xlate_fwd(ctx, &addr, &port, unconnected_udp);
-	if (ret > 0) {
-		ctx->user_ip6[3] = addr;
-		ctx->user_port = (__u32)port;
-	}
-	return sock_verdict(ret);
-}
-
-static __always_inline int sock6_rev(struct bpf_sock_addr *ctx)
-{
-	__be32 addr;
-	__be16 port;
-
-	if (!sock6_v4mapped(ctx))
-		return SYS_PROCEED;
-	addr = ctx->user_ip6[3];
-	port = (__be16)ctx->user_port;
-	if (sock_xlate_rev(ctx, &addr, &port)) {
-		ctx->user_ip6[3] = addr;
-		ctx->user_port = (__u32)port;
-	}
-	return SYS_PROCEED;
-}
-
-int kp_connect4(struct bpf_sock_addr *ctx)     { return sock4_fwd(ctx, false); }
-int kp_sendmsg4(struct bpf_sock_addr *ctx)     { return sock4_fwd(ctx, true); }
-int kp_recvmsg4(struct bpf_sock_addr *ctx)     { return sock4_rev(ctx); }
-int kp_getpeername4(struct bpf_sock_addr *ctx) { return sock4_rev(ctx); }
-int kp_connect6(struct bpf_sock_addr *ctx)     { return sock6_fwd(ctx, false); }
-int kp_sendmsg6(struct bpf_sock_addr *ctx)     { return sock6_fwd(ctx, true); }
-int kp_recvmsg6(struct bpf_sock_addr *ctx)     { return sock6_rev(ctx); }
-int kp_getpeername6(struct bpf_sock_addr *ctx) { return sock6_rev(ctx); }
+int kp_connect4(struct bpf_sock_addr *ctx)     { return sock_fwd(ctx, false, false); }
+int kp_sendmsg4(struct bpf_sock_addr *ctx)     { return sock_fwd(ctx, false, true); }
+int kp_recvmsg4(struct bpf_sock_addr *ctx)     { return sock_rev(ctx, false); }
+int kp_getpeername4(struct bpf_sock_addr *ctx) { return sock_rev(ctx, false); }
+int kp_connect6(struct bpf_sock_addr *ctx)     { return sock_fwd(ctx, true, false); }
+int kp_sendmsg6(struct bpf_sock_addr *ctx)     { return sock_fwd(ctx, true, true); }
+int kp_recvmsg6(struct bpf_sock_addr *ctx)     { return sock_rev(ctx, true); }
+int kp_getpeername6(struct bpf_sock_addr *ctx) { return sock_rev(ctx, true); }

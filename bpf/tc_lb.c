@@ -15,7 +15,7 @@
  * kp_to_outside (clsact egress): a local backend's reply leaving for the client gets the
  *   frontend back as its source. Egress on the external device sees it after routing, so
  *   nothing is needed on the pod-facing devices. Packets from no local backend of an EXT
- *   frontend pass at once (kp_extbe4).
+ *   frontend pass at once (kp_extbe).
  *
  * Verdicts: DROP (endpoints only elsewhere, eTP Local) drops; REJECT (no endpoint anywhere)
  * answers with an ICMP port unreachable, as kube-proxy's reject rule does.
@@ -124,13 +124,13 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 	struct kp_ct4_key rkey = {};
 	__u8 flags;
 
-	kp_lb_request(&req, p->tuple.daddr, p->tuple.dport, p->tuple.proto, scope,
+	kp_lb_request(&req, kp_ip_from4(p->tuple.daddr), p->tuple.dport, p->tuple.proto, scope,
 		      (1ULL << KP_AFF_TC_CLIENT_BIT) | p->tuple.saddr, 0, now);
 	kp_lb_select(&req, &res);
 	if (res.verdict == KP_LB_NONE)
 		return 0;
 	/* Before the verdict: kube-proxy's firewall runs before its DNAT and no-endpoint reject. */
-	if (!kp_srcrange_allows(&req.key, res.fe_flags, p->tuple.saddr)) {
+	if (!kp_srcrange_allows(&req.key, res.fe_flags, kp_ip_from4(p->tuple.saddr))) {
 		kp_count(KP_STAT_TC_SRC_DROP);
 		*act = TC_ACT_SHOT;
 		return -1;
@@ -147,12 +147,12 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 		return -1;
 	}
 	__builtin_memset(v, 0, sizeof(*v));
-	v->be_addr = res.be.addr;
+	v->be_addr = res.be.addr.w[3];    /* IPv4-mapped: lib/lb.h keeps the frontend's family */
 	v->be_port = res.be.port;
 	v->backend_id = res.backend_id;
 	v->svc_id = res.svc_id;
 	flags = scope == KP_SCOPE_SOCK ? KP_CT_F_POD : 0;
-	if (scope == KP_SCOPE_EXT ? !(res.be_flags & KP_BE_F_LOCAL) : res.be.addr == p->tuple.saddr) {
+	if (scope == KP_SCOPE_EXT ? !(res.be_flags & KP_BE_F_LOCAL) : res.be.addr.w[3] == p->tuple.saddr) {
 		if (kp_snat_alloc(&p->tuple, v, cfg, now) != 0) {
 			kp_count(KP_STAT_TC_SNAT_FULL);
 			*act = TC_ACT_SHOT;
@@ -185,8 +185,8 @@ static __always_inline bool kp_ct_usable(const struct kp_pkt *p, const struct kp
 					 __u64 now)
 {
 	__u32 id = v->backend_id;
-	struct kp_backend4 *b;
-	struct kp_backend4 be;
+	struct kp_backend *b;
+	struct kp_backend be;
 
 	if (now > kp_ct_expires(v->life) ||
 	    kp_ct_reopens(p->tuple.proto, p->tcp_flags, p->tcp_seq, v))
@@ -194,11 +194,11 @@ static __always_inline bool kp_ct_usable(const struct kp_pkt *p, const struct kp
 	if ((kp_ct_flags(v->life) & KP_CT_F_POD) && p->tuple.proto == IPPROTO_TCP &&
 	    !(p->tcp_flags & KP_TCP_SYN))
 		return true;
-	b = kp_be4.lookup(&id);
+	b = kp_be.lookup(&id);
 	if (!b)
 		return false;
 	be = *b;
-	return be.addr == v->be_addr && be.port == v->be_port;
+	return be.addr.w[3] == v->be_addr && be.port == v->be_port && kp_ip_is4(&be.addr);
 }
 
 /* Drops the reply row of a flow that is load-balanced anew. A SNAT flow's row stays: its port
@@ -290,7 +290,7 @@ static __always_inline int kp_reply(struct __sk_buff *skb, struct kp_pkt *p, boo
  * (lib/servicecidr.h) as an ICMP error, or passes untouched. */
 static __always_inline int kp_pod_unmatched(struct __sk_buff *skb, const struct kp_pkt *p)
 {
-	int err = kp_servicecidr_unmatched(p->tuple.daddr);
+	int err = kp_servicecidr_unmatched(kp_ip_from4(p->tuple.daddr));
 
 	if (err == 0)
 		return TC_ACT_OK;
@@ -317,13 +317,14 @@ static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 	struct kp_ct4_val v;
 	struct kp_ct4_val *row;
 	struct kp_tc_cfg cfg;
+	struct kp_ip dst;
 	__u64 now;
 	bool to_snat;
 	int ret;
 	int act = TC_ACT_SHOT;   /* what kp_new_flow answers a packet with */
 
 	/* From outside, a packet can be ours only if it is sent to an address of some scope-EXT
-	 * frontend (kp_extaddr4, which the agent writes before the frontend's slot 0 and deletes
+	 * frontend (kp_extaddr, which the agent writes before the frontend's slot 0 and deletes
 	 * after it) or to the SNAT address. Any other, such as pod-to-pod traffic between nodes,
 	 * leaves after these two lookups in small maps instead of three in the large conntrack
 	 * and service maps (kp_from_outside per such packet: 650-900 ns before, ~200 ns after,
@@ -332,7 +333,8 @@ static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 		return TC_ACT_OK;
 	cfg = kp_tc_config();
 	to_snat = cfg.snat_addr && cfg.snat_addr == p.tuple.daddr;
-	if ((scope == KP_SCOPE_EXT && !to_snat && !kp_extaddr4.lookup(&p.tuple.daddr)) ||
+	dst = kp_ip_from4(p.tuple.daddr);
+	if ((scope == KP_SCOPE_EXT && !to_snat && !kp_extaddr.lookup(&dst)) ||
 	    kp_parse_l4(skb, &p) < 0)
 		return TC_ACT_OK;
 	/* Only a packet to the SNAT address and a port of its range can be a SNAT flow's reply. */
@@ -389,12 +391,16 @@ int kp_from_outside(struct __sk_buff *skb)
 
 /* The egress of both TC paths: a reply of a flow without SNAT gets its frontend back. On the
  * external devices such a reply can only come from a local backend of a scope-EXT frontend
- * (kp_extbe4, held by the writer like kp_extaddr4): anything else leaves after that lookup. */
+ * (kp_extbe, held by the writer like kp_extaddr): anything else leaves after that lookup. */
 static __always_inline int kp_egress(struct __sk_buff *skb, bool ext)
 {
 	struct kp_pkt p = {};
+	struct kp_ip src;
 
-	if (kp_parse_l3(skb, &p) < 0 || (ext && !kp_extbe4.lookup(&p.tuple.saddr)) ||
+	if (kp_parse_l3(skb, &p) < 0)
+		return TC_ACT_OK;
+	src = kp_ip_from4(p.tuple.saddr);
+	if ((ext && !kp_extbe.lookup(&src)) ||
 	    kp_parse_l4(skb, &p) < 0)
 		return TC_ACT_OK;
 	return kp_reply(skb, &p, false) < 0 ? TC_ACT_SHOT : TC_ACT_OK;

@@ -131,7 +131,8 @@ class Frontend:
 
     @property
     def key(self) -> FrontendKey:
-        return FrontendKey(self.ip, self.port, self.protocol, self.scope)
+        return FrontendKey(self.ip, self.port, self.protocol, self.scope,
+                           IPFamily.IPV6 if ":" in self.ip else IPFamily.IPV4)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@
 #define KPROXY_LIB_LB_H
 
 #include <uapi/linux/errno.h>
+#include "ip.h"
 #include "maps.h"
 #include "stats.h"
 
@@ -31,7 +32,7 @@ enum kp_lb_path {
 
 /* Fills a zeroed request for frontend (addr, port, proto, scope): a random number per attempt,
  * the affinity client, the unconnected-UDP flow (0: not one) and the clock. */
-static __always_inline void kp_lb_request(struct kp_lb_req *req, __be32 addr, __be16 port,
+static __always_inline void kp_lb_request(struct kp_lb_req *req, struct kp_ip addr, __be16 port,
 					  __u8 proto, __u8 scope, __u64 client, __u64 flow,
 					  __u64 now)
 {
@@ -65,24 +66,28 @@ static __always_inline int kp_lb_refusal(__u8 verdict, enum kp_lb_path path)
 	return -ECONNREFUSED;
 }
 
-/* Copies slot `slot` of the frontend and the backend it names into res. 0 on success. */
-static __always_inline int kp_lb_slot(struct kp_svc4_key *key, __u16 slot, struct kp_lb_res *res)
+/* Copies slot `slot` of the frontend and the backend it names into res. 0 on success. A
+ * backend of the other family counts as missing: the agent never writes one, and a socket of
+ * one family must never be sent to an address of the other. */
+static __always_inline int kp_lb_slot(struct kp_svc_key *key, __u16 slot, struct kp_lb_res *res)
 {
 	struct kp_svc_val *row;
 	struct kp_svc_val copy;
-	struct kp_backend4 *b;
+	struct kp_backend *b;
 	__u32 id;
 
 	key->slot = slot;
-	row = kp_svc4.lookup(key);
+	row = kp_svc.lookup(key);
 	if (!row)
 		return -1;
 	copy = *row;
 	id = copy.backend_id;
-	b = kp_be4.lookup(&id);
+	b = kp_be.lookup(&id);
 	if (!b)
 		return -1;
 	res->be = *b;
+	if (kp_ip_is4(&res->be.addr) != kp_ip_is4(&key->addr))
+		return -1;
 	res->backend_id = id;
 	res->be_flags = copy.be_flags;
 	return 0;
@@ -113,7 +118,7 @@ static __always_inline void kp_aff_touch(struct kp_aff_key *akey, struct kp_aff_
 }
 
 /* The backend an affinity row names, if it is fresh and its slot still holds it. */
-static __always_inline int kp_lb_from_affinity(struct kp_svc4_key *key, __u16 count,
+static __always_inline int kp_lb_from_affinity(struct kp_svc_key *key, __u16 count,
 					       const struct kp_aff_val *aff, __u64 timeout_ns,
 					       __u64 now, struct kp_lb_res *res)
 {
@@ -156,7 +161,7 @@ static __always_inline __u64 kp_lb_affinity_key(const struct kp_lb_req *req,
 static __always_inline int kp_lb_attempt(const struct kp_lb_req *req, struct kp_lb_res *res,
 					 __u32 rnd, int first)
 {
-	struct kp_svc4_key key = req->key;
+	struct kp_svc_key key = req->key;
 	struct kp_aff_key akey = {};
 	struct kp_aff_val fresh = {};
 	struct kp_aff_val aff;
@@ -166,7 +171,7 @@ static __always_inline int kp_lb_attempt(const struct kp_lb_req *req, struct kp_
 	__u64 timeout_ns;
 
 	key.slot = 0;
-	head = kp_svc4.lookup(&key);
+	head = kp_svc.lookup(&key);
 	if (!head) {
 		/* Gone between two attempts means deleted: as untranslated as a moment later. */
 		res->verdict = KP_LB_NONE;

@@ -19,8 +19,8 @@ from .pinned import PinnedMap
 
 class Phase(enum.Enum):
     PUT_ROWS = "put-rows"          # backend, meta, source-range and TC filter rows
-    PUT_SLOTS = "put-slots"        # kp_svc4 slots 1..n
-    PUT_HEADS = "put-heads"        # kp_svc4 slot 0
+    PUT_SLOTS = "put-slots"        # kp_svc slots 1..n
+    PUT_HEADS = "put-heads"        # kp_svc slot 0
     DEL_HEADS = "del-heads"
     DEL_SLOTS = "del-slots"
     DEL_GARBAGE = "del-garbage"    # rows no slot (or slot 0) needs any more

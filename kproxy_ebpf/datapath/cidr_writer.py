@@ -1,5 +1,5 @@
-"""Applies a ServiceCIDRSet to the two maps of bpf/lib/servicecidr.h: kp_cip4 (allocated
-ClusterIP -> reject or pass) and kp_svccidr4 (LPM trie of the ServiceCIDRs).
+"""Applies a ServiceCIDRSet to the two maps of bpf/lib/servicecidr.h: kp_cip (allocated
+ClusterIP -> reject or pass) and kp_svccidr (LPM trie of the ServiceCIDRs), both families.
 
 Kept apart from writer.py on purpose: these rows never reference frontends or backends, so the
 two writers share nothing but the ApplyResult they report into. Writes are O(changes): the
@@ -23,9 +23,10 @@ CIP_REJECT, CIP_PASS = L.const("KP_CIP_REJECT"), L.const("KP_CIP_PASS")
 ACTIONS = {"reject": CIP_REJECT, "pass": CIP_PASS, None: None}
 
 
-def _cidr_key(cidr: str) -> L.Cidr4Key:
-    net = ipaddress.IPv4Network(cidr)
-    return L.Cidr4Key(prefixlen=net.prefixlen, addr=L.ip_be(str(net.network_address)))
+def _cidr_key(cidr: str) -> L.CidrKey:
+    net = ipaddress.ip_network(cidr)
+    addr = str(net.network_address)
+    return L.CidrKey(prefixlen=L.prefix_bits(addr, net.prefixlen), addr=L.ip16(addr))
 
 
 class CidrWriter:
@@ -36,8 +37,9 @@ class CidrWriter:
 
     def restore(self) -> None:
         """Rebuilds the bookkeeping from the maps (a restarted agent rewrites nothing)."""
-        self.cluster_ips = {L.ip_str(k.value): v.action for k, v in self.cip.items()}
-        self.cidrs = {f"{L.ip_str(k.addr)}/{k.prefixlen}" for k in self.cidr.keys()}
+        self.cluster_ips = {L.ip_text(k): v.action for k, v in self.cip.items()}
+        self.cidrs = {f"{L.ip_text(k.addr)}/{L.prefix_len(k.addr, k.prefixlen)}"
+                      for k in self.cidr.keys()}
 
     def row_counts(self) -> dict[str, int]:
         return {"clusterip": len(self.cluster_ips), "servicecidr": len(self.cidrs)}

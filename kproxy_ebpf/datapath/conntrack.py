@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from ..desired import FrontendKey
+from ..model import IPFamily
 from . import layout as L
 from .pinned import PinnedMap
 from .programmed import BackendKey
@@ -51,7 +52,9 @@ def purge(maps: Mapping[str, PinnedMap], writer: Frontends,
     ClusterIP path every pod connection has a row, and a partial sync must not pay a Python
     object per row."""
     snat = L.CT_F_SNAT
-    wanted = None if frontends is None else {_raw_frontend(k) for k in frontends}
+    # kp_ct4 tracks IPv4 packets only: the TC path's flows of IPv6 frontends are not there.
+    wanted = None if frontends is None else {_raw_frontend(k) for k in frontends
+                                             if k.family is IPFamily.IPV4}
     rows = maps["ct"].unpacked()
     removed = 0
     flag_bits = L.const("KP_CT_LIFE_FLAGS")

@@ -1,5 +1,6 @@
-"""The writer's rows as the kernel stores them: kp_svc4 keys and values, kp_backend4 rows and
-their ids, kp_svc_meta rows, from layout.py's formats and types.
+"""The writer's rows as the kernel stores them: kp_svc keys and values, kp_backend rows and
+their ids, kp_svc_meta rows, from layout.py's formats and types; addresses of either family
+as struct kp_ip (layout.ip_bytes).
 
 Rows written per endpoint (slots, backends) are packed straight into bytes: a ctypes object
 per row cost more than the syscalls at 100,000 endpoints. Rows written per frontend (slot 0,
@@ -7,7 +8,6 @@ the meta row) keep the ctypes types, whose field names say what each value is.
 """
 from __future__ import annotations
 
-import socket
 import struct
 import sys
 
@@ -21,13 +21,13 @@ _SVC_VAL = struct.Struct(L.MAPS["svc"].value_format).pack
 _ID = struct.Struct(L.MAPS["backend"].key_format).pack
 _BACKEND = struct.Struct(L.MAPS["backend"].value_format).pack
 
-pack_svc_key = _SVC_KEY.pack          # (addr, port, proto, scope, slot) as kp_svc4_key holds them
-backend_id_key = _ID                  # kp_backend4's key: the backend id
+pack_svc_key = _SVC_KEY.pack          # (addr, port, proto, scope, slot) as kp_svc_key holds them
+backend_id_key = _ID                  # kp_backend's key: the backend id
 
 
-def slot_fields(head: L.SvcKey) -> tuple[int, int, int, int]:
+def slot_fields(head: L.SvcKey) -> tuple[bytes, int, int, int]:
     """(addr, port, proto, scope) of a frontend's slot 0 key, which its slot keys share."""
-    return head.addr, head.port, head.proto, head.scope
+    return bytes(head.addr), head.port, head.proto, head.scope
 
 
 def slot_value(backend_id: int, be_flags: int) -> bytes:
@@ -36,24 +36,25 @@ def slot_value(backend_id: int, be_flags: int) -> bytes:
 
 
 def backend_row(b: BackendKey) -> bytes:
-    """kp_backend4 of (ip, port, protocol): address and port in network byte order. The
-    address leads the row (checked below), so a row is its 4 bytes and the packed rest of
+    """kp_backend of (ip, port, protocol): address and port in network byte order. The
+    address leads the row (checked below), so a row is its 16 bytes and the packed rest of
     (port, protocol), which few backends differ in."""
     tail = _BACKEND_TAIL.get((b[1], b[2]))
     if tail is None:
         tail = _BACKEND_TAIL[(b[1], b[2])] = _BACKEND(
-            0, int.from_bytes(b[1].to_bytes(2, "big"), sys.byteorder), L.PROTO_NUM[b[2]])[4:]
-    return socket.inet_aton(b[0]) + tail
+            bytes(16), int.from_bytes(b[1].to_bytes(2, "big"), sys.byteorder),
+            L.PROTO_NUM[b[2]])[16:]
+    return L.ip_bytes(b[0]) + tail
 
 
 _BACKEND_TAIL: dict[tuple[int, Protocol], bytes] = {}
-if L.G.STRUCTS["kp_backend4"]["fields"][0] != ("addr", 0, "be32"):
-    raise ImportError("kp_backend4 no longer starts with its be32 addr: fix backend_row")
+if L.G.STRUCTS["kp_backend"]["fields"][0] != ("addr", 0, "struct kp_ip"):
+    raise ImportError("kp_backend no longer starts with its struct kp_ip addr: fix backend_row")
 
 
 def head_value(fe: Frontend, svc_id: int, count: int, ranges: bool) -> L.SvcVal:
     """Slot 0: the frontend's verdict, kind, affinity and slot count (`ranges`: it has
-    kp_srcrange4 rows the programs must check)."""
+    kp_srcrange rows the programs must check)."""
     return L.SvcVal(svc_id=svc_id, affinity_timeout=fe.affinity_timeout, count=count,
                     action=L.ACTION_NUM[fe.action], kind=L.KIND_NUM[fe.kind],
                     fe_flags=L.FE_F_SRC_RANGES if ranges else 0)

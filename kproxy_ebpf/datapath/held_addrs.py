@@ -1,5 +1,5 @@
 """Address rows held by frontends: the filters tc_lb.c reads before its conntrack and service
-lookups (kp_extaddr4: the addresses of scope-EXT frontends; kp_extbe4: their local backends).
+lookups (kp_extaddr: the addresses of scope-EXT frontends; kp_extbe: their local backends).
 
 A row (key: an IPv4 address in network order; value 1, only its presence is read) exists while
 some frontend holds its address. The writer holds an address before the slot 0 that needs it
@@ -53,7 +53,7 @@ class HeldAddrs:
         could not be written, each logged."""
         self.refs.clear()
         wanted = set(wanted)
-        have = {L.ip_str(k.value) for k in self.map.keys()}
+        have = {L.ip_text(k) for k in self.map.keys()}
         failed = set()
         for addr in sorted(wanted - have):
             try:

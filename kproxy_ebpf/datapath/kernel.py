@@ -28,7 +28,7 @@ HELPERS = {  # name -> (id, kernel that added it)
     "bpf_ktime_get_ns": (5, "4.1"), "bpf_get_prandom_u32": (7, "4.1"),
     "bpf_get_socket_cookie": (46, "5.7 for sock_addr"),
     "bpf_get_netns_cookie": (122, "5.7"), "bpf_set_retval": (187, "5.18"),
-    # a TCP socket's reverse translation (kp_sksvc4); verified here on 6.18, probed anywhere
+    # a TCP socket's reverse translation (kp_sksvc); verified here on 6.18, probed anywhere
     "bpf_sk_storage_get": (107, "<= 6.18"),
 }
 

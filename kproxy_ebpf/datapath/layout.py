@@ -13,11 +13,12 @@ integer whose in-memory bytes are network order, exactly what the kernel stores.
 from __future__ import annotations
 
 import ctypes
+import ipaddress
 import socket
 import struct
 
 from ..desired import Action, Backend, FrontendKey, FrontendKind, Scope, ServiceInfo
-from ..model import Protocol
+from ..model import IPFamily, Protocol
 from . import kproxy_h as G
 
 _SCALARS = {"u8": ctypes.c_uint8, "u16": ctypes.c_uint16, "u32": ctypes.c_uint32,
@@ -27,12 +28,19 @@ _SCALARS = {"u8": ctypes.c_uint8, "u16": ctypes.c_uint16, "u32": ctypes.c_uint32
 
 STRUCTS: dict[str, type[ctypes.Structure]] = {}
 
+# struct kp_ip (either family, IPv4 as IPv4-mapped) as 16 raw bytes: `bytes(row.addr)` is the
+# address in network order, which ip_text/ip16 convert; "16s" in bulk reads.
+IP16 = ctypes.c_uint8 * 16
+_IP_STRUCT = "struct kp_ip"
+
 
 def _ctype(spelled: str):
     """A field type as tools/layoutgen.py spells it (u32, be16, char[64], struct x, u8[2])."""
     if spelled.endswith("]"):
         base, _, count = spelled[:-1].partition("[")
         return _ctype(base) * int(count)
+    if spelled in (_IP_STRUCT, "kp_ip"):    # a field's type, or a map's key as KP_MAPS names it
+        return IP16
     name = spelled.removeprefix("struct ")
     if name in G.STRUCTS:
         return _struct(name)
@@ -68,10 +76,15 @@ def struct_format(spelled: str) -> str:
     so bulk reads decode rows without a ctypes object each. Pad fields are skipped; char[]
     reads as bytes. __be fields come out as the same integers the ctypes types hold."""
     name = spelled.removeprefix("struct ")
+    if name == "kp_ip":
+        return "=16s"
     if name not in G.STRUCTS:
         return "=" + _FORMAT[name.removeprefix("__")]
     out = []
     for field_name, _, t in G.STRUCTS[name]["fields"]:
+        if t == _IP_STRUCT:
+            out.append("16s")
+            continue
         base, _, count = t.partition("[")
         count = count.rstrip("]")
         if field_name == "pad":
@@ -92,16 +105,16 @@ def enum_names(prefix: str) -> dict[int, str]:
     return {v: k.removeprefix(prefix).lower() for k, v in G.ENUMS.items() if k.startswith(prefix)}
 
 
-SvcKey = STRUCTS["kp_svc4_key"]
+SvcKey = STRUCTS["kp_svc_key"]
 SvcVal = STRUCTS["kp_svc_val"]
-Backend4 = STRUCTS["kp_backend4"]
-SknatKey = STRUCTS["kp_sknat4_key"]
-SknatVal = STRUCTS["kp_sknat4_val"]
+BackendRow = STRUCTS["kp_backend"]
+SknatKey = STRUCTS["kp_sknat_key"]
+SknatVal = STRUCTS["kp_sknat_val"]
 AffKey = STRUCTS["kp_aff_key"]
 AffVal = STRUCTS["kp_aff_val"]
 SvcMeta = STRUCTS["kp_svc_meta"]
-CipVal = STRUCTS["kp_cip4_val"]
-Cidr4Key = STRUCTS["kp_cidr4_key"]
+CipVal = STRUCTS["kp_cip_val"]
+CidrKey = STRUCTS["kp_cidr_key"]
 LbReq = STRUCTS["kp_lb_req"]
 LbRes = STRUCTS["kp_lb_res"]
 
@@ -116,7 +129,7 @@ class MapSpec:
         self.id, self.base, self.version = mid, row["name"], row["version"]
         self.type = row["type"]
         self.key, self.value = _ctype(row["key"]), _ctype(row["value"])
-        self.by_addr = row["key"] == "__be32"       # keyed by a bare IPv4 address
+        self.by_addr = row["key"] == "kp_ip"        # keyed by a bare address (struct kp_ip)
         self.key_format, self.value_format = struct_format(row["key"]), struct_format(row["value"])
         self.size_macro, self.default_size = row["size_macro"], row["size"]
         self.lru = self.type.startswith("lru_")
@@ -192,9 +205,9 @@ def ct_keeps_backend(flags: int, proto: int) -> bool:
 
 
 TcCfg = STRUCTS["kp_tc_cfg"]
-SrcRangeKey = STRUCTS["kp_srcrange4_key"]
+SrcRangeKey = STRUCTS["kp_srcrange_key"]
 FE_F_SRC_RANGES = const("KP_FE_F_SRC_RANGES")
-_SRCRANGE_FE_BITS = const("KP_SRCRANGE_FE_BITS")     # kp_srcrange4_key's frontend part
+_SRCRANGE_FE_BITS = const("KP_SRCRANGE_FE_BITS")     # kp_srcrange_key's frontend part
 SCOPE_SOCK = const("KP_SCOPE_SOCK")
 SCOPE_EXT = const("KP_SCOPE_EXT")
 SCOPE_NUM = {Scope.SOCK: SCOPE_SOCK, Scope.EXT: SCOPE_EXT}
@@ -243,18 +256,46 @@ def backend_state(flags: int) -> str:
 
 
 def ip_be(ip: str) -> int:
-    """Dotted IPv4 -> the u32 whose native bytes are network order."""
+    """Dotted IPv4 -> the u32 whose native bytes are network order (kp_ct4's __be32 fields)."""
     return struct.unpack("=I", socket.inet_aton(ip))[0]
 
 
-def ip_str(value: int) -> str:
-    return socket.inet_ntoa(struct.pack("=I", value))
+_V4_MAPPED = bytes(10) + b"\xff\xff"       # RFC 4291 2.5.5.2; lib/ip.h's kp_ip_from4
 
 
-def addr_key(ip: str) -> bytes:
-    """The key of a map keyed by a bare __be32 address (kp_cip4, kp_extaddr4, kp_extbe4):
-    its 4 bytes in network order, as inet_aton gives them."""
-    return socket.inet_aton(ip)
+def ip_bytes(ip: str) -> bytes:
+    """An address of either family as struct kp_ip holds it: 16 bytes in network order, an
+    IPv4 address IPv4-mapped. Raises ValueError for text that is no address."""
+    if ":" in ip:
+        return socket.inet_pton(socket.AF_INET6, ip)
+    return _V4_MAPPED + socket.inet_aton(ip)
+
+
+def ip_text(raw16: bytes | ctypes.Array) -> str:
+    """A struct kp_ip in its canonical text form (RFC 5952 for IPv6, dotted for IPv4-mapped)."""
+    b = bytes(raw16)
+    if b[:12] == _V4_MAPPED:
+        return socket.inet_ntoa(b[12:])
+    return ipaddress.IPv6Address(b).compressed
+
+
+def ip_is4(raw16: bytes | ctypes.Array) -> bool:
+    return bytes(raw16)[:12] == _V4_MAPPED
+
+
+def ip16(ip: str) -> ctypes.Array:
+    """A struct kp_ip field value for the ctypes rows."""
+    return IP16.from_buffer_copy(ip_bytes(ip))
+
+
+def ip_str(value: int | bytes | ctypes.Array) -> str:
+    """An address field of a row in text: a kp_ct4 __be32 (an int) or a struct kp_ip."""
+    if isinstance(value, int):
+        return socket.inet_ntoa(struct.pack("=I", value))
+    return ip_text(value)
+
+
+addr_key = ip_bytes         # the key of a map keyed by a bare struct kp_ip (kp_cip, kp_extaddr, ...)
 
 
 def port_be(port: int) -> int:
@@ -266,12 +307,12 @@ def port_host(value: int) -> int:
 
 
 def svc_key(ip: str, port: int, proto: Protocol, slot: int = 0, scope: int = 0) -> SvcKey:
-    return SvcKey(addr=ip_be(ip), port=port_be(port), proto=PROTO_NUM[proto], scope=scope,
+    return SvcKey(addr=ip16(ip), port=port_be(port), proto=PROTO_NUM[proto], scope=scope,
                   slot=slot)
 
 
-def backend_val(ip: str, port: int, proto: Protocol) -> Backend4:
-    return Backend4(addr=ip_be(ip), port=port_be(port), proto=PROTO_NUM[proto])
+def backend_val(ip: str, port: int, proto: Protocol) -> BackendRow:
+    return BackendRow(addr=ip16(ip), port=port_be(port), proto=PROTO_NUM[proto])
 
 
 def key_tuple(key: SvcKey) -> tuple[str, int, Protocol]:
@@ -279,28 +320,43 @@ def key_tuple(key: SvcKey) -> tuple[str, int, Protocol]:
 
 
 def frontend_svc_key(fkey: FrontendKey, slot: int = 0) -> SvcKey:
-    """The map key of slot `slot` of a desired-state frontend (kp_svc4: IPv4 ones)."""
+    """The map key of slot `slot` of a desired-state frontend (kp_svc, either family)."""
     return svc_key(fkey.ip, fkey.port, fkey.protocol, slot=slot, scope=SCOPE_NUM[fkey.scope])
 
 
 def frontend_key(key: SvcKey) -> FrontendKey:
     """The desired-state frontend key of a map row (the inverse of frontend_svc_key)."""
-    return FrontendKey(*key_tuple(key), SCOPE_BY_NUM.get(key.scope, Scope.SOCK))
+    ip, port, proto = key_tuple(key)
+    return FrontendKey(ip, port, proto, SCOPE_BY_NUM.get(key.scope, Scope.SOCK),
+                       IPFamily.IPV4 if ip_is4(key.addr) else IPFamily.IPV6)
 
 
 def srcrange_key(fkey: FrontendKey, cidr: str) -> SrcRangeKey:
-    """The kp_srcrange4 row of source range `cidr` (canonical IPv4) of frontend `fkey`."""
+    """The kp_srcrange row of source range `cidr` (canonical, the frontend's family) of
+    frontend `fkey`."""
     addr, _, bits = cidr.partition("/")
-    return SrcRangeKey(prefixlen=_SRCRANGE_FE_BITS + int(bits), fe_addr=ip_be(fkey.ip),
-                       fe_port=port_be(fkey.port), proto=PROTO_NUM[fkey.protocol],
-                       saddr=ip_be(addr))
+    return SrcRangeKey(prefixlen=_SRCRANGE_FE_BITS + prefix_bits(addr, int(bits)),
+                       fe_addr=ip16(fkey.ip), fe_port=port_be(fkey.port),
+                       proto=PROTO_NUM[fkey.protocol], saddr=ip16(addr))
 
 
 def srcrange_of(key: SrcRangeKey) -> tuple[FrontendKey, str]:
-    """(frontend key of scope EXT, source range) of a kp_srcrange4 row."""
-    fkey = FrontendKey(ip_str(key.fe_addr), port_host(key.fe_port),
-                       PROTO_BY_NUM.get(key.proto, Protocol.TCP), Scope.EXT)
-    return fkey, f"{ip_str(key.saddr)}/{key.prefixlen - _SRCRANGE_FE_BITS}"
+    """(frontend key of scope EXT, source range) of a kp_srcrange row."""
+    ip = ip_text(key.fe_addr)
+    fkey = FrontendKey(ip, port_host(key.fe_port), PROTO_BY_NUM.get(key.proto, Protocol.TCP),
+                       Scope.EXT, IPFamily.IPV4 if ip_is4(key.fe_addr) else IPFamily.IPV6)
+    return fkey, f"{ip_text(key.saddr)}/{prefix_len(key.saddr, key.prefixlen - _SRCRANGE_FE_BITS)}"
+
+
+def prefix_bits(addr: str, length: int) -> int:
+    """A prefix length as an LPM trie over struct kp_ip counts it: an IPv4 prefix covers the
+    96 bits of its IPv4-mapped prefix too."""
+    return length if ":" in addr else 96 + length
+
+
+def prefix_len(raw16: bytes | ctypes.Array, bits: int) -> int:
+    """The inverse of prefix_bits for a trie row's address and prefix length."""
+    return bits - 96 if ip_is4(raw16) else bits
 
 
 def raw(obj: ctypes.Structure | ctypes._SimpleCData | bytes) -> bytes:

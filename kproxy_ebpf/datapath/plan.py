@@ -76,7 +76,7 @@ class Planner:
         return frozenset(fe.source_ranges) if self.has_ranges else frozenset()
 
     def locals(self, fe: Frontend) -> frozenset[str]:
-        """The local backends' addresses an EXT frontend needs in kp_extbe4: their replies
+        """The local backends' addresses an EXT frontend needs in kp_extbe: their replies
         leave through kp_to_outside, which looks for their flows only from those."""
         if not self.has_ext_locals or fe.action is not Action.FORWARD or fe.scope is not Scope.EXT:
             return frozenset()

@@ -96,10 +96,10 @@ class Programmed:
     affinity: int
     count: int | None                               # None: slot 0 not written yet
     rows: SlotRows = field(default_factory=SlotRows)      # slot -> (backend, flags)
-    ranges: frozenset[str] = frozenset()            # kp_srcrange4 rows of this frontend
+    ranges: frozenset[str] = frozenset()            # kp_srcrange rows of this frontend
     range_flag: bool = False                        # slot 0's KP_FE_F_SRC_RANGES
-    addr_held: bool = False                         # EXT: its address's kp_extaddr4 row
-    local_held: frozenset[str] = frozenset()        # EXT: its local backends' kp_extbe4 rows
+    addr_held: bool = False                         # EXT: its address's kp_extaddr row
+    local_held: frozenset[str] = frozenset()        # EXT: its local backends' kp_extbe rows
 
     def live(self) -> dict[BackendKey, int]:
         """The backends lookups can reach, with their flags."""
@@ -119,7 +119,7 @@ class Ledger:
         self.unref: set[BackendKey] = set()               # may have dropped to 0 refs
         self.svc_unref: set[ServicePortName] = set()
         self.slot_rows = 0        # slot rows (1..n) of every frontend: O(1) row counts
-        self.range_rows = 0       # kp_srcrange4 rows of every frontend, likewise
+        self.range_rows = 0       # kp_srcrange rows of every frontend, likewise
 
     def ref(self, prog: Programmed, slot: int, row: Slot | None) -> None:
         """Slot `slot` of a frontend now holds `row` (None: the row is gone)."""

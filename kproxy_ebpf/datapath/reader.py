@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import socket
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,7 +33,7 @@ def _policy(meta: L.SvcMeta | None) -> dict:
 
 def _cidr_order(cidr: str) -> tuple[bytes, int]:
     addr, _, bits = cidr.partition("/")
-    return socket.inet_aton(addr), int(bits)
+    return L.ip_bytes(addr), int(bits)
 
 
 def services(maps: Mapping[str, PinnedMap]) -> list[dict]:
@@ -49,7 +48,7 @@ def services(maps: Mapping[str, PinnedMap]) -> list[dict]:
         ranges.setdefault(fkey, []).append(cidr)
     for key, val in rows:
         if key.slot:
-            slots.setdefault((key.addr, key.port, key.proto, key.scope), {})[key.slot] = (
+            slots.setdefault((bytes(key.addr), key.port, key.proto, key.scope), {})[key.slot] = (
                 val.backend_id, val.be_flags)
     out = []
     for key, val in rows:
@@ -66,11 +65,11 @@ def services(maps: Mapping[str, PinnedMap]) -> list[dict]:
             "policy": _policy(metas.get(val.svc_id)), "backends": [],
         }
         if val.fe_flags & L.FE_F_SRC_RANGES:
-            # loadBalancerSourceRanges as enforced (kp_srcrange4): the sources a new flow
+            # loadBalancerSourceRanges as enforced (kp_srcrange): the sources a new flow
             # from outside may come from.
             entry["source_ranges"] = sorted(ranges.get(L.frontend_key(key), []),
                                             key=_cidr_order)
-        mine = slots.get((key.addr, key.port, key.proto, key.scope), {})
+        mine = slots.get((bytes(key.addr), key.port, key.proto, key.scope), {})
         for slot in range(1, val.count + 1):
             bid, flags = mine.get(slot, (None, 0))
             be = backends.get(bid) if bid is not None else None
@@ -89,6 +88,8 @@ def _plain(obj) -> object:
     """ctypes value -> JSON-able, decoding the fields whose meaning we know."""
     if isinstance(obj, bytes):          # a char[] field reads as bytes
         return obj.decode(errors="replace")
+    if isinstance(obj, L.IP16):         # struct kp_ip
+        return L.ip_text(obj)
     if isinstance(obj, ctypes.Array):
         if obj._type_ is ctypes.c_char:
             return obj.value.decode(errors="replace")
@@ -102,7 +103,7 @@ def _plain(obj) -> object:
         if name == "pad":
             continue
         value = getattr(obj, name)
-        if name == "addr":
+        if name.endswith("addr"):          # kp_ip, or a kp_ct4/kp_tc_cfg __be32
             value = L.ip_str(value)
         elif name == "port":
             value = L.port_host(value)
@@ -117,7 +118,7 @@ def dump(m: PinnedMap) -> list[dict]:
     rows = []
     for key, value in m.items():
         if m.spec.by_addr:                  # clusterip, extaddr, extbe
-            row = {"key": L.ip_str(key.value), "value": _plain(value)}
+            row = {"key": L.ip_text(key), "value": _plain(value)}
         elif m.spec.percpu:
             per_cpu = list(value)
             row = {"key": _plain(key), "value": sum(per_cpu), "per_cpu": per_cpu}

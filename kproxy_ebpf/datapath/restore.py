@@ -8,17 +8,12 @@ Ledger's unref sets name them).
 """
 from __future__ import annotations
 
-import socket
-import struct
-
 from ..desired import Action, FrontendKey, FrontendKind, Scope, ServicePortName
-from ..model import Protocol
+from ..model import IPFamily, Protocol
 from . import layout as L
 from .held_addrs import HeldAddrs
 from .pinned import PinnedMap
 from .programmed import BackendKey, Ledger, Programmed
-
-_NATIVE_U32_PACK = struct.Struct("=I").pack
 
 
 def _cstr(raw: bytes) -> str:
@@ -39,11 +34,10 @@ def read_back(svc: PinnedMap, be: PinnedMap, meta: PinnedMap, src: PinnedMap | N
     led.svc_ids.restore_all((spn, sid) for sid, spn in names.items())
     ports: dict[int, int] = {}
 
-    def addr(ip: int, port: int, proto: int) -> BackendKey:
+    def addr(ip: bytes, port: int, proto: int) -> BackendKey:
         if port not in ports:
             ports[port] = L.port_host(port)
-        return (socket.inet_ntoa(_NATIVE_U32_PACK(ip)), ports[port],
-                L.PROTO_BY_NUM.get(proto, Protocol.TCP))
+        return (L.ip_text(ip), ports[port], L.PROTO_BY_NUM.get(proto, Protocol.TCP))
 
     backends: dict[int, BackendKey] = {}
     for (bid,), (ip, port, proto) in be.unpacked():
@@ -54,8 +48,9 @@ def read_back(svc: PinnedMap, be: PinnedMap, meta: PinnedMap, src: PinnedMap | N
     rows = [(k, v) for k, v in svc.unpacked() if k[3] in L.SCOPE_BY_NUM]
     heads: dict[tuple, Programmed] = {}     # a frontend's (ip, port, proto, scope) as stored
 
-    def record(ip: int, port: int, proto: int, scope: int, prog: Programmed) -> Programmed:
-        fkey = FrontendKey(*addr(ip, port, proto), L.SCOPE_BY_NUM[scope])
+    def record(ip: bytes, port: int, proto: int, scope: int, prog: Programmed) -> Programmed:
+        fkey = FrontendKey(*addr(ip, port, proto), L.SCOPE_BY_NUM[scope],
+                           IPFamily.IPV4 if L.ip_is4(ip) else IPFamily.IPV6)
         heads[(ip, port, proto, scope)] = led.frontends[fkey] = prog
         return prog
 
@@ -78,7 +73,8 @@ def read_back(svc: PinnedMap, be: PinnedMap, meta: PinnedMap, src: PinnedMap | N
         # A slot naming no backend, or above its frontend's count (an agent killed between
         # writing slot 0 and deleting the surplus), is a leftover no lookup can reach.
         if bkey is None or (prog.count is not None and slot > prog.count):
-            svc.delete(L.SvcKey(addr=ip, port=port, proto=proto, scope=scope, slot=slot))
+            svc.delete(L.SvcKey(addr=L.IP16.from_buffer_copy(ip), port=port, proto=proto,
+                                scope=scope, slot=slot))
             continue
         prog.rows[slot] = (bkey, flags)       # Ledger.ref() inline: a fresh slot, per endpoint
         refs[bkey] += 1

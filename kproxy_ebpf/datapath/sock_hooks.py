@@ -43,6 +43,12 @@ def sock_programs() -> list[Program]:
             for prog, (attach_type, _) in SOCK_HOOKS.items()]
 
 
+# Names maps had before their rows held either family (struct kp_ip, layout v3 of each): an
+# upgrade from an IPv4-only agent leaves these pins, which remove_stale_maps unpins.
+FORMER_BASES = frozenset({"kp_svc4", "kp_be4", "kp_sknat4", "kp_sksvc4", "kp_cip4", "kp_svccidr4",
+                          "kp_srcrange4", "kp_extaddr4", "kp_extbe4"})
+
+
 @dataclass
 class SockDatapath:
     bpffs_dir: Path
@@ -107,10 +113,10 @@ class SockDatapath:
         return removed
 
     def remove_stale_maps(self) -> list[str]:
-        """Unpins maps of other layout versions (kp_svc4_v1 after an upgrade to _v2). Safe
-        only once our programs are attached: until then the old programs read them."""
+        """Unpins maps of other layout versions (kp_svc4_v2 after an upgrade to kp_svc_v3).
+        Safe only once our programs are attached: until then the old programs read them."""
         current = {spec.name for spec in MAPS.values()}
-        bases = {spec.base for spec in MAPS.values()}
+        bases = {spec.base for spec in MAPS.values()} | FORMER_BASES
         removed = []
         for entry in sorted(self.bpffs_dir.iterdir()):
             base, sep, version = entry.name.rpartition("_v")

@@ -1,6 +1,6 @@
 """The C source handed to bcc: a program with the project's own headers inlined.
 
-bcc rewrites map operations (`kp_svc4.lookup(&key)`) only in the main file it compiles, not
+bcc rewrites map operations (`kp_svc.lookup(&key)`) only in the main file it compiles, not
 in included headers. The shared lookup code lives in bpf/lib/*.h so that every program (socket
 hooks, TC, the test-run harness) uses the same functions, so each program's own quoted includes
 are expanded into one text before bcc sees it; `#line` markers keep compiler messages pointing

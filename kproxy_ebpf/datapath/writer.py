@@ -18,15 +18,15 @@ it and lives in that frontend's slot row (be_flags), of which tc_lb.c reads KP_B
 Both scopes of the svc map are written here (sockets, and packets from outside the node): a
 FrontendKey names a frontend's rows whatever its scope; backends and service ids are shared.
 
-loadBalancerSourceRanges (scope EXT, LoadBalancer frontends) live in the kp_srcrange4 trie
+loadBalancerSourceRanges (scope EXT, LoadBalancer frontends) live in the kp_srcrange trie
 with a flag in the frontend's slot 0 (KP_FE_F_SRC_RANGES): new range rows are written before
 the slot 0 that sets or keeps the flag, and rows that left go only after the slot 0 that
 cleared the flag or stopped needing them, so a reader never sees the flag without its rows
 (it would drop every client). While ranges change, the union of old and new is admitted for
 the moment between the two writes, never nothing.
 
-Scope-EXT frontends also hold address rows (held_addrs.py): their own address in kp_extaddr4
-and their local backends' in kp_extbe4, which tc_lb.c reads so that packets of no EXT flow
+Scope-EXT frontends also hold address rows (held_addrs.py): their own address in kp_extaddr
+and their local backends' in kp_extbe, which tc_lb.c reads so that packets of no EXT flow
 (pod-to-pod traffic between nodes) pass without a conntrack or service lookup. Like the range
 rows, a frontend holds an address before the slot 0 that needs it and lets go after the slot 0
 that stopped needing it. The writer never decides policy.

@@ -14,9 +14,11 @@ working, which is what an operator expects.
 
 What this module does not do: apply kube-proxy's defaults for unset endpoint conditions, or decide
 which Services to skip (headless, ExternalName, service-proxy-name). Those are policy and live in
-proxy/, which sees the raw "unset" as None. Conversion only keeps IPv4 addresses of Services,
-because the datapath is IPv4-only today; an IPv6 slice still converts (proxy/ ignores it by its
-addressType, as kube-proxy does).
+proxy/, which sees the raw "unset" as None. Addresses of both families are kept, in canonical
+text (dotted quad; RFC 5952 for IPv6) and in API order, so a dual-stack Service keeps its primary
+family first; proxy/ plans each family apart, as kube-proxy runs a proxier per family. An
+IPv4-mapped IPv6 address (::ffff:a.b.c.d) is refused everywhere: the datapath holds IPv4 in
+exactly that form (bpf/lib/ip.h), so such an "IPv6" address would alias an IPv4 one.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from ..model import (
     Endpoint,
     EndpointPort,
     EndpointSlice,
+    IPFamily,
     LoadBalancerIngress,
     Node,
     Protocol,
@@ -111,14 +114,55 @@ def _ipv4(value: Any) -> str | None:
         return None
 
 
-def _is_ipv6(value: Any) -> bool:
+def _ipv6(value: Any) -> str | None:
+    """The canonical (RFC 5952) text of an IPv6 address string, or None: also for an
+    IPv4-mapped one (see the module docstring) and one with a zone (fe80::1%eth0)."""
     if not isinstance(value, str):
-        return False
+        return None
     try:
-        ipaddress.IPv6Address(value.strip())
-        return True
+        addr = ipaddress.IPv6Address(value.strip())
+    except ValueError:
+        return None
+    if addr.ipv4_mapped is not None or addr.scope_id is not None:
+        return None
+    return addr.compressed
+
+
+def _ip(value: Any) -> str | None:
+    """The canonical text of an address of either family, or None."""
+    return _ipv4(value) or _ipv6(value)
+
+
+def _is_mapped(value: Any) -> bool:
+    try:
+        return isinstance(value, str) and ipaddress.IPv6Address(value.strip()).ipv4_mapped is not None
     except ValueError:
         return False
+
+
+def _not_an_ip(value: Any) -> str:
+    """Why `value` is refused as an address, for a rejection message."""
+    if _is_mapped(value):
+        return f"{_short(value)} is an IPv4-mapped IPv6 address (write the IPv4 address)"
+    return f"{_short(value)} is not an IP address"
+
+
+def ip_family(ip: str) -> IPFamily:
+    """The family of a canonical address this module produced."""
+    return IPFamily.IPV6 if ":" in ip else IPFamily.IPV4
+
+
+# Endpoint addresses kube's EndpointSlice validation refuses (ValidateEndpointIP, v1.36
+# pkg/apis/discovery/validation: unspecified, loopback, link-local, link-local multicast): no
+# proxy may send a Service's traffic there, whatever wrote the slice.
+def _endpoint_ip_refused(ip: str) -> bool:
+    if ":" not in ip:       # canonical dotted quad: prefixes, at the cost of a string compare
+        return ip == "0.0.0.0" or ip.startswith(_REFUSED_V4)
+    addr = ipaddress.IPv6Address(ip)
+    return addr.is_unspecified or addr.is_loopback or addr.is_link_local or ip.startswith("ff02:")
+
+
+_REFUSED_V4 = ("127.", "169.254.", "224.0.0.")
 
 
 def _network(value: Any) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
@@ -128,6 +172,14 @@ def _network(value: Any) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None
         return ipaddress.ip_network(text, strict=False) if text else None
     except ValueError:
         return None
+
+
+_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
+
+
+def _mapped_net(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
+    """An IPv6 range reaching into IPv4-mapped space (see the module docstring)."""
+    return net.version == 6 and net.overlaps(_MAPPED)
 
 
 def _short(value: Any, limit: int = 60) -> str:
@@ -224,8 +276,9 @@ def service_from_api(obj: Any) -> tuple[Service | None, list[Rejection]]:
 
     headless, cluster_ips = _cluster_ips(spec, col)
     if not cluster_ips and not headless and svc_type is not ServiceType.EXTERNAL_NAME:
-        col.add("NoIPv4ClusterIP", "the Service has no IPv4 clusterIP; this proxy handles IPv4 only, "
-                "so its ClusterIP is not programmed")
+        col.add("NoClusterIP", "the Service has no usable clusterIP, so none of its addresses is "
+                "programmed")
+    _check_families(spec, cluster_ips, col)
 
     labels = _labels(meta)
     svc = Service(
@@ -235,7 +288,7 @@ def service_from_api(obj: Any) -> tuple[Service | None, list[Rejection]]:
         cluster_ips=cluster_ips,
         headless=headless,
         ports=_service_ports(spec.get("ports"), col),
-        external_ips=_ipv4_list(spec.get("externalIPs"), "spec.externalIPs", col),
+        external_ips=_ip_list(spec.get("externalIPs"), "spec.externalIPs", col),
         load_balancer_ingress=_lb_ingress(status, col),
         session_affinity_timeout=_affinity_timeout(spec, col),
         external_traffic_local=_policy_local(spec, "externalTrafficPolicy", col),
@@ -250,14 +303,34 @@ def service_from_api(obj: Any) -> tuple[Service | None, list[Rejection]]:
 
 
 def _cluster_ips(spec: dict, col: _Collector) -> tuple[bool, tuple[str, ...]]:
-    """(headless, IPv4 cluster IPs). clusterIPs wins over clusterIP, as the API defines it."""
+    """(headless, cluster IPs of either family, primary first). clusterIPs wins over
+    clusterIP, as the API defines it."""
     raw = spec.get("clusterIPs")
     if not isinstance(raw, list) or not raw:
         single = spec.get("clusterIP")
         raw = [single] if single not in (None, "") else []
     if raw and raw[0] == "None":
         return True, ()
-    return False, _ipv4_list(raw, "spec.clusterIPs", col, reason="InvalidClusterIP", suffix="")
+    ips = _ip_list(raw, "spec.clusterIPs", col, reason="InvalidClusterIP", suffix="")
+    if len({ip_family(ip) for ip in ips}) < len(ips):
+        col.add("InvalidClusterIP", f"spec.clusterIPs: {_short(raw)} holds two addresses of one "
+                "family; the first of each family is used")
+        ips = tuple(ip for i, ip in enumerate(ips)
+                    if ip_family(ip) not in {ip_family(x) for x in ips[:i]})
+    return False, ips
+
+
+def _check_families(spec: dict, cluster_ips: tuple[str, ...], col: _Collector) -> None:
+    """spec.ipFamilies names the families of spec.clusterIPs in order (the API server keeps
+    them so); an object where they disagree is reported, and its clusterIPs are what counts,
+    as kube-proxy reads only those."""
+    families = spec.get("ipFamilies")
+    if not isinstance(families, list) or not cluster_ips:
+        return
+    have = [ip_family(ip).value for ip in cluster_ips]
+    if families != have:
+        col.add("IPFamilyMismatch", f"spec.ipFamilies {_short(families)} does not match the families "
+                f"of spec.clusterIPs ({', '.join(have)}); the clusterIPs are used")
 
 
 def _port_entry(entry: dict, where: str, col: _Collector, *,
@@ -304,21 +377,20 @@ def _port_field(value: Any, where: str, col: _Collector) -> int:
     return 0
 
 
-def _ipv4_list(raw: Any, where: str, col: _Collector, reason: str = "InvalidIP",
-               suffix: str = ", ignored") -> tuple[str, ...]:
-    """IPv4 entries of a list of addresses, deduplicated; IPv6 ones are skipped quietly
-    (dual-stack is valid), anything else is reported."""
+def _ip_list(raw: Any, where: str, col: _Collector, reason: str = "InvalidIP",
+             suffix: str = ", ignored") -> tuple[str, ...]:
+    """The addresses of a list, canonical and deduplicated, in list order; anything that is no
+    address (or an IPv4-mapped one) is reported."""
     if raw is not None and not isinstance(raw, list):
         col.add(reason, f"{where} is not a list: {_short(raw)}")
         return ()
     out: list[str] = []
     for i, value in enumerate(_list(raw)):
-        v4 = _ipv4(value)
-        if v4 is not None:
-            if v4 not in out:
-                out.append(v4)
-        elif not _is_ipv6(value):
-            col.add(reason, f"{where}[{i}]: {_short(value)} is not an IP address{suffix}")
+        ip = _ip(value)
+        if ip is None:
+            col.add(reason, f"{where}[{i}]: {_not_an_ip(value)}{suffix}")
+        elif ip not in out:
+            out.append(ip)
     return tuple(out)
 
 
@@ -332,13 +404,11 @@ def _lb_ingress(status: dict, col: _Collector) -> tuple[LoadBalancerIngress, ...
         ip = entry.get("ip")
         if ip in (None, ""):
             continue    # hostname-only ingress: nothing for a proxy to program
-        v4 = _ipv4(ip)
-        if v4 is None:
-            if not _is_ipv6(ip):
-                col.add("InvalidIP", f"status.loadBalancer.ingress[{i}].ip: {_short(ip)} is not an IP "
-                        "address, ignored")
+        canonical = _ip(ip)
+        if canonical is None:
+            col.add("InvalidIP", f"status.loadBalancer.ingress[{i}].ip: {_not_an_ip(ip)}, ignored")
             continue
-        out.append(LoadBalancerIngress(ip=v4, ip_mode=_str(entry.get("ipMode"))))
+        out.append(LoadBalancerIngress(ip=canonical, ip_mode=_str(entry.get("ipMode"))))
     return tuple(out)
 
 
@@ -390,9 +460,10 @@ def cidr_sloppy(value: Any) -> ipaddress.IPv4Network | ipaddress.IPv6Network | N
 
 
 def _source_ranges(raw: Any, col: _Collector) -> tuple[str, ...]:
-    """IPv4 CIDRs of loadBalancerSourceRanges, normalised to their network address.
+    """CIDRs of loadBalancerSourceRanges (both families; each family's frontends use their
+    own, proxy/external.py), normalised to their network address.
 
-    Like kube-proxy: ranges of the other family are left out, an empty entry is skipped
+    Like kube-proxy: an empty entry is skipped
     silently, and one that does not parse is ignored (reported here: a log line, a metric and
     an Event, where kube-proxy logs "Invalid CIDR ignored"); the valid ones still apply.
     """
@@ -404,10 +475,10 @@ def _source_ranges(raw: Any, col: _Collector) -> tuple[str, ...]:
         if isinstance(value, str) and not value.strip():
             continue
         net = cidr_sloppy(value)
-        if net is None:
+        if net is None or _mapped_net(net):
             col.add("InvalidSourceRange", f"spec.loadBalancerSourceRanges[{i}]: {_short(value)} is not "
-                    "a CIDR, ignored")
-        elif net.version == 4 and str(net) not in out:
+                    "a CIDR" + (" of either family (IPv4-mapped)" if net else "") + ", ignored")
+        elif str(net) not in out:
             out.append(str(net))
     return tuple(out)
 
@@ -493,7 +564,7 @@ def _endpoints(raw: Any, address_type: str, col: _Collector) -> tuple[Endpoint, 
         col.add("InvalidEndpoint", f"endpoints is not a list: {_short(raw)}")
         return ()
     out: list[Endpoint] = []
-    ipv4 = address_type == "IPv4"
+    parse = _SLICE_PARSE.get(address_type)
     intern = sys.intern
     for i, entry in enumerate(_list(raw)):
         if type(entry) is dict and entry.get("hints") is None:
@@ -505,7 +576,8 @@ def _endpoints(raw: Any, address_type: str, col: _Collector) -> tuple[Endpoint, 
                 if (type(addr) is str and (ready is None or ready is True or ready is False)
                         and (serving is None or serving is True or serving is False)
                         and (terminating is None or terminating is True or terminating is False)
-                        and (not ipv4 or (addr := _ipv4(addr)) is not None)):
+                        and (parse is None or ((addr := parse(addr)) is not None
+                                               and not _endpoint_ip_refused(addr)))):
                     node, zone = entry.get("nodeName"), entry.get("zone")
                     out.append(Endpoint(
                         (addr,), ready, serving, terminating,
@@ -518,6 +590,10 @@ def _endpoints(raw: Any, address_type: str, col: _Collector) -> tuple[Endpoint, 
     return tuple(out)
 
 
+# The address parser of each slice addressType the datapath programs (FQDN slices are not).
+_SLICE_PARSE = {"IPv4": _ipv4, "IPv6": _ipv6}
+
+
 def _endpoint(where: str, entry: Any, address_type: str, col: _Collector) -> Endpoint | None:
     """One endpoints[] entry, each field checked; None (reported) when it is unusable."""
     if not isinstance(entry, dict):
@@ -528,14 +604,22 @@ def _endpoint(where: str, entry: Any, address_type: str, col: _Collector) -> End
         col.add("InvalidEndpoint", f"{where}.addresses is not a list of strings: {_short(addresses)}, "
                 "endpoint ignored")
         return None
-    if address_type == "IPv4":
-        # Only an IPv4 slice is ever programmed, so only its addresses must parse. A bad
+    parse = _SLICE_PARSE.get(address_type)
+    if parse is not None:
+        # Only IPv4 and IPv6 slices are programmed, so only their addresses must parse. A bad
         # address drops the whole endpoint: kube-proxy uses addresses[0], and shifting the
         # list would silently pick a different address.
-        canonical = [_ipv4(a) for a in addresses]
+        canonical = [parse(a) for a in addresses]
         if any(a is None for a in canonical):
-            col.add("InvalidEndpoint", f"{where}.addresses: {_short(addresses)} holds a non-IPv4 "
-                    "address in an IPv4 slice, endpoint ignored")
+            col.add("InvalidEndpoint", f"{where}.addresses: {_short(addresses)} holds an address that "
+                    f"is no {address_type} address (IPv4-mapped ones are refused) in an "
+                    f"{address_type} slice, endpoint ignored")
+            return None
+        refused = [a for a in canonical if a is not None and _endpoint_ip_refused(a)]
+        if refused:
+            col.add("InvalidEndpoint", f"{where}.addresses: {refused[0]} is a loopback, link-local, "
+                    "unspecified or link-local multicast address, which no endpoint may have; "
+                    "endpoint ignored")
             return None
         addresses = canonical
     conditions = _dict(entry.get("conditions"))
@@ -558,7 +642,8 @@ def _endpoint(where: str, entry: Any, address_type: str, col: _Collector) -> End
 def node_from_api(obj: Any) -> Node:
     """Convert a core/v1 Node. Never fails: a garbage object gives a Node with an empty name.
 
-    Addresses are the IPv4 InternalIPs, then the IPv4 ExternalIPs, each group in API order.
+    Addresses are the InternalIPs, then the ExternalIPs, each group in API order, both
+    families (proxy/ takes each family's own).
     """
     meta = _dict(_dict(obj).get("metadata"))
     labels = _labels(meta)
@@ -569,9 +654,9 @@ def node_from_api(obj: Any) -> Node:
             entry = _dict(entry)
             if entry.get("type") != wanted:
                 continue
-            v4 = _ipv4(entry.get("address"))
-            if v4 is not None and v4 not in addresses:
-                addresses.append(v4)
+            ip = _ip(entry.get("address"))
+            if ip is not None and ip not in addresses:
+                addresses.append(ip)
     taints = _list(_dict(_dict(obj).get("spec")).get("taints"))
     return Node(
         name=_str(meta.get("name")) or "",
@@ -587,11 +672,11 @@ def node_from_api(obj: Any) -> Node:
 # ServiceCIDR
 
 def service_cidr_from_api(obj: Any) -> tuple[ServiceCIDR | None, list[Rejection]]:
-    """Convert a networking.k8s.io/v1 ServiceCIDR: its IPv4 spec.cidrs, canonical.
+    """Convert a networking.k8s.io/v1 ServiceCIDR: its spec.cidrs (both families), canonical.
 
     Like kube-proxy (pkg/proxy/config ServiceCIDRConfig), every object counts whatever its
-    status: a range being deleted still holds allocated ClusterIPs. IPv6 ranges are left out
-    quietly (the other family); a range that does not parse is rejected.
+    status: a range being deleted still holds allocated ClusterIPs. A range that does not parse
+    is rejected.
     """
     meta, col, ok = _identity(obj, "ServiceCIDR")
     if not ok:
@@ -604,9 +689,10 @@ def service_cidr_from_api(obj: Any) -> tuple[ServiceCIDR | None, list[Rejection]
     cidrs: list[str] = []
     for i, value in enumerate(_list(raw)):
         net = _network(value)
-        if net is None:
-            col.add("InvalidCIDR", f"spec.cidrs[{i}]: {_short(value)} is not a CIDR, ignored")
-        elif net.version == 4 and str(net) not in cidrs:
+        if net is None or _mapped_net(net):
+            col.add("InvalidCIDR", f"spec.cidrs[{i}]: {_short(value)} is not a CIDR of either family, "
+                    "ignored")
+        elif str(net) not in cidrs:
             cidrs.append(str(net))
     return ServiceCIDR(name=col.name, cidrs=tuple(cidrs),
                        resource_version=_str(meta.get("resourceVersion")) or ""), col.items

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from operator import attrgetter
 from typing import NamedTuple
 
-from ..model import EndpointSlice, Protocol
+from ..model import EndpointSlice, IPFamily, Protocol
 
 #: (service port name, protocol); an unnamed port is "".
 PortKey = tuple[str, Protocol]
@@ -49,11 +49,12 @@ def _valid_port(port: int | None) -> bool:
     return port is not None and 0 < port <= 65535
 
 
-def endpoints_by_port(slices: Iterable[EndpointSlice],
-                      node_name: str) -> dict[PortKey, tuple[EndpointInfo, ...]]:
+def endpoints_by_port(slices: Iterable[EndpointSlice], node_name: str,
+                      family: IPFamily = IPFamily.IPV4) -> dict[PortKey, tuple[EndpointInfo, ...]]:
     """Merge one Service's slices into its usable endpoints, per (port name, protocol).
 
-    Slices are read in name order so that the result does not depend on event order. The same
+    Only slices of addressType `family` count (kube-proxy's per-family proxier). Slices are
+    read in name order so that the result does not depend on event order. The same
     ip:port in two slices (an endpoint moving between slices) is kept once; a local copy wins
     over a remote one, otherwise the first one seen stays. Each list is sorted by (ip, port).
     """
@@ -62,7 +63,7 @@ def endpoints_by_port(slices: Iterable[EndpointSlice],
     for sl in sorted(slices, key=lambda s: (s.namespace, s.name)):
         # A slice labelled service.kubernetes.io/headless is outside kube-proxy's informer
         # (its label selector, cmd/kube-proxy/app/server.go): its endpoints do not count.
-        if sl.service_name is None or sl.address_type != "IPv4" or sl.headless_label:
+        if sl.service_name is None or sl.address_type != family or sl.headless_label:
             continue
         for sport in sl.ports:
             if sport.name is None or not _valid_port(sport.port):

@@ -17,6 +17,11 @@ first InternalIP), otherwise the node addresses inside any of the listed CIDRs.
 
 loadBalancerSourceRanges restrict the LoadBalancer ingress IP frontends only (see
 lb_source_ranges); NodePorts and ExternalIPs of the same Service stay open, as in kube-proxy.
+
+Per family, as frontends.py: but tc_lb.c parses IPv4 packets only so far, so the IPv6 frontends
+of this scope are not planned, and a Service that has some gets a problem saying so (its IPv6
+ClusterIP, and its IPv6 NodePorts and external addresses reached from this node, are served by
+the socket path).
 """
 from __future__ import annotations
 
@@ -24,8 +29,12 @@ import ipaddress
 from collections.abc import Iterable, Sequence
 
 from ..desired import Frontend, FrontendKey, FrontendKind, Problem, Scope
-from ..model import EndpointSlice, Node, Protocol, Service
+from ..model import EndpointSlice, IPFamily, Node, Protocol, Service
+from .families import node_view, service_families, service_view
 from .frontends import port_plans, service_info, verdict
+
+# Families the TC path translates (tc_lb.c kp_parse_l3).
+TC_FAMILIES = (IPFamily.IPV4,)
 
 PRIMARY = "primary"
 
@@ -55,13 +64,14 @@ def lb_source_ranges(ranges: Sequence[str], node: Node, lb_ips: Sequence[str]) -
     """
     if not ranges:
         return ()
-    nets = [ipaddress.IPv4Network(r) for r in ranges]
-    node_ip = ipaddress.IPv4Address(node.addresses[0]) if node.addresses else None
+    nets = [ipaddress.ip_network(r) for r in ranges]
+    node_ip = ipaddress.ip_address(node.addresses[0]) if node.addresses else None
     out = set(ranges)
     if node_ip is not None and any(node_ip in n for n in nets):
-        out.update(f"{ip}/32" for ip in lb_ips)
-    return tuple(sorted(out, key=lambda c: (ipaddress.IPv4Network(c).network_address,
-                                             ipaddress.IPv4Network(c).prefixlen)))
+        out.update(f"{ip}/{ipaddress.ip_address(ip).max_prefixlen}" for ip in lb_ips)
+    return tuple(sorted(out, key=lambda c: (ipaddress.ip_network(c).version,
+                                             ipaddress.ip_network(c).network_address,
+                                             ipaddress.ip_network(c).prefixlen)))
 
 
 def validate_cidrs(values: Iterable[str], what: str, primary_ok: bool = False) -> list[str]:
@@ -85,16 +95,42 @@ def service_ext_frontends(svc: Service, slices: Iterable[EndpointSlice], node: N
                           node_port_addresses: Sequence[str] = (),
                           prefer_same_node: bool = True,
                           problems: list[Problem] | None = None) -> list[Frontend]:
-    """Scope-EXT frontends of one Service. Input problems are not reported here: the socket
-    scope (service_frontends) reads the same fields and reports each once. What only this
-    scope refuses (an SCTP port: tc_lb.c rewrites TCP and UDP; SCTP's CRC32c covers the ports
-    and no BPF helper recomputes it) goes into `problems`."""
+    """Scope-EXT frontends of one Service, in each family the TC path serves. Input problems
+    are not reported here: the socket scope (service_frontends) reads the same fields and
+    reports each once. What only this scope refuses (an SCTP port: tc_lb.c rewrites TCP and
+    UDP; SCTP's CRC32c covers the ports and no BPF helper recomputes it; a family tc_lb.c does
+    not parse) goes into `problems`."""
+    out: list[Frontend] = []
+    for family in service_families(svc):
+        view, nview = service_view(svc, family), node_view(node, family)
+        if family in TC_FAMILIES:
+            out += _family_ext_frontends(view, slices, nview, family, node_port_addresses,
+                                         prefer_same_node, problems)
+        elif problems is not None and _reachable_from_outside(
+                view, node_port_ips(nview, node_port_addresses)):
+            problems.append(Problem(
+                svc.namespace, svc.name, "Service", "FamilyFromOutsideNotServed",
+                f"{family.value} NodePort, externalIPs and LoadBalancer traffic from outside the "
+                f"node is not translated yet (the TC path is IPv4 only); {family.value} clients "
+                "on the node and in pods are served"))
+    return out
+
+
+def _reachable_from_outside(svc: Service, np_ips: Sequence[str]) -> bool:
+    return bool(svc.external_ips or svc.load_balancer_ingress
+                or (np_ips and any(p.node_port for p in svc.ports)))
+
+
+def _family_ext_frontends(svc: Service, slices: Iterable[EndpointSlice], node: Node,
+                          family: IPFamily, node_port_addresses: Sequence[str],
+                          prefer_same_node: bool, problems: list[Problem] | None
+                          ) -> list[Frontend]:
     ext_ips = svc.external_ips
     lb_ips = [ing.ip for ing in svc.load_balancer_ingress if ing.ip_mode != "Proxy"]
     np_ips = node_port_ips(node, node_port_addresses)
     if not ext_ips and not lb_ips and not (np_ips and any(p.node_port for p in svc.ports)):
         return []       # not reachable from outside (a plain ClusterIP): nothing to plan
-    plans, _ = port_plans(svc, slices, node, prefer_same_node)
+    plans, _ = port_plans(svc, slices, node, prefer_same_node, family)
     info = service_info(svc)
     ranges = lb_source_ranges(svc.load_balancer_source_ranges, node, lb_ips)
     out: dict[FrontendKey, Frontend] = {}

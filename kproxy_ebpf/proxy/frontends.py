@@ -9,6 +9,10 @@ the node is exposed through service_port_endpoints() for the TC path and health 
 
 Verdicts (semantics 1.5): no usable endpoint anywhere -> REJECT on every frontend of the port;
 usable endpoints elsewhere but none in the applicable set -> DROP; otherwise FORWARD.
+
+Each family is planned apart, from the Service, Node and slices as that family's proxier sees
+them (families.py): a dual-stack Service has frontends of both, each with the endpoints of its
+own family's slice, and every rule above applies per family as in kube-proxy.
 """
 from __future__ import annotations
 
@@ -17,8 +21,10 @@ from dataclasses import dataclass
 
 from ..desired import (Action, Backend, Frontend, FrontendKey, FrontendKind, Problem, ServiceInfo,
                        ServicePortName)
-from ..model import EndpointSlice, LoadBalancerIngress, Node, Service, ServicePort, ServiceType
+from ..model import (EndpointSlice, IPFamily, LoadBalancerIngress, Node, Service, ServicePort,
+                     ServiceType)
 from .endpoints import EndpointInfo, endpoints_by_port
+from .families import node_view, service_families, service_view
 from .topology import PortEndpoints, categorize
 
 
@@ -27,8 +33,8 @@ def is_proxied(svc: Service) -> bool:
 
     Not: headless (clusterIP None), ExternalName, a Service claimed by another proxy (label
     service.kubernetes.io/service-proxy-name, any value: we have no name), and a Service
-    without an IPv4 ClusterIP (kube-proxy's ShouldSkipService plus its per-family ClusterIP
-    check: no ClusterIP means no NodePort/ExternalIP rules either). kube-proxy v1.36 filters
+    without a ClusterIP (kube-proxy's ShouldSkipService plus its per-family ClusterIP check:
+    no ClusterIP of a family means no NodePort/ExternalIP rules of that family either). kube-proxy v1.36 filters
     the proxy-name label in its Service informer (cmd/kube-proxy/app/server.go); the
     service.kubernetes.io/headless label matters on EndpointSlices only (proxy/endpoints.py).
     """
@@ -116,14 +122,15 @@ def _own_slices(svc: Service, slices: Iterable[EndpointSlice]) -> list[EndpointS
 
 
 def port_plans(svc: Service, slices: Iterable[EndpointSlice], node: Node,
-               prefer_same_node: bool) -> tuple[list[ServicePortPlan], list[Problem]]:
-    """The valid ports of a proxied Service with their endpoint sets, and the problems of its
-    ports (both scopes plan from this)."""
+               prefer_same_node: bool, family: IPFamily = IPFamily.IPV4
+               ) -> tuple[list[ServicePortPlan], list[Problem]]:
+    """The valid ports of a proxied Service with the endpoint sets of `family`'s slices, and
+    the problems of its ports (both scopes plan from this)."""
     problems: list[Problem] = []
     if not is_proxied(svc):
         return [], problems
     ports = _valid_ports(svc, problems)
-    by_port = endpoints_by_port(_own_slices(svc, slices), node.name)
+    by_port = endpoints_by_port(_own_slices(svc, slices), node.name, family)
     plans = []
     for sp, node_port_ok in ports:
         eps = by_port.get((sp.name, sp.protocol), ())
@@ -138,8 +145,12 @@ def port_plans(svc: Service, slices: Iterable[EndpointSlice], node: Node,
 
 def service_port_endpoints(svc: Service, slices: Iterable[EndpointSlice], node: Node, *,
                            prefer_same_node: bool = True) -> dict[ServicePortName, PortEndpoints]:
-    """The Cluster/Local sets of every valid port; {} for a Service we do not proxy."""
-    plans, _ = port_plans(svc, slices, node, prefer_same_node)
+    """The Cluster/Local sets of every valid port in the Service's primary family (its first
+    ClusterIP's); {} for a Service we do not proxy."""
+    families = service_families(svc)
+    if not families:
+        return {}
+    plans, _ = port_plans(svc, slices, node, prefer_same_node, families[0])
     return {p.name: p.endpoints for p in plans}
 
 
@@ -175,9 +186,39 @@ def service_info(svc: Service) -> ServiceInfo:
                        svc.traffic_distribution)
 
 
+def slice_family_problems(svc: Service, slices: Iterable[EndpointSlice]) -> list[Problem]:
+    """An IPv4 or IPv6 slice of a proxied Service that has no ClusterIP of its family: no
+    proxier of that family serves the Service, so its endpoints are unused (kube-proxy ignores
+    them without a word; an operator wants to know)."""
+    families = service_families(svc)
+    if not is_proxied(svc):
+        return []
+    return [_problem(svc, "SliceFamilyNotServed",
+                     f"EndpointSlice {s.name} is {s.address_type} but the Service has no "
+                     f"{s.address_type} clusterIP (clusterIPs: {', '.join(svc.cluster_ips)}); its "
+                     "endpoints are not used")
+            for s in _own_slices(svc, slices)
+            if s.address_type in (IPFamily.IPV4, IPFamily.IPV6) and s.address_type not in families]
+
+
 def service_frontends(svc: Service, slices: Iterable[EndpointSlice], node: Node, *,
                       prefer_same_node: bool = True) -> tuple[list[Frontend], list[Problem]]:
-    """Frontends of one Service for node-originated traffic, plus problems with its input.
+    """Frontends of one Service for node-originated traffic, in each of its families (primary
+    first), plus problems with its input (each once)."""
+    fronts: list[Frontend] = []
+    problems: list[Problem] = slice_family_problems(svc, slices)
+    for family in service_families(svc):
+        f, p = _family_frontends(service_view(svc, family), slices, node_view(node, family),
+                                 prefer_same_node, family)
+        fronts += f
+        problems += p
+    return fronts, list(dict.fromkeys(problems))
+
+
+def _family_frontends(svc: Service, slices: Iterable[EndpointSlice], node: Node,
+                      prefer_same_node: bool, family: IPFamily
+                      ) -> tuple[list[Frontend], list[Problem]]:
+    """The frontends of one family (svc and node are that family's views).
 
     Order: ports in spec order; per port ClusterIPs, external IPs, LoadBalancer ingress IPs
     (only ipMode VIP or unset: see is_vip_ingress), node addresses
@@ -185,7 +226,7 @@ def service_frontends(svc: Service, slices: Iterable[EndpointSlice], node: Node,
     within one service port (e.g. an IP listed as both externalIP and LB ingress), with a
     FrontendConflict problem across ports.
     """
-    plans, problems = port_plans(svc, slices, node, prefer_same_node)
+    plans, problems = port_plans(svc, slices, node, prefer_same_node, family)
     out: dict[FrontendKey, Frontend] = {}
     info = service_info(svc)
     lb_ips = [ing.ip for ing in svc.load_balancer_ingress if is_vip_ingress(ing)]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ..model import EndpointSlice, Node, Service, ServiceType
 from .endpoints import endpoints_by_port
+from .families import service_families
 from .frontends import is_proxied
 
 
@@ -29,6 +30,7 @@ def health_check(svc: Service, slices: Iterable[EndpointSlice], node: Node) -> H
             or not 0 < svc.health_check_node_port <= 65535 or not is_proxied(svc)):
         return None
     own = [s for s in slices if s.namespace == svc.namespace and s.service_name == svc.name]
-    ips = {e.ip for eps in endpoints_by_port(own, node.name).values() for e in eps
-           if e.local and e.ready}
+    # The primary family's endpoints: a dual-stack pod is one endpoint, listed in both slices.
+    ips = {e.ip for eps in endpoints_by_port(own, node.name, service_families(svc)[0]).values()
+           for e in eps if e.local and e.ready}
     return HealthCheck(svc.namespace, svc.name, svc.health_check_node_port, len(ips))

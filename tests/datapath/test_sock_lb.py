@@ -70,8 +70,8 @@ def test_getpeername_and_connected_udp(lab, node1):
 
 
 def test_tcp_getpeername_outlives_every_lru_row(lab, node1, tmp_path):
-    """Socket path: a TCP socket keeps its service address in its own storage (kp_sksvc4),
-    not in the kp_sknat4 LRU map, where other sockets' rows evict it once the map is full
+    """Socket path: a TCP socket keeps its service address in its own storage (kp_sksvc),
+    not in the kp_sknat LRU map, where other sockets' rows evict it once the map is full
     (simulated: every row deleted while the socket is open). TC path: no row is needed, the
     reply's source is rewritten per packet."""
     node1.program(service("web", "10.96.0.10", HTTP), endpoints(lab, "web", ["b1"], HTTP_EP))

@@ -80,13 +80,13 @@ def passes_until_listed(tc, hook, frame, filter_map, addr, field, want) -> None:
 
 
 def test_a_packet_to_an_address_of_no_ext_frontend_skips_the_lookups(tc):
-    # Only packets to an EXT frontend's address (kp_extaddr4) or to the SNAT address reach
+    # Only packets to an EXT frontend's address (kp_extaddr) or to the SNAT address reach
     # conntrack and the service map: a conntrack row alone does not translate a packet sent
     # to any other address (pod-to-pod traffic between nodes leaves after two small lookups).
     tc.ingress(packet(CLIENT, 40010, NODE, NP_LOCAL))
     key, row = tc.ct(40010, NP_LOCAL)
-    other = L.U32(L.ip_be("10.244.9.9"))
-    key.daddr = other.value
+    other = L.ip16("10.244.9.9")
+    key.daddr = L.ip_be("10.244.9.9")
     tc.maps["ct"].put(key, row)
     frame = packet(CLIENT, 40010, "10.244.9.9", NP_LOCAL, flags=ACK)
     passes_until_listed(tc, tc.ingress, frame, "extaddr", other, "dst", LOCAL_BE)
@@ -100,7 +100,7 @@ def test_a_snat_reply_is_translated_with_no_frontend_on_the_snat_address(harness
                                     ServicePortName("t", "eip", "", TCP), Action.FORWARD,
                                     (Backend(REMOTE_BE, 8080, TCP),), 0, Scope.EXT)])
     try:
-        assert [L.ip_str(k.value) for k in run.maps["extaddr"].keys()] == [eip]
+        assert [L.ip_text(k) for k in run.maps["extaddr"].keys()] == [eip]
         _, out = run.ingress(packet(CLIENT, 40020, eip, 80))
         p = parse(out)
         assert (p["src"], p["dst"]) == (NODE, REMOTE_BE)
@@ -157,15 +157,15 @@ def test_local_backend_dnat_only_and_the_reply_on_egress(tc):
 
 def test_a_reply_from_no_local_ext_backend_is_not_looked_up_on_egress(tc):
     # kp_to_outside looks for a reply's flow only when its source is a local backend of an
-    # EXT frontend (kp_extbe4): a conntrack reply row alone does not translate a packet from
+    # EXT frontend (kp_extbe): a conntrack reply row alone does not translate a packet from
     # any other address.
     tc.ingress(packet(CLIENT, 40030, NODE, NP_LOCAL))
-    other = L.U32(L.ip_be("10.244.1.99"))
+    other = L.ip16("10.244.1.99")
     orig, _ = tc.ct(40030, NP_LOCAL)
     rkey = ct_key("10.244.1.99", 8080, CLIENT, 40030)
     tc.maps["rnat"].put(rkey, orig)
     row = tc.ct(40030, NP_LOCAL)[1]
-    row.be_addr = other.value
+    row.be_addr = L.ip_be("10.244.1.99")
     tc.maps["ct"].put(orig, row)
     frame = packet("10.244.1.99", 8080, CLIENT, 40030, flags=SYN | ACK)
     passes_until_listed(tc, tc.egress, frame, "extbe", other, "src", NODE)

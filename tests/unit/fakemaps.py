@@ -80,7 +80,7 @@ def consistent(maps) -> None:
     be_addr = {k.value: v.addr for k, v in maps["backend"].items()} if ext_be is not None else {}
     for key, val in maps["svc"].items():
         if ext is not None and key.slot == 0 and key.scope == L.SCOPE_EXT:
-            assert L.raw(L.U32(key.addr)) in ext, f"{L.key_tuple(key)}: no kp_extaddr4 row"
+            assert bytes(key.addr) in ext, f"{L.key_tuple(key)}: no kp_extaddr row"
         if key.slot != 0 or val.action != L.const("KP_ACTION_FORWARD"):
             continue
         for slot in range(1, val.count + 1):
@@ -89,8 +89,8 @@ def consistent(maps) -> None:
             assert row is not None, f"slot {slot} of {L.key_tuple(key)} missing (count {val.count})"
             assert row.backend_id in backends, f"slot {slot} names a freed backend"
             if ext_be is not None and key.scope == L.SCOPE_EXT and row.be_flags & L.F_LOCAL:
-                assert L.raw(L.U32(be_addr[row.backend_id])) in ext_be, \
-                    f"slot {slot} of {L.key_tuple(key)}: its local backend has no kp_extbe4 row"
+                assert bytes(be_addr[row.backend_id]) in ext_be, \
+                    f"slot {slot} of {L.key_tuple(key)}: its local backend has no kp_extbe row"
 
 
 def checked_maps(names=("svc", "backend", "meta"), max_entries=1000, **sizes) -> dict:

@@ -3,7 +3,6 @@ bpf/lib/servicecidr.h reads, written in an order where no address is dropped by 
 from __future__ import annotations
 
 import ipaddress
-import socket
 
 from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.datapath.cidr_writer import CIP_PASS, CIP_REJECT, CidrWriter
@@ -20,12 +19,12 @@ def maps(on_op=None, cip_size=1000):
 
 def verdict(m, ip: str) -> str:
     """What lib/servicecidr.h decides for `ip` (no frontend matched), from the raw rows."""
-    row = m["clusterip"].get(L.U32(L.ip_be(ip)))
+    row = m["clusterip"].get(L.ip16(ip))
     if row is not None:
         return "pass" if row.action == CIP_PASS else "refused"
     for key in m["servicecidr"].keys():
-        net = ipaddress.IPv4Network(f"{L.ip_str(key.addr)}/{key.prefixlen}")
-        if ipaddress.IPv4Address(ip) in net:
+        net = ipaddress.ip_network(f"{L.ip_text(key.addr)}/{L.prefix_len(key.addr, key.prefixlen)}")
+        if ipaddress.ip_address(ip) in net:
             return "unreachable"
     return "pass"
 
@@ -45,7 +44,8 @@ def test_rows_and_verdicts():
     assert verdict(m, "10.96.5.5") == "unreachable"
     assert verdict(m, "10.97.0.1") == "pass"
     key = m["servicecidr"].keys()[0]
-    assert (key.prefixlen, L.raw(key)[4:]) == (16, bytes([10, 96, 0, 0]))   # network order
+    # An IPv4 range is its IPv4-mapped prefix, in network order.
+    assert (key.prefixlen, L.raw(key)[4:]) == (96 + 16, L.ip_bytes("10.96.0.0"))
 
 
 def test_unchanged_set_writes_nothing_and_restore_adopts_the_maps():
@@ -114,7 +114,7 @@ def test_a_batch_that_fails_is_written_one_by_one_and_each_error_is_named():
     are held back until a retry writes the rest."""
     m = maps(cip_size=200)
     for ip in many(100, third=200):         # not this writer's rows
-        m["clusterip"].rows[socket.inet_aton(ip)] = L.raw(L.CipVal(action=CIP_PASS))
+        m["clusterip"].rows[L.ip_bytes(ip)] = L.raw(L.CipVal(action=CIP_PASS))
     w = CidrWriter(m)
     res = ApplyResult()
     w.apply(want(["10.96.0.0/16"], many(150)), res)

@@ -7,6 +7,7 @@ derives from it.
 """
 import ctypes
 import importlib.util
+import ipaddress
 import shutil
 import subprocess
 import sys
@@ -46,13 +47,14 @@ def test_ctypes_types_follow_the_table(cname):
 
 
 def test_byte_order_is_read_from_the_typedefs():
-    fields = {f: t for f, _, t in kproxy_h.STRUCTS["kp_svc4_key"]["fields"]}
-    assert fields["addr"] == "be32" and fields["port"] == "be16" and fields["slot"] == "u16"
+    fields = {f: t for f, _, t in kproxy_h.STRUCTS["kp_svc_key"]["fields"]}
+    assert fields["addr"] == "struct kp_ip" and fields["port"] == "be16" and fields["slot"] == "u16"
+    assert {f: t for f, _, t in kproxy_h.STRUCTS["kp_ip"]["fields"]} == {"w": "be32[4]"}
 
 
 def test_maps_and_constants_come_from_the_header():
     assert layout.const("KP_ACTION_REJECT") != layout.const("KP_ACTION_FORWARD")
-    assert layout.MAPS["svc"].name == f"kp_svc4_v{kproxy_h.MAPS['svc']['version']}"
+    assert layout.MAPS["svc"].name == f"kp_svc_v{kproxy_h.MAPS['svc']['version']}"
     assert layout.MAPS["stats"].percpu and layout.MAPS["sknat"].lru
     assert layout.MAPS["stats"].default_size == layout.const("KP_STAT_MAX")
     # Kernel map names are limited to 15 characters (pin names are not, but stay short).
@@ -72,8 +74,8 @@ def test_a_version_bump_is_one_edit(tmp_path, monkeypatch):
     text = header.read_text()
     version = kproxy_h.MAPS["backend"]["version"]
     row = next(line for line in text.splitlines() if line.strip().startswith("X(backend,"))
-    bumped = row.replace(f"kp_be4,{row.split('kp_be4,')[1].split(',')[0]},",
-                         f"kp_be4,{row.split('kp_be4,')[1].split(',')[0].replace(str(version), str(version + 1))},")
+    bumped = row.replace(f"kp_be,{row.split('kp_be,')[1].split(',')[0]},",
+                         f"kp_be,{row.split('kp_be,')[1].split(',')[0].replace(str(version), str(version + 1))},")
     assert bumped != row
     header.write_text(text.replace(row, bumped))
     monkeypatch.setattr(layoutgen, "bpf_dir", lambda: copy)
@@ -84,22 +86,31 @@ def test_a_version_bump_is_one_edit(tmp_path, monkeypatch):
     out = subprocess.run(["clang", "-E", "-P", f"-I{copy}", "-DKP_PIN_DIR=\"/x\"",
                           "-DBPF_TABLE_PINNED(t,k,v,n,s,p,f)=@pin p@", str(copy / "lib/maps.h")],
                          check=True, capture_output=True, text=True).stdout
-    assert f'"/x" "/" "kp_be4" "_v" "{version + 1}"' in out
+    assert f'"/x" "/" "kp_be" "_v" "{version + 1}"' in out
 
 
-@pytest.mark.parametrize("ip,port", [("10.96.0.10", 80), ("192.168.255.1", 65535), ("0.0.0.1", 1)])
+@pytest.mark.parametrize("ip,port", [("10.96.0.10", 80), ("192.168.255.1", 65535), ("0.0.0.1", 1),
+                                     ("fd00:96::a", 53), ("2001:db8::ffff:0:1", 1)])
 def test_byte_order_round_trip(ip, port):
     key = layout.svc_key(ip, port, layout.Protocol.UDP, slot=3)
     raw = layout.raw(key)
-    # Network order in memory: the address bytes as written, the port big-endian.
-    assert raw[0:4] == bytes(int(x) for x in ip.split("."))
-    assert raw[4:6] == port.to_bytes(2, "big")
-    assert raw[6] == 17 and int.from_bytes(raw[8:10], sys.byteorder) == 3
-    assert layout.key_tuple(key) == (ip, port, layout.Protocol.UDP)
+    # Network order in memory: the address as 16 bytes (IPv4 IPv4-mapped), the port big-endian.
+    assert raw[0:16] == ipaddress.IPv6Address(f"::ffff:{ip}" if "." in ip else ip).packed
+    assert raw[16:18] == port.to_bytes(2, "big")
+    assert raw[18] == 17 and int.from_bytes(raw[20:22], sys.byteorder) == 3
+    # Back in canonical text: an IPv6 address is never shown as IPv4 unless it is IPv4-mapped.
+    assert layout.key_tuple(key) == (str(ipaddress.ip_address(ip)), port, layout.Protocol.UDP)
+
+
+def test_the_mapped_form_is_what_lib_ip_h_writes():
+    assert layout.ip_bytes("10.1.2.3") == bytes(10) + b"\xff\xff" + bytes([10, 1, 2, 3])
+    assert layout.ip_text(layout.ip_bytes("::ffff:10.1.2.3")) == "10.1.2.3"
+    assert layout.ip_text(layout.ip_bytes("fd00:0:0::0:1")) == "fd00::1"
+    assert layout.prefix_bits("10.0.0.0", 8) == 104 and layout.prefix_bits("fd00::", 8) == 8
 
 
 def test_the_source_range_prefix_is_the_headers():
-    """kp_srcrange4_key's frontend part, which rows match in full (lib/srcrange.h looks up
+    """kp_srcrange_key's frontend part, which rows match in full (lib/srcrange.h looks up
     that plus a whole address): one constant in kproxy.h, the bits between prefixlen and saddr."""
     key = layout.SrcRangeKey
     assert layout.const("KP_SRCRANGE_FE_BITS") == 8 * (key.saddr.offset - key.fe_addr.offset)

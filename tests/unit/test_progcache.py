@@ -218,8 +218,8 @@ def test_maps_are_shaped_as_bcc_creates_them():
     from kproxy_ebpf.datapath.layout import MAPS
 
     shape = progcache.map_shape(MAPS["servicecidr"], MapSizes(servicecidr=77))
-    assert shape == {"type": 11, "key_size": 8, "value_size": 4, "max_entries": 77, "flags": 1,
-                     "name": "kp_svccidr4"}
+    assert shape == {"type": 11, "key_size": 20, "value_size": 4, "max_entries": 77, "flags": 1,
+                     "name": "kp_svccidr"}
     assert progcache.map_shape(MAPS["stats"], MapSizes())["value_size"] == 8   # per CPU value
     assert progcache.map_shape(MAPS["tccfg"], MapSizes())["max_entries"] == 1
 

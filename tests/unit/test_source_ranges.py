@@ -56,9 +56,10 @@ def _api_service(ranges):
 def test_invalid_entries_are_reported_and_ignored_the_valid_ones_apply():
     svc, rejections = service_from_api(_api_service(
         [" 203.0.113.0/24 ", "", "198.51.100.9", "2001:db8::/32", "bad", "198.51.100.0/25"]))
-    assert svc.load_balancer_source_ranges == ("203.0.113.0/24", "198.51.100.0/25")
-    # The empty entry is skipped silently and IPv6 is the other family (kube-proxy: V(4) log);
-    # the bare address and the garbage are reported, one rejection each.
+    assert svc.load_balancer_source_ranges == ("203.0.113.0/24", "2001:db8::/32", "198.51.100.0/25")
+    # The empty entry is skipped silently; the IPv6 range is kept for the IPv6 frontends
+    # (the IPv4 ones see only IPv4 ranges, proxy/families.py); the bare address and the
+    # garbage are reported, one rejection each.
     assert [r.reason for r in rejections] == ["InvalidSourceRange", "InvalidSourceRange"]
     assert "'198.51.100.9'" in rejections[0].message and "'bad'" in rejections[1].message
 
@@ -223,5 +224,6 @@ def test_restore_adopts_the_rows_and_rewrites_nothing():
 
 def test_the_trie_key_matches_the_frontend_in_full_then_the_source_prefix():
     key = L.srcrange_key(lb_fe().key, "203.0.113.0/24")
-    assert key.prefixlen == 64 + 24 and L.ip_str(key.saddr) == "203.0.113.0"
+    # The frontend's 160 bits, then the source's IPv4-mapped prefix (96 + 24).
+    assert key.prefixlen == 160 + 96 + 24 and L.ip_str(key.saddr) == "203.0.113.0"
     assert L.srcrange_of(key) == (lb_fe().key, "203.0.113.0/24")

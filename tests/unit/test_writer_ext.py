@@ -86,7 +86,7 @@ def test_restart_adopts_both_scopes_and_rewrites_nothing(maps):
     assert res.ok and res.writes == 0
 
 
-# -- kp_extaddr4: the addresses tc_lb.c lets through to its lookups ----------------------------
+# -- kp_extaddr: the addresses tc_lb.c lets through to its lookups ----------------------------
 def ext_maps(extaddr_entries=1000):
     return checked_maps(("svc", "backend", "meta", "extaddr", "extbe"), max_entries=100000,
                         extaddr=extaddr_entries)
@@ -98,7 +98,7 @@ def ext_fe(ip, port, backends=("10.244.2.10",), local=()):
 
 
 def addrs(maps, name="extaddr"):
-    return sorted(L.ip_str(k.value) for k in maps[name].keys())
+    return sorted(L.ip_text(k) for k in maps[name].keys())
 
 
 @pytest.mark.parametrize("n", [2, 40])     # 40 frontends: enough rows for the batched path
@@ -127,7 +127,7 @@ def test_restore_writes_missing_address_rows_and_drops_stale_ones():
     MapWriter(maps).apply(table(ext_fe("10.250.0.11", 30080), ext_fe("192.0.2.7", 80)))
     for m in maps.values():
         m.on_op = None            # the state restore() starts from is not consistent()
-    maps["extaddr"].rows = {L.raw(L.U32(L.ip_be("198.51.100.1"))): L.raw(L.U32(1))}
+    maps["extaddr"].rows = {L.ip_bytes("198.51.100.1"): L.raw(L.U32(1))}
     w = MapWriter(maps)
     assert w.restore() == 2
     assert addrs(maps) == ["10.250.0.11", "192.0.2.7"]
@@ -163,7 +163,7 @@ def test_an_address_row_restore_cannot_write_is_retried_by_the_next_apply():
 
 def test_local_backends_of_ext_frontends_hold_their_rows_and_remote_ones_none():
     # consistent() checks after every operation that each local backend an EXT slot names
-    # has its kp_extbe4 row (kp_to_outside looks for reply flows only from those).
+    # has its kp_extbe row (kp_to_outside looks for reply flows only from those).
     maps = ext_maps()
     w = MapWriter(maps)
     a = ext_fe("10.250.0.11", 30080, ["10.244.1.10", "10.244.1.11", "10.244.2.10"],
@@ -190,7 +190,7 @@ def test_restore_rebuilds_the_local_backend_rows():
     MapWriter(maps).apply(table(a))
     for m in maps.values():
         m.on_op = None
-    maps["extbe"].rows = {L.raw(L.U32(L.ip_be("10.244.9.9"))): L.raw(L.U32(1))}
+    maps["extbe"].rows = {L.ip_bytes("10.244.9.9"): L.raw(L.U32(1))}
     w = MapWriter(maps)
     assert w.restore() == 1
     assert addrs(maps, "extbe") == ["10.244.1.10"]
