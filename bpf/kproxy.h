@@ -201,9 +201,11 @@ struct kp_sksvc_val {
  * layout, so a burst of short-lived DNS sockets never evicts a client's affinity. */
 struct kp_aff_key {
 	__u64 client;     /* netns cookie (KP_AFF_CLIENT) or socket cookie (KP_AFF_SOCKET) */
-	__u32 svc_id;
+	__u32 svc_id;     /* the service port's, which both families' frontends share ... */
 	__u8  type;       /* enum kp_aff_type */
-	__u8  pad[3];
+	__u8  family;     /* ... so the frontend's family (4, 6) keeps their affinities apart,
+			   * as kube-proxy's per-family proxiers do */
+	__u8  pad[2];
 };
 
 struct kp_aff_val {
@@ -421,8 +423,8 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 12, "kp_tc_cfg");
 	X(backend,     kp_be,       3, hash,         __u32,                struct kp_backend,    KP_BE_SIZE,       0) \
 	X(sknat,       kp_sknat,    2, lru_hash,     struct kp_sknat_key,  struct kp_sknat_val,  KP_SKNAT_SIZE,    0) \
 	X(sksvc,       kp_sksvc,    2, sk_storage,   int,                  struct kp_sksvc_val,  KP_SKSVC_SIZE,    KP_NO_PREALLOC) \
-	X(affinity,    kp_aff,      1, lru_hash,     struct kp_aff_key,    struct kp_aff_val,    KP_AFF_SIZE,      0) \
-	X(flow,        kp_flow,     1, lru_hash,     struct kp_aff_key,    struct kp_aff_val,    KP_FLOW_SIZE,     0) \
+	X(affinity,    kp_aff,      2, lru_hash,     struct kp_aff_key,    struct kp_aff_val,    KP_AFF_SIZE,      0) \
+	X(flow,        kp_flow,     2, lru_hash,     struct kp_aff_key,    struct kp_aff_val,    KP_FLOW_SIZE,     0) \
 	X(meta,        kp_meta,     2, hash,         __u32,                struct kp_svc_meta,   KP_META_SIZE,     0) \
 	X(stats,       kp_stats,    3, percpu_array, __u32,                __u64,                KP_STAT_MAX,      0) \
 	X(clusterip,   kp_cip,      2, hash,         struct kp_ip,         struct kp_cip_val,    KP_CIP_SIZE,      0) \

@@ -146,6 +146,7 @@ static __always_inline bool sock_xlate_rev(struct bpf_sock_addr *ctx, struct kp_
 	akey.client = rkey.cookie;
 	akey.svc_id = rval.svc_id;
 	akey.type = KP_AFF_SOCKET;
+	akey.family = kp_ip_family(&rval.addr);
 	frow = kp_flow.lookup(&akey);
 	if (frow) {
 		flow = *frow;

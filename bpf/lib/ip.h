@@ -22,6 +22,12 @@ static __always_inline bool kp_ip_is4(const struct kp_ip *ip)
 	return ip->w[0] == 0 && ip->w[1] == 0 && ip->w[2] == kp_htonl(0x0000ffff);
 }
 
+/* kp_aff_key.family of an address: 4 or 6. */
+static __always_inline __u8 kp_ip_family(const struct kp_ip *ip)
+{
+	return kp_ip_is4(ip) ? 4 : 6;
+}
+
 static __always_inline bool kp_ip_eq(const struct kp_ip *a, const struct kp_ip *b)
 {
 	return a->w[0] == b->w[0] && a->w[1] == b->w[1] && a->w[2] == b->w[2] &&

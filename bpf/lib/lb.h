@@ -143,6 +143,7 @@ static __always_inline __u64 kp_lb_affinity_key(const struct kp_lb_req *req,
 						struct kp_aff_key *akey)
 {
 	akey->svc_id = svc->svc_id;
+	akey->family = kp_ip_family(&req->key.addr);
 	if (svc->affinity_timeout) {
 		akey->client = req->client;
 		akey->type = KP_AFF_CLIENT;
