@@ -311,8 +311,8 @@ class Agent:
             self.health.updated(started)
             done = time.time()
             self.metrics.sync_last.set(done)
-            for t in triggers:
-                self.metrics.programming.observe(max(0.0, done - t))
+            for t, family in triggers:
+                self.metrics.observe_programming(family, max(0.0, done - t))
         else:
             self.metrics.sync_failures.inc()
             with self._lock:       # measured again once a sync gets them in

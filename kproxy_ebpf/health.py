@@ -7,7 +7,7 @@ ignores the Node (a draining node's proxy must not be restarted for it).
 
 Bodies are kube-proxy's JSON, field for field, so the same probes and dashboards work:
   {"lastUpdated": T, "currentTime": T, "nodeEligible": bool (/healthz only), "healthy": bool,
-   "status": {"IPv4": {"lastUpdated": T, "healthy": bool}}}
+   "status": {"IPv4": {"lastUpdated": T, "healthy": bool}, "IPv6": {...}}}
 "healthy" is the proxier's own health (not the node's); "lastUpdated" reads as now while the
 response is 200, as kube-proxy keeps it for old clients; times are Go's RFC 3339 in UTC.
 """
@@ -22,7 +22,8 @@ from http.server import BaseHTTPRequestHandler
 
 from . import httpserve
 
-IP_FAMILY = "IPv4"       # the one family this proxier serves (kube-proxy's per-family status)
+# The proxiers this agent is (kube-proxy's per-family status): one sync programs both.
+IP_FAMILIES = ("IPv4", "IPv6")
 
 
 def go_time(ts: float | None) -> str:
@@ -71,8 +72,8 @@ class ProxyHealth:
             body["lastUpdated"] = go_time(now if healthy else self.last_updated)
             body["healthy"] = proxier_ok
             if self.last_updated is not None:
-                body["status"] = {IP_FAMILY: {"lastUpdated": go_time(self.last_updated),
-                                              "healthy": proxier_ok}}
+                body["status"] = {f: {"lastUpdated": go_time(self.last_updated),
+                                      "healthy": proxier_ok} for f in IP_FAMILIES}
         return (200 if healthy else 503), body
 
 

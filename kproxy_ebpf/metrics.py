@@ -5,9 +5,12 @@ errors and the programs' own counters (read from the per-CPU stats map at scrape
 
 Labels follow kube-proxy v1.36 (pkg/proxy/metrics/metrics.go): the per-proxier metrics (sync
 durations, full and partial, last sync and last queued timestamps, network programming latency,
-sync failures) carry `ip_family` ("IPv4": this proxier's family, as kube-proxy's
-v1.IPFamily); the node-wide ones (changes pending, healthz/livez answers) do not. The children
-for our family are bound here, so callers just observe/set/inc.
+sync failures) carry `ip_family` (kube-proxy's v1.IPFamily); the node-wide ones (changes
+pending, healthz/livez answers) do not. This agent is both families' proxier at once (one sync
+programs both, as kube-proxy's dual-stack metaproxier drives its two proxiers together), so
+each per-proxier metric has a child per family and a sync is recorded in both; network
+programming latency goes to the family of the EndpointSlice that changed. Callers just
+observe/set/inc.
 """
 from __future__ import annotations
 
@@ -18,11 +21,35 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 P = "kproxy_"
-IP_FAMILY = "IPv4"
+IP_FAMILIES = ("IPv4", "IPv6")
 SYNC_BUCKETS = [0.001 * 2 ** i for i in range(15)]           # 1 ms .. 16 s, as kube-proxy's
 # kube-proxy's network programming buckets: 0.25 s, 0.5 s, 1..59 s, 60..115 s, 2..5 min.
 PROGRAMMING_BUCKETS = ([0.25, 0.5] + [float(i) for i in range(1, 60)]
                        + [60.0 + 5 * i for i in range(12)] + [120.0 + 30 * i for i in range(7)])
+
+
+class PerFamily:
+    """The children of one per-proxier metric, for every family: what a sync records goes to
+    each."""
+
+    def __init__(self, metric):
+        self.children = [metric.labels(f) for f in IP_FAMILIES]
+
+    def observe(self, value: float) -> None:
+        for c in self.children:
+            c.observe(value)
+
+    def set(self, value: float) -> None:
+        for c in self.children:
+            c.set(value)
+
+    def set_to_current_time(self) -> None:
+        for c in self.children:
+            c.set_to_current_time()
+
+    def inc(self, amount: float = 1) -> None:
+        for c in self.children:
+            c.inc(amount)
 
 
 class Metrics:
@@ -30,15 +57,15 @@ class Metrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         fam = ["ip_family"]
-        self.sync_duration = Histogram(
+        self.sync_duration = PerFamily(Histogram(
             P + "sync_proxy_rules_duration_seconds", "Time a sync took (full or partial).",
-            fam, registry=r, buckets=SYNC_BUCKETS).labels(IP_FAMILY)
-        self.sync_full_duration = Histogram(
+            fam, registry=r, buckets=SYNC_BUCKETS))
+        self.sync_full_duration = PerFamily(Histogram(
             P + "sync_full_proxy_rules_duration_seconds", "Time a full sync took.",
-            fam, registry=r, buckets=SYNC_BUCKETS).labels(IP_FAMILY)
-        self.sync_partial_duration = Histogram(
+            fam, registry=r, buckets=SYNC_BUCKETS))
+        self.sync_partial_duration = PerFamily(Histogram(
             P + "sync_partial_proxy_rules_duration_seconds", "Time a partial sync took.",
-            fam, registry=r, buckets=SYNC_BUCKETS).labels(IP_FAMILY)
+            fam, registry=r, buckets=SYNC_BUCKETS))
         # The periodic re-read of the maps (drift repair) is the one O(N) step of the idle
         # agent: its CPU is counted apart so an operator (and the scale run) can tell it
         # from the per-change work.
@@ -61,16 +88,17 @@ class Metrics:
             P + "network_programming_duration_seconds",
             "From the change that triggered an EndpointSlice update (its last-change-trigger-"
             "time) to the datapath holding it; kube-proxy's network programming latency SLI.",
-            fam, registry=r, buckets=PROGRAMMING_BUCKETS).labels(IP_FAMILY)
-        self.sync_last = Gauge(P + "sync_proxy_rules_last_timestamp_seconds",
-                               "When the last successful sync finished.", fam,
-                               registry=r).labels(IP_FAMILY)
-        self.sync_queued = Gauge(P + "sync_proxy_rules_last_queued_timestamp_seconds",
-                                 "When a sync was last asked for (a change arrived).", fam,
-                                 registry=r).labels(IP_FAMILY)
-        self.sync_failures = Counter(P + "sync_proxy_rules_failures_total",
-                                     "Syncs that left something unprogrammed.", fam,
-                                     registry=r).labels(IP_FAMILY)
+            fam, registry=r, buckets=PROGRAMMING_BUCKETS)
+        self.sync_last = PerFamily(Gauge(P + "sync_proxy_rules_last_timestamp_seconds",
+                                         "When the last successful sync finished.", fam,
+                                         registry=r))
+        self.sync_queued = PerFamily(Gauge(P + "sync_proxy_rules_last_queued_timestamp_seconds",
+                                           "When a sync was last asked for (a change arrived).",
+                                           fam, registry=r))
+        self.sync_failures = PerFamily(Counter(P + "sync_proxy_rules_failures_total",
+                                               "Syncs that left something unprogrammed.", fam,
+                                               registry=r))
+        self._programming = {f: self.programming.labels(f) for f in IP_FAMILIES}
         self.healthz = Counter(P + "proxy_healthz_total", "/healthz answers, by HTTP code.",
                                ["code"], registry=r)
         self.livez = Counter(P + "proxy_livez_total", "/livez answers, by HTTP code.",
@@ -92,6 +120,13 @@ class Metrics:
                                 registry=r)
         self.problems = Gauge(P + "service_problems", "Current problems with Services.",
                               ["reason"], registry=r)
+
+    def observe_programming(self, family: str, seconds: float) -> None:
+        """Network programming latency of a change to an EndpointSlice of `family` (an FQDN
+        slice, which nothing programs, is not counted)."""
+        child = self._programming.get(family)
+        if child is not None:
+            child.observe(seconds)
 
     def observe_sync(self, full: bool, seconds: float) -> None:
         self.sync_duration.observe(seconds)

@@ -52,7 +52,8 @@ class StateSink:
         self.started_at = started_at
         self.on_change, self.on_node, self.on_rejected = on_change, on_node, on_rejected
         # Trigger times of slice changes not yet synced (under `lock`): programming latency.
-        self.triggers: list[float] = []
+        # (trigger time, the slice's addressType): network programming latency per family
+        self.triggers: list[tuple[float, str]] = []
 
     def replace(self, kind: Kind, objs: list[Any], keep: set[ObjectKey] = frozenset()) -> None:
         kind = Kind(kind)
@@ -96,7 +97,7 @@ class StateSink:
         # As kube-proxy: changes older than this agent are not its programming latency.
         if (changed and kind is Kind.ENDPOINT_SLICE and obj.trigger_time
                 and obj.trigger_time >= self.started_at):
-            self.triggers.append(obj.trigger_time)
+            self.triggers.append((obj.trigger_time, obj.address_type))
         return changed
 
     def _set_node(self, node: Node) -> bool:

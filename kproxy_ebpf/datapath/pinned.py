@@ -169,20 +169,20 @@ class PinnedMap:
         ks, vs = ctypes.sizeof(self.spec.key), ctypes.sizeof(self.spec.value)
         keys = (ctypes.c_uint8 * (ks * self._BATCH))()
         values = (ctypes.c_uint8 * (vs * self._BATCH))()
-        token, nxt = None, (ctypes.c_uint8 * 8)()
+        token, nxt = None, self._token()
         while True:
             n, done = libbpf.map_lookup_batch(self.fd, token, nxt, keys, values, self._BATCH)
             yield bytes(keys)[:n * ks], bytes(values)[:n * vs]
             if done:
                 return
-            token, nxt = nxt, (ctypes.c_uint8 * 8)()
+            token, nxt = nxt, self._token()
 
     def _items_batched(self) -> list[tuple]:
         # Collected first: a caller deleting while we yield would disturb the bucket walk.
         out: list[tuple] = []
         keys = (self.spec.key * self._BATCH)()
         values = (self.spec.value * self._BATCH)()
-        token, nxt = None, (ctypes.c_uint8 * 8)()
+        token, nxt = None, self._token()
         while True:
             n, done = libbpf.map_lookup_batch(self.fd, token, nxt, keys, values)
             ks, vs = ctypes.sizeof(self.spec.key), ctypes.sizeof(self.spec.value)
@@ -190,7 +190,14 @@ class PinnedMap:
                         self.spec.value.from_buffer_copy(values, i * vs)) for i in range(n))
             if done:
                 return out
-            token, nxt = nxt, (ctypes.c_uint8 * 8)()
+            token, nxt = nxt, self._token()
+
+    def _token(self) -> ctypes.Array:
+        """A batch walk's position. Hash maps keep a u32 bucket index there, but arrays and
+        LPM tries (generic_map_lookup_batch, kernel/bpf/syscall.c) write the last key read,
+        key_size bytes: a smaller buffer is overrun (the v3 layout's 20- and 40-byte LPM keys
+        corrupted the heap and crashed `status`)."""
+        return (ctypes.c_uint8 * max(8, ctypes.sizeof(self.spec.key)))()
 
     def __len__(self) -> int:
         return sum(1 for _ in self.items())

@@ -37,6 +37,16 @@ kind: Service
 metadata: {name: v6-only, namespace: default}
 spec: {clusterIP: "fd00::10", clusterIPs: ["fd00::10"], ports: [{port: 80}]}
 ---
+apiVersion: v1
+kind: Service
+metadata: {name: v6-mismatch, namespace: default}
+spec: {clusterIP: "fd00::11", clusterIPs: ["fd00::11"], ipFamilies: [IPv4], ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: mapped, namespace: default}
+spec: {clusterIP: "::ffff:10.96.0.94", ports: [{port: 80}]}
+---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata: {name: ok-v6, namespace: default, labels: {kubernetes.io/service-name: ok}}
@@ -64,7 +74,8 @@ def test_bad_input_and_a_full_map_are_reported_and_harm_nothing(lab, tmp_path):
     manifest = tmp_path / "svc.yaml"
     manifest.write_text(good(lab) + BAD)
     config = tmp_path / "agent.yaml"
-    # 10 service rows: "ok" (2 rows) and "bad-port" (2) fit, "big" (1 + 12 slots) cannot.
+    # 10 service rows: "ok" (2 rows), "bad-port" (2) and "v6-only" (1) fit, "big" (1 + 12
+    # slots) cannot.
     config.write_text("mapSizes: {svc: 10}\nmetricsBindAddress: 127.0.0.1:10249\n"
                       "healthzBindAddress: 127.0.0.1:10256\nminSyncPeriod: 50ms\n")
     argv = [sys.executable, "-m", "kproxy_ebpf.cli", "run", "--config", str(config),
@@ -75,10 +86,13 @@ def test_bad_input_and_a_full_map_are_reported_and_harm_nothing(lab, tmp_path):
     try:
         wait_until(lambda: "first sync:" in log_of(lab, "agent-bad"), 30, "the first sync")
         log = log_of(lab, "agent-bad")
-        for needle in ("bad-port", "InvalidPort", "v6-only", "garbage", "InvalidProtocol"):
+        for needle in ("bad-port", "InvalidPort", "v6-mismatch", "IPFamilyMismatch", "garbage",
+                       "InvalidProtocol", "mapped", "SliceFamilyNotServed"):
             assert needle in log, f"no log line about {needle}"
         m = metrics(lab)
         assert sample(m, 'kproxy_rejected_objects_total{kind="Service",reason="InvalidPort"}') >= 2
+        # An IPv6 slice for the IPv4-only "ok" is unused, and said so; "ok" itself is served.
+        assert sample(m, 'kproxy_service_problems{reason="SliceFamilyNotServed"}') >= 1
         assert {pod_of(x) for x in lab.probe("client", "10.96.0.90", 80, count=10)} == {"a1"}
         # The good port of a service with a bad one still works (here: no endpoints, so refused).
         assert lab.probe("client", "10.96.0.91", 80) == ["REFUSED"]
@@ -94,11 +108,14 @@ def test_bad_input_and_a_full_map_are_reported_and_harm_nothing(lab, tmp_path):
             "what was programmed still works"
         maps = open_pinned_maps(Path(node.bpffs))
         try:
-            shown = {s["service"] for s in reader.services(maps)}
+            rows = reader.services(maps)
+            shown, addresses = {s["service"] for s in rows}, {s["address"] for s in rows}
         finally:
             for mp in maps.values():
                 mp.close()
         assert "default/big:http" not in shown, "a half-written frontend is never visible"
+        assert "fd00::10" in addresses, "an IPv6-only Service is served (no endpoints: refused)"
+        assert "fd00::11" not in addresses, "a Service whose families disagree is not"
 
         manifest.write_text(good(lab))        # the operator fixes it
         def cleaned():

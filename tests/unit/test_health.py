@@ -76,7 +76,8 @@ def test_json_is_kube_proxys_field_for_field():
     code, body = h.status(with_node=True)
     assert list(body) == ["lastUpdated", "currentTime", "nodeEligible", "healthy", "status"]
     assert body["lastUpdated"] == body["currentTime"] == "2026-11-29T15:00:01.5Z"
-    assert body["status"] == {"IPv4": {"lastUpdated": "2026-11-29T15:00:00Z", "healthy": True}}
+    assert body["status"] == {f: {"lastUpdated": "2026-11-29T15:00:00Z", "healthy": True}
+                              for f in ("IPv4", "IPv6")}
     # Unhealthy: lastUpdated is the real last sync, and the family says so too.
     h.queued_update()
     clock.now += 11
@@ -84,7 +85,8 @@ def test_json_is_kube_proxys_field_for_field():
     assert code == 503 and body == {
         "lastUpdated": "2026-11-29T15:00:00Z", "currentTime": "2026-11-29T15:00:12.5Z",
         "healthy": False,
-        "status": {"IPv4": {"lastUpdated": "2026-11-29T15:00:00Z", "healthy": False}}}
+        "status": {f: {"lastUpdated": "2026-11-29T15:00:00Z", "healthy": False}
+                   for f in ("IPv4", "IPv6")}}
 
 
 def test_go_time_format():

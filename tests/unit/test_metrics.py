@@ -32,7 +32,9 @@ def test_ip_family_where_kube_proxy_has_it():
     m = Metrics()
     m.observe_sync(True, 0.01)
     m.observe_sync(False, 0.002)
-    m.programming.observe(1.2)
+    m.observe_programming("IPv4", 1.2)
+    m.observe_programming("IPv6", 0.4)
+    m.observe_programming("FQDN", 9.0)       # no proxier of that family: not counted
     m.sync_last.set(1.0)
     m.sync_queued.set(1.0)
     m.sync_failures.inc()
@@ -45,9 +47,13 @@ def test_ip_family_where_kube_proxy_has_it():
         assert samples, name
         assert all(("ip_family" in s.labels) is family for s in samples), name
         if family:
-            assert {s.labels["ip_family"] for s in samples} == {"IPv4"}, name
+            assert {s.labels["ip_family"] for s in samples} == {"IPv4", "IPv6"}, name
     assert all("ip_family" not in s.labels for s in got["service_changes_pending"])
-    assert {s.labels["ip_family"] for s in got["sync_proxy_rules_failures"]} == {"IPv4"}
+    assert {s.labels["ip_family"]: s.value for s in got["sync_proxy_rules_failures"]} == \
+        {"IPv4": 1, "IPv6": 1}, "one sync serves both families: each proxier records it"
+    counts = {s.labels["ip_family"]: s.value for s in got["network_programming_duration_seconds"]
+              if s.name.endswith("_count")}
+    assert counts == {"IPv4": 1, "IPv6": 1}, "latency goes to the changed slice's family"
 
 
 def test_full_and_partial_syncs_are_told_apart_and_both_counted_in_the_total():
