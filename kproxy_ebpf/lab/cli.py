@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from .addressing import IP_FAMILY_CHOICES
 from .lballoc import DEFAULT_POOL
 from .nsutil import LabError
 
@@ -52,12 +53,17 @@ def lab() -> None:
 @click.option("--lb-pool", default=DEFAULT_POOL, show_default=True, metavar="CIDR",
               help="Addresses the lab's LoadBalancer allocator writes into the status of "
                    "Services of type LoadBalancer (routed from the external client via node1).")
-def up(lab_name: str, nodes: int, proxy: str, build: bool, agent: str, lb_pool: str) -> None:
+@click.option("--ip-family", type=click.Choice(list(IP_FAMILY_CHOICES)), default="ipv4",
+              show_default=True,
+              help="The cluster's IP families: Service ranges, Node and pod addresses "
+                   "(dual: IPv4 primary, IPv6 second).")
+def up(lab_name: str, nodes: int, proxy: str, build: bool, agent: str, lb_pool: str,
+       ip_family: str) -> None:
     """Bring up the control plane, the nodes, one proxy per node and the LB allocator."""
     c = _cluster(lab_name)
     try:
         c.up(nodes=nodes, proxy=proxy, build=build, log=lambda m: click.echo(f"lab up: {m}"),
-             agent=agent, lb_pool=lb_pool)
+             agent=agent, lb_pool=lb_pool, ip_family=ip_family)
     except LabError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"lab {lab_name} is up; kubeconfig: {c.info.admin_kubeconfig}")
@@ -155,7 +161,7 @@ def pod_create(lab_name, name, node, labels, ports, not_ready) -> None:
                                           ready=not not_ready)
     except LabError as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(f"pod {p.name} on {p.node}: {p.ip}")
+    click.echo(f"pod {p.name} on {p.node}: {', '.join(p.ips)}")
 
 
 @pod.command("delete")

@@ -21,13 +21,18 @@ from . import agent_image, kubeobjects
 from .binaries import ensure_binaries
 from .controlplane import ControlPlane, free_ports
 from .lballoc import DEFAULT_POOL
-from .namespaces import CONTROL_PLANE_IP, Lab, PodInfo, external_cidr, pod_cidr
+from .addressing import PLANS, choice_of, families
+from .namespaces import CONTROL_PLANE_IP, Lab, PodInfo, external_cidr
 from .nsutil import LabError
 
 PROXIES = ("kproxy", "iptables", "nftables", "none")
 AGENTS = ("process", "image")     # how kproxy runs: a host process, or the chart's pod spec
 NAMESPACE = "default"
 LB_ALLOCATOR = "lb-allocator"
+
+
+def _hostport(ip: str, port: int) -> str:
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
 def _zone(index: int) -> str:
@@ -43,6 +48,7 @@ class ClusterInfo:
     lab_kubeconfig: str
     agent: str = "process"
     lb_pool: str = DEFAULT_POOL     # the LoadBalancer allocator's addresses (lab/lballoc.py)
+    ip_family: str = "ipv4"         # `lab up --ip-family` (addressing.py)
 
     @classmethod
     def load(cls, path: Path) -> ClusterInfo:
@@ -82,7 +88,8 @@ class Cluster:
 
     # -- up / down -----------------------------------------------------------------------------
     def up(self, nodes: int = 2, proxy: str = "kproxy", build: bool = False,
-           log=lambda msg: None, agent: str = "process", lb_pool: str = DEFAULT_POOL) -> None:
+           log=lambda msg: None, agent: str = "process", lb_pool: str = DEFAULT_POOL,
+           ip_family: str = "ipv4") -> None:
         if proxy not in PROXIES:
             raise LabError(f"--proxy must be one of {', '.join(PROXIES)}")
         if agent not in AGENTS or (agent == "image" and proxy != "kproxy"):
@@ -90,10 +97,11 @@ class Cluster:
         if self.lab.exists():
             raise LabError(f"lab {self.lab.name!r} exists: `lab down` first")
         lb_pool = external_cidr(lb_pool)
+        fams = families(ip_family)
         try:
             bin_dir = ensure_binaries(build=build)
-            log(f"network: {nodes} nodes, external client")
-            self.lab.up(nodes=nodes, external=True)
+            log(f"network: {nodes} nodes, external client, {'/'.join(fams)}")
+            self.lab.up(nodes=nodes, external=True, families=fams)
             log("control plane: etcd, kube-apiserver, kube-controller-manager")
             self._control_plane(bin_dir, proxy, agent, lb_pool)
             log(f"LoadBalancer allocator: pool {lb_pool}, routed from the external client "
@@ -103,8 +111,8 @@ class Cluster:
             api = self.api()
             kubeobjects.ensure_namespace(api, NAMESPACE)
             for node in self.lab.nodes():
-                kubeobjects.create_node(api, node.name, node.ip, zone=_zone(node.index),
-                                        pod_cidr=pod_cidr(node.index))
+                kubeobjects.create_node(api, node.name, node.ips, zone=_zone(node.index),
+                                        pod_cidrs=node.pod_cidrs)
             if agent == "image":
                 log("agent image: the chart's DaemonSet pod spec, applied to the lab")
                 agent_image.prepare(self.image_endpoint, api)
@@ -122,8 +130,12 @@ class Cluster:
         # The relay listens on the API server's own port, so the `kubernetes` Service's
         # endpoint (advertise address : secure port) is reachable from lab nodes too.
         port = free_ports(1)[0]
+        plans = [PLANS[f] for f in self.lab.families]
+        # The `kubernetes` Service is of the primary family, and so is its endpoint.
         cp = ControlPlane(self.cp_dir, bin_dir, api_port=port,
-                          lab_server=f"https://{CONTROL_PLANE_IP}:{port}")
+                          lab_server=f"https://{CONTROL_PLANE_IP}:{port}",
+                          advertise_address=plans[0].control_plane,
+                          service_cidr=",".join(p.service_cidr for p in plans))
         self.cp = cp
         try:
             cp.start()
@@ -131,12 +143,14 @@ class Cluster:
             # Recorded even if start() failed half-way, so down() stops what did start.
             for name, pid in cp.pids().items():
                 self.lab.adopt(pid, name, str(self.cp_dir / "logs" / f"{name}.log"))
+        listen = dict.fromkeys([CONTROL_PLANE_IP] + [p.control_plane for p in plans])
         self.lab.spawn("host", [sys.executable, "-m", "kproxy_ebpf.lab.relay",
                                 "--netns", self.lab.net_netns,
-                                "--listen", f"{CONTROL_PLANE_IP}:{port}",
+                                *[a for ip in listen for a in ("--listen", _hostport(ip, port))],
                                 "--to", f"127.0.0.1:{cp.api_port}"], "relay")
         (self.dir / "cluster.json").write_text(json.dumps({
             "proxy": proxy, "agent": agent, "api_port": cp.api_port, "lb_pool": lb_pool,
+            "ip_family": choice_of(self.lab.families),
             "admin_kubeconfig": str(cp.admin_kubeconfig),
             "lab_kubeconfig": str(cp.lab_kubeconfig)}))
 
@@ -257,7 +271,8 @@ class Cluster:
         cfg = {
             "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
             "clientConnection": {"kubeconfig": self.info.lab_kubeconfig, "qps": 100, "burst": 200},
-            "hostnameOverride": node, "mode": mode, "clusterCIDR": "10.244.0.0/16",
+            "hostnameOverride": node, "mode": mode,
+            "clusterCIDR": ",".join(PLANS[f].pod_supernet for f in self.lab.families),
             "healthzBindAddress": "0.0.0.0:10256", "metricsBindAddress": "127.0.0.1:10249",
             "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s",
                           "tcpCloseWaitTimeout": "0s"},
@@ -295,7 +310,7 @@ class Cluster:
         names = port_names or {}
         try:
             kubeobjects.create_pod(
-                self.api(), NAMESPACE, name, node, pod.ip, labels or {},
+                self.api(), NAMESPACE, name, node, list(pod.ips), labels or {},
                 [(names.get((proto, port), f"{proto}-{port}"), port, proto.upper())
                  for proto, port in ports],
                 ready=ready, host_ip=self.lab.node(node).ip)

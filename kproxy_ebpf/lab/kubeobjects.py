@@ -42,12 +42,13 @@ def ensure_namespace(api: ApiClient, name: str) -> None:
 def create_node(
     api: ApiClient,
     name: str,
-    internal_ip: str,
+    internal_ip: str | Sequence[str],
     zone: str | None = None,
-    pod_cidr: str | None = None,
+    pod_cidrs: Sequence[str] = (),
     labels: Mapping[str, str] | None = None,
 ) -> client.V1Node:
-    """Create a Node and mark it Ready with an InternalIP, as a kubelet would.
+    """Create a Node and mark it Ready with its InternalIPs (one per family, primary first)
+    and podCIDRs, as a kubelet and the node IPAM controller would.
 
     kube-proxy takes its node IP from status.addresses and exits when it later changes, so
     never edit the addresses of a Node that a running kube-proxy uses.
@@ -56,12 +57,14 @@ def create_node(
     all_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", **(labels or {})}
     if zone:
         all_labels[ZONE_LABEL] = zone
-    spec = {"podCIDR": pod_cidr, "podCIDRs": [pod_cidr]} if pod_cidr else {}
+    spec = {"podCIDR": pod_cidrs[0], "podCIDRs": list(pod_cidrs)} if pod_cidrs else {}
+    ips = [internal_ip] if isinstance(internal_ip, str) else list(internal_ip)
     core.create_node({"apiVersion": "v1", "kind": "Node",
                       "metadata": {"name": name, "labels": all_labels}, "spec": spec})
     now = _now()
     status = {"status": {
-        "addresses": [{"type": "InternalIP", "address": internal_ip}, {"type": "Hostname", "address": name}],
+        "addresses": [{"type": "InternalIP", "address": ip} for ip in ips]
+                     + [{"type": "Hostname", "address": name}],
         "conditions": [{
             "type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kproxy lab node",
             "lastHeartbeatTime": now, "lastTransitionTime": now,

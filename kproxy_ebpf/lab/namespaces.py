@@ -25,6 +25,12 @@ namespace, and no lab link leads out of the lab):
                                 10.96.0.0/16 via node1, default via the router, and
                                 `unreachable 10.244.0.0/16`: pod IPs are not routed from outside
 
+IPv6 (`lab up --ip-family ipv6|dual`, addressing.py): every address above has its IPv6 twin
+in fd00::/8 (underlay fd00:250::/64, pods fd00:244:<i>::/64, Services fd00:96::/112) with the
+same routes; a pod's IPv6 next hop is fe80::1, on the host end of its veth. Addresses are
+added without duplicate address detection (nodad): they are unique by construction, and a
+tentative address could not be bound for the ~1 s DAD takes.
+
 Safety: the only links are veths whose both ends are lab namespaces, plus br0; the only way
 "out" of any namespace is the router, which leads nowhere (tests/datapath/test_lab_network.py
 proves a packet to a public address never shows up in the host namespace).
@@ -59,19 +65,22 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..model import IPFamily
 from . import cgroups, nsutil, procs, state
+from .addressing import PLANS, FamilyPlan, family_of
 from .nsutil import LabError
 from .state import LabState, NodeRec, PodRec, ProcRec, check_name
 
-CONTROL_PLANE_IP = "10.250.0.1"
-UNDERLAY_PREFIXLEN = 24
-UNDERLAY_CIDR = "10.250.0.0/24"
-EXTERNAL_IP = "10.250.0.250"
-EXTERNAL_EXTRA = ("10.250.0.251", "10.250.0.252", "10.250.0.253")   # add_external_address
-ROUTER_IP = "10.250.0.254"
-POD_SUPERNET = "10.244.0.0/16"
-SERVICE_CIDR = "10.96.0.0/16"
-POD_GATEWAY = "169.254.1.1"
+_V4 = PLANS[IPFamily.IPV4]
+# The IPv4 plan's addresses (the underlay's, used by every lab: see addressing.py).
+CONTROL_PLANE_IP = _V4.control_plane
+UNDERLAY_PREFIXLEN = _V4.underlay_prefixlen
+UNDERLAY_CIDR = _V4.underlay_cidr
+EXTERNAL_IP = _V4.external
+ROUTER_IP = _V4.router
+POD_SUPERNET = _V4.pod_supernet
+SERVICE_CIDR = _V4.service_cidr
+POD_GATEWAY = _V4.pod_gateway
 MAX_NODES = 239  # node IPs 10.250.0.11 .. 10.250.0.249; .250 is the external client
 POD_HOSTS = range(10, 255)
 DEFAULT_PORTS: tuple[tuple[str, int], ...] = (("tcp", 8080), ("udp", 5353))
@@ -83,38 +92,46 @@ PROBE_SCRIPT = os.path.join(_HERE, "probe.py")
 
 
 def external_cidr(cidr: str) -> str:
-    """A route the external client may get, in canonical form: an IPv4 network that
+    """A route the external client may get, in canonical form: an IPv4 or IPv6 network that
     overlaps none of the client's own routes (underlay, pods, Service range, default)."""
     try:
-        net = ipaddress.IPv4Network(cidr, strict=False)
+        net = ipaddress.ip_network(cidr, strict=False)
     except ValueError as exc:
-        raise LabError(f"{cidr!r} is not an IPv4 CIDR") from exc
+        raise LabError(f"{cidr!r} is not an IPv4 or IPv6 CIDR") from exc
     if net.prefixlen == 0:
         raise LabError("the external client's default route is the lab router's")
-    for own in (UNDERLAY_CIDR, POD_SUPERNET, SERVICE_CIDR):
-        if net.overlaps(ipaddress.IPv4Network(own)):
+    plan = PLANS[family_of(str(net.network_address))]
+    for own in (plan.underlay_cidr, plan.pod_supernet, plan.service_cidr):
+        if net.overlaps(ipaddress.ip_network(own)):
             raise LabError(f"{net} overlaps the lab's own route {own}")
     return str(net)
 
 
 def node_ip(index: int) -> str:
-    return f"10.250.0.{10 + index}"
+    """Node `index`'s IPv4 underlay address."""
+    return _V4.node_ip(index)
 
 
 def pod_cidr(index: int) -> str:
-    return f"10.244.{index}.0/24"
+    return _V4.pod_cidr(index)
 
 
 @dataclass(frozen=True)
 class NodeInfo:
     name: str
-    ip: str
+    ip: str      # the node's address of the lab's primary family (its first InternalIP)
     netns: str
     cgroup: str  # the agent attaches socket hooks here
     host_cgroup: str  # the node's own processes (agent, probes run "on the node")
-    pod_cidr: str
+    pod_cidr: str     # of the primary family
     bpffs: str  # this node's agent pins its maps here
     index: int
+    ips: tuple[str, ...] = ()         # one per family of the lab, primary first
+    pod_cidrs: tuple[str, ...] = ()
+    underlay_ip: str = ""             # IPv4, in every lab: how it reaches the control plane
+
+    def ip_of(self, family: str) -> str:
+        return next(ip for ip in self.ips if family_of(ip) == family)
 
 
 @dataclass(frozen=True)
@@ -128,14 +145,22 @@ class PodInfo:
     labels: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
     veth: str = ""  # host end, in the node's netns (where TC programs attach)
     echo_pid: int | None = None
+    ips: tuple[str, ...] = ()  # one per family of the lab, primary first (ip is the first)
+
+    def ip_of(self, family: str) -> str:
+        return next(ip for ip in self.ips if family_of(ip) == family)
 
 
 @dataclass(frozen=True)
 class ExternalInfo:
     name: str
-    ip: str
+    ip: str      # of the lab's primary family
     netns: str
     cgroup: str
+    ips: tuple[str, ...] = ()
+
+    def ip_of(self, family: str) -> str:
+        return next(ip for ip in self.ips if family_of(ip) == family)
 
 
 @dataclass(frozen=True)
@@ -239,17 +264,30 @@ class Lab:
 
     # ---- lookups ---------------------------------------------------------------------------
 
+    @property
+    def families(self) -> tuple[IPFamily, ...]:
+        """The cluster's IP families, primary first (`lab up --ip-family`)."""
+        return tuple(IPFamily(f) for f in self._snapshot().families)
+
+    @staticmethod
+    def _plans(st: LabState) -> list[FamilyPlan]:
+        return [PLANS[IPFamily(f)] for f in st.families]
+
     def _node_info(self, name: str, rec: NodeRec) -> NodeInfo:
-        return NodeInfo(name=name, ip=rec.ip, netns=self.node_netns(name),
+        plans = self._plans(self._snapshot())
+        return NodeInfo(name=name, ip=plans[0].node_ip(rec.index), netns=self.node_netns(name),
                         cgroup=self.node_cgroup(name),
                         host_cgroup=os.path.join(self.node_cgroup(name), "host"),
-                        pod_cidr=pod_cidr(rec.index), bpffs=self.bpffs(name), index=rec.index)
+                        pod_cidr=plans[0].pod_cidr(rec.index), bpffs=self.bpffs(name),
+                        index=rec.index, ips=tuple(p.node_ip(rec.index) for p in plans),
+                        pod_cidrs=tuple(p.pod_cidr(rec.index) for p in plans),
+                        underlay_ip=rec.ip)
 
     def _pod_info(self, name: str, rec: PodRec) -> PodInfo:
         return PodInfo(name=name, node=rec.node, ip=rec.ip, netns=self.pod_netns(name),
                        cgroup=self.pod_cgroup(rec.node, name),
                        ports=tuple((p, n) for p, n in rec.ports), labels=dict(rec.labels),
-                       veth=rec.veth, echo_pid=rec.echo_pid)
+                       veth=rec.veth, echo_pid=rec.echo_pid, ips=tuple(rec.ips or [rec.ip]))
 
     def node(self, name: str) -> NodeInfo:
         st = self._snapshot()
@@ -277,7 +315,8 @@ class Lab:
         if st.external is None:
             raise LabError(f"lab {self.name!r} has no external client")
         return ExternalInfo(name="ext", ip=st.external, netns=self.ext_netns,
-                            cgroup=os.path.join(self.cgroup, "ext"))
+                            cgroup=os.path.join(self.cgroup, "ext"),
+                            ips=tuple(p.external for p in self._plans(st)))
 
     def target(self, target: str) -> Target:
         """Resolve "net", "ext", "host", "node/<n>", "pod/<p>", or a bare node or pod name.
@@ -315,10 +354,12 @@ class Lab:
 
     # ---- building --------------------------------------------------------------------------
 
-    def up(self, nodes: int = 2, external: bool = True) -> None:
+    def up(self, nodes: int = 2, external: bool = True,
+           families: Sequence[str] = (IPFamily.IPV4,)) -> None:
         """Create the underlay, `nodes` nodes (adding to an existing lab as needed) and the
-        external client. If this call created the lab and fails or is interrupted, the
-        whole lab is removed before the error propagates."""
+        external client, with addresses of `families` (primary first; a new lab only). If
+        this call created the lab and fails or is interrupted, the whole lab is removed
+        before the error propagates."""
         if not 1 <= nodes <= MAX_NODES:
             raise ValueError(f"nodes must be in 1..{MAX_NODES}")
         try:
@@ -328,6 +369,11 @@ class Lab:
         fresh = prior is None or not prior.up
         try:
             with self._txn() as st:
+                if fresh:
+                    st.families = [str(IPFamily(f)) for f in families]
+                elif [str(f) for f in families] != st.families and families != (IPFamily.IPV4,):
+                    raise LabError(f"lab {self.name!r} has families {st.families}: "
+                                   "`lab down` first to change them")
                 self._underlay(st)
                 while len(st.nodes) < nodes:
                     self.add_node()
@@ -353,9 +399,10 @@ class Lab:
     def _underlay(self, st: LabState) -> None:
         net = self.net_netns
         # The underlay is a switch plus the control-plane endpoint, never a router.
-        self._netns(st, net, {"net.ipv4.ip_forward": "0"})
+        self._netns(st, net, {"net.ipv4.ip_forward": "0", "net.ipv6.conf.all.forwarding": "0"})
         nsutil.add_bridge(net, "br0")
-        nsutil.set_addr(net, "br0", f"{CONTROL_PLANE_IP}/{UNDERLAY_PREFIXLEN}")
+        for plan in self._underlay_plans(st):
+            nsutil.set_addr(net, "br0", f"{plan.control_plane}/{plan.underlay_prefixlen}")
         nsutil.link_up(net, "br0")
         self._cg(st, os.path.join(self.cgroup, "net"))
         self._cg(st, os.path.join(self.cgroup, "host"))
@@ -368,17 +415,24 @@ class Lab:
         does the same), instead of leaving the client to time out. Its ICMP errors are not
         rate-limited (icmp_ratelimit, 1 s per peer by default), so every probe gets its answer."""
         ns = self.rtr_netns
-        self._netns(st, ns, {"net.ipv4.ip_forward": "1", "net.ipv4.icmp_ratelimit": "0"})
-        self._attach_to_bridge("kpn-rtr", ns, ROUTER_IP)
+        self._netns(st, ns, {"net.ipv4.ip_forward": "1", "net.ipv4.icmp_ratelimit": "0",
+                             "net.ipv6.conf.all.forwarding": "1"})
+        self._attach_to_bridge(st, "kpn-rtr", ns, lambda plan: plan.router)
         self._cg(st, os.path.join(self.cgroup, "rtr"))
 
-    def _attach_to_bridge(self, port: str, netns: str, ip: str) -> None:
-        """veth `port` on br0 in the underlay, peer `eth0` with `ip` in `netns`."""
+    def _underlay_plans(self, st: LabState) -> list[FamilyPlan]:
+        """The families on the underlay: the IPv4 one always (addressing.py), then IPv6."""
+        return [_V4] + [p for p in self._plans(st) if p.family is IPFamily.IPV6]
+
+    def _attach_to_bridge(self, st: LabState, port: str, netns: str, addr) -> None:
+        """veth `port` on br0 in the underlay, peer `eth0` in `netns` with `addr(plan)` of
+        each underlay family."""
         net = self.net_netns
         if not nsutil.link_exists(net, port):
             nsutil.add_veth(net, port, netns)
         nsutil.link_up(net, port, master="br0")
-        nsutil.set_addr(netns, "eth0", f"{ip}/{UNDERLAY_PREFIXLEN}")
+        for plan in self._underlay_plans(st):
+            nsutil.set_addr(netns, "eth0", f"{addr(plan)}/{plan.underlay_prefixlen}")
         nsutil.link_up(netns, "eth0")
 
     def add_node(self) -> NodeInfo:
@@ -396,19 +450,26 @@ class Lab:
             # the host; set before eth0 exists so the interface inherits it.
             self._netns(st, ns, {"net.ipv4.ip_forward": "1",
                                  "net.ipv4.conf.all.rp_filter": "0",
-                                 "net.ipv4.conf.default.rp_filter": "0"})
-            self._attach_to_bridge(f"kpn-{name}", ns, node_ip(index))
-            nsutil.set_route(ns, "default", "eth0", via=ROUTER_IP)
+                                 "net.ipv4.conf.default.rp_filter": "0",
+                                 "net.ipv6.conf.all.forwarding": "1"})
+            self._attach_to_bridge(st, f"kpn-{name}", ns, lambda plan: plan.node_ip(index))
             st.nodes[name] = NodeRec(index=index, ip=node_ip(index))
-            for other, rec in st.nodes.items():
-                if other == name:
-                    continue
-                nsutil.set_route(ns, pod_cidr(rec.index), "eth0", via=rec.ip)
-                nsutil.set_route(self.node_netns(other), pod_cidr(index), "eth0",
-                                 via=node_ip(index))
-            # The underlay answers pods (control plane), the router sends them its ICMP errors.
-            nsutil.set_route(self.net_netns, pod_cidr(index), "br0", via=node_ip(index))
-            nsutil.set_route(self.rtr_netns, pod_cidr(index), "eth0", via=node_ip(index))
+            for plan in self._underlay_plans(st):
+                nsutil.set_route(ns, "default", "eth0", via=plan.router)
+            for plan in self._plans(st):
+                for other, rec in st.nodes.items():
+                    if other == name:
+                        continue
+                    nsutil.set_route(ns, plan.pod_cidr(rec.index), "eth0",
+                                     via=plan.node_ip(rec.index))
+                    nsutil.set_route(self.node_netns(other), plan.pod_cidr(index), "eth0",
+                                     via=plan.node_ip(index))
+                # The underlay answers pods (control plane), the router sends them its ICMP
+                # errors.
+                nsutil.set_route(self.net_netns, plan.pod_cidr(index), "br0",
+                                 via=plan.node_ip(index))
+                nsutil.set_route(self.rtr_netns, plan.pod_cidr(index), "eth0",
+                                 via=plan.node_ip(index))
             self._cg(st, self.node_cgroup(name))
             self._cg(st, os.path.join(self.node_cgroup(name), "host"))
             return self._node_info(name, st.nodes[name])
@@ -418,14 +479,16 @@ class Lab:
             raise LabError("the external client routes Service IPs via node1, which is missing")
         ns = self.ext_netns
         self._netns(st, ns)
-        self._attach_to_bridge("kpn-ext", ns, EXTERNAL_IP)
-        nsutil.set_route(ns, "default", "eth0", via=ROUTER_IP)
-        nsutil.set_route(ns, SERVICE_CIDR, "eth0", via=st.nodes["node1"].ip)
-        # Pod IPs are not routed from outside the cluster (the router knows them, to send
-        # ICMP errors to pods, but must not carry the external client's traffic to them).
-        nsutil.set_unreachable(ns, POD_SUPERNET)
+        self._attach_to_bridge(st, "kpn-ext", ns, lambda plan: plan.external)
+        node1 = st.nodes["node1"].index
+        for plan in self._underlay_plans(st):
+            nsutil.set_route(ns, "default", "eth0", via=plan.router)
+            nsutil.set_route(ns, plan.service_cidr, "eth0", via=plan.node_ip(node1))
+            # Pod IPs are not routed from outside the cluster (the router knows them, to
+            # send ICMP errors to pods, but must not carry the external client's traffic).
+            nsutil.set_unreachable(ns, plan.pod_supernet)
         self._cg(st, os.path.join(self.cgroup, "ext"))
-        st.external = EXTERNAL_IP
+        st.external = self._plans(st)[0].external
 
     def add_external_route(self, cidr: str, node: str = "node1") -> None:
         """Route `cidr` (e.g. a LoadBalancer or ExternalIP range) from the external client via
@@ -437,7 +500,11 @@ class Lab:
                 raise LabError(f"lab {self.name!r} has no external client")
             if node not in st.nodes:
                 raise LabError(f"no node {node!r}")
-            nsutil.set_route(self.ext_netns, net, "eth0", via=st.nodes[node].ip)
+            plan = PLANS[family_of(net)]
+            if plan not in self._underlay_plans(st):
+                raise LabError(f"{net}: lab {self.name!r} has no {plan.family} underlay")
+            nsutil.set_route(self.ext_netns, net, "eth0",
+                             via=plan.node_ip(st.nodes[node].index))
             st.external_routes[net] = node
 
     def delete_external_route(self, cidr: str) -> None:
@@ -454,30 +521,34 @@ class Lab:
         """Give the external client another source address (one of EXTERNAL_EXTRA, on the
         underlay so nodes reach it without a route), e.g. to test loadBalancerSourceRanges
         with two clients. Removed with the client's namespace."""
-        if ip not in EXTERNAL_EXTRA:
-            raise LabError(f"{ip}: the external client's extra addresses are "
-                           f"{', '.join(EXTERNAL_EXTRA)}")
         with self._txn() as st:
+            extras = [(x, p) for p in self._underlay_plans(st) for x in p.external_extra]
+            plan = next((p for x, p in extras if x == ip), None)
+            if plan is None:
+                raise LabError(f"{ip}: the external client's extra addresses are "
+                               f"{', '.join(x for x, _ in extras)}")
             if st.external is None:
                 raise LabError(f"lab {self.name!r} has no external client")
-            nsutil.set_addr(self.ext_netns, "eth0", f"{ip}/{UNDERLAY_PREFIXLEN}")
+            nsutil.set_addr(self.ext_netns, "eth0", f"{ip}/{plan.underlay_prefixlen}")
             if ip not in st.external_addresses:
                 st.external_addresses.append(ip)
 
     # ---- pods ------------------------------------------------------------------------------
 
-    def _alloc_ip(self, st: LabState, node: str) -> str:
+    def _alloc_ips(self, st: LabState, node: str) -> list[str]:
+        """A free host number on `node`, as an address of each family (primary first)."""
         rec = st.nodes[node]
+        plans = self._plans(st)
         used = {p.ip for p in st.pods.values()}
         start = rec.next_host if rec.next_host in POD_HOSTS else POD_HOSTS.start
         order = list(range(start, POD_HOSTS.stop)) + list(range(POD_HOSTS.start, start))
         for host in order:
-            ip = f"10.244.{rec.index}.{host}"
-            if ip not in used:
+            ips = [plan.pod_ip(rec.index, host) for plan in plans]
+            if ips[0] not in used:
                 # Round-robin: a deleted pod's address comes back only after a full cycle,
                 # so a stale client of the old pod does not reach a new one at once.
                 rec.next_host = host + 1 if host + 1 in POD_HOSTS else POD_HOSTS.start
-                return ip
+                return ips
         raise LabError(f"node {node} has no free pod address")
 
     def _veth_name(self, st: LabState, node: str, pod: str) -> str:
@@ -506,7 +577,8 @@ class Lab:
                 return self._pod_info(name, st.pods[name])
             if node not in st.nodes:
                 raise LabError(f"no node {node!r} in lab {self.name!r}")
-            rec = PodRec(node=node, ip=self._alloc_ip(st, node),
+            ips = self._alloc_ips(st, node)
+            rec = PodRec(node=node, ip=ips[0], ips=ips,
                          veth=self._veth_name(st, node, name), ports=ports,
                          labels=dict(labels or {}))
             st.pods[name] = rec  # recorded first so a failure below is cleaned up by name
@@ -525,21 +597,31 @@ class Lab:
         self._netns(st, ns)
         if not nsutil.link_exists(node_ns, rec.veth):
             nsutil.add_veth(node_ns, rec.veth, ns)
-        nsutil.set_addr(ns, "eth0", f"{rec.ip}/32")
+        index = st.nodes[rec.node].index
+        for plan, ip in zip(self._plans(st), rec.ips or [rec.ip], strict=True):
+            nsutil.set_addr(ns, "eth0", f"{ip}/{plan.host_prefixlen}")
+            gw_prefix = 32 if plan.family is IPFamily.IPV4 else 64
+            nsutil.set_addr(node_ns, rec.veth, f"{plan.pod_gateway}/{gw_prefix}",
+                            scope=nsutil.RT_SCOPE_LINK)
         nsutil.link_up(ns, "eth0")
-        nsutil.set_addr(node_ns, rec.veth, f"{POD_GATEWAY}/32", scope=nsutil.RT_SCOPE_LINK)
         nsutil.link_up(node_ns, rec.veth)
-        # Everything goes to the node, as with Calico-style CNIs; the node routes it on.
-        nsutil.set_route(ns, "default", "eth0", via=POD_GATEWAY, onlink=True)
-        nsutil.set_route(node_ns, f"{rec.ip}/32", rec.veth, src=st.nodes[rec.node].ip)
+        for plan, ip in zip(self._plans(st), rec.ips or [rec.ip], strict=True):
+            # Everything goes to the node, as with Calico-style CNIs; the node routes it on.
+            nsutil.set_route(ns, "default", "eth0", via=plan.pod_gateway,
+                             onlink=plan.family is IPFamily.IPV4)
+            nsutil.set_route(node_ns, f"{ip}/{plan.host_prefixlen}", rec.veth,
+                             src=plan.node_ip(index))
 
     def _start_echo(self, st: LabState, name: str, rec: PodRec) -> None:
         argv = [self.python, "-I", "-S", ECHO_SCRIPT, "--name", name]
         for proto, port in rec.ports:
             argv += [f"--{proto}", str(port)]
+        v6 = [str(f) for f in st.families] != ["IPv4"]
+        for plan in self._plans(st):
+            argv += ["--bind", "0.0.0.0" if plan.family is IPFamily.IPV4 else "::"]
         p = self._spawn(st, f"pod/{name}", argv, f"echo-{name}")
         rec.echo_pid = p.pid
-        _wait_listening(p, rec.ports, timeout=5.0)
+        _wait_listening(p, rec.ports, timeout=5.0, v6=v6)
 
     def delete_pod(self, name: str) -> None:
         """Stop the pod's processes and remove its veth, netns and cgroup; a pod that does
@@ -769,12 +851,13 @@ def _netns_holders(ns: str) -> list[str]:
     return [f"netns {ns} is still used by pids {who}: it lives on until they exit"]
 
 
-def _listening(pid: int, ports: Sequence[tuple[str, int]]) -> bool:
-    """Whether the process's netns has all the ports bound (/proc/<pid>/net is per netns)."""
+def _listening(pid: int, ports: Sequence[tuple[str, int]], v6: bool = False) -> bool:
+    """Whether the process's netns has all the ports bound (/proc/<pid>/net is per netns;
+    v6: the IPv6 sockets too, the last ones echo.py binds)."""
     for proto, port in ports:
         want = f":{port:04X}"
         try:
-            with open(f"/proc/{pid}/net/{proto}") as f:
+            with open(f"/proc/{pid}/net/{proto}{'6' if v6 else ''}") as f:
                 rows = [line.split() for line in f.readlines()[1:]]
         except OSError:
             return False
@@ -783,9 +866,10 @@ def _listening(pid: int, ports: Sequence[tuple[str, int]]) -> bool:
     return True
 
 
-def _wait_listening(rec: ProcRec, ports: Sequence[tuple[str, int]], timeout: float) -> None:
+def _wait_listening(rec: ProcRec, ports: Sequence[tuple[str, int]], timeout: float,
+                    v6: bool = False) -> None:
     deadline = time.monotonic() + timeout
-    while not _listening(rec.pid, ports):
+    while not _listening(rec.pid, ports, v6):
         if procs.identify(rec) != "running" or time.monotonic() > deadline:
             try:
                 with open(rec.log, errors="replace") as f:

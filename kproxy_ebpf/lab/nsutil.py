@@ -164,20 +164,31 @@ def link_up(netns: str, dev: str, master: str | None = None) -> None:
         ipr.link("set", index=need_link(ipr, dev, netns), **spec)
 
 
+IFA_F_NODAD = 0x02
+
+
+def _family(*addrs: str | None) -> int:
+    return socket.AF_INET6 if any(a and ":" in a for a in addrs) else socket.AF_INET
+
+
 def set_addr(netns: str, dev: str, cidr: str, scope: int | None = None) -> None:
-    """Add (or keep) address `cidr` on `dev`: `ip addr replace`."""
+    """Add (or keep) address `cidr` on `dev`: `ip addr replace`; IPv6 ones `nodad` (the
+    lab's addresses are unique by construction, and a tentative one cannot be bound)."""
     addr, _, plen = cidr.partition("/")
+    family = _family(addr)
     with iproute(netns) as ipr:
-        extra = {"scope": scope} if scope is not None else {}
-        ipr.addr("replace", index=need_link(ipr, dev, netns), address=addr,
-                 prefixlen=int(plen or 32), **extra)
+        extra: dict[str, object] = {"scope": scope} if scope is not None else {}
+        if family == socket.AF_INET6:
+            extra["flags"] = IFA_F_NODAD
+        ipr.addr("replace", index=need_link(ipr, dev, netns), address=addr, family=family,
+                 prefixlen=int(plen or (32 if family == socket.AF_INET else 128)), **extra)
 
 
 def del_route(netns: str, dst: str) -> bool:
     """`ip route del DST`; False when there was no such route."""
     with iproute(netns) as ipr:
         try:
-            ipr.route("del", dst=dst)
+            ipr.route("del", dst=dst, family=_family(dst))
         except NetlinkError as exc:
             if exc.code == errno.ESRCH:
                 return False
@@ -187,9 +198,13 @@ def del_route(netns: str, dst: str) -> bool:
 
 def set_route(netns: str, dst: str, dev: str, via: str | None = None, onlink: bool = False,
               src: str | None = None) -> None:
-    """`ip route replace DST [via GW] dev DEV [onlink] [src SRC]`; dst may be "default"."""
+    """`ip route replace DST [via GW] dev DEV [onlink] [src SRC]`; dst may be "default" (of
+    the gateway's family)."""
+    family = _family(None if dst == "default" else dst, via)
+    if dst == "default":
+        dst = "::/0" if family == socket.AF_INET6 else "0.0.0.0/0"
     with iproute(netns) as ipr:
-        spec: dict[str, object] = {"dst": "0.0.0.0/0" if dst == "default" else dst,
+        spec: dict[str, object] = {"dst": dst, "family": family,
                                    "oif": need_link(ipr, dev, netns)}
         if via:
             spec["gateway"] = via
@@ -203,7 +218,7 @@ def set_route(netns: str, dst: str, dev: str, via: str | None = None, onlink: bo
 def set_unreachable(netns: str, dst: str) -> None:
     """`ip route replace unreachable DST`: local senders get EHOSTUNREACH at once."""
     with iproute(netns) as ipr:
-        ipr.route("replace", dst=dst, type="unreachable")
+        ipr.route("replace", dst=dst, type="unreachable", family=_family(dst))
 
 
 def del_link(netns: str, dev: str) -> str | None:
@@ -227,6 +242,14 @@ LAB_SYSCTLS = {
     "net.ipv4.icmp_ratelimit": "0",
     "net.ipv4.icmp_msgs_per_sec": "1000000",
     "net.ipv4.icmp_msgs_burst": "1000000",
+    "net.ipv6.icmp.ratelimit": "0",
+    # No duplicate address detection: lab addresses are unique by construction, and while a
+    # new link's own link-local address is tentative (~1 s) its first packets wait for it.
+    "net.ipv6.conf.all.accept_dad": "0",
+    "net.ipv6.conf.default.accept_dad": "0",
+    # Lab links carry no router advertisements worth learning from: routes are set by hand.
+    "net.ipv6.conf.all.accept_ra": "0",
+    "net.ipv6.conf.default.accept_ra": "0",
 }
 
 

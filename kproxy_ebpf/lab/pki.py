@@ -18,12 +18,15 @@ from pathlib import Path
 import yaml
 
 # Every name the apiserver is reached by: the host (127.0.0.1), the lab nodes through the lead's
-# relay (10.250.0.1) and pods through the `kubernetes` Service (first IP of 10.96.0.0/16).
+# relay (10.250.0.1, fd00:250::1) and pods through the `kubernetes` Service (first IP of the
+# primary Service range: 10.96.0.0/16 or fd00:96::/112, lab/addressing.py).
 DEFAULT_SERVER_SANS = (
     "IP:127.0.0.1",
     "DNS:localhost",
     "IP:10.250.0.1",
+    "IP:fd00:250::1",
     "IP:10.96.0.1",
+    "IP:fd00:96::1",
     "DNS:kubernetes",
     "DNS:kubernetes.default",
     "DNS:kubernetes.default.svc",

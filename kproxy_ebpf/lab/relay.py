@@ -62,19 +62,28 @@ def _serve_one(client: socket.socket, to: tuple[str, int]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--netns", required=True)
-    ap.add_argument("--listen", required=True, help="IP:PORT inside --netns")
+    ap.add_argument("--listen", required=True, action="append",
+                    help="IP:PORT inside --netns ([IPv6]:PORT); repeatable")
     ap.add_argument("--to", required=True, help="127.0.0.1:PORT in the host namespace")
     args = ap.parse_args()
-    lhost, _, lport = args.listen.rpartition(":")
     thost, _, tport = args.to.rpartition(":")
     if not thost.startswith("127."):
         raise SystemExit("--to must be a loopback address: the relay never sends off-host")
-    server = listen_in(args.netns, lhost, int(lport))
+    servers = []
+    for listen in args.listen:
+        lhost, _, lport = listen.rpartition(":")
+        servers.append(listen_in(args.netns, lhost.strip("[]"), int(lport)))
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    print(f"relaying {args.netns} {args.listen} -> {args.to}", flush=True)
+    print(f"relaying {args.netns} {', '.join(args.listen)} -> {args.to}", flush=True)
+    for server in servers[1:]:
+        threading.Thread(target=_accept, args=(server, (thost, int(tport))), daemon=True).start()
+    _accept(servers[0], (thost, int(tport)))
+
+
+def _accept(server: socket.socket, to: tuple[str, int]) -> None:
     while True:
         client, _ = server.accept()
-        threading.Thread(target=_serve_one, args=(client, (thost, int(tport))), daemon=True).start()
+        threading.Thread(target=_serve_one, args=(client, to), daemon=True).start()
 
 
 if __name__ == "__main__":

@@ -62,11 +62,13 @@ class PodRec:
     ports: list[tuple[str, int]]
     labels: dict[str, str] = field(default_factory=dict)
     echo_pid: int | None = None
+    ips: list[str] = field(default_factory=list)   # every family's, primary first (ip)
 
 
 @dataclass
 class LabState:
     lab: str
+    families: list[str] = field(default_factory=lambda: ["IPv4"])  # the cluster's, primary first
     nodes: dict[str, NodeRec] = field(default_factory=dict)
     pods: dict[str, PodRec] = field(default_factory=dict)
     external: str | None = None  # the external client's IP once created
@@ -92,7 +94,7 @@ class LabState:
 
     @classmethod
     def from_json(cls, d: dict) -> LabState:
-        st = cls(lab=d["lab"])
+        st = cls(lab=d["lab"], families=list(d.get("families", ["IPv4"])))
         st.nodes = {k: NodeRec(**v) for k, v in d.get("nodes", {}).items()}
         for k, v in d.get("pods", {}).items():
             v = dict(v)

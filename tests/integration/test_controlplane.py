@@ -31,7 +31,7 @@ ZONE = "kproxy-zone-a"
 @pytest.fixture(scope="module")
 def node(apiserver) -> Iterator[str]:
     api, _ = apiserver
-    ko.create_node(api, NODE, NODE_IP, zone=ZONE, pod_cidr="10.244.11.0/24")
+    ko.create_node(api, NODE, NODE_IP, zone=ZONE, pod_cidrs=["10.244.11.0/24"])
     yield NODE
     client.CoreV1Api(api).delete_node(NODE)
 

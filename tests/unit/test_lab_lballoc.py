@@ -84,7 +84,8 @@ def test_external_routes_and_pools_stay_clear_of_the_lab_own_routes():
     from kproxy_ebpf.lab.nsutil import LabError
 
     assert external_cidr("10.250.200.7/24") == "10.250.200.0/24"
+    assert external_cidr("2001:db8:1::7/64") == "2001:db8:1::/64"
     for bad in ("10.250.0.0/16", "10.244.3.0/24", "10.96.1.0/24", "0.0.0.0/0", "junk",
-                "2001:db8::/64"):
+                "fd00:250::/48", "fd00:244:3::/64", "fd00:96::/120", "::/0"):
         with pytest.raises(LabError):
             external_cidr(bad)
