@@ -62,7 +62,7 @@ class Service:
     namespace: str
     name: str
     type: ServiceType = ServiceType.CLUSTER_IP
-    cluster_ips: tuple[str, ...] = ()      # IPv4 ClusterIPs only; () when headless or none
+    cluster_ips: tuple[str, ...] = ()      # one per family, primary first; () when headless/none
     headless: bool = False                 # spec.clusterIP == "None"
     ports: tuple[ServicePort, ...] = ()
     external_ips: tuple[str, ...] = ()

@@ -2,9 +2,11 @@
 echo servers, and node1's datapath programmed in-process through the real policy code
 (ProxyState) and the real MapWriter.
 
-Conventions (lab "dp"): node1 10.250.0.11 (pods 10.244.1.x), node2 10.250.0.12 (10.244.2.x).
-Pods: client (node1), a1, a2 (node1), b1, b2 (node2); each echo server answers tcp:8080 and
-udp:5353 with "<pod> <client-ip>:<client-port>". Service IPs are 10.96.0.x.
+Conventions (lab "dp", dual-stack): node1 10.250.0.11 and fd00:250::11 (pods 10.244.1.x,
+fd00:244:1::x), node2 10.250.0.12 and fd00:250::12 (10.244.2.x, fd00:244:2::x). Pods: client
+(node1), a1, a2 (node1), b1, b2 (node2); each echo server answers tcp:8080 and udp:5353 with
+"<pod> <client-ip>:<client-port>" ([ip]:port in IPv6). Service IPs are 10.96.0.x and
+fd00:96::x; a test taking the `fam` fixture runs once per family (Fam below).
 
 ClusterIP paths: node1 serves Services through the socket hooks, or, where a module says
 `pytestmark = pytest.mark.parametrize("lb_path", LB_PATHS, indirect=True)`, once through each
@@ -28,6 +30,37 @@ LAB = "dp"
 PODS = {"client": "node1", "a1": "node1", "a2": "node1", "b1": "node2", "b2": "node2"}
 PORTS = (("tcp", 8080), ("udp", 5353))
 LB_PATHS = ("socket", "tc")
+LAB_FAMILIES = ("IPv4", "IPv6")
+
+
+class Fam:
+    """One IP family of the dp lab: its Service addresses, the pods' addresses, the address
+    text the echo servers print."""
+
+    def __init__(self, family: str):
+        self.family = family
+        self.v6 = family == "IPv6"
+        self.af = "socket.AF_INET6" if self.v6 else "socket.AF_INET"     # for client scripts
+
+    def vip(self, n: int) -> str:
+        return f"fd00:96::{n}" if self.v6 else f"10.96.0.{n}"
+
+    def ip(self, lab: Lab, pod: str) -> str:
+        return lab.pod(pod).ip_of(self.family)
+
+    def peer(self, ip: str) -> str:
+        """How the echo servers print `ip` before ':<port>'."""
+        return f"[{ip}]" if self.v6 else ip
+
+    def endpoints(self, lab: Lab, svc: str, pods: list[str], *ports, **kw) -> EndpointSlice:
+        """endpoints() of this family."""
+        return endpoints(lab, svc, pods, *ports, fam=self, **kw)
+
+    def __repr__(self) -> str:
+        return self.family
+
+
+V4 = Fam("IPv4")
 
 
 class NodeProxy:
@@ -38,7 +71,7 @@ class NodeProxy:
         info = lab.node(node)
         self.path = path
         self.netns = info.netns
-        self.node = Node(node, addresses=(info.ip,))
+        self.node = Node(node, addresses=info.ips)
         self.bpffs = Path(info.bpffs)
         self.datapath = SockDatapath(self.bpffs, Path(info.cgroup))
         self.tc: tc.TcDatapath | None = None
@@ -96,10 +129,10 @@ def service(name: str, ip: str, *ports: tuple[str, str, int], affinity: int = 0,
 
 def endpoints(lab: Lab, svc: str, pods: list[str], *ports: tuple[str, str, int],
               ready: bool = True, serving: bool = True, terminating: bool = False,
-              slice_name: str | None = None) -> EndpointSlice:
-    eps = tuple(Endpoint((lab.pod(p).ip,), ready=ready, serving=serving, terminating=terminating,
-                         node_name=lab.pod(p).node) for p in pods)
-    return EndpointSlice("default", slice_name or f"{svc}-1", svc, "IPv4",
+              slice_name: str | None = None, fam: Fam = V4) -> EndpointSlice:
+    eps = tuple(Endpoint((fam.ip(lab, p),), ready=ready, serving=serving,
+                         terminating=terminating, node_name=lab.pod(p).node) for p in pods)
+    return EndpointSlice("default", slice_name or f"{svc}-{6 if fam.v6 else 1}", svc, fam.family,
                          tuple(EndpointPort(n, Protocol(p), port) for n, p, port in ports), eps)
 
 
