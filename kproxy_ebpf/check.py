@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from .config import AgentConfig
 from .desired import Frontend, FrontendKey
-from .model import Node
+from .model import Node, hostport
 from .proxy.state import ProxyState
 
 
@@ -28,19 +28,20 @@ class Drift:
 
 
 def _name(ip: str, port: int, proto: str) -> str:
-    return f"{ip}:{port}/{proto}"
+    return f"{hostport(ip, port)}/{proto}"
 
 
 def _wanted(fe: Frontend) -> dict:
     return {"service": str(fe.service), "type": fe.kind.value, "action": fe.action.value,
             "affinity_timeout": fe.affinity_timeout,
-            "backends": sorted(f"{b.ip}:{b.port}" for b in fe.backends)}
+            "backends": sorted(hostport(b.ip, b.port) for b in fe.backends)}
 
 
 def _held(entry: dict) -> dict:
     return {"service": entry["service"], "type": entry["type"], "action": entry["action"],
             "affinity_timeout": entry["affinity_timeout"],
-            "backends": sorted(f"{b.get('address')}:{b.get('port')}" for b in entry["backends"])}
+            "backends": sorted(hostport(str(b.get('address')), b.get('port'))
+                               for b in entry["backends"])}
 
 
 def compare(desired: Mapping[FrontendKey, Frontend], kernel: list[dict]) -> list[Drift]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from . import __version__
+from .model import hostport
 from .run_cli import DEFAULT_BPFFS, run
 
 
@@ -81,7 +82,7 @@ main.add_command(run)
 def _backend_text(b: dict) -> str:
     if b.get("missing"):
         return f"{b['slot']}) <missing backend {b['id']}>"
-    return f"{b['slot']}) {b['address']}:{b['port']} ({b['state']})"
+    return f"{b['slot']}) {hostport(b['address'], b['port'])} ({b['state']})"
 
 
 def _policy_text(p: dict, allowed: list[str] | None = None) -> str:
@@ -120,7 +121,7 @@ def services(bpffs_dir: str, output: str, service_filter: str | None) -> None:
     for r in rows:
         backends = [_backend_text(b) for b in r["backends"]] or ["-"]
         aff = f"{r['affinity_timeout']}s" if r["affinity_timeout"] else "-"
-        first = (r["service"], r["type"], f"{r['address']}:{r['port']}/{r['protocol']}",
+        first = (r["service"], r["type"], f"{hostport(r['address'], r['port'])}/{r['protocol']}",
                  r["action"], aff, _policy_text(r.get("policy", {}), r.get("source_ranges")),
                  backends[0])
         lines.append(first)

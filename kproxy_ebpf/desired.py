@@ -15,7 +15,7 @@ import enum
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .model import IPFamily, Protocol
+from .model import IPFamily, Protocol, hostport
 
 
 class FrontendKind(enum.StrEnum):
@@ -62,8 +62,8 @@ class FrontendKey(NamedTuple):
     family: IPFamily = IPFamily.IPV4
 
     def __str__(self) -> str:
-        """As logs and Events name a frontend: ip:port/protocol."""
-        return f"{self.ip}:{self.port}/{self.protocol.value}"
+        """As logs and Events name a frontend: ip:port/protocol ([ip]:port in IPv6)."""
+        return f"{hostport(self.ip, self.port)}/{self.protocol.value}"
 
 
 class Action(enum.StrEnum):

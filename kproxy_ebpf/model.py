@@ -28,6 +28,12 @@ class IPFamily(enum.StrEnum):
     IPV6 = "IPv6"
 
 
+def hostport(ip: str, port: int | str) -> str:
+    """An address and port as text: a.b.c.d:port, and [v6]:port (RFC 3986) so that the port
+    never reads as the address's last group."""
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
 class Kind(enum.StrEnum):
     """The API objects the sources deliver (kube/sources.py) to the agent's sink."""
     SERVICE = "Service"

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from ..desired import FrontendKey
-from ..model import IPFamily
+from ..model import IPFamily, hostport
 from . import layout as L
 from .pinned import PinnedMap
 from .programmed import BackendKey
@@ -90,10 +90,10 @@ def entries(maps: Mapping[str, PinnedMap]) -> list[dict]:
         snat = bool(val.flags & L.CT_F_SNAT)
         rows.append({
             "protocol": proto.value if proto else str(key.proto),
-            "client": f"{L.ip_str(key.saddr)}:{L.port_host(key.sport)}",
-            "frontend": f"{L.ip_str(key.daddr)}:{L.port_host(key.dport)}",
-            "backend": f"{L.ip_str(val.be_addr)}:{L.port_host(val.be_port)}",
-            "snat": f"{L.ip_str(val.nat_addr)}:{L.port_host(val.nat_port)}" if snat else None,
+            "client": hostport(L.ip_str(key.saddr), L.port_host(key.sport)),
+            "frontend": hostport(L.ip_str(key.daddr), L.port_host(key.dport)),
+            "backend": hostport(L.ip_str(val.be_addr), L.port_host(val.be_port)),
+            "snat": hostport(L.ip_str(val.nat_addr), L.port_host(val.nat_port)) if snat else None,
             "path": "pod" if val.flags & L.CT_F_POD else "external",
             "state": L.CT_STATE_NAMES.get(val.state, str(val.state)),
             "expires_in_seconds": round(max(0, val.expires - now) / 1e9, 1),

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from ..model import hostport
 from . import agent_image, kubeobjects
 from .binaries import ensure_binaries
 from .controlplane import ControlPlane, free_ports
@@ -29,10 +30,6 @@ PROXIES = ("kproxy", "iptables", "nftables", "none")
 AGENTS = ("process", "image")     # how kproxy runs: a host process, or the chart's pod spec
 NAMESPACE = "default"
 LB_ALLOCATOR = "lb-allocator"
-
-
-def _hostport(ip: str, port: int) -> str:
-    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
 def _zone(index: int) -> str:
@@ -146,7 +143,7 @@ class Cluster:
         listen = dict.fromkeys([CONTROL_PLANE_IP] + [p.control_plane for p in plans])
         self.lab.spawn("host", [sys.executable, "-m", "kproxy_ebpf.lab.relay",
                                 "--netns", self.lab.net_netns,
-                                *[a for ip in listen for a in ("--listen", _hostport(ip, port))],
+                                *[a for ip in listen for a in ("--listen", hostport(ip, port))],
                                 "--to", f"127.0.0.1:{cp.api_port}"], "relay")
         (self.dir / "cluster.json").write_text(json.dumps({
             "proxy": proxy, "agent": agent, "api_port": cp.api_port, "lb_pool": lb_pool,

@@ -23,8 +23,9 @@ from .nsutil import run_in_thread
 def listen_in(netns: str, host: str, port: int) -> socket.socket:
     """A listening socket in `netns`, made by a short-lived thread that entered it; this
     process's own threads stay in the host namespace."""
-    return run_in_thread(netns, lambda: socket.create_server((host, port), reuse_port=False,
-                                                             backlog=128))
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return run_in_thread(netns, lambda: socket.create_server((host, port), family=family,
+                                                             reuse_port=False, backlog=128))
 
 
 def _pipe(src: socket.socket, dst: socket.socket) -> None:

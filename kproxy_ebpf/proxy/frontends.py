@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from ..desired import (Action, Backend, Frontend, FrontendKey, FrontendKind, Problem, ServiceInfo,
                        ServicePortName)
 from ..model import (EndpointSlice, IPFamily, LoadBalancerIngress, Node, Service, ServicePort,
-                     ServiceType)
+                     ServiceType, hostport)
 from .endpoints import EndpointInfo, endpoints_by_port
 from .families import node_view, service_families, service_view
 from .topology import PortEndpoints, categorize
@@ -253,6 +253,6 @@ def _family_frontends(svc: Service, slices: Iterable[EndpointSlice], node: Node,
             elif prev.service != fe.service:
                 problems.append(_problem(
                     svc, "FrontendConflict",
-                    f"{kind.value} {ip}:{port}/{sp.protocol.value} of port {plan.name} is "
+                    f"{kind.value} {hostport(ip, port)}/{sp.protocol.value} of port {plan.name} is "
                     f"already used by port {prev.service} ({prev.kind.value}); skipped"))
     return list(out.values()), problems
