@@ -9,9 +9,15 @@ healthCheckNodePort; so the servers here skip it.
 """
 from __future__ import annotations
 
+import errno
+import socket
 import socketserver
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+# Every address of both families (a dual-stack socket: IPv4 clients arrive IPv4-mapped), as
+# Go's net.Listen("tcp", ":port") that kube-proxy's healthCheckNodePort servers use.
+ALL_FAMILIES = ""
 
 
 class LocalHTTPServer(ThreadingHTTPServer):
@@ -22,10 +28,29 @@ class LocalHTTPServer(ThreadingHTTPServer):
         self.server_name, self.server_port = self.server_address[:2]
 
 
+class LocalHTTPServer6(LocalHTTPServer):
+    """An IPv6 listener; on "::" it also takes IPv4 (IPV6_V6ONLY off)."""
+    address_family = socket.AF_INET6
+
+    def server_bind(self) -> None:
+        self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+
 def serve(address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
           name: str) -> LocalHTTPServer:
-    """Binds now (errors reach the caller) and serves in a daemon thread named `name`."""
-    server = LocalHTTPServer(address, handler)
+    """Binds now (errors reach the caller) and serves in a daemon thread named `name`.
+    Host ALL_FAMILIES: "::" for both families, or 0.0.0.0 where the node has no IPv6."""
+    host, port = address
+    if host == ALL_FAMILIES:
+        try:
+            server: LocalHTTPServer = LocalHTTPServer6(("::", port), handler)
+        except OSError as exc:
+            if exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+                raise
+            server = LocalHTTPServer(("0.0.0.0", port), handler)
+    else:
+        server = (LocalHTTPServer6 if ":" in host else LocalHTTPServer)(address, handler)
     threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
     return server
 

@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 
 
 class ServiceHealthServers:
-    def __init__(self, proxy_healthy: Callable[[], bool], address: str = "0.0.0.0"):
+    def __init__(self, proxy_healthy: Callable[[], bool],
+                 address: str = httpserve.ALL_FAMILIES):
         self._healthy = proxy_healthy
         self._address = address
         self._lock = threading.Lock()

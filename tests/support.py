@@ -67,16 +67,16 @@ def fresh_lab(name: str, **up) -> Iterator[Lab]:
 
 @contextlib.contextmanager
 def lab_cluster(name: str, proxy: str, agent: str = "process",
-                client_pod: bool = False) -> Iterator[Cluster]:
-    """A 2-node lab cluster running `proxy` (our agent as a "process" or from the "image"),
-    with the client pod on node1 (tcp:8080) when asked; removed after, unless
+                client_pod: bool = False, ip_family: str = "ipv4") -> Iterator[Cluster]:
+    """A 2-node lab cluster of `ip_family` running `proxy` (our agent as a "process" or from
+    the "image"), with the client pod on node1 (tcp:8080) when asked; removed after, unless
     KPROXY_KEEP_LAB=1 keeps it to debug (`lab down --lab <name>` then)."""
     from kproxy_ebpf.lab.cluster import Cluster
 
     require_controlplane()
     c = Cluster(name)
     c.down()
-    c.up(nodes=2, proxy=proxy, agent=agent)
+    c.up(nodes=2, proxy=proxy, agent=agent, ip_family=ip_family)
     try:
         if client_pod:
             c.create_pod("client", "node1", ports=(("tcp", 8080),))

@@ -15,6 +15,7 @@ from kubernetes import client
 from kproxy_ebpf.cli import main as kproxy_cli
 from kproxy_ebpf.lab import agent_image, kubeobjects
 from kproxy_ebpf.lab.cluster import NAMESPACE, Cluster
+from kproxy_ebpf.model import IPFamily, hostport
 
 from ..support import wait_until
 from . import verdicts
@@ -33,13 +34,32 @@ class Scenario:
         self.c = cluster
         self.name = name
         self.proxy = "image" if cluster.info.agent == "image" else cluster.info.proxy
+        self.family = cluster.info.ip_family          # ipv4, ipv6 or dual (verdicts.py)
         self.core = client.CoreV1Api(cluster.api())
         self._pods: list[str] = []
         self._services: list[str] = []
         self._slices: list[str] = []
+        lab = cluster.lab
         # Source addresses a backend may see, by role: "node" is node1 (the client's node).
-        self.roles = {cluster.lab.pod("client").ip: "pod", cluster.lab.node("node1").ip: "node",
-                      cluster.lab.node("node2").ip: "node2", cluster.lab.external().ip: "ext"}
+        self.roles = {ip: role for role, ips in (
+            ("pod", lab.pod("client").ips), ("node", lab.node("node1").ips),
+            ("node2", lab.node("node2").ips), ("ext", lab.external().ips)) for ip in ips}
+        # Dual-stack lab: a Service's or node's primary (IPv4) address -> its IPv6 one, which
+        # every check of the primary one also probes (verdicts.TWIN).
+        self.twins: dict[str, str] = {}
+        if self.family == "dual":
+            for node in lab.nodes():
+                self.twins[node.ip] = node.ip_of(IPFamily.IPV6)
+
+    def pick(self, v4: str, v6: str) -> str:
+        """The address (or range) of the lab's primary family."""
+        return v6 if self.family == "ipv6" else v4
+
+    @property
+    def tc_serves(self) -> bool:
+        """Whether kproxy serves traffic from outside in this lab's primary family (the TC
+        path is IPv4-only)."""
+        return self.family != "ipv6"
 
     # -- objects ---------------------------------------------------------------------------------
     def pods(self, app: str, placement: dict[str, str], ports=(("tcp", 8080), ("udp", 5353)),
@@ -55,28 +75,36 @@ class Scenario:
 
     def service(self, name: str, app: str | None, ports: Sequence[dict[str, Any]],
                 labels: dict[str, str] | None = None, **spec: Any) -> str:
+        if self.family == "dual":
+            spec.setdefault("ipFamilyPolicy", "RequireDualStack")
         body = {"apiVersion": "v1", "kind": "Service",
                 "metadata": {"name": name, "labels": labels or {}},
                 "spec": {"selector": {"app": app} if app else None, "ports": list(ports), **spec}}
         self._services.append(name)
-        return self.core.create_namespaced_service(NAMESPACE, body).spec.cluster_ip
+        created = self.core.create_namespaced_service(NAMESPACE, body).spec
+        if self.family == "dual":
+            self.twins[created.cluster_ips[0]] = created.cluster_ips[1]
+        return created.cluster_ip
 
     def endpoint_slice(self, service: str, pods: Sequence[str], port: int,
                        labels: dict[str, str] | None = None) -> None:
         """A hand-made EndpointSlice (as a custom controller writes them) for a selector-less
-        Service; removed with the Service (no garbage collector runs in the lab)."""
-        body = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-                "metadata": {"name": f"{service}-manual", "labels": {
-                    kubeobjects.SERVICE_NAME_LABEL: service,
-                    "endpointslice.kubernetes.io/managed-by": "kproxy-conformance",
-                    **(labels or {})}},
-                "addressType": "IPv4",
-                "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
-                "endpoints": [{"addresses": [self.c.lab.pod(p).ip], "nodeName":
-                               self.c.lab.pod(p).node, "conditions": {"ready": True}}
-                              for p in pods]}
-        client.DiscoveryV1Api(self.c.api()).create_namespaced_endpoint_slice(NAMESPACE, body)
-        self._slices.append(body["metadata"]["name"])
+        Service, one per family of the lab; removed with the Service (no garbage collector
+        runs in the lab)."""
+        for family in self.c.lab.families:
+            body = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                    "metadata": {"name": f"{service}-manual-{family.lower()}", "labels": {
+                        kubeobjects.SERVICE_NAME_LABEL: service,
+                        "endpointslice.kubernetes.io/managed-by": "kproxy-conformance",
+                        **(labels or {})}},
+                    "addressType": str(family),
+                    "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+                    "endpoints": [{"addresses": [self.c.lab.pod(p).ip_of(family)], "nodeName":
+                                   self.c.lab.pod(p).node, "conditions": {"ready": True}}
+                                  for p in pods]}
+            client.DiscoveryV1Api(self.c.api()).create_namespaced_endpoint_slice(NAMESPACE,
+                                                                                 body)
+            self._slices.append(body["metadata"]["name"])
 
     def delete_service(self, name: str) -> None:
         self.core.delete_namespaced_service(name, NAMESPACE)
@@ -91,8 +119,9 @@ class Scenario:
         kubeobjects.set_pod_ready(self.c.api(), NAMESPACE, pod, ready)
 
     def wait_endpoints(self, service: str, count: int, **kw: Any) -> None:
-        kubeobjects.wait_for_slice_endpoints(self.c.api(), NAMESPACE, service, count,
-                                             timeout=30, **kw)
+        """Until the Service's slices hold `count` endpoints per family of the lab."""
+        kubeobjects.wait_for_slice_endpoints(self.c.api(), NAMESPACE, service,
+                                             count * len(self.c.lab.families), timeout=30, **kw)
 
     def cleanup(self) -> None:
         for name in list(self._services):
@@ -113,8 +142,21 @@ class Scenario:
               sport: int = 0) -> str:
         """Probes until the cell equals what this proxy must give (the proxies program
         asynchronously: kube-proxy's minSyncPeriod is 1 s), records the cell, asserts it.
-        `sport`: UDP from that fixed source port (one conntrack flow for every attempt)."""
-        target = verdicts.expected(self.name, check, self.proxy, want)
+        `sport`: UDP from that fixed source port (one conntrack flow for every attempt). In
+        the dual-stack lab the check runs again against `ip`'s IPv6 twin, if it has one."""
+        cell = self._check(check, src, ip, port, want, udp, count, converge, reduce, sport)
+        if ip in self.twins:
+            self._check(check + verdicts.TWIN, src, self.twins[ip], port, want, udp, count,
+                        converge, reduce, sport)
+        return cell
+
+    def _check(self, check: str, src: str, ip: str, port: int, want: str | dict[str, str],
+               udp: bool, count: int, converge: float,
+               reduce: Callable[[list[str], dict[str, str]], str], sport: int) -> str:
+        if self.ours and src == EXT and (self.family == "ipv6" or check.endswith(verdicts.TWIN)):
+            self.note(check, verdicts.NOT_SERVED)
+            return verdicts.NOT_SERVED
+        target = verdicts.expected(self.name, check, self.proxy, want, self.family)
         # Where only failures are expected, wait past TCP's first SYN retransmission (1 s): on
         # these sub-millisecond paths an ICMP error can come back while connect() still holds
         # the socket lock, and the kernel then keeps it as a soft error until the next try.
@@ -135,8 +177,8 @@ class Scenario:
         """GET http://<node>:<healthCheckNodePort>/ from the external client (as a cloud load
         balancer probes it) until the cell (status code and every field of the JSON body)
         equals what this proxy must give; records and asserts it."""
-        target = verdicts.expected(self.name, check, self.proxy, want)
-        url = f"http://{self.c.lab.node(node).ip}:{port}/"
+        target = verdicts.expected(self.name, check, self.proxy, want, self.family)
+        url = f"http://{hostport(self.c.lab.node(node).ip, port)}/"
         return self._converge(check, target, converge, lambda: verdicts.http_cell(
             self.c.lab.exec(EXT, [self.c.lab.python, "-I", "-S", "-c", HTTP_GET, url],
                             capture_output=True, text=True, timeout=30).stdout))
@@ -157,7 +199,7 @@ class Scenario:
                                  f"{self.diagnostics(dest=dest)}") from None
         finally:
             if seen:
-                verdicts.record(self.name, check, self.proxy, seen[-1])
+                verdicts.record(self.name, check, self.proxy, seen[-1], self.family)
         return seen[-1]
 
     def diagnostics(self, node: str = "node1", limit: int = 3000,
@@ -177,7 +219,8 @@ class Scenario:
             except Exception as exc:  # noqa: BLE001 - a diagnostic must not hide the failure itself
                 return f"({' '.join(argv)}: {exc})"
 
-        rules = {"nftables": ["nft", "list", "table", "ip", "kube-proxy"],
+        table = "ip6" if self.family == "ipv6" else "ip"
+        rules = {"nftables": ["nft", "list", "table", table, "kube-proxy"],
                  "iptables": ["iptables-save", "-t", "nat"]}.get(
             self.proxy, [lab.python, "-m", "kproxy_ebpf.cli", "status",
                          "--bpffs-dir", lab.node(node).bpffs])
@@ -192,12 +235,12 @@ class Scenario:
             parts[f"{node} conntrack to {dest}"] = run(["conntrack", "-L", "-d", dest])
             if self.proxy == "nftables":
                 for m in ("service-ips", "no-endpoint-services", "firewall-ips"):
-                    parts[f"{node} map {m}"] = run(["nft", "list", "map", "ip", "kube-proxy", m])
+                    parts[f"{node} map {m}"] = run(["nft", "list", "map", table, "kube-proxy", m])
         return "\n".join(f"--- {k}\n{v.rstrip()}" for k, v in parts.items())
 
     def note(self, check: str, value: str) -> None:
         """Record a cell that the scenario asserts itself."""
-        verdicts.record(self.name, check, self.proxy, value)
+        verdicts.record(self.name, check, self.proxy, value, self.family)
 
     # -- north-south -----------------------------------------------------------------------------
     def node_ip(self, node: str) -> str:

@@ -9,6 +9,13 @@ compare equal when the behaviour is the same.
 Every cell is recorded (RESULTS) and printed as a table test x proxy at the end of the run
 (conftest.py). kube-proxy nftables is the reference: a kproxy cell that differs from it must be
 listed in DIVERGENCES, with the reason, and the scenario asserts that listed difference.
+
+Families: each proxy runs in an IPv4 lab, and ours and nftables also in an IPv6 and a
+dual-stack lab (`lab up --ip-family`); their cells are columns of their own ("kproxy ipv6"),
+compared with nftables of the same family. In the dual-stack lab every Service is
+RequireDualStack and each check also runs against its IPv6 twin (the Service's IPv6 ClusterIP,
+the node's IPv6 address): that cell's check name ends in TWIN. Cells name sources by role in
+every family, so one family's cells read like the other's.
 """
 from __future__ import annotations
 
@@ -19,6 +26,15 @@ from dataclasses import dataclass
 from kproxy_ebpf.lab.probe import is_reply
 
 PROXIES = ("kproxy", "image", "nftables", "iptables")
+FAMILIES = ("ipv4", "ipv6", "dual")
+# The labs of the families other than IPv4: only our agent and the reference (image and
+# iptables repeat, per family, what kproxy and nftables prove).
+FAMILY_PROXIES = ("kproxy", "nftables")
+TWIN = " [IPv6]"
+# kproxy's cell for traffic from outside the cluster in IPv6 (the IPv6 lab's, and the dual
+# lab's TWIN cells from the external client): not probed, because the TC path that serves it
+# is IPv4-only so far (issue 25); the table shows it, and the summary says why.
+NOT_SERVED = "not served (TC is IPv4-only)"
 # Our agent as a host process, and from the container image with the Helm chart's pod spec
 # (capabilities, mounts, token: `lab up --agent image`); both must give the same cells.
 OURS = ("kproxy", "image")
@@ -81,19 +97,38 @@ DIVERGENCES: dict[tuple[str, str], Divergence] = {
         "eip-2 from pod", "as for a pod's connection to a NodePort: served by the socket hook"),
 }
 
-# RESULTS[(scenario, check)][proxy] = cell
+# (scenario, check) -> what kproxy does instead in IPv6 only (the IPv6 lab's cells and the dual
+# lab's TWIN cells), checked before DIVERGENCES.
+IPV6_DIVERGENCES: dict[tuple[str, str], Divergence] = {}
+
+# RESULTS[(scenario, check)][column(proxy, family)] = cell
 RESULTS: dict[tuple[str, str], dict[str, str]] = defaultdict(dict)
 
 
+def column(proxy: str, family: str) -> str:
+    return proxy if family == "ipv4" else f"{proxy} {family}"
+
+
+def divergence(scenario: str, check: str, family: str) -> Divergence | None:
+    """The listed difference of a cell, if any: IPv6 ones first for an IPv6 cell."""
+    base = check.removesuffix(TWIN)
+    if family == "ipv6" or check.endswith(TWIN):
+        div = IPV6_DIVERGENCES.get((scenario, base))
+        if div:
+            return div
+    return DIVERGENCES.get((scenario, base))
+
+
 def cell(lines: list[str], roles: dict[str, str]) -> str:
-    """Summarise probe lines (`<pod> <ip>:<port>` or a failure) into one cell; `roles` names
-    client source IPs ({"10.244.1.10": "pod", "10.250.0.11": "node"})."""
+    """Summarise probe lines (`<pod> <ip>:<port>`, `<pod> [<ip>]:<port>` or a failure) into
+    one cell; `roles` names client source IPs ({"10.244.1.10": "pod", "10.250.0.11":
+    "node"})."""
     backends, sources, failures = set(), set(), set()
     for line in lines:
         if is_reply(line):
             pod, peer = line.split()[:2]
             backends.add(pod)
-            ip = peer.rpartition(":")[0]
+            ip = peer.rpartition(":")[0].strip("[]")
             sources.add(roles.get(ip, ip))
         else:
             failures.add(line)
@@ -130,49 +165,56 @@ def http_cell(output: str) -> str:
     return " ".join([code, *flat(json.loads(body))])
 
 
-def expected(scenario: str, check: str, proxy: str, want: str | dict[str, str]) -> set[str]:
+def expected(scenario: str, check: str, proxy: str, want: str | dict[str, str],
+             family: str = "ipv4") -> set[str]:
     """The cells `proxy` may give. `want` is kube-proxy's behaviour (one cell, or one per mode
     where iptables and nftables differ); kproxy must give the nftables cell unless the row is a
     listed divergence (or a pending one: then either)."""
     reference = want if isinstance(want, str) else want[REFERENCE]
     if proxy in OURS:
-        div = DIVERGENCES.get((scenario, check))
+        div = divergence(scenario, check, family)
         if div:
             return {div.kproxy, reference} if div.until else {div.kproxy}
         return {reference}
     return {want if isinstance(want, str) else want[proxy]}
 
 
-def record(scenario: str, check: str, proxy: str, value: str) -> None:
-    RESULTS[(scenario, check)][proxy] = value
+def record(scenario: str, check: str, proxy: str, value: str, family: str = "ipv4") -> None:
+    RESULTS[(scenario, check)][column(proxy, family)] = value
 
 
-def compare_row(row: dict[str, str], key: tuple[str, str]) -> str:
-    """'=' (kproxy matches nftables), 'listed' (a listed divergence, as listed), 'pending' (a
-    divergence other work will remove), 'MISMATCH', or '' when the row lacks one of the two."""
-    if "image" in row and "kproxy" in row and row["image"] != row["kproxy"]:
+def compare_row(row: dict[str, str], key: tuple[str, str], family: str = "ipv4") -> str:
+    """For one family's columns: '=' (kproxy matches nftables), 'listed' (a listed
+    divergence, as listed), 'pending' (a divergence other work will remove), 'MISMATCH', or ''
+    when the row lacks one of the two."""
+    ours, image, ref = (column(p, family) for p in ("kproxy", "image", REFERENCE))
+    if image in row and ours in row and row[image] != row[ours]:
         return "MISMATCH"               # the chart's pod spec changed what the agent does
-    if "kproxy" not in row or REFERENCE not in row:
+    if ours not in row or ref not in row:
         return ""
-    if row["kproxy"] == row[REFERENCE]:
+    if row[ours] == NOT_SERVED:
+        return "not served"
+    if row[ours] == row[ref]:
         return "="
-    div = DIVERGENCES.get(key)
-    if div and div.kproxy == row["kproxy"]:
+    div = divergence(*key, family)
+    if div and div.kproxy == row[ours]:
         return "pending" if div.until else "listed"
     return "MISMATCH"
 
 
 def table() -> tuple[list[str], int]:
     """The matrix as text lines, and the number of unlisted kproxy/nftables mismatches."""
-    proxies = [p for p in PROXIES if any(p in row for row in RESULTS.values())]
-    head = ["scenario", "check", *proxies, "kproxy vs nftables"]
+    columns = [column(p, f) for f in FAMILIES for p in PROXIES]
+    columns = [c for c in columns if any(c in row for row in RESULTS.values())]
+    families = [f for f in FAMILIES if column(REFERENCE, f) in columns]
+    head = ["scenario", "check", *columns, *(f"kproxy vs nftables {f}" for f in families)]
     rows = []
     mismatches = 0
     for key in sorted(RESULTS):
         row = RESULTS[key]
-        verdict = compare_row(row, key)
-        mismatches += verdict == "MISMATCH"
-        rows.append([key[0], key[1], *(row.get(p, "") for p in proxies), verdict])
+        verdicts = [compare_row(row, key, f) for f in families]
+        mismatches += verdicts.count("MISMATCH")
+        rows.append([key[0], key[1], *(row.get(c, "") for c in columns), *verdicts])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     out = [fmt.format(*head), fmt.format(*("-" * w for w in widths))]

@@ -99,3 +99,18 @@ def test_servers_answer_kube_proxy_codes_and_body_and_follow_the_services():
             urllib.request.urlopen(f"http://127.0.0.1:{p1}/", timeout=5)
     finally:
         servers.close()
+
+
+def test_a_server_on_all_families_answers_ipv4_and_ipv6_clients():
+    """healthCheckNodePorts listen on every address of both families by default (kube-proxy's
+    ":port"): a load balancer probing a node's IPv6 address is answered too. Probed on
+    loopback only."""
+    servers = ServiceHealthServers(lambda: True)
+    port = _free_port()
+    try:
+        servers.sync({port: HealthCheck("ns", "one", port, 1)})
+        for host in ("127.0.0.1", "[::1]"):
+            with urllib.request.urlopen(f"http://{host}:{port}/", timeout=5) as r:
+                assert r.status == 200, host
+    finally:
+        servers.close()
