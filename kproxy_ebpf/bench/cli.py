@@ -89,8 +89,12 @@ class _TestLock:
               help="Results directory [the checkout's bench/results].")
 @click.option("--no-readme", is_flag=True, help="Do not rewrite README.md's generated section.")
 @click.option("--no-pin", is_flag=True, help="Do not pin client and servers to CPUs 0 and 1.")
+@click.option("--ip-family", type=click.Choice(["ipv4", "ipv6"]), default="ipv4",
+              show_default=True, help="The lab's family: every measured address IPv6 with "
+                                      "ipv6 (M9 then runs for the baselines only).")
 def bench(quick, modes, sizes, repeats, m5_changes, cold_timeout, scale, idle, scale_n, scale_change_ns,
-          scale_changes, scale_change_window, lab_name, tools_dir, out_dir, no_readme, no_pin) -> None:
+          scale_changes, scale_change_window, lab_name, tools_dir, out_dir, no_readme, no_pin,
+          ip_family) -> None:
     """Benchmark kproxy against kube-proxy iptables/nftables and the direct path, in the lab."""
     if os.geteuid() != 0:
         raise click.ClickException("the benchmark needs root (namespaces, BPF, iptables)")
@@ -119,7 +123,7 @@ def bench(quick, modes, sizes, repeats, m5_changes, cold_timeout, scale, idle, s
                                    repeats=repeats, m5_changes=m5_changes,
                                    cold_timeout=cold_timeout,
                                    lab_name=lab_name or "bench", tools_dir=tools_dir,
-                                   pin=not no_pin)
+                                   pin=not no_pin, ip_family=ip_family)
             doc = run_bench(cfg, _log)
             paths = report.write_bench(doc, out, readme)
     for p in paths:

@@ -4,8 +4,9 @@ created through the API as real Service and EndpointSlice objects, and endpoint 
 The slices are written directly, labelled `endpointslice.kubernetes.io/managed-by` with our
 own value, on Services without a selector, so kube-controller-manager's EndpointSlice
 controller leaves them alone (it manages only slices of selector Services that carry its own
-managed-by value). Filler endpoints are ready addresses in 10.128.0.0/10, which no lab
-namespace routes: they are programmed by every proxy, and never contacted.
+managed-by value). Filler endpoints are ready addresses in 10.128.0.0/10 (fd00:128::/32 in
+an IPv6 lab), which no lab namespace routes: they are programmed by every proxy, and never
+contacted.
 """
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ MANAGED_BY = "kpbench.kproxy.invalid"
 PART_OF = {"app.kubernetes.io/part-of": "kpbench"}
 FILLER_BASE = int(ipaddress.IPv4Address("10.128.0.0"))     # N x E addresses from here
 CHURN_BASE = int(ipaddress.IPv4Address("10.160.0.0"))      # replacement addresses
+# The same in an IPv6 lab (unique local, outside every range of lab/addressing.py).
+FILLER_BASE6 = int(ipaddress.IPv6Address("fd00:128::"))
+CHURN_BASE6 = int(ipaddress.IPv6Address("fd00:160::"))
 SERVICE_PORT = 80
 TARGET_PORT = 8080
 SINK_PORT = 8081
@@ -33,12 +37,15 @@ def filler_name(i: int) -> str:
     return f"fill-{i:05d}"
 
 
-def filler_address(i: int, j: int, endpoints: int) -> str:
-    return str(ipaddress.IPv4Address(FILLER_BASE + 1 + i * endpoints + j))
+def filler_address(i: int, j: int, endpoints: int, v6: bool = False) -> str:
+    offset = 1 + i * endpoints + j
+    return str(ipaddress.IPv6Address(FILLER_BASE6 + offset) if v6
+               else ipaddress.IPv4Address(FILLER_BASE + offset))
 
 
-def churn_address(k: int) -> str:
-    return str(ipaddress.IPv4Address(CHURN_BASE + 1 + k))
+def churn_address(k: int, v6: bool = False) -> str:
+    return str(ipaddress.IPv6Address(CHURN_BASE6 + 1 + k) if v6
+               else ipaddress.IPv4Address(CHURN_BASE + 1 + k))
 
 
 def _proto(port: tuple) -> str:
@@ -64,7 +71,7 @@ def slice_obj(service: str, addresses: Sequence[str],
             "metadata": {"name": name or f"{service}-kpbench", "namespace": NAMESPACE,
                          "labels": {**PART_OF, "kubernetes.io/service-name": service,
                                     "endpointslice.kubernetes.io/managed-by": MANAGED_BY}},
-            "addressType": "IPv4",
+            "addressType": "IPv6" if addresses and ":" in addresses[0] else "IPv4",
             "endpoints": [{"addresses": [a], "conditions": {"ready": True}} for a in addresses],
             "ports": [{**({"name": p[0]} if p[0] else {}), "port": p[1],
                        "protocol": p[2] if len(p) > 2 else "TCP"} for p in ports]}
@@ -112,15 +119,16 @@ class FillResult:
 
 
 def fill(api: RawApi, start: int, stop: int, endpoints: int, workers: int = 12,
-         progress: Callable[[int], None] | None = None) -> FillResult:
-    """Create fillers start..stop-1 (Service, then its slice) with a thread pool."""
+         progress: Callable[[int], None] | None = None, v6: bool = False) -> FillResult:
+    """Create fillers start..stop-1 (Service, then its slice) with a thread pool; v6: of
+    IPv6 endpoints (the lab's Services are then IPv6 too)."""
     t0 = time.monotonic()
     done = [0]
     lock = threading.Lock()
 
     def one(i: int) -> None:
         create_service(api, filler_name(i),
-                       [filler_address(i, j, endpoints) for j in range(endpoints)])
+                       [filler_address(i, j, endpoints, v6) for j in range(endpoints)])
         with lock:
             done[0] += 1
             if progress and done[0] % 1000 == 0:

@@ -63,7 +63,13 @@ struct worker {
 };
 
 static const char *mode;
-static struct sockaddr_in addrs[MAX_ADDRS];
+/* Targets of either family: sockaddr_in6 is the larger, and each entry's own family says
+ * which it holds. */
+static union {
+	struct sockaddr sa;
+	struct sockaddr_in in4;
+	struct sockaddr_in6 in6;
+} addrs[MAX_ADDRS];
 static int naddrs, threads = 1, cpu = -1, timeout_ms = 1000, interval_us, window = 1;
 static double duration = 1.0;
 static long count_per_thread;
@@ -108,9 +114,14 @@ static void count_name(struct worker *w, const char *name, uint64_t n)
 	}
 }
 
-static int tcp_socket(void)
+static socklen_t addr_len(const struct sockaddr *sa)
 {
-	int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+	return sa->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+}
+
+static int tcp_socket(int family)
+{
+	int fd = socket(family, SOCK_STREAM, 0), one = 1;
 	struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
 
 	if (fd < 0)
@@ -138,16 +149,16 @@ static void abort_close(int fd)
 
 /* One connect/request/close transaction. Returns 0 and fills name on success, else an
  * errno. t0 gets the monotonic start, conn_ns the connect() latency. */
-static int transaction(const struct sockaddr_in *to, char *name, uint64_t *conn_ns, uint64_t *t0)
+static int transaction(const struct sockaddr *to, char *name, uint64_t *conn_ns, uint64_t *t0)
 {
 	char buf[NAME_LEN + 8];
 	size_t got = 0;
-	int fd = tcp_socket(), err = 0;
+	int fd = tcp_socket(to->sa_family), err = 0;
 
 	if (fd < 0)
 		return errno;
 	*t0 = now_ns(CLOCK_MONOTONIC);
-	if (connect(fd, (const struct sockaddr *)to, sizeof(*to)) < 0) {
+	if (connect(fd, to, addr_len(to)) < 0) {
 		err = errno == EINPROGRESS || errno == EAGAIN ? ETIMEDOUT : errno;
 		close(fd);
 		return err;
@@ -198,7 +209,7 @@ static void *run_crr(void *arg)
 
 	while (more(done, deadline)) {
 		uint64_t t0, c = 0;
-		int err = transaction(&addrs[i++ % naddrs], name, &c, &t0);
+		int err = transaction(&addrs[i++ % naddrs].sa, name, &c, &t0);
 
 		done++;
 		if (err) {
@@ -217,10 +228,11 @@ static void *run_rr(void *arg)
 {
 	struct worker *w = arg;
 	uint64_t deadline = now_ns(CLOCK_MONOTONIC) + (uint64_t)(duration * 1e9);
-	int fd = tcp_socket();
+	const struct sockaddr *to = &addrs[w->idx % naddrs].sa;
+	int fd = tcp_socket(to->sa_family);
 	char buf[NAME_LEN + 8];
 
-	if (fd < 0 || connect(fd, (struct sockaddr *)&addrs[w->idx % naddrs], sizeof(addrs[0])) < 0) {
+	if (fd < 0 || connect(fd, to, addr_len(to)) < 0) {
 		count_err(w, errno);
 		return NULL;
 	}
@@ -249,9 +261,10 @@ static void *run_stream(void *arg)
 	struct worker *w = arg;
 	uint64_t deadline = now_ns(CLOCK_MONOTONIC) + (uint64_t)(duration * 1e9);
 	static char buf[1 << 17];
-	int fd = tcp_socket();
+	const struct sockaddr *to = &addrs[w->idx % naddrs].sa;
+	int fd = tcp_socket(to->sa_family);
 
-	if (fd < 0 || connect(fd, (struct sockaddr *)&addrs[w->idx % naddrs], sizeof(addrs[0])) < 0) {
+	if (fd < 0 || connect(fd, to, addr_len(to)) < 0) {
 		count_err(w, errno);
 		return NULL;
 	}
@@ -291,10 +304,11 @@ static void *run_udp(void *arg)
 	struct worker *w = arg;
 	uint64_t deadline = now_ns(CLOCK_MONOTONIC) + (uint64_t)(duration * 1e9), seq = 0;
 	struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
-	int fd = socket(AF_INET, SOCK_DGRAM, 0), inflight = 0, err;
+	const struct sockaddr *to = &addrs[w->idx % naddrs].sa;
+	int fd = socket(to->sa_family, SOCK_DGRAM, 0), inflight = 0, err;
 	unsigned char buf[UDP_HDR_LEN + NAME_LEN + 8];
 
-	if (fd < 0 || connect(fd, (struct sockaddr *)&addrs[w->idx % naddrs], sizeof(addrs[0])) < 0) {
+	if (fd < 0 || connect(fd, to, addr_len(to)) < 0) {
 		count_err(w, errno);
 		return NULL;
 	}
@@ -479,7 +493,7 @@ static int watch(void)
 		limit = start + (uint64_t)((max_wait > 0 ? max_wait : 60.0) * 1e9);
 		while (now_ns(CLOCK_MONOTONIC) < limit) {
 			uint64_t t0, c, wall = now_ns(CLOCK_REALTIME);
-			int err = transaction(&addrs[i++ % naddrs], name, &c, &t0);
+			int err = transaction(&addrs[i++ % naddrs].sa, name, &c, &t0);
 
 			attempts++;
 			if (!err && (any || !strcmp(name, want))) {
@@ -510,10 +524,15 @@ static int parse_addrs(char *list, int port)
 	for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
 		if (naddrs == MAX_ADDRS)
 			return -1;
-		addrs[naddrs].sin_family = AF_INET;
-		addrs[naddrs].sin_port = htons(port);
-		if (inet_pton(AF_INET, tok, &addrs[naddrs].sin_addr) != 1)
+		if (inet_pton(AF_INET, tok, &addrs[naddrs].in4.sin_addr) == 1) {
+			addrs[naddrs].in4.sin_family = AF_INET;
+			addrs[naddrs].in4.sin_port = htons(port);
+		} else if (inet_pton(AF_INET6, tok, &addrs[naddrs].in6.sin6_addr) == 1) {
+			addrs[naddrs].in6.sin6_family = AF_INET6;
+			addrs[naddrs].in6.sin6_port = htons(port);
+		} else {
 			return -1;
+		}
 		naddrs++;
 	}
 	return naddrs ? 0 : -1;

@@ -35,16 +35,39 @@ static char reply[128];
 static size_t reply_len;
 static int req_port = 8080, sink_port = 8081, threads = 1;
 
-static int listener(int port)
+/* A socket bound to every address of both families ([::], IPv4 clients arriving
+ * IPv4-mapped), or of IPv4 alone where the pod has no IPv6. */
+static int any_socket(int type, int port)
 {
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0), one = 1;
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+	struct sockaddr_in6 sa6 = {.sin6_family = AF_INET6, .sin6_port = htons(port)};
+	struct sockaddr_in sa4 = {.sin_family = AF_INET, .sin_port = htons(port)};
+	int fd = socket(AF_INET6, type, 0), one = 1, zero = 0;
 
+	if (fd >= 0) {
+		setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+		setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
+		if (bind(fd, (struct sockaddr *)&sa6, sizeof(sa6)) == 0)
+			return fd;
+		close(fd);
+	}
+	fd = socket(AF_INET, type, 0);
 	if (fd < 0)
 		return -1;
 	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 	setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
-	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, 4096) < 0) {
+	if (bind(fd, (struct sockaddr *)&sa4, sizeof(sa4)) < 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+static int listener(int port)
+{
+	int fd = any_socket(SOCK_STREAM | SOCK_NONBLOCK, port);
+
+	if (fd < 0 || listen(fd, 4096) < 0) {
 		perror("bind/listen");
 		exit(1);
 	}
@@ -53,13 +76,9 @@ static int listener(int port)
 
 static int udp_socket(int port)
 {
-	int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK, 0), one = 1;
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+	int fd = any_socket(SOCK_DGRAM | SOCK_NONBLOCK, port);
 
-	if (fd < 0)
-		return -1;
-	setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
-	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+	if (fd < 0) {
 		perror("bind udp");
 		exit(1);
 	}
@@ -71,7 +90,7 @@ static void serve_udp(int fd)
 	unsigned char buf[2048];
 
 	for (;;) {
-		struct sockaddr_in from;
+		struct sockaddr_storage from;
 		socklen_t flen = sizeof(from);
 		ssize_t n = recvfrom(fd, buf, sizeof(buf), 0, (struct sockaddr *)&from, &flen);
 

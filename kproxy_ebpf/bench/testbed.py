@@ -119,6 +119,7 @@ class Testbed:
     proxy_nodes: tuple[str, ...] = ("node1",)
     pin: bool = True
     log: Callable[[str], None] = print
+    ip_family: str = "ipv4"            # the lab's (`lab up --ip-family`): ipv4 or ipv6
     cluster: Cluster | None = None
     api: RawApi | None = None
     tools: dict = field(default_factory=dict)
@@ -144,7 +145,8 @@ class Testbed:
         if self.cluster.lab.exists():
             self.log(f"removing a leftover lab {self.lab_name}")
             self.cluster.down()
-        self.cluster.up(nodes=self.nodes, proxy="none", log=lambda m: self.log(f"lab: {m}"))
+        self.cluster.up(nodes=self.nodes, proxy="none", log=lambda m: self.log(f"lab: {m}"),
+                        ip_family=self.ip_family)
         try:
             self._populate()
         except BaseException:
@@ -214,10 +216,14 @@ class Testbed:
             return None
         self.log(f"fill: services {self.filled}..{n - 1} ({self.endpoints} endpoints each)")
         r = fill.fill(self.api, self.filled, n, self.endpoints, workers=workers,
-                      progress=lambda k: self.log(f"fill: +{k}"))
+                      progress=lambda k: self.log(f"fill: +{k}"), v6=self.v6)
         self.filled = n
         self.log(f"fill: {r.created} services in {r.seconds:.1f}s ({r.rate:.0f}/s)")
         return {"created": r.created, "seconds": r.seconds, "per_s": r.rate}
+
+    @property
+    def v6(self) -> bool:
+        return self.ip_family == "ipv6"
 
     def node_ip(self, node: str = "node1") -> str:
         return self.cluster.lab.node(node).ip
@@ -232,23 +238,30 @@ class Testbed:
         skip node1)."""
         lab = self.cluster.lab
         ext_ip, via = lab.external().ip, self.node_ip("node1")
-        routes = [("ext", f"{self.pods[p]}/32") for p in pods] + [("node/node2", f"{ext_ip}/32")]
-        redirects = {k: nsutil.read_sysctl(lab.node_netns("node1"), k) for k in
-                     ("net.ipv4.conf.all.send_redirects", "net.ipv4.conf.eth0.send_redirects")}
+        host = "/128" if self.v6 else "/32"
+        routes = [("ext", f"{self.pods[p]}{host}") for p in pods] + [("node/node2",
+                                                                      f"{ext_ip}{host}")]
+        # IPv6 has no switch for sending redirects (ip6_forward sends them whenever a packet
+        # leaves by the link it came in on): the client ignores them instead.
+        ns, keys = ((lab.ext_netns, ("net.ipv6.conf.all.accept_redirects",
+                                     "net.ipv6.conf.eth0.accept_redirects")) if self.v6 else
+                    (lab.node_netns("node1"), ("net.ipv4.conf.all.send_redirects",
+                                               "net.ipv4.conf.eth0.send_redirects")))
+        redirects = {k: nsutil.read_sysctl(ns, k) for k in keys}
 
         def ip_route(op: str, target: str, dst: str) -> None:
             lab.exec(target, ["ip", "route", op, dst, "via", via, "dev", "eth0"], check=True,
                      capture_output=True, timeout=30)
 
         try:
-            nsutil.sysctls(lab.node_netns("node1"), dict.fromkeys(redirects, "0"))
+            nsutil.sysctls(ns, dict.fromkeys(redirects, "0"))
             for target, dst in routes:
                 ip_route("replace", target, dst)
             yield
         finally:
             for target, dst in routes:
                 lab.exec(target, ["ip", "route", "del", dst], capture_output=True, timeout=30)
-            nsutil.sysctls(lab.node_netns("node1"), redirects)
+            nsutil.sysctls(ns, redirects)
 
     def expected_backends(self) -> int:
         """Distinct backends a proxy must hold: every filler endpoint plus the live pods the
@@ -516,4 +529,4 @@ class Testbed:
             self._churn_seq += 1
         i = (seq * 7919) % max(1, self.filled)
         return (fill.slices_path(f"{fill.filler_name(i)}-kpbench"),
-                fill.replace_endpoint_op(seq % self.endpoints, fill.churn_address(seq)))
+                fill.replace_endpoint_op(seq % self.endpoints, fill.churn_address(seq, self.v6)))

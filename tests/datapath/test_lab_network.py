@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from kproxy_ebpf.lab import Lab, LabError, nsutil, procs
 from kproxy_ebpf.lab.state import ProcRec
 
 from ..support import fresh_lab, require_root
+from .sniff import Sniffer
 
 pytestmark = pytest.mark.root
 
@@ -152,40 +152,6 @@ def test_external_client_is_isolated_from_pod_ips(lab):
 
 
 OUTSIDE = "198.51.100.7"  # TEST-NET-2 (RFC 5737): never routed on the internet either
-ETH_P_ALL = 0x0003
-
-
-class _Sniffer:
-    """Receive-only AF_PACKET socket on every interface of one namespace (the host's, or a lab
-    namespace's when opened through nsutil.run_in_thread); collects IPv4 packets to OUTSIDE."""
-
-    def __init__(self, make=lambda f: f()):
-        self.sock = make(lambda: socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM,
-                                               socket.htons(ETH_P_ALL)))
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-        self.sock.settimeout(0.05)
-        self.seen: list[str] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run)
-        self.thread.start()
-
-    def _run(self) -> None:
-        want = socket.inet_aton(OUTSIDE)
-        while True:
-            try:
-                data, addr = self.sock.recvfrom(65536)
-            except TimeoutError:
-                if self.stop.is_set():  # drained: nothing queued any more
-                    return
-                continue
-            if addr[1] == 0x0800 and data[16:20] == want:
-                self.seen.append(addr[0])
-
-    def close(self) -> list[str]:
-        self.stop.set()
-        self.thread.join()
-        self.sock.close()
-        return self.seen
 
 
 def _counter(lab: Lab, target: str, table: str, key: str) -> int:
@@ -215,8 +181,8 @@ def test_outside_addresses_end_at_the_lab_router(lab, host_before):
     assert "kpn-rtr" in _ip(lab, "net", "-o", "link", "show", "master", "br0")
 
     unreach = _counter(lab, "rtr", "snmp", "Icmp.OutDestUnreachs")
-    host = _Sniffer()
-    in_router = _Sniffer(lambda f: nsutil.run_in_thread(rtr, f))
+    host = Sniffer(OUTSIDE)
+    in_router = Sniffer(OUTSIDE, lambda f: nsutil.run_in_thread(rtr, f))
     try:
         results = [lab.probe(src, OUTSIDE, 80, count=3) for src in ("a", "node1", "ext")]
         results += [lab.probe(src, OUTSIDE, 53, udp=True, count=3) for src in ("b", "node2")]

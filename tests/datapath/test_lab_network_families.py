@@ -8,9 +8,6 @@ b (node2) at host number 10 of their node's pod range in every family.
 """
 from __future__ import annotations
 
-import socket
-import threading
-
 import pytest
 
 from kproxy_ebpf.lab import nsutil
@@ -18,13 +15,12 @@ from kproxy_ebpf.lab.addressing import PLANS, families
 from kproxy_ebpf.model import IPFamily
 
 from ..support import fresh_lab
+from .sniff import Sniffer
 
 pytestmark = pytest.mark.root
 
 LAB = "labfam-t"
 OUTSIDE6 = "2001:db8::7"     # the documentation prefix (RFC 3849): never routed anywhere
-ETH_P_IPV6 = 0x86DD
-ETH_P_ALL = 0x0003
 
 
 @pytest.fixture(scope="module", params=["ipv6", "dual"])
@@ -77,43 +73,12 @@ def test_pods_nodes_and_the_client_reach_what_they_reach_in_ipv4(lab):
         assert lab.probe("ext", node1, 8080) == ["REFUSED"], "nodes are reachable"
 
 
-class _Sniffer6:
-    """Receive-only AF_PACKET socket in one namespace; collects IPv6 packets to OUTSIDE6."""
-
-    def __init__(self, make=lambda f: f()):
-        self.sock = make(lambda: socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM,
-                                               socket.htons(ETH_P_ALL)))
-        self.sock.settimeout(0.05)
-        self.seen: list[str] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run)
-        self.thread.start()
-
-    def _run(self) -> None:
-        want = socket.inet_pton(socket.AF_INET6, OUTSIDE6)
-        while True:
-            try:
-                data, addr = self.sock.recvfrom(65536)
-            except TimeoutError:
-                if self.stop.is_set():
-                    return
-                continue
-            if addr[1] == ETH_P_IPV6 and data[24:40] == want:
-                self.seen.append(addr[0])
-
-    def close(self) -> list[str]:
-        self.stop.set()
-        self.thread.join()
-        self.sock.close()
-        return self.seen
-
-
 def test_outside_ipv6_addresses_end_at_the_lab_router(lab):
     """The IPv6 default routes lead to the lab router, which has no route on: it answers
     "no route" (ICMPv6, which TCP takes as a soft error and reports after its first SYN
     retransmit, ~1 s) and nothing reaches the host's namespace."""
-    host = _Sniffer6()
-    in_router = _Sniffer6(lambda f: nsutil.run_in_thread(lab.rtr_netns, f))
+    host = Sniffer(OUTSIDE6)
+    in_router = Sniffer(OUTSIDE6, lambda f: nsutil.run_in_thread(lab.rtr_netns, f))
     try:
         results = [lab.probe(src, OUTSIDE6, 80, timeout=3) for src in ("a", "node1", "ext")]
         results += [lab.probe(src, OUTSIDE6, 53, udp=True, timeout=3) for src in ("b", "node2")]

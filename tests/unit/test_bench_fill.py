@@ -23,6 +23,23 @@ def test_filler_addresses_unique_and_outside_every_lab_range():
     assert last < ipaddress.ip_address(fill.churn_address(0))   # the two ranges never meet
 
 
+def test_ipv6_filler_addresses_are_unique_local_and_outside_every_lab_range():
+    from kproxy_ebpf.lab.addressing import PLANS
+    from kproxy_ebpf.model import IPFamily
+
+    v6 = PLANS[IPFamily.IPV6]
+    lab6 = [ipaddress.ip_network(c) for c in (v6.underlay_cidr, v6.pod_supernet,
+                                              v6.service_cidr, "fe80::/10")]
+    n, e = 30000, 10
+    last = ipaddress.ip_address(fill.filler_address(n - 1, e - 1, e, v6=True))
+    for addr in (ipaddress.ip_address(fill.filler_address(0, 0, e, v6=True)), last,
+                 ipaddress.ip_address(fill.churn_address(10 ** 6, v6=True))):
+        assert addr.version == 6 and addr in ipaddress.ip_network("fd00::/8")
+        assert not any(addr in net for net in lab6)
+    assert last < ipaddress.ip_address(fill.churn_address(0, v6=True))
+    assert fill.slice_obj("fill-00001", [str(last)])["addressType"] == "IPv6"
+
+
 def test_slice_is_ours_not_the_controllers():
     s = fill.slice_obj("fill-00001", ["10.128.0.2", "10.128.0.3"])
     labels = s["metadata"]["labels"]
