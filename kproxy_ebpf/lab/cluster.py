@@ -21,7 +21,7 @@ from ..model import hostport
 from . import agent_image, kubeobjects
 from .binaries import ensure_binaries
 from .controlplane import ControlPlane, free_ports
-from .lballoc import DEFAULT_POOL
+from .lballoc import DEFAULT_POOL, DEFAULT_POOL6
 from .addressing import PLANS, choice_of, families
 from .namespaces import CONTROL_PLANE_IP, Lab, PodInfo, external_cidr
 from .nsutil import LabError
@@ -93,8 +93,10 @@ class Cluster:
             raise LabError(f"--agent must be one of {', '.join(AGENTS)} (image: --proxy kproxy)")
         if self.lab.exists():
             raise LabError(f"lab {self.lab.name!r} exists: `lab down` first")
-        lb_pool = external_cidr(lb_pool)
         fams = families(ip_family)
+        if lb_pool == DEFAULT_POOL and fams[0] == "IPv6":
+            lb_pool = DEFAULT_POOL6
+        lb_pool = external_cidr(lb_pool)
         try:
             bin_dir = ensure_binaries(build=build)
             log(f"network: {nodes} nodes, external client, {'/'.join(fams)}")

@@ -1,6 +1,6 @@
 """The lab's cloud: a LoadBalancer allocator, as cloud-provider-kind or MetalLB on kind.
 
-It watches Services and gives every IPv4 Service of type LoadBalancer (without a
+It watches Services and gives every Service of type LoadBalancer of the pool's family (without a
 spec.loadBalancerClass: that names another implementation, which the default cloud controller
 leaves alone too) one address of a pool, written to status.loadBalancer.ingress[].ip. ipMode is
 not set: the API server's default (VIP) is what a VIP-like load balancer means, and the
@@ -30,17 +30,18 @@ from collections.abc import Iterable
 log = logging.getLogger("kproxy.lballoc")
 
 DEFAULT_POOL = "10.250.200.0/24"
+DEFAULT_POOL6 = "fd00:250:200::/112"     # an IPv6 lab's (`lab up --ip-family ipv6`)
 
 Key = tuple[str, str]   # (namespace, name)
 
 
-def wants_address(svc: dict) -> bool:
+def wants_address(svc: dict, family: str = "IPv4") -> bool:
     """Whether this allocator serves the Service: type LoadBalancer, no loadBalancerClass,
-    IPv4 among its families."""
+    the pool's family among its families."""
     spec = svc.get("spec") or {}
     families = spec.get("ipFamilies") or ["IPv4"]
     return (spec.get("type") == "LoadBalancer" and not spec.get("loadBalancerClass")
-            and "IPv4" in families)
+            and family in families)
 
 
 def status_ips(svc: dict) -> list[str]:
@@ -58,16 +59,20 @@ class Pool:
     them. Pure bookkeeping, no API calls."""
 
     def __init__(self, cidr: str):
-        self.net = ipaddress.IPv4Network(cidr)
+        self.net = ipaddress.ip_network(cidr)
+        self.family = "IPv6" if self.net.version == 6 else "IPv4"
         hosts = self.net.hosts() if self.net.prefixlen < 31 else iter(self.net)
-        self.free = [str(ip) for ip in hosts]
+        # Never the network address: in IPv6 the Subnet-Router anycast (RFC 4291 2.6.1),
+        # which some Python versions' hosts() still lists.
+        self.free = [str(ip) for ip in hosts
+                     if self.net.version == 4 or ip != self.net.network_address]
         self._order = {ip: i for i, ip in enumerate(self.free)}
         self.owner: dict[str, Key] = {}     # ip -> Service
         self.held: dict[Key, str] = {}      # Service -> ip
 
     def __contains__(self, ip: str) -> bool:
         try:
-            return ipaddress.IPv4Address(ip) in self.net and ip in self._order
+            return ipaddress.ip_address(ip) in self.net and ip in self._order
         except ValueError:
             return False
 
@@ -109,7 +114,7 @@ class Decision:
 def decide(pool: Pool, svc: dict) -> Decision:
     """Updates the pool for one Service as the API shows it and says what its status needs."""
     key, current = key_of(svc), status_ips(svc)
-    if not wants_address(svc):
+    if not wants_address(svc, pool.family):
         released = pool.release(key)
         # Our address still in the status of a Service that is no LoadBalancer any more (also
         # one that changed while the allocator was down): clear it. A Service of another
@@ -178,7 +183,8 @@ class Allocator:
         items, rv = self._list()
         self.pool = Pool(str(self.pool.net))
         for svc in items:
-            if wants_address(svc) and not (svc.get("spec") or {}).get("loadBalancerIP"):
+            if (wants_address(svc, self.pool.family)
+                    and not (svc.get("spec") or {}).get("loadBalancerIP")):
                 for ip in status_ips(svc):
                     if self.pool.claim(key_of(svc), ip):
                         break

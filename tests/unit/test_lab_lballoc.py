@@ -37,6 +37,16 @@ def test_which_services_get_an_address():
     assert wants_address(svc_obj("a", families=["IPv6", "IPv4"]))
 
 
+def test_an_ipv6_pool_serves_the_services_of_its_family():
+    from kproxy_ebpf.lab.lballoc import DEFAULT_POOL6
+
+    pool = Pool(DEFAULT_POOL6)
+    assert pool.family == "IPv6"
+    assert decide(pool, svc_obj("v6", families=["IPv6"])).ips == ["fd00:250:200::1"]
+    assert decide(pool, svc_obj("v4", families=["IPv4"])).ips is None, "not its family"
+    assert "fd00:250:200::1" in pool and "10.250.200.1" not in pool
+
+
 def test_new_service_gets_an_address_without_ip_mode():
     pool = Pool("10.250.200.0/24")
     d = decide(pool, svc_obj("a"))
