@@ -110,7 +110,7 @@ chart-test: setup image
 
 # kind with kube-proxy disabled and the chart installed (hack/kind-up.sh says how: Docker and
 # kind's own images where a Docker engine is; podman and images made here, with no registry,
-# where none is). CLUSTER=kproxy, WORKERS=1, PROXY=kproxy|nftables|iptables.
+# where none is). CLUSTER=kproxy, WORKERS=1, PROXY=kproxy|nftables|iptables, IP_FAMILY=ipv4|dual.
 kind-up: kind-tools image
 	hack/kind-up.sh
 
@@ -119,7 +119,8 @@ kind-down: kind-apt
 
 # Upstream e2e.test's [sig-network] specs on kind against kproxy-ebpf and against kube-proxy
 # nftables, one cluster each, one after the other; writes e2e/results/latest.{json,md}.
-# ARGS=--smoke runs what make test runs; ARGS="--proxies kproxy" skips the oracle.
+# ARGS=--smoke runs what make test runs; ARGS="--proxies kproxy" skips the oracle;
+# ARGS="--ip-family dual": dual-stack clusters, the [Feature:IPv6DualStack] specs, e2e/results/dual.md.
 e2e: venv kind-tools image
 	$(PY) tools/kind/e2e.py $(ARGS)
 

@@ -4,7 +4,10 @@
 #     the same pod reaches the API server by the `kubernetes` Service's name;
 #   - the Service's NodePort answers on every node from a client container on the kind
 #     network: outside every node, never from the host's own network namespace;
-#   - the egress guards' drop counters (every node's and the host side's), printed.
+#   - the egress guards' drop counters (every node's and the host side's), printed;
+#   - IP_FAMILY=dual: the Service is dual-stack, and the pod also resolves its IPv6 ClusterIP
+#     (AAAA) and gets an answer there. The NodePort from outside is checked on the nodes' IPv4
+#     addresses only: kproxy-ebpf serves NodePorts from outside a node for IPv4 only (TC).
 # Leaves nothing behind (the check's namespace is deleted).
 set -euo pipefail
 . "$(dirname "$0")/kind-lib.sh"
@@ -25,13 +28,23 @@ if ! in_node "$CLUSTER-control-plane" ctr -n k8s.io images ls -q | grep -qx "$IM
   rm -f "$archive"
 fi
 kc create namespace "$NS" >/dev/null 2>&1 || true
+# On a dual-stack cluster the server listens on both families (`::`, not IPv6-only).
+bind=(); [[ $IP_FAMILY == dual ]] && bind=(--bind ::)
 kc -n "$NS" create deployment echo --image="$IMAGE" --replicas=2 --port=8080 \
-   -- "$PY" -m http.server 8080 --directory /opt/kproxy-ebpf >/dev/null
+   -- "$PY" -m http.server 8080 --directory /opt/kproxy-ebpf "${bind[@]}" >/dev/null
 kc -n "$NS" patch deployment echo --type=json \
    -p '[{"op":"add","path":"/spec/template/spec/containers/0/imagePullPolicy","value":"Never"}]' >/dev/null
 kc -n "$NS" create service nodeport echo --tcp=80:8080 --node-port=$NODEPORT >/dev/null
+if [[ $IP_FAMILY == dual ]]; then
+  kc -n "$NS" patch service echo -p '{"spec":{"ipFamilyPolicy":"RequireDualStack"}}' >/dev/null
+fi
 kc -n "$NS" rollout status deployment/echo --timeout=120s >/dev/null
 cip=$(kc -n "$NS" get service echo -o jsonpath='{.spec.clusterIP}')
+cip6=""
+if [[ $IP_FAMILY == dual ]]; then
+  cip6=$(kc -n "$NS" get service echo -o jsonpath='{.spec.clusterIPs[*]}' | tr ' ' '\n' | grep -m1 : ||
+         die "the dual-stack Service has no IPv6 ClusterIP")
+fi
 
 # From a pod: DNS through CoreDNS's ClusterIP, then the ClusterIP itself, then the API server.
 kc -n "$NS" run dns --image="$IMAGE" --image-pull-policy=Never --restart=Never --command -- \
@@ -43,6 +56,12 @@ for attempt in range(30):
         addr = socket.gethostbyname(name)
         with urllib.request.urlopen(f'http://{name}/', timeout=3) as r:
             print(f'{name} -> {addr}: HTTP {r.status}')
+        if '$cip6':
+            addr6 = socket.getaddrinfo(name, 80, socket.AF_INET6)[0][4][0]
+            with urllib.request.urlopen(f'http://[{addr6}]/', timeout=3) as r:
+                print(f'{name} -> {addr6}: HTTP {r.status}')
+            if addr6 != '$cip6':
+                sys.exit(2)
         ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
         with urllib.request.urlopen('https://kubernetes.default.svc/version', timeout=3, context=ctx) as r:
             print(f'kubernetes.default.svc: HTTP {r.status}')
@@ -57,7 +76,7 @@ log "ClusterIP: $(kc -n "$NS" logs dns | tr '\n' ';')"
 
 # From outside the nodes: a container on the kind network, to each node's address.
 for n in $(nodes); do
-  ip=$(kc get node "$n" -o jsonpath='{.status.addresses[?(@.type=="InternalIP")].address}')
+  ip=$(kc get node "$n" -o jsonpath='{.status.addresses[?(@.type=="InternalIP")].address}' | tr ' ' '\n' | grep -vm1 :)
   "${ENGINE[@]}" run --rm --network "$net" --pull=never --entrypoint "$PY" "$IMAGE" -c "
 import sys, time, urllib.request
 for attempt in range(20):

@@ -17,8 +17,14 @@ RUN_DIR=/run/kproxy-kind
 KIND_NET=${KIND_NET:-kproxy-kind}
 POD_SUBNET=10.244.0.0/16
 SERVICE_SUBNET=10.96.0.0/16
+# IP_FAMILY=dual: kind's dual-stack cluster (IPv4 primary); each node then has an IPv4 and an
+# IPv6 InternalIP and podCIDR, and the IPv6 ranges below join the IPv4 ones.
+IP_FAMILY=${IP_FAMILY:-ipv4}
+POD_SUBNET6=fd00:10:244::/56
+SERVICE_SUBNET6=fd00:10:96::/112
 log() { echo "kind: $*" >&2; }
 die() { echo "kind: $*" >&2; exit 1; }
+case $IP_FAMILY in ipv4|dual) ;; *) die "IP_FAMILY=$IP_FAMILY: use ipv4 or dual" ;; esac
 
 if [[ -z ${KIND_PROVIDER:-} ]]; then
   if command -v docker >/dev/null && docker info >/dev/null 2>&1; then KIND_PROVIDER=docker

@@ -16,6 +16,10 @@
 #   5. checks: CoreDNS ready, a ClusterIP by name through CoreDNS from a pod, a NodePort from a
 #      client container on the kind network (outside every node), the `kubernetes` Service
 #      (helm test), and the egress guards' drop counters.
+# IP_FAMILY=dual (default ipv4): kind's dual-stack cluster, IPv4 first: the IPv6 pod and
+# Service ranges of hack/kind-lib.sh beside the IPv4 ones, and per node the CNI's second
+# host-local range (the node's IPv6 podCIDR), IPv6 routes to the other nodes' IPv6 podCIDRs,
+# IPv6 forwarding, masquerade, and the IPv6 pod range let through the egress guard.
 set -euo pipefail
 . "$(dirname "$0")/kind-lib.sh"
 # The whole script is read before it runs (a function called on the last line): a checkout
@@ -55,9 +59,13 @@ kind: Cluster
 apiVersion: kind.x-k8s.io/v1alpha4
 networking:
   kubeProxyMode: $mode
-  podSubnet: $POD_SUBNET
-  serviceSubnet: $SERVICE_SUBNET
 YAML
+  if [[ $IP_FAMILY == dual ]]; then
+    printf '  ipFamily: dual\n  podSubnet: "%s,%s"\n  serviceSubnet: "%s,%s"\n' \
+      "$POD_SUBNET" "$POD_SUBNET6" "$SERVICE_SUBNET" "$SERVICE_SUBNET6"
+  else
+    printf '  podSubnet: %s\n  serviceSubnet: %s\n' "$POD_SUBNET" "$SERVICE_SUBNET"
+  fi
   [[ $KIND_IMAGES == local ]] && echo "  disableDefaultCNI: true"
   if [[ $host_v2 == no ]]; then cat <<'YAML'
 kubeadmConfigPatches:
@@ -73,7 +81,7 @@ YAML
 if kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
   log "cluster $CLUSTER exists: reusing it"
 else
-  log "creating cluster $CLUSTER (proxy: $PROXY, $((WORKERS + 1)) nodes, images: $KIND_IMAGES)"
+  log "creating cluster $CLUSTER (proxy: $PROXY, $((WORKERS + 1)) nodes, $IP_FAMILY, images: $KIND_IMAGES)"
   kind create cluster --name "$CLUSTER" "${node_image[@]}" --config "$cfg" --wait 0s
 fi
 mapfile -t NODES < <(nodes)
@@ -85,11 +93,19 @@ if [[ $KIND_IMAGES == local ]]; then
      --dry-run=client -o yaml | kc replace -f - >/dev/null
   # The node's resolver is podman's name server only (its upstream is the host's resolver).
   dns=$(podman network inspect "$KIND_NET" --format '{{range .Subnets}}{{.Gateway}} {{end}}' | awk '{print $1}')
-  declare -A cidr ip
+  # Each node's podCIDR and InternalIP per family (IPv6: cidr6, ip6; empty in an IPv4 cluster).
+  declare -A cidr ip cidr6 ip6
   for n in "${NODES[@]}"; do
-    cidr[$n]=$(kc get node "$n" -o jsonpath='{.spec.podCIDR}')
-    ip[$n]=$(kc get node "$n" -o jsonpath='{.status.addresses[?(@.type=="InternalIP")].address}')
+    cidr[$n]="" ip[$n]="" cidr6[$n]="" ip6[$n]=""
+    for a in $(kc get node "$n" -o jsonpath='{.spec.podCIDRs[*]}'); do
+      if [[ $a == *:* ]]; then cidr6[$n]=$a; else cidr[$n]=$a; fi
+    done
+    for a in $(kc get node "$n" -o jsonpath='{.status.addresses[?(@.type=="InternalIP")].address}'); do
+      if [[ $a == *:* ]]; then ip6[$n]=$a; else ip[$n]=$a; fi
+    done
     [[ -n ${cidr[$n]} && -n ${ip[$n]} ]] || die "node $n has no podCIDR or InternalIP yet"
+    [[ $IP_FAMILY == ipv4 || ( -n ${cidr6[$n]} && -n ${ip6[$n]} ) ]] ||
+      die "node $n has no IPv6 podCIDR or InternalIP (podCIDRs: ${cidr[$n]} ${cidr6[$n]}, InternalIPs: ${ip[$n]} ${ip6[$n]})"
   done
   for n in "${NODES[@]}"; do
     in_node "$n" iptables -w -nL KPROXY-EGRESS >/dev/null || die "node $n has no egress guard (tools/kind/node/egress-guard.sh)"
@@ -104,11 +120,29 @@ if [[ $KIND_IMAGES == local ]]; then
         mountpoint -q '"$NODE_CGROUP2"' || mount -t cgroup2 cgroup2 '"$NODE_CGROUP2"'
       fi'
     peers=""
-    for m in "${NODES[@]}"; do [[ $m == "$n" ]] || peers+="ip route replace ${cidr[$m]} via ${ip[$m]}; "; done
+    for m in "${NODES[@]}"; do
+      [[ $m == "$n" ]] && continue
+      peers+="ip route replace ${cidr[$m]} via ${ip[$m]}; "
+      [[ $IP_FAMILY == dual ]] && peers+="ip -6 route replace ${cidr6[$m]} via ${ip6[$m]}; "
+    done
     in_node "$n" sh -euc "$peers
       iptables -w -t nat -C POSTROUTING -s $POD_SUBNET ! -d $POD_SUBNET -o eth0 -j MASQUERADE 2>/dev/null ||
         iptables -w -t nat -A POSTROUTING -s $POD_SUBNET ! -d $POD_SUBNET -o eth0 -j MASQUERADE"
-    sed "s#@POD_CIDR@#${cidr[$n]}#" tools/kind/cni.conflist | in_node "$n" sh -c 'cat > /etc/cni/net.d/10-kproxy-ptp.conflist'
+    conf=(.)
+    if [[ $IP_FAMILY == dual ]]; then
+      # The guard reads the IPv6 pod range from its defaults (also at the node's next boot);
+      # it runs again here, before this node has its CNI config, so before any pod of it.
+      in_node "$n" sh -euc "
+        sysctl -qw net.ipv6.conf.all.forwarding=1
+        echo POD_CIDR6=$POD_SUBNET6 > /etc/default/kproxy-egress-guard
+        /usr/local/bin/kproxy-egress-guard >/dev/null
+        ip6tables -w -t nat -C POSTROUTING -s $POD_SUBNET6 ! -d $POD_SUBNET6 -o eth0 -j MASQUERADE 2>/dev/null ||
+          ip6tables -w -t nat -A POSTROUTING -s $POD_SUBNET6 ! -d $POD_SUBNET6 -o eth0 -j MASQUERADE"
+      # The CNI's second range: the node's IPv6 podCIDR, and the pods' IPv6 default route.
+      conf=(--arg c6 "${cidr6[$n]}" '.plugins[0].ipam |= (.ranges += [[{subnet: $c6}]] | .routes += [{dst: "::/0"}])')
+    fi
+    sed "s#@POD_CIDR@#${cidr[$n]}#" tools/kind/cni.conflist |
+      in_node "$n" sh -c 'jq "$@" > /etc/cni/net.d/10-kproxy-ptp.conflist' jq "${conf[@]}"
   done
 fi
 kc taint nodes "$CLUSTER-control-plane" node-role.kubernetes.io/control-plane:NoSchedule- >/dev/null 2>&1 || true

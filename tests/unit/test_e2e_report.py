@@ -55,3 +55,17 @@ def test_specs_on_the_skip_list_carry_its_reason_and_count(e2e):
     assert rep["skipped_by_us"] == 1
     assert rep["summary"]["kproxy"] == {"passed": 1, "failed": 0, "skipped": 0, "not-run": 1}
     assert rep["comparison"] == {}
+
+
+def test_an_entry_with_families_holds_for_those_only(e2e, tmp_path):
+    lst = tmp_path / "skip.yaml"
+    lst.write_text("- {pattern: a, reason: everywhere}\n"
+                   "- {pattern: b, reason: IPv4 clusters only, families: [ipv4]}\n")
+    assert [s.pattern for s in e2e.load_listed(lst, "ipv4")] == ["a", "b"]
+    assert [s.pattern for s in e2e.load_listed(lst, "dual")] == ["a"]
+    dual = e2e.load_listed(e2e.KIND / "e2e-skip.yaml", "dual")
+    assert not any(s.matches("[sig-network] [Feature:IPv6DualStack] should create service with ipv6 cluster ip")
+                   for s in dual)
+    assert any(s.matches("[sig-network] [Feature:IPv6DualStack] Granular Checks: Services Secondary IP Family "
+                         "[LinuxOnly] should function for pod-Service: sctp [Feature:SCTPConnectivity]")
+               for s in dual)

@@ -13,6 +13,10 @@ tools/kind/e2e-skip.yaml. The egress guards' drop counters are read before and a
 
 `--smoke` is what `make test` runs: the `[Conformance]` specs of `[sig-network] Services`,
 against kproxy only, with the report written to --json-out instead of e2e/results.
+
+`--ip-family dual` brings the clusters up dual-stack (hack/kind-up.sh IP_FAMILY=dual) and runs
+the `[Feature:IPv6DualStack]` specs, which the IPv4 run skips; its report is
+e2e/results/dual.{json,md}. A list entry with `families` holds for those families only.
 """
 from __future__ import annotations
 
@@ -37,6 +41,8 @@ PROXIES = {"kproxy": "kproxy-ebpf", "nftables": "kube-proxy nftables",
            "iptables": "kube-proxy iptables"}
 FOCUS = r"\[sig-network\]"
 SMOKE_FOCUS = r"\[sig-network\] Services.*\[Conformance\]"
+DUAL_FOCUS = r"\[sig-network\] \[Feature:IPv6DualStack\]"
+FAMILIES = ("ipv4", "dual")
 NET = "kproxy-kind"
 
 # Cilium's own kind job skips these while it runs the same suite without kube-proxy
@@ -60,13 +66,17 @@ class Listed:
     pattern: str
     reason: str
     until: str = ""            # the issue that will make the spec run, if one will
+    families: tuple[str, ...] = ()   # the clusters' IP families it holds for; (): all
 
     def matches(self, name: str) -> bool:
         return re.search(self.pattern, name) is not None
 
 
-def load_listed(path: Path) -> list[Listed]:
-    return [Listed(**entry) for entry in yaml.safe_load(path.read_text()) or []]
+def load_listed(path: Path, family: str | None = None) -> list[Listed]:
+    """The entries of one list; with `family`, only those that hold for it."""
+    listed = [Listed(**{**entry, "families": tuple(entry.get("families") or ())})
+              for entry in yaml.safe_load(path.read_text()) or []]
+    return [e for e in listed if family is None or not e.families or family in e.families]
 
 
 def skip_regex(skips: list[Listed]) -> str:
@@ -132,12 +142,12 @@ class Run:
 
 
 def run_suite(proxy: str, cluster: str, focus: str, skip: str, procs: int, images: list[str],
-              runner: str, work: Path, keep: bool) -> Run:
+              runner: str, work: Path, keep: bool, family: str = "ipv4") -> Run:
     run = Run(proxy, cluster)
     out = work / proxy
     out.mkdir(parents=True)
     start = time.monotonic()
-    env = {"CLUSTER": cluster, "PROXY": proxy}
+    env = {"CLUSTER": cluster, "PROXY": proxy, "IP_FAMILY": family}
     try:
         # kind-up reuses a cluster of that name; one left by a run killed half-way is not clean.
         if cluster in sh("hack/kind-env.sh", "kind", "get", "clusters", stdout=subprocess.PIPE).stdout.split():
@@ -176,7 +186,7 @@ def run_suite(proxy: str, cluster: str, focus: str, skip: str, procs: int, image
     return run
 
 
-def environment() -> dict:
+def environment(family: str = "ipv4") -> dict:
     versions = dict(line.split("=", 1) for line in (ROOT / "tools/k8s/versions.env").read_text()
                     .splitlines() if re.match(r"^[A-Z0-9_]+=", line))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
@@ -188,7 +198,8 @@ def environment() -> dict:
             "commit": commit + ("+changes" if dirty else ""), "kernel": platform.release(),
             "cpus": os.cpu_count(), "kubernetes": versions.get("K8S_VERSION"),
             "kind": versions.get("KIND_VERSION"), "podman": podman,
-            "nodes": "1 control plane (schedulable) + 1 worker, ptp CNI, no registry"}
+            "nodes": "1 control plane (schedulable) + 1 worker, ptp CNI, no registry",
+            "ip_family": family}
 
 
 def report(runs: list[Run], skips: list[Listed], differences: list[Listed], focus: str, env: dict) -> dict:
@@ -294,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--focus", default=FOCUS)
     ap.add_argument("--smoke", action="store_true",
                     help="[Conformance] specs of [sig-network] Services against kproxy only")
+    ap.add_argument("--ip-family", choices=FAMILIES, default="ipv4",
+                    help="dual: dual-stack clusters and the [Feature:IPv6DualStack] specs")
+    ap.add_argument("--cluster-prefix", default="kproxy-e2e",
+                    help="the clusters are named PREFIX-PROXY (the smoke's: kproxy-smoke)")
     ap.add_argument("--procs", type=int, default=2)
     ap.add_argument("--results-dir", type=Path, default=ROOT / "e2e" / "results")
     ap.add_argument("--json-out", type=Path, help="write the report here instead of --results-dir")
@@ -301,32 +316,35 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.smoke:
         args.proxies, args.focus = "kproxy", SMOKE_FOCUS
+    elif args.ip_family == "dual" and args.focus == FOCUS:
+        args.focus = DUAL_FOCUS
     proxies = [p for p in args.proxies.split(",") if p]
     unknown = [p for p in proxies if p not in PROXIES]
     if unknown:
         ap.error(f"unknown proxy {unknown}: choose from {sorted(PROXIES)}")
-    skips = load_listed(KIND / "e2e-skip.yaml")
-    differences = load_listed(KIND / "e2e-differences.yaml")
+    skips = load_listed(KIND / "e2e-skip.yaml", args.ip_family)
+    differences = load_listed(KIND / "e2e-differences.yaml", args.ip_family)
     names = sh("tools/kind/images.sh", "e2e", stdout=subprocess.PIPE).stdout.split()
     images, runner = names[:-1], names[-1]
-    env = environment()        # before the runs: the commit they test, not one made meanwhile
+    env = environment(args.ip_family)   # before the runs: the commit they test, not one made meanwhile
     runs = []
     with tempfile.TemporaryDirectory(prefix="kproxy-e2e.", dir="/var/tmp") as work:
         # kind, kubectl and helm keep the clusters' contexts here, not in the user's
         # ~/.kube/config (kind's default), which a run would otherwise leave rewritten.
         os.environ["KUBECONFIG"] = str(Path(work) / "kubeconfig")
         for proxy in proxies:
-            cluster = "kproxy-smoke" if args.smoke else f"kproxy-e2e-{proxy}"
+            cluster = "kproxy-smoke" if args.smoke else f"{args.cluster_prefix}-{proxy}"
             runs.append(run_suite(proxy, cluster, args.focus, skip_regex(skips), args.procs,
-                                  images, runner, Path(work), args.keep))
+                                  images, runner, Path(work), args.keep, args.ip_family))
     rep = report(runs, skips, differences, args.focus, env)
     if args.json_out:
         args.json_out.write_text(json.dumps(rep, indent=1) + "\n")
     else:
         args.results_dir.mkdir(parents=True, exist_ok=True)
-        (args.results_dir / "latest.json").write_text(json.dumps(rep, indent=1) + "\n")
-        (args.results_dir / "latest.md").write_text(markdown(rep))
-        print(f"e2e: wrote {args.results_dir}/latest.md", file=sys.stderr)
+        stem = "latest" if args.ip_family == "ipv4" else args.ip_family
+        (args.results_dir / f"{stem}.json").write_text(json.dumps(rep, indent=1) + "\n")
+        (args.results_dir / f"{stem}.md").write_text(markdown(rep))
+        print(f"e2e: wrote {args.results_dir}/{stem}.md", file=sys.stderr)
     for r in runs:
         s = rep["summary"][r.proxy]
         print(f"e2e: {PROXIES[r.proxy]}: {s['passed']} passed, {s['failed']} failed, "
