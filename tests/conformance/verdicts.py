@@ -207,7 +207,7 @@ def table() -> tuple[list[str], int]:
     columns = [column(p, f) for f in FAMILIES for p in PROXIES]
     columns = [c for c in columns if any(c in row for row in RESULTS.values())]
     families = [f for f in FAMILIES if column(REFERENCE, f) in columns]
-    head = ["scenario", "check", *columns, *(f"kproxy vs nftables {f}" for f in families)]
+    head = ["scenario", "check", *columns, *(column("kproxy vs nftables", f) for f in families)]
     rows = []
     mismatches = 0
     for key in sorted(RESULTS):
