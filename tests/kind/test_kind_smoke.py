@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from kproxy_ebpf.lab.binaries import repo_root
 
 from ..support import require_root
@@ -46,6 +48,9 @@ def remove_stale() -> None:
     assert not leftovers(), "hack/kind-down.sh could not remove what an earlier run left: see its output"
 
 
+# kind-up, the node and e2e images when the cache is cold (~9 minutes), 15 specs: far past the
+# suite's 300 s per test; the subprocess has its own limit.
+@pytest.mark.timeout(3600)
 def test_kind_install_path_and_conformance_services(tmp_path):
     require_root()
     remove_stale()
