@@ -15,7 +15,7 @@ import enum
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .model import IPFamily, Protocol, hostport
+from .model import IPFamily, Protocol, family_of, hostport
 
 
 class FrontendKind(enum.StrEnum):
@@ -131,8 +131,7 @@ class Frontend:
 
     @property
     def key(self) -> FrontendKey:
-        return FrontendKey(self.ip, self.port, self.protocol, self.scope,
-                           IPFamily.IPV6 if ":" in self.ip else IPFamily.IPV4)
+        return FrontendKey(self.ip, self.port, self.protocol, self.scope, family_of(self.ip))
 
 
 @dataclass(frozen=True, slots=True)

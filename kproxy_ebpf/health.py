@@ -21,9 +21,10 @@ from datetime import datetime, UTC
 from http.server import BaseHTTPRequestHandler
 
 from . import httpserve
+from .model import IPFamily
 
 # The proxiers this agent is (kube-proxy's per-family status): one sync programs both.
-IP_FAMILIES = ("IPv4", "IPv6")
+IP_FAMILIES = tuple(IPFamily)
 
 
 def go_time(ts: float | None) -> str:

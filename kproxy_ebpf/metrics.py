@@ -20,8 +20,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .model import IPFamily
+
 P = "kproxy_"
-IP_FAMILIES = ("IPv4", "IPv6")
+IP_FAMILIES = tuple(IPFamily)     # each per-proxier metric has a child per family
 SYNC_BUCKETS = [0.001 * 2 ** i for i in range(15)]           # 1 ms .. 16 s, as kube-proxy's
 # kube-proxy's network programming buckets: 0.25 s, 0.5 s, 1..59 s, 60..115 s, 2..5 min.
 PROGRAMMING_BUCKETS = ([0.25, 0.5] + [float(i) for i in range(1, 60)]

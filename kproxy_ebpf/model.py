@@ -28,6 +28,12 @@ class IPFamily(enum.StrEnum):
     IPV6 = "IPv6"
 
 
+def family_of(ip: str) -> IPFamily:
+    """The family of a canonical address (kube/convert.py writes IPv6 with a colon, IPv4
+    never)."""
+    return IPFamily.IPV6 if ":" in ip else IPFamily.IPV4
+
+
 def hostport(ip: str, port: int | str) -> str:
     """An address and port as text: a.b.c.d:port, and [v6]:port (RFC 3986) so that the port
     never reads as the address's last group."""

@@ -34,7 +34,6 @@ from ..model import (
     Endpoint,
     EndpointPort,
     EndpointSlice,
-    IPFamily,
     LoadBalancerIngress,
     Node,
     Protocol,
@@ -42,6 +41,7 @@ from ..model import (
     ServiceCIDR,
     ServicePort,
     ServiceType,
+    family_of,
 )
 
 # kube's default for sessionAffinityConfig.clientIP.timeoutSeconds (3 hours), and its maximum.
@@ -145,11 +145,6 @@ def _not_an_ip(value: Any) -> str:
     if _is_mapped(value):
         return f"{_short(value)} is an IPv4-mapped IPv6 address (write the IPv4 address)"
     return f"{_short(value)} is not an IP address"
-
-
-def ip_family(ip: str) -> IPFamily:
-    """The family of a canonical address this module produced."""
-    return IPFamily.IPV6 if ":" in ip else IPFamily.IPV4
 
 
 # Endpoint addresses kube's EndpointSlice validation refuses (ValidateEndpointIP, v1.36
@@ -312,11 +307,11 @@ def _cluster_ips(spec: dict, col: _Collector) -> tuple[bool, tuple[str, ...]]:
     if raw and raw[0] == "None":
         return True, ()
     ips = _ip_list(raw, "spec.clusterIPs", col, reason="InvalidClusterIP", suffix="")
-    if len({ip_family(ip) for ip in ips}) < len(ips):
+    if len({family_of(ip) for ip in ips}) < len(ips):
         col.add("InvalidClusterIP", f"spec.clusterIPs: {_short(raw)} holds two addresses of one "
                 "family; the first of each family is used")
         ips = tuple(ip for i, ip in enumerate(ips)
-                    if ip_family(ip) not in {ip_family(x) for x in ips[:i]})
+                    if family_of(ip) not in {family_of(x) for x in ips[:i]})
     return False, ips
 
 
@@ -327,7 +322,7 @@ def _check_families(spec: dict, cluster_ips: tuple[str, ...], col: _Collector) -
     families = spec.get("ipFamilies")
     if not isinstance(families, list) or not cluster_ips:
         return
-    have = [ip_family(ip).value for ip in cluster_ips]
+    have = [family_of(ip).value for ip in cluster_ips]
     if families != have:
         col.add("IPFamilyMismatch", f"spec.ipFamilies {_short(families)} does not match the families "
                 f"of spec.clusterIPs ({', '.join(have)}); the clusterIPs are used")

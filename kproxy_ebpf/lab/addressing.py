@@ -35,6 +35,7 @@ class FamilyPlan:
     pod_supernet: str
     service_cidr: str
     pod_gateway: str             # the pods' next hop: an address of every pod veth's host end
+    pod_gateway_prefixlen: int   # as it is set there (IPv6: the link-local /64)
     host_prefixlen: int          # a pod's own address (/32, /128)
     default: str                 # the default route's destination
     _underlay: str               # address prefix text the host part is appended to
@@ -58,14 +59,14 @@ PLANS = {
     IPFamily.IPV4: FamilyPlan(
         IPFamily.IPV4, 24, "10.250.0.1", "10.250.0.254", "10.250.0.250",
         ("10.250.0.251", "10.250.0.252", "10.250.0.253"), "10.244.0.0/16", "10.96.0.0/16",
-        "169.254.1.1", 32, "0.0.0.0/0", "10.250.0.", "10.244.{index}."),
-    # /112 for Services, as kind's IPv6 default (the API server refuses ranges above 2^20
-    # addresses for its allocator bitmap; k8s.io/kubernetes pkg/controlplane, service CIDR).
+        "169.254.1.1", 32, 32, "0.0.0.0/0", "10.250.0.", "10.244.{index}."),
+    # /112 for Services, as kind's IPv6 default (the API server refuses ranges of more than
+    # 2^20 addresses: cmd/kube-apiserver/app/options/validation.go, "the mask must be >= 108").
     # The pod gateway is link-local: every pod veth's host end has it, each on its own link.
     IPFamily.IPV6: FamilyPlan(
         IPFamily.IPV6, 64, "fd00:250::1", "fd00:250::254", "fd00:250::250",
         ("fd00:250::251", "fd00:250::252", "fd00:250::253"), "fd00:244::/32", "fd00:96::/112",
-        "fe80::1", 128, "::/0", "fd00:250::", "fd00:244:{index}::"),
+        "fe80::1", 64, 128, "::/0", "fd00:250::", "fd00:244:{index}::"),
 }
 
 
@@ -86,6 +87,3 @@ def choice_of(fams: tuple[IPFamily, ...] | list[str]) -> str:
             return choice
     raise ValueError(f"no --ip-family serves {fams}")
 
-
-def family_of(ip: str) -> IPFamily:
-    return IPFamily.IPV6 if ":" in ip else IPFamily.IPV4

@@ -15,13 +15,7 @@ import functools
 from collections.abc import Iterable
 from dataclasses import replace
 
-from ..model import EndpointSlice, IPFamily, Node, Service
-
-
-def family_of(ip: str) -> IPFamily:
-    """The family of a canonical address (kube/convert.py writes IPv6 with a colon, IPv4
-    never)."""
-    return IPFamily.IPV6 if ":" in ip else IPFamily.IPV4
+from ..model import EndpointSlice, IPFamily, Node, Service, family_of
 
 
 def _of(ips: Iterable[str], family: IPFamily) -> tuple[str, ...]:
