@@ -8,7 +8,7 @@ import sys
 import click
 
 from .addressing import IP_FAMILY_CHOICES
-from .lballoc import DEFAULT_POOL
+from .lballoc import DEFAULT_POOL, DEFAULT_POOL6
 from .nsutil import LabError
 
 LAB_OPTION = click.option("--lab", "lab_name", default="lab", envvar="KPROXY_LAB",
@@ -50,14 +50,15 @@ def lab() -> None:
               show_default=True,
               help="With --proxy kproxy: run the agent as a host process, or from the image "
                    "(`make image`) with the Helm chart's DaemonSet pod spec, via podman.")
-@click.option("--lb-pool", default=DEFAULT_POOL, show_default=True, metavar="CIDR",
+@click.option("--lb-pool", metavar="CIDR",
               help="Addresses the lab's LoadBalancer allocator writes into the status of "
-                   "Services of type LoadBalancer (routed from the external client via node1).")
+                   "Services of type LoadBalancer (routed from the external client via node1); "
+                   f"default {DEFAULT_POOL}, {DEFAULT_POOL6} in an IPv6 lab.")
 @click.option("--ip-family", type=click.Choice(list(IP_FAMILY_CHOICES)), default="ipv4",
               show_default=True,
               help="The cluster's IP families: Service ranges, Node and pod addresses "
                    "(dual: IPv4 primary, IPv6 second).")
-def up(lab_name: str, nodes: int, proxy: str, build: bool, agent: str, lb_pool: str,
+def up(lab_name: str, nodes: int, proxy: str, build: bool, agent: str, lb_pool: str | None,
        ip_family: str) -> None:
     """Bring up the control plane, the nodes, one proxy per node and the LB allocator."""
     c = _cluster(lab_name)

@@ -85,8 +85,10 @@ class Cluster:
 
     # -- up / down -----------------------------------------------------------------------------
     def up(self, nodes: int = 2, proxy: str = "kproxy", build: bool = False,
-           log=lambda msg: None, agent: str = "process", lb_pool: str = DEFAULT_POOL,
+           log=lambda msg: None, agent: str = "process", lb_pool: str | None = None,
            ip_family: str = "ipv4") -> None:
+        """lb_pool: the LoadBalancer allocator's range; by default one of the lab's primary
+        family (lballoc.DEFAULT_POOL, DEFAULT_POOL6)."""
         if proxy not in PROXIES:
             raise LabError(f"--proxy must be one of {', '.join(PROXIES)}")
         if agent not in AGENTS or (agent == "image" and proxy != "kproxy"):
@@ -94,9 +96,7 @@ class Cluster:
         if self.lab.exists():
             raise LabError(f"lab {self.lab.name!r} exists: `lab down` first")
         fams = families(ip_family)
-        if lb_pool == DEFAULT_POOL and fams[0] == "IPv6":
-            lb_pool = DEFAULT_POOL6
-        lb_pool = external_cidr(lb_pool)
+        lb_pool = external_cidr(lb_pool or (DEFAULT_POOL6 if fams[0] == "IPv6" else DEFAULT_POOL))
         try:
             bin_dir = ensure_binaries(build=build)
             log(f"network: {nodes} nodes, external client, {'/'.join(fams)}")

@@ -65,9 +65,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..model import IPFamily
+from ..model import IPFamily, family_of
 from . import cgroups, nsutil, procs, state
-from .addressing import PLANS, FamilyPlan, family_of
+from .addressing import PLANS, FamilyPlan
 from .nsutil import LabError
 from .state import LabState, NodeRec, PodRec, ProcRec, check_name
 
@@ -116,8 +116,17 @@ def pod_cidr(index: int) -> str:
     return _V4.pod_cidr(index)
 
 
+class _Addresses:
+    """What a node, pod or client with an address per family (`ips`) answers."""
+    ips: tuple[str, ...]
+
+    def ip_of(self, family: str) -> str:
+        """Its address of `family` (StopIteration when the lab has not that family)."""
+        return next(ip for ip in self.ips if family_of(ip) == family)
+
+
 @dataclass(frozen=True)
-class NodeInfo:
+class NodeInfo(_Addresses):
     name: str
     ip: str      # the node's address of the lab's primary family (its first InternalIP)
     netns: str
@@ -130,12 +139,9 @@ class NodeInfo:
     pod_cidrs: tuple[str, ...] = ()
     underlay_ip: str = ""             # IPv4, in every lab: how it reaches the control plane
 
-    def ip_of(self, family: str) -> str:
-        return next(ip for ip in self.ips if family_of(ip) == family)
-
 
 @dataclass(frozen=True)
-class PodInfo:
+class PodInfo(_Addresses):
     name: str
     node: str
     ip: str
@@ -147,20 +153,14 @@ class PodInfo:
     echo_pid: int | None = None
     ips: tuple[str, ...] = ()  # one per family of the lab, primary first (ip is the first)
 
-    def ip_of(self, family: str) -> str:
-        return next(ip for ip in self.ips if family_of(ip) == family)
-
 
 @dataclass(frozen=True)
-class ExternalInfo:
+class ExternalInfo(_Addresses):
     name: str
     ip: str      # of the lab's primary family
     netns: str
     cgroup: str
     ips: tuple[str, ...] = ()
-
-    def ip_of(self, family: str) -> str:
-        return next(ip for ip in self.ips if family_of(ip) == family)
 
 
 @dataclass(frozen=True)
@@ -273,8 +273,8 @@ class Lab:
     def _plans(st: LabState) -> list[FamilyPlan]:
         return [PLANS[IPFamily(f)] for f in st.families]
 
-    def _node_info(self, name: str, rec: NodeRec) -> NodeInfo:
-        plans = self._plans(self._snapshot())
+    def _node_info(self, name: str, rec: NodeRec, st: LabState) -> NodeInfo:
+        plans = self._plans(st)
         return NodeInfo(name=name, ip=plans[0].node_ip(rec.index), netns=self.node_netns(name),
                         cgroup=self.node_cgroup(name),
                         host_cgroup=os.path.join(self.node_cgroup(name), "host"),
@@ -293,11 +293,11 @@ class Lab:
         st = self._snapshot()
         if name not in st.nodes:
             raise LabError(f"no node {name!r} in lab {self.name!r}")
-        return self._node_info(name, st.nodes[name])
+        return self._node_info(name, st.nodes[name], st)
 
     def nodes(self) -> list[NodeInfo]:
         st = self._snapshot()
-        return [self._node_info(n, r) for n, r in sorted(st.nodes.items(),
+        return [self._node_info(n, r, st) for n, r in sorted(st.nodes.items(),
                                                          key=lambda kv: kv[1].index)]
 
     def pod(self, name: str) -> PodInfo:
@@ -337,7 +337,7 @@ class Lab:
             ext = self.external()
             return Target("ext", ext.netns, ext.cgroup)
         if kind in ("", "node") and name in st.nodes:
-            n = self._node_info(name, st.nodes[name])
+            n = self._node_info(name, st.nodes[name], st)
             return Target(f"node/{name}", n.netns, n.host_cgroup)
         if kind in ("", "pod") and name in st.pods:
             p = self._pod_info(name, st.pods[name])
@@ -355,9 +355,10 @@ class Lab:
     # ---- building --------------------------------------------------------------------------
 
     def up(self, nodes: int = 2, external: bool = True,
-           families: Sequence[str] = (IPFamily.IPV4,)) -> None:
+           families: Sequence[str] | None = None) -> None:
         """Create the underlay, `nodes` nodes (adding to an existing lab as needed) and the
-        external client, with addresses of `families` (primary first; a new lab only). If
+        external client, with addresses of `families` (primary first; default IPv4 for a new
+        lab, and an existing lab's own, which cannot change). If
         this call created the lab and fails or is interrupted, the whole lab is removed
         before the error propagates."""
         if not 1 <= nodes <= MAX_NODES:
@@ -369,9 +370,10 @@ class Lab:
         fresh = prior is None or not prior.up
         try:
             with self._txn() as st:
+                wanted = [str(IPFamily(f)) for f in families or (IPFamily.IPV4,)]
                 if fresh:
-                    st.families = [str(IPFamily(f)) for f in families]
-                elif [str(f) for f in families] != st.families and families != (IPFamily.IPV4,):
+                    st.families = wanted
+                elif families is not None and wanted != st.families:
                     raise LabError(f"lab {self.name!r} has families {st.families}: "
                                    "`lab down` first to change them")
                 self._underlay(st)
@@ -472,7 +474,7 @@ class Lab:
                                  via=plan.node_ip(index))
             self._cg(st, self.node_cgroup(name))
             self._cg(st, os.path.join(self.node_cgroup(name), "host"))
-            return self._node_info(name, st.nodes[name])
+            return self._node_info(name, st.nodes[name], st)
 
     def _external(self, st: LabState) -> None:
         if "node1" not in st.nodes:
@@ -600,8 +602,8 @@ class Lab:
         index = st.nodes[rec.node].index
         for plan, ip in zip(self._plans(st), rec.ips or [rec.ip], strict=True):
             nsutil.set_addr(ns, "eth0", f"{ip}/{plan.host_prefixlen}")
-            gw_prefix = 32 if plan.family is IPFamily.IPV4 else 64
-            nsutil.set_addr(node_ns, rec.veth, f"{plan.pod_gateway}/{gw_prefix}",
+            nsutil.set_addr(node_ns, rec.veth,
+                            f"{plan.pod_gateway}/{plan.pod_gateway_prefixlen}",
                             scope=nsutil.RT_SCOPE_LINK)
         nsutil.link_up(ns, "eth0")
         nsutil.link_up(node_ns, rec.veth)
@@ -616,9 +618,10 @@ class Lab:
         argv = [self.python, "-I", "-S", ECHO_SCRIPT, "--name", name]
         for proto, port in rec.ports:
             argv += [f"--{proto}", str(port)]
-        v6 = [str(f) for f in st.families] != ["IPv4"]
-        for plan in self._plans(st):
+        plans = self._plans(st)
+        for plan in plans:
             argv += ["--bind", "0.0.0.0" if plan.family is IPFamily.IPV4 else "::"]
+        v6 = any(plan.family is IPFamily.IPV6 for plan in plans)
         p = self._spawn(st, f"pod/{name}", argv, f"echo-{name}")
         rec.echo_pid = p.pid
         _wait_listening(p, rec.ports, timeout=5.0, v6=v6)

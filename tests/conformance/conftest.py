@@ -49,12 +49,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     tr.section("Service conformance: kproxy vs kube-proxy (cells: backends from source, or verdict)")
     for line in lines:
         tr.write_line(line)
-    for label, table in (("listed", verdicts.DIVERGENCES),
-                         ("listed for IPv6", verdicts.IPV6_DIVERGENCES)):
-        for key, div in sorted(table.items()):
-            if key in verdicts.RESULTS or (key[0], key[1] + verdicts.TWIN) in verdicts.RESULTS:
-                until = f" (until {div.until})" if div.until else ""
-                tr.write_line(f"{label}{until}: {key[0]} / {key[1]}: {div.reason}")
+    for key, div in sorted(verdicts.DIVERGENCES.items()):
+        if key in verdicts.RESULTS or (key[0], key[1] + verdicts.TWIN) in verdicts.RESULTS:
+            until = f" (until {div.until})" if div.until else ""
+            tr.write_line(f"listed{until}: {key[0]} / {key[1]}: {div.reason}")
     if any(verdicts.NOT_SERVED in row.values() for row in verdicts.RESULTS.values()):
         tr.write_line(f"not served: IPv6 from outside the cluster ({verdicts.NOT_SERVED}): "
                       "NodePorts, ExternalIPs and LoadBalancer IPs reached over IPv6 from "

@@ -156,7 +156,7 @@ class Scenario:
         if self.ours and src == EXT and (self.family == "ipv6" or check.endswith(verdicts.TWIN)):
             self.note(check, verdicts.NOT_SERVED)
             return verdicts.NOT_SERVED
-        target = verdicts.expected(self.name, check, self.proxy, want, self.family)
+        target = verdicts.expected(self.name, check, self.proxy, want)
         # Where only failures are expected, wait past TCP's first SYN retransmission (1 s): on
         # these sub-millisecond paths an ICMP error can come back while connect() still holds
         # the socket lock, and the kernel then keeps it as a soft error until the next try.
@@ -177,7 +177,7 @@ class Scenario:
         """GET http://<node>:<healthCheckNodePort>/ from the external client (as a cloud load
         balancer probes it) until the cell (status code and every field of the JSON body)
         equals what this proxy must give; records and asserts it."""
-        target = verdicts.expected(self.name, check, self.proxy, want, self.family)
+        target = verdicts.expected(self.name, check, self.proxy, want)
         url = f"http://{hostport(self.c.lab.node(node).ip, port)}/"
         return self._converge(check, target, converge, lambda: verdicts.http_cell(
             self.c.lab.exec(EXT, [self.c.lab.python, "-I", "-S", "-c", HTTP_GET, url],

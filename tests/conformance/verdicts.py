@@ -97,10 +97,6 @@ DIVERGENCES: dict[tuple[str, str], Divergence] = {
         "eip-2 from pod", "as for a pod's connection to a NodePort: served by the socket hook"),
 }
 
-# (scenario, check) -> what kproxy does instead in IPv6 only (the IPv6 lab's cells and the dual
-# lab's TWIN cells), checked before DIVERGENCES.
-IPV6_DIVERGENCES: dict[tuple[str, str], Divergence] = {}
-
 # RESULTS[(scenario, check)][column(proxy, family)] = cell
 RESULTS: dict[tuple[str, str], dict[str, str]] = defaultdict(dict)
 
@@ -109,14 +105,10 @@ def column(proxy: str, family: str) -> str:
     return proxy if family == "ipv4" else f"{proxy} {family}"
 
 
-def divergence(scenario: str, check: str, family: str) -> Divergence | None:
-    """The listed difference of a cell, if any: IPv6 ones first for an IPv6 cell."""
-    base = check.removesuffix(TWIN)
-    if family == "ipv6" or check.endswith(TWIN):
-        div = IPV6_DIVERGENCES.get((scenario, base))
-        if div:
-            return div
-    return DIVERGENCES.get((scenario, base))
+def divergence(scenario: str, check: str) -> Divergence | None:
+    """The listed difference of a cell, if any: the same in every family (a TWIN cell is
+    listed under its check's name)."""
+    return DIVERGENCES.get((scenario, check.removesuffix(TWIN)))
 
 
 def cell(lines: list[str], roles: dict[str, str]) -> str:
@@ -165,14 +157,13 @@ def http_cell(output: str) -> str:
     return " ".join([code, *flat(json.loads(body))])
 
 
-def expected(scenario: str, check: str, proxy: str, want: str | dict[str, str],
-             family: str = "ipv4") -> set[str]:
+def expected(scenario: str, check: str, proxy: str, want: str | dict[str, str]) -> set[str]:
     """The cells `proxy` may give. `want` is kube-proxy's behaviour (one cell, or one per mode
     where iptables and nftables differ); kproxy must give the nftables cell unless the row is a
     listed divergence (or a pending one: then either)."""
     reference = want if isinstance(want, str) else want[REFERENCE]
     if proxy in OURS:
-        div = divergence(scenario, check, family)
+        div = divergence(scenario, check)
         if div:
             return {div.kproxy, reference} if div.until else {div.kproxy}
         return {reference}
@@ -196,7 +187,7 @@ def compare_row(row: dict[str, str], key: tuple[str, str], family: str = "ipv4")
         return "not served"
     if row[ours] == row[ref]:
         return "="
-    div = divergence(*key, family)
+    div = divergence(*key)
     if div and div.kproxy == row[ours]:
         return "pending" if div.until else "listed"
     return "MISMATCH"
