@@ -90,6 +90,7 @@ enum kp_stat {                  /* index into the per-CPU counter array kp_stats
 	KP_STAT_TC_MISS       = 17, /* a slot or backend vanished twice under the lookup */
 	KP_STAT_TC_SRC_DROP   = 18, /* a new flow from outside loadBalancerSourceRanges: dropped */
 	KP_STAT_TC_SNAT_REUSE = 19, /* a new flow took the SNAT port of an ended one */
+	KP_STAT_TC_ICMP_ERR   = 20, /* an ICMP(v6) error about a flow sent on to its backend */
 	KP_STAT_MAX           = 32,
 };
 
@@ -128,8 +129,8 @@ enum kp_tunables {
 /* An address of either family, as every service-side row holds it: an IPv6 address as is, an
  * IPv4 address IPv4-mapped (::ffff:a.b.c.d, RFC 4291 2.5.5.2). One key type for both families
  * means one lookup path for both (lib/ip.h), and the *6 socket hooks meet an IPv4 Service
- * reached through an AF_INET6 socket as exactly the key of that Service. Per-packet conntrack
- * (kp_ct4) stays per family: its tuples come from headers that are. */
+ * reached through an AF_INET6 socket as exactly the key of that Service, and the TC path's
+ * conntrack (kp_ct) tracks flows of both families in one table. */
 struct kp_ip {
 	__be32 w[4];
 };
@@ -312,18 +313,18 @@ _Static_assert(sizeof(struct kp_lb_req) == 56, "kp_lb_req");
 _Static_assert(sizeof(struct kp_lb_res) == 36, "kp_lb_res");
 
 /* ---- North-south (TC): connection tracking and NAT ---------------------------------------
- * A flow from outside the node is tracked by its original tuple (client -> frontend) in kp_ct4,
+ * A flow from outside the node is tracked by its original tuple (client -> frontend) in kp_ct,
  * and its reply tuple (backend -> client, or backend -> SNAT address:port when the backend is on
- * another node) maps back to that original tuple in kp_rnat4. Both are LRU maps written only by
+ * another node) maps back to that original tuple in kp_rnat. Both are LRU maps written only by
  * the programs; the agent reads them for `ct list` and deletes entries of removed backends. */
-enum kp_ct_state {              /* kp_ct4_val.life, bits KP_CT_LIFE_STATE_SHIFT.. */
+enum kp_ct_state {              /* kp_ct_val.life, bits KP_CT_LIFE_STATE_SHIFT.. */
 	KP_CT_NEW         = 0,  /* TCP: SYN seen, no reply yet; UDP: no reply yet */
 	KP_CT_ESTABLISHED = 1,  /* TCP: a reply seen; UDP: seen both ways ("stream") */
 	KP_CT_CLOSING     = 2,  /* TCP: FIN seen in either direction */
 	KP_CT_CLOSED      = 3,  /* TCP: RST seen */
 };
 
-enum kp_ct_flags {              /* kp_ct4_val.life, bits 0-7 */
+enum kp_ct_flags {              /* kp_ct_val.life, bits 0-7 */
 	KP_CT_F_SNAT = 0x01,    /* source rewritten to nat_addr:nat_port (a remote backend) */
 	KP_CT_F_POD  = 0x02,    /* opened by a pod of this node: the per-packet ClusterIP path */
 	/* TCP closes, for kp_snat_alloc's reuse of an ended flow's SNAT port (lib/ct.h). */
@@ -360,16 +361,16 @@ enum kp_ct_timeouts {           /* seconds; references are the kernel's nf_connt
 };
 
 
-struct kp_ct4_key {             /* a direction of a flow: src -> dst */
-	__be32 saddr;
-	__be32 daddr;
+struct kp_ct_key {              /* a direction of a flow: src -> dst, either family */
+	struct kp_ip saddr;     /* lib/ip.h: an IPv4 packet's addresses IPv4-mapped */
+	struct kp_ip daddr;
 	__be16 sport;
 	__be16 dport;
 	__u8   proto;
 	__u8   pad[3];
 };
 
-/* What a packet may change in a tracked flow, packed into one word (kp_ct4_val.life) so that
+/* What a packet may change in a tracked flow, packed into one word (kp_ct_val.life) so that
  * a program changes it in place with one compare-and-swap and a reader on another CPU loads
  * it whole. Rewriting the row through the LRU map instead takes a new element and frees the
  * old one on every state change (docs/architecture.md, "Conntrack in place"). */
@@ -389,11 +390,11 @@ enum kp_ct_life {
 	KP_CT_SYN_DATA_MAX     = 65535,
 };
 
-struct kp_ct4_val {             /* keyed by the original tuple (client -> frontend) */
+struct kp_ct_val {              /* keyed by the original tuple (client -> frontend) */
 	__u64  life;            /* enum kp_ct_life: expiry, state, flags, seen-reply */
 	/* The rest is written once, with the row (a flow re-balanced gets a new row). */
-	__be32 be_addr;         /* the backend chosen */
-	__be32 nat_addr;        /* KP_CT_F_SNAT: the source the backend sees */
+	struct kp_ip be_addr;   /* the backend chosen (the flow's family) */
+	struct kp_ip nat_addr;  /* KP_CT_F_SNAT: the source the backend sees */
 	__be16 be_port;
 	__be16 nat_port;
 	__u32  backend_id;      /* checked on reuse: a removed backend gets the flow re-balanced */
@@ -402,16 +403,27 @@ struct kp_ct4_val {             /* keyed by the original tuple (client -> fronte
 };
 
 struct kp_tc_cfg {              /* kp_tccfg[0]: written by the agent before it attaches TC */
-	__be32 snat_addr;       /* the node address remote backends see */
-	__u16  port_min;        /* SNAT source ports, host order, inclusive */
+	/* The node addresses remote backends see, one per family (zero: none, no SNAT in
+	 * that family); snat_addr4 IPv4-mapped like every kp_ip. */
+	struct kp_ip snat_addr4;
+	struct kp_ip snat_addr6;
+	__u16  port_min;        /* SNAT source ports, host order, inclusive (both families) */
 	__u16  port_max;
 	__u16  ncpus;           /* possible CPUs: CPU c reuses the ports min + c + k * ncpus */
 	__u16  pad;
 };
 
-_Static_assert(sizeof(struct kp_ct4_key) == 16, "kp_ct4_key");
-_Static_assert(sizeof(struct kp_ct4_val) == 32, "kp_ct4_val");
-_Static_assert(sizeof(struct kp_tc_cfg) == 12, "kp_tc_cfg");
+/* Per-CPU room for what does not fit the TC programs' 512-byte stack beside their 40-byte
+ * tuples: the ICMPv6 error lib/nat.h builds (kp_icmp6_unreach). A program uses it between two
+ * helper calls of one packet; programs on one CPU do not interleave. Never read by the agent. */
+struct kp_scratch {
+	__u8 bytes[128];
+};
+
+_Static_assert(sizeof(struct kp_ct_key) == 40, "kp_ct_key");
+_Static_assert(sizeof(struct kp_scratch) == 128, "kp_scratch");
+_Static_assert(sizeof(struct kp_ct_val) == 56, "kp_ct_val");
+_Static_assert(sizeof(struct kp_tc_cfg) == 40, "kp_tc_cfg");
 
 /* ---- Maps ----------------------------------------------------------------------------------
  * X(id, name, version, type, key, value, size, flags): `name` is the identifier the programs
@@ -427,11 +439,12 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 12, "kp_tc_cfg");
 	X(flow,        kp_flow,     2, lru_hash,     struct kp_aff_key,    struct kp_aff_val,    KP_FLOW_SIZE,     0) \
 	X(meta,        kp_meta,     2, hash,         __u32,                struct kp_svc_meta,   KP_META_SIZE,     0) \
 	X(stats,       kp_stats,    3, percpu_array, __u32,                __u64,                KP_STAT_MAX,      0) \
+	X(scratch,     kp_scratch,  1, percpu_array, __u32,                struct kp_scratch,    1,                0) \
 	X(clusterip,   kp_cip,      2, hash,         struct kp_ip,         struct kp_cip_val,    KP_CIP_SIZE,      0) \
 	X(servicecidr, kp_svccidr,  2, lpm_trie,     struct kp_cidr_key,   __u32,                KP_SVCCIDR_SIZE,  KP_NO_PREALLOC) \
-	X(ct,          kp_ct4,      2, lru_hash,     struct kp_ct4_key,    struct kp_ct4_val,    KP_CT4_SIZE,      0) \
-	X(rnat,        kp_rnat4,    1, lru_hash,     struct kp_ct4_key,    struct kp_ct4_key,    KP_RNAT4_SIZE,    0) \
-	X(tccfg,       kp_tccfg,    2, array,        __u32,                struct kp_tc_cfg,     1,                0) \
+	X(ct,          kp_ct,       3, lru_hash,     struct kp_ct_key,     struct kp_ct_val,     KP_CT_SIZE,       0) \
+	X(rnat,        kp_rnat,     2, lru_hash,     struct kp_ct_key,     struct kp_ct_key,     KP_RNAT_SIZE,     0) \
+	X(tccfg,       kp_tccfg,    3, array,        __u32,                struct kp_tc_cfg,     1,                0) \
 	X(srcrange,    kp_srcrange, 2, lpm_trie,     struct kp_srcrange_key, __u32,              KP_SRCRANGE_SIZE, KP_NO_PREALLOC) \
 	X(extaddr,     kp_extaddr,  2, hash,         struct kp_ip,         __u32,                KP_EXTADDR_SIZE,  0) \
 	X(extbe,       kp_extbe,    2, hash,         struct kp_ip,         __u32,                KP_EXTBE_SIZE,    0)
@@ -454,11 +467,11 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 12, "kp_tc_cfg");
 #ifndef KP_FLOW_SIZE
 #define KP_FLOW_SIZE   65536   /* unconnected-UDP flows (LRU) */
 #endif
-#ifndef KP_CT4_SIZE
-#define KP_CT4_SIZE    131072  /* TC connection tracking, one row per flow (LRU) */
+#ifndef KP_CT_SIZE
+#define KP_CT_SIZE     131072  /* TC connection tracking, one row per flow (LRU) */
 #endif
-#ifndef KP_RNAT4_SIZE
-#define KP_RNAT4_SIZE  131072  /* TC reply tuple -> original tuple (LRU) */
+#ifndef KP_RNAT_SIZE
+#define KP_RNAT_SIZE   131072  /* TC reply tuple -> original tuple (LRU) */
 #endif
 #ifndef KP_META_SIZE
 #define KP_META_SIZE   16384   /* service-port names for the CLI */

@@ -7,7 +7,7 @@
  *   - a reply to a flow this node SNATed (backend -> node address:SNAT port) is translated back
  *     (frontend -> client) and sent out by route, past the stack (its source is now local);
  *   - a packet to a scope-EXT frontend is load-balanced with lib/lb.h (the same lookup as the
- *     socket hooks), tracked in kp_ct4 and DNATed to the backend. A local backend gets the
+ *     socket hooks), tracked in kp_ct and DNATed to the backend. A local backend gets the
  *     packet through the ordinary forwarding path with the client's address intact; a remote
  *     one (externalTrafficPolicy Cluster only: under Local the agent writes local backends
  *     only) also gets SNAT to the node address, with a source port from the configured range
@@ -41,9 +41,37 @@
 #include "lib/nat.h"
 #include "lib/servicecidr.h"
 #include "lib/srcrange.h"
+#include "lib/icmp_err.h"
+
+/* What one packet needs of kp_tccfg: the SNAT address of its family (zero: none configured)
+ * and the port range. Field by field off the row: the agent rewrites it whole, and an old
+ * address with new ports (or the reverse) is a valid configuration too. Kept small, as the
+ * packet's 40-byte tuples leave little of the 512-byte stack. */
+struct kp_snat_cfg {
+	struct kp_ip addr;
+	__u16 port_min;
+	__u16 port_max;
+	__u16 ncpus;
+};
+
+static __always_inline struct kp_snat_cfg kp_snat_config(__u8 family)
+{
+	struct kp_snat_cfg cfg = {};
+	struct kp_tc_cfg *c;
+	__u32 zero = 0;
+
+	c = kp_tccfg.lookup(&zero);
+	if (c) {
+		cfg.addr = family == 6 ? c->snat_addr6 : c->snat_addr4;
+		cfg.port_min = c->port_min;
+		cfg.port_max = c->port_max;
+		cfg.ncpus = c->ncpus;
+	}
+	return cfg;
+}
 
 /* Reserves a SNAT source port toward be:port: the reply tuple (backend -> snat:port) must be
- * unique, so a port whose kp_rnat4 key is free is taken with BPF_NOEXIST. A taken key whose
+ * unique, so a port whose kp_rnat key is free is taken with BPF_NOEXIST. A taken key whose
  * flow has ended (kp_rnat_reusable) is taken over by rewriting its row whole; only CPU c does
  * that, and only for the ports min + c + k * ncpus (its slice), so two new flows never take
  * over the same row (programs on one CPU do not interleave). Without this, every flow would
@@ -51,12 +79,12 @@
  * backend the range is full of ended flows and new SYNs are dropped (KP_STAT_TC_SNAT_FULL).
  * Each of the KP_SNAT_TRIES rounds tries a port of this CPU's slice (free or reusable) and a
  * port anywhere in the range (free only), from random starts. Returns 0 and sets v->nat_*. */
-static __always_inline int kp_snat_alloc(struct kp_ct4_key *orig, struct kp_ct4_val *v,
-					 const struct kp_tc_cfg *cfg, __u64 now)
+static __always_inline int kp_snat_alloc(struct kp_ct_key *orig, struct kp_ct_val *v,
+					 const struct kp_snat_cfg *cfg, struct kp_ct_key *rkey,
+					 __u64 now)
 {
-	struct kp_ct4_key rkey = {};
-	struct kp_ct4_key held;
-	struct kp_ct4_key *o;
+	struct kp_ct_key held;
+	struct kp_ct_key *o;
 	__u32 span = (__u32)cfg->port_max - cfg->port_min + 1;
 	__u32 ncpus = cfg->ncpus;
 	__u32 cpu = bpf_get_smp_processor_id();
@@ -66,96 +94,108 @@ static __always_inline int kp_snat_alloc(struct kp_ct4_key *orig, struct kp_ct4_
 	__u32 off;
 	int i;
 
-	if (!cfg->snat_addr || cfg->port_max < cfg->port_min)
+	if (kp_ip_is_zero(&cfg->addr) || cfg->port_max < cfg->port_min)
 		return -1;
-	rkey.saddr = v->be_addr;
-	rkey.sport = v->be_port;
-	rkey.daddr = cfg->snat_addr;
-	rkey.proto = orig->proto;
+	rkey->saddr = v->be_addr;
+	rkey->sport = v->be_port;
+	rkey->daddr = cfg->addr;
+	rkey->proto = orig->proto;
 	for (i = 0; i < KP_SNAT_TRIES; i++) {
 		if (slots) {
 			off = cpu + ncpus * ((own + i) % slots);
-			rkey.dport = kp_htons(cfg->port_min + off);
-			if (kp_rnat4.insert(&rkey, orig) == 0)
+			rkey->dport = kp_htons(cfg->port_min + off);
+			if (kp_rnat.insert(rkey, orig) == 0)
 				goto taken;
-			o = kp_rnat4.lookup(&rkey);
+			o = kp_rnat.lookup(rkey);
 			if (o) {
 				held = *o;
-				if (kp_rnat_reusable(&rkey, &held, now) &&
-				    kp_rnat4.update(&rkey, orig) == 0) {
+				if (kp_rnat_reusable(rkey, &held, now) &&
+				    kp_rnat.update(rkey, orig) == 0) {
 					kp_count(KP_STAT_TC_SNAT_REUSE);
 					goto taken;
 				}
 			}
 		}
-		rkey.dport = kp_htons(cfg->port_min + (any + i) % span);
-		if (kp_rnat4.insert(&rkey, orig) == 0)
+		rkey->dport = kp_htons(cfg->port_min + (any + i) % span);
+		if (kp_rnat.insert(rkey, orig) == 0)
 			goto taken;
 	}
 	return -1;
 taken:
-	v->nat_addr = cfg->snat_addr;
-	v->nat_port = rkey.dport;
+	v->nat_addr = cfg->addr;
+	v->nat_port = rkey->dport;
 	return 0;
 }
 
-/* The SNAT address and port range (kp_tccfg), copied once; zeroes until the agent wrote it. */
-static __always_inline struct kp_tc_cfg kp_tc_config(void)
+/* The affinity identity of a client from outside (kp_aff_key.client): its IPv4 address, or
+ * an IPv6 address folded into 63 bits (the low 64 bits, the interface identifier, XORed with
+ * the prefix), with KP_AFF_TC_CLIENT_BIT set. Two IPv6 clients share an affinity row only if
+ * their folds collide, which two addresses of one /64 never do. */
+static __always_inline __u64 kp_tc_client(const struct kp_ip *saddr)
 {
-	struct kp_tc_cfg cfg = {};
-	struct kp_tc_cfg *c;
-	__u32 zero = 0;
+	__u64 id;
 
-	c = kp_tccfg.lookup(&zero);
-	if (c)
-		cfg = *c;
-	return cfg;
+	if (kp_ip_is4(saddr))
+		id = saddr->w[3];
+	else
+		id = ((__u64)(saddr->w[0] ^ saddr->w[2]) << 32 | (saddr->w[1] ^ saddr->w[3])) &
+		     ~(1ULL << KP_AFF_TC_CLIENT_BIT);
+	return (1ULL << KP_AFF_TC_CLIENT_BIT) | id;
 }
 
-/* A fresh flow: choose the backend and record it (kp_ct4 and its reply tuple in kp_rnat4).
+/* What a packet refused by kp_new_flow gets. */
+enum kp_answer {
+	KP_ANSWER_DROP,
+	KP_ANSWER_PORT_UNREACH,         /* kp_reject */
+	KP_ANSWER_HOST_UNREACH,
+};
+
+/* A fresh flow: choose the backend and record it (kp_ct and its reply tuple in kp_rnat).
  * Returns 1 with *v filled, 0 when the packet is no frontend's, or -1 when this packet is
- * answered here: *act is its TC verdict. */
-static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
-				       struct kp_ct4_val *v, const struct kp_tc_cfg *cfg,
-				       __u64 now, __u8 scope, int *act)
+ * refused: *answer says how. The caller sends the ICMP answer once this function's locals are
+ * dead: its frame on top of theirs would not fit the stack. */
+static __always_inline int kp_new_flow(struct kp_pkt *p, struct kp_ct_val *v,
+				       const struct kp_snat_cfg *cfg, __u64 now, __u8 scope,
+				       enum kp_answer *answer)
 {
 	struct kp_lb_req req = {};
 	struct kp_lb_res res = {};
-	struct kp_ct4_key rkey = {};
+	struct kp_ct_key rkey = {};
 	__u8 flags;
 
-	kp_lb_request(&req, kp_ip_from4(p->tuple.daddr), p->tuple.dport, p->tuple.proto, scope,
-		      (1ULL << KP_AFF_TC_CLIENT_BIT) | p->tuple.saddr, 0, now);
+	kp_lb_request(&req, p->tuple.daddr, p->tuple.dport, p->tuple.proto, scope,
+		      kp_tc_client(&p->tuple.saddr), 0, now);
 	kp_lb_select(&req, &res);
 	if (res.verdict == KP_LB_NONE)
 		return 0;
 	/* Before the verdict: kube-proxy's firewall runs before its DNAT and no-endpoint reject. */
-	if (!kp_srcrange_allows(&req.key, res.fe_flags, kp_ip_from4(p->tuple.saddr))) {
+	if (!kp_srcrange_allows(&req.key, res.fe_flags, p->tuple.saddr)) {
 		kp_count(KP_STAT_TC_SRC_DROP);
-		*act = TC_ACT_SHOT;
+		*answer = KP_ANSWER_DROP;
 		return -1;
 	}
 	if (res.verdict != KP_LB_FORWARD) {
 		/* Refused: an ICMP port unreachable, as kube-proxy's reject rule. No endpoint in the
 		 * Local set drops, but a pod client gets the socket path's EHOSTUNREACH at once. */
 		if (kp_lb_refusal(res.verdict, KP_LB_PATH_TC) == -ECONNREFUSED)
-			*act = kp_reject(skb, p);
+			*answer = KP_ANSWER_PORT_UNREACH;
 		else if (scope == KP_SCOPE_SOCK)
-			*act = kp_icmp_unreach(skb, p, ICMP_HOST_UNREACH);
+			*answer = KP_ANSWER_HOST_UNREACH;
 		else
-			*act = TC_ACT_SHOT;
+			*answer = KP_ANSWER_DROP;
 		return -1;
 	}
 	__builtin_memset(v, 0, sizeof(*v));
-	v->be_addr = res.be.addr.w[3];    /* IPv4-mapped: lib/lb.h keeps the frontend's family */
+	v->be_addr = res.be.addr;         /* of the frontend's family (lib/lb.h kp_lb_slot) */
 	v->be_port = res.be.port;
 	v->backend_id = res.backend_id;
 	v->svc_id = res.svc_id;
 	flags = scope == KP_SCOPE_SOCK ? KP_CT_F_POD : 0;
-	if (scope == KP_SCOPE_EXT ? !(res.be_flags & KP_BE_F_LOCAL) : res.be.addr.w[3] == p->tuple.saddr) {
-		if (kp_snat_alloc(&p->tuple, v, cfg, now) != 0) {
+	if (scope == KP_SCOPE_EXT ? !(res.be_flags & KP_BE_F_LOCAL)
+				  : kp_ip_eq(&res.be.addr, &p->tuple.saddr)) {
+		if (kp_snat_alloc(&p->tuple, v, cfg, &rkey, now) != 0) {
 			kp_count(KP_STAT_TC_SNAT_FULL);
-			*act = TC_ACT_SHOT;
+			*answer = KP_ANSWER_DROP;
 			return -1;
 		}
 		flags |= KP_CT_F_SNAT;
@@ -169,10 +209,20 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
 	v->life = kp_ct_life(0, KP_CT_NEW, flags, false);   /* kp_ct_track sets the expiry */
 	if (!(flags & KP_CT_F_SNAT)) {
 		kp_ct_reply_key(&p->tuple, v, &rkey);
-		kp_rnat4.update(&rkey, &p->tuple);
+		kp_rnat.update(&rkey, &p->tuple);
 	}
 	kp_count(KP_STAT_TC_FORWARD);
 	return 1;
+}
+
+static __always_inline int kp_answer(struct __sk_buff *skb, const struct kp_pkt *p,
+				     enum kp_answer answer)
+{
+	if (answer == KP_ANSWER_PORT_UNREACH)
+		return kp_reject(skb, p);
+	if (answer == KP_ANSWER_HOST_UNREACH)
+		return kp_icmp_unreach(skb, p, KP_UNREACH_HOST);
+	return TC_ACT_SHOT;
 }
 
 /* Whether a tracked flow may keep its backend: not expired, not a new connection on an ended
@@ -181,7 +231,7 @@ static __always_inline int kp_new_flow(struct __sk_buff *skb, struct kp_pkt *p,
  * agent also purges entries of removed backends). A pod's TCP connection is the
  * exception: like a connect() the socket path translated once, it keeps its backend until it
  * ends (another backend could only answer a mid-stream packet with a RST). */
-static __always_inline bool kp_ct_usable(const struct kp_pkt *p, const struct kp_ct4_val *v,
+static __always_inline bool kp_ct_usable(const struct kp_pkt *p, const struct kp_ct_val *v,
 					 __u64 now)
 {
 	__u32 id = v->backend_id;
@@ -198,21 +248,21 @@ static __always_inline bool kp_ct_usable(const struct kp_pkt *p, const struct kp
 	if (!b)
 		return false;
 	be = *b;
-	return be.addr.w[3] == v->be_addr && be.port == v->be_port && kp_ip_is4(&be.addr);
+	return kp_ip_eq(&be.addr, &v->be_addr) && be.port == v->be_port;
 }
 
 /* Drops the reply row of a flow that is load-balanced anew. A SNAT flow's row stays: its port
  * may already serve another flow (kp_snat_alloc reuses ended flows' ports), and once this one
  * is rewritten the row no longer matches it, so kp_rnat_reusable frees it. */
-static __always_inline void kp_ct_forget(const struct kp_ct4_key *orig,
-					 const struct kp_ct4_val *v)
+static __always_inline void kp_ct_forget(const struct kp_ct_key *orig,
+					 const struct kp_ct_val *v)
 {
-	struct kp_ct4_key rkey = {};
+	struct kp_ct_key rkey = {};
 
 	if (kp_ct_flags(v->life) & KP_CT_F_SNAT)
 		return;
 	kp_ct_reply_key(orig, v, &rkey);
-	kp_rnat4.delete(&rkey);
+	kp_rnat.delete(&rkey);
 }
 
 /* Whether a packet on a flow's reply tuple belongs to another connection: the flow has
@@ -229,7 +279,7 @@ static __always_inline void kp_ct_forget(const struct kp_ct4_key *orig,
  * reply is its own (a reopened flow's row is fresh, and a late FIN or RST of the connection
  * before it, overtaken by the new SYN on another CPU, may have marked it ended already). */
 static __always_inline bool kp_reply_is_another(const struct kp_pkt *p,
-						const struct kp_ct4_val *v, __u64 now)
+						const struct kp_ct_val *v, __u64 now)
 {
 	__u64 life = v->life;
 
@@ -252,30 +302,31 @@ static __always_inline bool kp_reply_is_another(const struct kp_pkt *p,
  * translated (*snat tells which kind), 0 when the packet is no reply we know. */
 static __always_inline int kp_reply(struct __sk_buff *skb, struct kp_pkt *p, bool want_snat)
 {
-	struct kp_ct4_key orig;
-	struct kp_ct4_key *o;
-	struct kp_ct4_val v;
-	struct kp_ct4_val *row;
+	struct kp_ct_key orig;
+	struct kp_ct_key *o;
+	struct kp_ct_val v;
+	struct kp_ct_val *row;
 	__u64 now;
 
-	o = kp_rnat4.lookup(&p->tuple);
+	o = kp_rnat.lookup(&p->tuple);
 	if (!o)
 		return 0;
 	orig = *o;
-	row = kp_ct4.lookup(&orig);
+	row = kp_ct.lookup(&orig);
 	if (!row)
 		return 0;
 	v = *row;
-	if (!!(kp_ct_flags(v.life) & KP_CT_F_SNAT) != want_snat || v.be_addr != p->tuple.saddr ||
-	    v.be_port != p->tuple.sport ||
-	    (want_snat && (v.nat_addr != p->tuple.daddr || v.nat_port != p->tuple.dport)))
+	if (!!(kp_ct_flags(v.life) & KP_CT_F_SNAT) != want_snat ||
+	    !kp_ip_eq(&v.be_addr, &p->tuple.saddr) || v.be_port != p->tuple.sport ||
+	    (want_snat && (!kp_ip_eq(&v.nat_addr, &p->tuple.daddr) ||
+			   v.nat_port != p->tuple.dport)))
 		return 0;     /* a stale row: the flow it names has moved to another port */
 	now = bpf_ktime_get_ns();
 	if (kp_reply_is_another(p, &v, now)) {
 		/* The new connection owns the tuple now, so its later packets skip the flow too. A
 		 * SNAT row stays: kp_snat_alloc decides when its port is free. */
 		if (!want_snat)
-			kp_rnat4.delete(&p->tuple);
+			kp_rnat.delete(&p->tuple);
 		return 0;
 	}
 	if (kp_rewrite(skb, p, false, orig.daddr, orig.dport) < 0 ||
@@ -290,18 +341,18 @@ static __always_inline int kp_reply(struct __sk_buff *skb, struct kp_pkt *p, boo
  * (lib/servicecidr.h) as an ICMP error, or passes untouched. */
 static __always_inline int kp_pod_unmatched(struct __sk_buff *skb, const struct kp_pkt *p)
 {
-	int err = kp_servicecidr_unmatched(kp_ip_from4(p->tuple.daddr));
+	int err = kp_servicecidr_unmatched(p->tuple.daddr);
 
 	if (err == 0)
 		return TC_ACT_OK;
-	return kp_icmp_unreach(skb, p, err == -ECONNREFUSED ? ICMP_PORT_UNREACH : ICMP_HOST_UNREACH);
+	return kp_icmp_unreach(skb, p, err == -ECONNREFUSED ? KP_UNREACH_PORT : KP_UNREACH_HOST);
 }
 
 /* Whether a packet to the SNAT address can be the reply of a SNAT flow (a remote EXT
  * backend's, or a pod's hairpin): its destination port is one kp_snat_alloc gives out. A
  * request to a NodePort on the same address (30000-32767 by default, below the range) skips
- * that kp_rnat4 lookup. */
-static __always_inline bool kp_snat_port(const struct kp_tc_cfg *cfg, __be16 dport)
+ * that kp_rnat lookup. */
+static __always_inline bool kp_snat_port(const struct kp_snat_cfg *cfg, __be16 dport)
 {
 	__u16 port = kp_ntohs(dport);
 
@@ -313,15 +364,14 @@ static __always_inline bool kp_snat_port(const struct kp_tc_cfg *cfg, __be16 dpo
 static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 {
 	struct kp_pkt p = {};
-	struct kp_ct4_key orig;
-	struct kp_ct4_val v;
-	struct kp_ct4_val *row;
-	struct kp_tc_cfg cfg;
-	struct kp_ip dst;
+	struct kp_ct_val v;
+	struct kp_ct_val *row;
+	struct kp_snat_cfg cfg;
+	enum kp_l3_kind kind;
 	__u64 now;
 	bool to_snat;
 	int ret;
-	int act = TC_ACT_SHOT;   /* what kp_new_flow answers a packet with */
+	enum kp_answer answer = KP_ANSWER_DROP;   /* what kp_new_flow refuses a packet with */
 
 	/* From outside, a packet can be ours only if it is sent to an address of some scope-EXT
 	 * frontend (kp_extaddr, which the agent writes before the frontend's slot 0 and deletes
@@ -329,13 +379,16 @@ static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 	 * leaves after these two lookups in small maps instead of three in the large conntrack
 	 * and service maps (kp_from_outside per such packet: 650-900 ns before, ~200 ns after,
 	 * with the parse split around it; docs/architecture.md). */
-	if (kp_parse_l3(skb, &p) < 0)
+	kind = kp_parse_l3(skb, &p);
+	if (kind == KP_L3_OTHER)
 		return TC_ACT_OK;
-	cfg = kp_tc_config();
-	to_snat = cfg.snat_addr && cfg.snat_addr == p.tuple.daddr;
-	dst = kp_ip_from4(p.tuple.daddr);
-	if ((scope == KP_SCOPE_EXT && !to_snat && !kp_extaddr.lookup(&dst)) ||
-	    kp_parse_l4(skb, &p) < 0)
+	cfg = kp_snat_config(p.family);
+	to_snat = !kp_ip_is_zero(&cfg.addr) && kp_ip_eq(&cfg.addr, &p.tuple.daddr);
+	if (scope == KP_SCOPE_EXT && !to_snat && !kp_extaddr.lookup(&p.tuple.daddr))
+		return TC_ACT_OK;
+	if (kind == KP_L3_ICMP_ERR)
+		return scope == KP_SCOPE_EXT ? kp_icmp_err(skb, &p) : TC_ACT_OK;
+	if (kp_parse_l4(skb, &p) < 0)
 		return TC_ACT_OK;
 	/* Only a packet to the SNAT address and a port of its range can be a SNAT flow's reply. */
 	ret = to_snat && kp_snat_port(&cfg, p.tuple.dport) ? kp_reply(skb, &p, true) : 0;
@@ -350,24 +403,24 @@ static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 	}
 
 	now = bpf_ktime_get_ns();
-	orig = p.tuple;
-	row = kp_ct4.lookup(&orig);
+	/* p.tuple is the flow's original tuple until the rewrite below. */
+	row = kp_ct.lookup(&p.tuple);
 	if (row) {
 		v = *row;
 		if (!kp_ct_usable(&p, &v, now)) {
 			kp_count(KP_STAT_TC_CT_EXPIRED);
-			kp_ct_forget(&orig, &v);
+			kp_ct_forget(&p.tuple, &v);
 			row = NULL;
 		}
 	}
 	if (!row) {
-		ret = kp_new_flow(skb, &p, &v, &cfg, now, scope, &act);
+		ret = kp_new_flow(&p, &v, &cfg, now, scope, &answer);
 		if (ret == 0)
 			return scope == KP_SCOPE_SOCK ? kp_pod_unmatched(skb, &p) : TC_ACT_OK;
 		if (ret < 0)
-			return act;
+			return kp_answer(skb, &p, answer);
 	}
-	kp_ct_track(&orig, row, &v, p.tcp_flags, false, now);
+	kp_ct_track(&p.tuple, row, &v, p.tcp_flags, false, now);
 
 	if (kp_rewrite(skb, &p, true, v.be_addr, v.be_port) < 0)
 		return TC_ACT_SHOT;
@@ -395,12 +448,9 @@ int kp_from_outside(struct __sk_buff *skb)
 static __always_inline int kp_egress(struct __sk_buff *skb, bool ext)
 {
 	struct kp_pkt p = {};
-	struct kp_ip src;
 
-	if (kp_parse_l3(skb, &p) < 0)
-		return TC_ACT_OK;
-	src = kp_ip_from4(p.tuple.saddr);
-	if ((ext && !kp_extbe.lookup(&src)) ||
+	if (kp_parse_l3(skb, &p) != KP_L3_PORTS ||
+	    (ext && !kp_extbe.lookup(&p.tuple.saddr)) ||
 	    kp_parse_l4(skb, &p) < 0)
 		return TC_ACT_OK;
 	return kp_reply(skb, &p, false) < 0 ? TC_ACT_SHOT : TC_ACT_OK;

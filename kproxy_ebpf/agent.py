@@ -137,31 +137,32 @@ class Agent:
         """No cyclic GC until the first sync is done (or GC_PAUSE_MAX has passed)."""
         self.gc_pause.pause()
 
-    def _tc_target(self) -> tuple[list[str], str | None] | None:
-        """The external devices and the SNAT address for tc_lb.c (north-south), and with
-        socketLB false the pod devices. No external device is logged, not fatal: the socket
-        path (or the pod path) still serves everything that starts on this node."""
+    def _tc_target(self) -> tuple[list[str], tuple[str, ...]] | None:
+        """The external devices and the SNAT addresses (one per family) for tc_lb.c
+        (north-south), and with socketLB false the pod devices. No external device is logged,
+        not fatal: the socket path (or the pod path) still serves everything that starts on
+        this node."""
         candidates = self.cfg.devices or tc.detect_devices()
-        snat = next((a for a in map(tc.device_address, candidates) if a), None)
-        devices = candidates if self.cfg.north_south and snat is not None else []
+        snat = tc.snat_addresses(candidates)
+        devices = candidates if self.cfg.north_south and snat else []
         if self.cfg.north_south and not devices:
-            log.error("north-south datapath off: no external device with an IPv4 address "
+            log.error("north-south datapath off: no external device with an IP address "
                       "(devices %s); set `devices`", candidates or "none found")
         if not devices and self.cfg.socket_lb:
             return None
-        if snat is None:
+        if not snat:
             log.warning("no node address found: a pod reaching itself through a Service "
                         "(hairpin) is dropped on the per-packet path")
         return devices, snat
 
-    def _load_tc(self, job, devices: list[str], snat: str | None) -> TcDatapath:
+    def _load_tc(self, job, devices: list[str], snat: tuple[str, ...]) -> TcDatapath:
         dp = TcDatapath(Path(self.cfg.bpffs_dir), devices, snat, self.cfg.snat_ports,
                         self.cfg.map_sizes,
                         pod_globs=None if self.cfg.socket_lb else tuple(self.cfg.pod_devices))
         dp.load(job)
         if devices:
-            log.info("north-south on %s, SNAT to %s ports %d-%d", ", ".join(devices), snat,
-                     *self.cfg.snat_ports)
+            log.info("north-south on %s, SNAT to %s ports %d-%d", ", ".join(devices),
+                     " and ".join(snat) or "no address", *self.cfg.snat_ports)
         if not self.cfg.socket_lb:
             log.info("socket LB off: ClusterIPs per packet on devices matching %s",
                      ", ".join(self.cfg.pod_devices))

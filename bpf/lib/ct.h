@@ -1,6 +1,7 @@
-/* lib/ct.h: connection tracking for the TC path (kp_ct4 + kp_rnat4, both LRU).
+/* lib/ct.h: connection tracking for the TC path (kp_ct + kp_rnat, both LRU), both families
+ * in one table: a tuple's addresses are struct kp_ip (lib/ip.h).
  *
- * A flow is keyed by its original tuple (client -> frontend). kp_rnat4 maps the tuple its
+ * A flow is keyed by its original tuple (client -> frontend). kp_rnat maps the tuple its
  * replies carry (backend -> client, or backend -> SNAT address:port) back to that key, so one
  * lookup finds a reply's flow. Only the programs write these maps (the agent reads them and
  * deletes entries of removed backends). A new or re-balanced flow's row is written whole
@@ -15,10 +16,11 @@
 #define KPROXY_LIB_CT_H
 
 #include <uapi/linux/in.h>
+#include "ip.h"
 #include "maps.h"
 #include "endian.h"
 
-/* kp_ct4_val.life, field by field (kproxy.h enum kp_ct_life). */
+/* kp_ct_val.life, field by field (kproxy.h enum kp_ct_life). */
 static __always_inline __u64 kp_ct_expires(__u64 life)
 {
 	return life & ~((1ULL << KP_CT_LIFE_TIME_SHIFT) - 1);
@@ -78,7 +80,7 @@ static __always_inline bool kp_tcp_opens(__u8 proto, __u8 tcp_flags)
  * recorded ISN (a retransmitted SYN keeps it; the client gave that attempt up): the flow is
  * load-balanced anew. */
 static __always_inline bool kp_ct_reopens(__u8 proto, __u8 tcp_flags, __be32 seq,
-					  const struct kp_ct4_val *v)
+					  const struct kp_ct_val *v)
 {
 	__u8 state = kp_ct_state(v->life);
 
@@ -90,7 +92,7 @@ static __always_inline bool kp_ct_reopens(__u8 proto, __u8 tcp_flags, __be32 seq
 
 /* Whether a TCP reply's acknowledgement number acknowledges the flow's SYN: ISN + 1, or a
  * little more when the SYN carried data that the backend took (TCP Fast Open). */
-static __always_inline bool kp_ct_acks_syn(const struct kp_ct4_val *v, __be32 ack)
+static __always_inline bool kp_ct_acks_syn(const struct kp_ct_val *v, __be32 ack)
 {
 	return (__u32)(kp_ntohl(ack) - kp_ntohl(v->isn) - 1) <= KP_CT_SYN_DATA_MAX;
 }
@@ -154,8 +156,8 @@ static __always_inline bool kp_ct_ended(__u64 life)
  * that two CPUs tracking the two directions of one flow at once (the FINs of a close) both
  * count; a lost round applies this packet on top of what the other CPU wrote. The swap that
  * ends a TCP flow is followed by a whole write of the same row (kp_ct_ended). */
-static __always_inline void kp_ct_track(struct kp_ct4_key *key, struct kp_ct4_val *row,
-					struct kp_ct4_val *v, __u8 tcp_flags, bool reply, __u64 now)
+static __always_inline void kp_ct_track(struct kp_ct_key *key, struct kp_ct_val *row,
+					struct kp_ct_val *v, __u8 tcp_flags, bool reply, __u64 now)
 {
 	__u64 old = v->life;
 	__u64 next;
@@ -164,7 +166,7 @@ static __always_inline void kp_ct_track(struct kp_ct4_key *key, struct kp_ct4_va
 
 	if (!row) {
 		v->life = kp_ct_next(key->proto, old, tcp_flags, reply, now, true);
-		kp_ct4.update(key, v);
+		kp_ct.update(key, v);
 		return;
 	}
 #pragma unroll
@@ -177,9 +179,9 @@ static __always_inline void kp_ct_track(struct kp_ct4_key *key, struct kp_ct4_va
 			/* Same content, new element; only while row is still key's element: a
 			 * client's SYN may have re-balanced the tuple on another CPU since (its
 			 * port is free at once after a RST). */
-			if (!kp_ct_ended(old) && kp_ct_ended(next) && kp_ct4.lookup(key) == row) {
+			if (!kp_ct_ended(old) && kp_ct_ended(next) && kp_ct.lookup(key) == row) {
 				v->life = next;
-				kp_ct4.update(key, v);
+				kp_ct.update(key, v);
 			}
 			break;
 		}
@@ -188,7 +190,7 @@ static __always_inline void kp_ct_track(struct kp_ct4_key *key, struct kp_ct4_va
 	v->life = next;
 }
 
-/* Whether the SNAT reply tuple rkey, which kp_rnat4 maps to the flow `orig`, may be given to a
+/* Whether the SNAT reply tuple rkey, which kp_rnat maps to the flow `orig`, may be given to a
  * new flow: the flow no longer owns it (its row is gone, or names another SNAT port or
  * backend: it was reopened), it has expired, or its connection has ended with no state left on
  * the backend that a new SYN on the same tuple could meet. That is a RST (the backend's socket
@@ -200,11 +202,11 @@ static __always_inline void kp_ct_track(struct kp_ct4_key *key, struct kp_ct4_va
  * move past the old connection's is answered with an ACK for that one: the client resets it and
  * retransmits a second later. Such a port waits for the row to expire (KP_CT_TCP_CLOSING_S, the
  * kernel's conntrack time_wait, during which conntrack keeps a tuple taken too). */
-static __always_inline bool kp_rnat_reusable(const struct kp_ct4_key *rkey,
-					     const struct kp_ct4_key *orig, __u64 now)
+static __always_inline bool kp_rnat_reusable(const struct kp_ct_key *rkey,
+					     const struct kp_ct_key *orig, __u64 now)
 {
-	struct kp_ct4_val *row = kp_ct4.lookup((struct kp_ct4_key *)orig);
-	struct kp_ct4_val v;
+	struct kp_ct_val *row = kp_ct.lookup((struct kp_ct_key *)orig);
+	struct kp_ct_val v;
 	__u8 flags;
 	__u8 state;
 
@@ -213,8 +215,9 @@ static __always_inline bool kp_rnat_reusable(const struct kp_ct4_key *rkey,
 	v = *row;
 	flags = kp_ct_flags(v.life);
 	state = kp_ct_state(v.life);
-	if (!(flags & KP_CT_F_SNAT) || v.nat_addr != rkey->daddr || v.nat_port != rkey->dport ||
-	    v.be_addr != rkey->saddr || v.be_port != rkey->sport || now > kp_ct_expires(v.life))
+	if (!(flags & KP_CT_F_SNAT) || !kp_ip_eq(&v.nat_addr, &rkey->daddr) ||
+	    v.nat_port != rkey->dport || !kp_ip_eq(&v.be_addr, &rkey->saddr) ||
+	    v.be_port != rkey->sport || now > kp_ct_expires(v.life))
 		return true;
 	if (orig->proto != IPPROTO_TCP)
 		return false;
@@ -233,8 +236,8 @@ static __always_inline bool kp_rnat_reusable(const struct kp_ct4_key *rkey,
 }
 
 /* The reply tuple of a flow: what the backend sends back. */
-static __always_inline void kp_ct_reply_key(const struct kp_ct4_key *orig,
-					    const struct kp_ct4_val *v, struct kp_ct4_key *out)
+static __always_inline void kp_ct_reply_key(const struct kp_ct_key *orig,
+					    const struct kp_ct_val *v, struct kp_ct_key *out)
 {
 	out->saddr = v->be_addr;
 	out->sport = v->be_port;

@@ -34,4 +34,9 @@ static __always_inline bool kp_ip_eq(const struct kp_ip *a, const struct kp_ip *
 	       a->w[3] == b->w[3];
 }
 
+static __always_inline bool kp_ip_is_zero(const struct kp_ip *ip)
+{
+	return !(ip->w[0] | ip->w[1] | ip->w[2] | ip->w[3]);
+}
+
 #endif

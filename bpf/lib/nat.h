@@ -1,30 +1,48 @@
-/* lib/nat.h: packet parsing and address/port rewriting for the TC path (IPv4, TCP/UDP).
+/* lib/nat.h: packet parsing and address/port rewriting for the TC path, IPv4 and IPv6,
+ * TCP/UDP.
  *
- * Rewrites go through bpf_l3_csum_replace / bpf_l4_csum_replace, which update the IP header
- * checksum and the TCP/UDP checksum incrementally (the address is part of the L4 pseudo
- * header); a UDP checksum of 0 (none) stays 0 (BPF_F_MARK_MANGLED_0).
+ * One code path for both families: a packet's addresses are struct kp_ip (lib/ip.h, an IPv4
+ * address IPv4-mapped) wherever they are held, and only the header offsets, the checksums and
+ * the ICMP flavour depend on p->family. Rewrites go through bpf_l4_csum_replace (and for IPv4
+ * bpf_l3_csum_replace: IPv6 has no header checksum), which update the TCP/UDP checksum
+ * incrementally (the address is part of its pseudo header); an IPv4 UDP checksum of 0 (none)
+ * stays 0 (BPF_F_MARK_MANGLED_0; IPv6 UDP always has one, RFC 8200 8.1).
  */
 #ifndef KPROXY_LIB_NAT_H
 #define KPROXY_LIB_NAT_H
 
 #include <uapi/linux/if_ether.h>
 #include <uapi/linux/ip.h>
+#include <uapi/linux/ipv6.h>
 #include <uapi/linux/icmp.h>
+#include <uapi/linux/icmpv6.h>
 #include <uapi/linux/in.h>
 #include <uapi/linux/pkt_cls.h>
 #include "../kproxy.h"
 #include "endian.h"
+#include "ip.h"
+#include "maps.h"
 
-#define KP_AF_INET 2
+#define KP_AF_INET   2
+#define KP_AF_INET6 10
 #define KP_IP_MF     0x2000
 #define KP_IP_OFFSET 0x1fff
+#define KP_IP6_HLEN  40
 
 struct kp_pkt {
-	struct kp_ct4_key tuple;   /* as the packet is now: src -> dst */
+	struct kp_ct_key tuple;    /* as the packet is now: src -> dst */
 	__u32 l4_off;
+	__u8  family;              /* 4 or 6, as kp_ip_family */
 	__u8  tcp_flags;
 	__be32 tcp_seq;            /* TCP only */
 	__be32 tcp_ack;
+};
+
+/* What kp_parse_l3 found. */
+enum kp_l3_kind {
+	KP_L3_OTHER = -1,          /* not ours to look at: passes untouched */
+	KP_L3_PORTS = 0,           /* TCP or UDP with its ports at l4_off */
+	KP_L3_ICMP_ERR = 1,        /* an ICMP(v6) message, maybe an error about a tracked flow */
 };
 
 /* The EtherType and the IPv4 header, read with one helper call. */
@@ -33,27 +51,58 @@ struct kp_l3 {
 	struct iphdr ip;
 } __attribute__((packed));
 
-/* The first half of parsing, enough for the TC filters (addresses): fills p's addresses,
- * protocol and L4 offset for an IPv4 TCP/UDP packet at the Ethernet header; -1 for anything
- * else (other protocols; IP options are fine, non-first fragments carry no ports and are left
- * alone). Each bpf_skb_load_bytes is a helper call, so a packet takes two: this one, and
- * kp_parse_l4's, which a packet the filters let pass never makes. */
-static __always_inline int kp_parse_l3(struct __sk_buff *skb, struct kp_pkt *p)
+static __always_inline enum kp_l3_kind kp_l3_proto(struct kp_pkt *p, __u8 proto, __u8 icmp)
+{
+	if (proto == IPPROTO_TCP || proto == IPPROTO_UDP) {
+		p->tuple.proto = proto;
+		return KP_L3_PORTS;
+	}
+	if (proto == icmp) {
+		p->tuple.proto = proto;
+		return KP_L3_ICMP_ERR;
+	}
+	return KP_L3_OTHER;
+}
+
+/* An IPv6 header right after the Ethernet one. Only a TCP, UDP or ICMPv6 header directly
+ * after it is looked at: a packet with extension headers (a fragment's above all, whose later
+ * pieces carry no ports) passes untouched, as IPv4 fragments after the first do. Neighbour
+ * discovery is ICMPv6 too: kp_icmp_err lets every type but the four errors pass. */
+static __always_inline enum kp_l3_kind kp_parse_ip6(struct __sk_buff *skb, struct kp_pkt *p)
+{
+	struct ipv6hdr ip6;
+
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)) < 0 || ip6.version != 6)
+		return KP_L3_OTHER;
+	p->family = 6;
+	p->l4_off = ETH_HLEN + KP_IP6_HLEN;
+	__builtin_memcpy(p->tuple.saddr.w, &ip6.saddr, sizeof(p->tuple.saddr));
+	__builtin_memcpy(p->tuple.daddr.w, &ip6.daddr, sizeof(p->tuple.daddr));
+	return kp_l3_proto(p, ip6.nexthdr, IPPROTO_ICMPV6);
+}
+
+/* The first half of parsing, enough for the TC filters (addresses): fills p's family,
+ * addresses, protocol and L4 offset for a packet at the Ethernet header. IPv4 options are
+ * fine; non-first fragments carry no ports and are left alone. Each bpf_skb_load_bytes is a
+ * helper call, so an IPv4 packet takes two (an IPv6 one three): this one, and kp_parse_l4's,
+ * which a packet the filters let pass never makes. */
+static __always_inline enum kp_l3_kind kp_parse_l3(struct __sk_buff *skb, struct kp_pkt *p)
 {
 	struct kp_l3 h;
 
-	if (bpf_skb_load_bytes(skb, offsetof(struct ethhdr, h_proto), &h, sizeof(h)) < 0 ||
-	    h.proto != kp_htons(ETH_P_IP) || h.ip.version != 4 || h.ip.ihl < 5)
-		return -1;
-	if (h.ip.protocol != IPPROTO_TCP && h.ip.protocol != IPPROTO_UDP)
-		return -1;
+	if (bpf_skb_load_bytes(skb, offsetof(struct ethhdr, h_proto), &h, sizeof(h)) < 0)
+		return KP_L3_OTHER;
+	if (h.proto == kp_htons(ETH_P_IPV6))
+		return kp_parse_ip6(skb, p);
+	if (h.proto != kp_htons(ETH_P_IP) || h.ip.version != 4 || h.ip.ihl < 5)
+		return KP_L3_OTHER;
 	if (h.ip.frag_off & kp_htons(KP_IP_OFFSET))
-		return -1;
+		return KP_L3_OTHER;
+	p->family = 4;
 	p->l4_off = ETH_HLEN + h.ip.ihl * 4;
-	p->tuple.saddr = h.ip.saddr;
-	p->tuple.daddr = h.ip.daddr;
-	p->tuple.proto = h.ip.protocol;
-	return 0;
+	p->tuple.saddr = kp_ip_from4(h.ip.saddr);
+	p->tuple.daddr = kp_ip_from4(h.ip.daddr);
+	return kp_l3_proto(p, h.ip.protocol, IPPROTO_ICMP);
 }
 
 /* The ports, and a TCP header's sequence and acknowledgement numbers and flags (its byte 13):
@@ -88,21 +137,49 @@ static __always_inline __u64 kp_l4_flags(const struct kp_pkt *p)
 	return p->tuple.proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 }
 
+/* Where an IP header of `family` at l3_off holds its source (dst = false) or destination. */
+static __always_inline __u32 kp_addr_off(__u8 family, __u32 l3_off, bool dst)
+{
+	if (family == 6)
+		return l3_off + (dst ? offsetof(struct ipv6hdr, daddr) : offsetof(struct ipv6hdr, saddr));
+	return l3_off + (dst ? offsetof(struct iphdr, daddr) : offsetof(struct iphdr, saddr));
+}
+
+/* Stores address `to` (4 bytes of IPv4, 16 of IPv6) at off in place of `from`, and tells the
+ * checksum at csum_off (csum_flags: BPF_F_PSEUDO_HDR when the address is in that checksum's
+ * pseudo header, not its data). */
+static __always_inline int kp_store_addr(struct __sk_buff *skb, __u8 family, __u32 off,
+					 const struct kp_ip *from, const struct kp_ip *to,
+					 __u32 csum_off, __u64 csum_flags)
+{
+	__s64 diff;
+
+	if (family == 4)
+		return bpf_l4_csum_replace(skb, csum_off, from->w[3], to->w[3],
+					   csum_flags | sizeof(__be32)) < 0 ||
+		       bpf_skb_store_bytes(skb, off, (void *)&to->w[3], sizeof(__be32), 0) < 0 ? -1 : 0;
+	diff = bpf_csum_diff((__be32 *)from->w, sizeof(*from), (__be32 *)to->w, sizeof(*to), 0);
+	if (diff < 0)
+		return -1;
+	return bpf_l4_csum_replace(skb, csum_off, 0, diff, csum_flags) < 0 ||
+	       bpf_skb_store_bytes(skb, off, (void *)to->w, sizeof(*to), 0) < 0 ? -1 : 0;
+}
+
 /* Rewrites the source (dst = false) or destination address and port, checksums included. */
 static __always_inline int kp_rewrite(struct __sk_buff *skb, struct kp_pkt *p, bool dst,
-				      __be32 addr, __be16 port)
+				      struct kp_ip addr, __be16 port)
 {
-	__be32 old_addr = dst ? p->tuple.daddr : p->tuple.saddr;
+	struct kp_ip old_addr = dst ? p->tuple.daddr : p->tuple.saddr;
 	__be16 old_port = dst ? p->tuple.dport : p->tuple.sport;
-	__u32 aoff = ETH_HLEN + (dst ? offsetof(struct iphdr, daddr) : offsetof(struct iphdr, saddr));
 	__u32 poff = p->l4_off + (dst ? 2 : 0);
 
-	if (old_addr != addr) {
-		if (bpf_l4_csum_replace(skb, kp_l4_csum_off(p), old_addr, addr,
-					BPF_F_PSEUDO_HDR | sizeof(addr) | kp_l4_flags(p)) < 0 ||
-		    bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), old_addr, addr,
-					sizeof(addr)) < 0 ||
-		    bpf_skb_store_bytes(skb, aoff, &addr, sizeof(addr), 0) < 0)
+	if (!kp_ip_eq(&old_addr, &addr)) {
+		if (kp_store_addr(skb, p->family, kp_addr_off(p->family, ETH_HLEN, dst), &old_addr,
+				  &addr, kp_l4_csum_off(p), BPF_F_PSEUDO_HDR | kp_l4_flags(p)) < 0)
+			return -1;
+		if (p->family == 4 &&
+		    bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check),
+					old_addr.w[3], addr.w[3], sizeof(__be32)) < 0)
 			return -1;
 	}
 	if (old_port != port) {
@@ -134,12 +211,18 @@ static __always_inline int kp_redirect(struct __sk_buff *skb, const struct kp_pk
 	struct bpf_fib_lookup fib = {};
 	int rc;
 
-	fib.family = KP_AF_INET;
 	fib.l4_protocol = p->tuple.proto;
 	fib.sport = p->tuple.sport;
 	fib.dport = p->tuple.dport;
-	fib.ipv4_src = p->tuple.saddr;
-	fib.ipv4_dst = p->tuple.daddr;
+	if (p->family == 6) {
+		fib.family = KP_AF_INET6;
+		__builtin_memcpy(fib.ipv6_src, p->tuple.saddr.w, sizeof(fib.ipv6_src));
+		__builtin_memcpy(fib.ipv6_dst, p->tuple.daddr.w, sizeof(fib.ipv6_dst));
+	} else {
+		fib.family = KP_AF_INET;
+		fib.ipv4_src = p->tuple.saddr.w[3];
+		fib.ipv4_dst = p->tuple.daddr.w[3];
+	}
 	fib.ifindex = skb->ingress_ifindex ? skb->ingress_ifindex : skb->ifindex;
 	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
@@ -155,56 +238,127 @@ static __always_inline __u16 kp_csum_fold(__u64 sum)
 	return (__u16)~sum;
 }
 
-/* An ICMP destination unreachable with `code`, built in place of the packet and sent back out
- * of the device it came in on: [eth][ip][icmp][orig ip][8 bytes], from the address the client
- * asked (so its socket matches the quote). Packets with IP options are dropped instead (the
- * quoted header must be the 20-byte one here). */
+/* Which destination unreachable a refused packet gets. */
+enum kp_unreach {
+	KP_UNREACH_PORT,        /* ECONNREFUSED: ICMP port unreachable, ICMPv6 code 4 */
+	KP_UNREACH_HOST,        /* EHOSTUNREACH: ICMP host unreachable, ICMPv6 address
+				 * unreachable (code 3; Linux icmpv6_err_convert) */
+};
+
+/* An ICMP destination unreachable built in place of the packet and sent back out of the
+ * device it came in on: [eth][ip][icmp][orig ip][8 bytes of L4], from the address the client
+ * asked (so its socket matches the quote). Packets with IPv4 options are dropped instead (the
+ * quoted header must be the 20-byte one here; an IPv6 one is always 40). */
 struct kp_icmp_frame {
 	struct iphdr   ip;
 	struct icmphdr icmp;
-	__u8           quote[28];   /* the original IP header and the first 8 bytes of L4 */
+	__u8           quote[sizeof(struct iphdr) + 8];
 };
 
-static __always_inline int kp_icmp_unreach(struct __sk_buff *skb, const struct kp_pkt *p,
-					   __u8 code)
+struct kp_icmp6_frame {
+	struct ipv6hdr  ip6;
+	struct icmp6hdr icmp;
+	__u8            quote[KP_IP6_HLEN + 8];
+};
+
+/* The ICMPv6 pseudo header's length and next-header words (RFC 8200 8.1); its addresses are
+ * the frame's own, summed in place. */
+struct kp_icmp6_pseudo {
+	__be32 len;
+	__be32 nexthdr;
+};
+
+static __always_inline int kp_icmp4_unreach(struct __sk_buff *skb, const struct kp_pkt *p,
+					    enum kp_unreach why, struct ethhdr *eth)
 {
 	struct kp_icmp_frame f = {};
-	struct ethhdr eth;
-	__u8 mac[ETH_ALEN];
-	__u32 len = ETH_HLEN + sizeof(f);
 
-	if (p->l4_off != ETH_HLEN + sizeof(struct iphdr))
-		return TC_ACT_SHOT;
-	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0 ||
+	if (p->l4_off != ETH_HLEN + sizeof(struct iphdr) ||
 	    bpf_skb_load_bytes(skb, ETH_HLEN, f.quote, sizeof(f.quote)) < 0)
 		return TC_ACT_SHOT;
-	__builtin_memcpy(mac, eth.h_source, ETH_ALEN);
-	__builtin_memcpy(eth.h_source, eth.h_dest, ETH_ALEN);
-	__builtin_memcpy(eth.h_dest, mac, ETH_ALEN);
 	f.ip.version = 4;
 	f.ip.ihl = 5;
 	f.ip.tot_len = kp_htons(sizeof(f));
 	f.ip.ttl = 64;
 	f.ip.protocol = IPPROTO_ICMP;
-	f.ip.saddr = p->tuple.daddr;
-	f.ip.daddr = p->tuple.saddr;
+	f.ip.saddr = p->tuple.daddr.w[3];
+	f.ip.daddr = p->tuple.saddr.w[3];
 	f.ip.check = kp_csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&f.ip, sizeof(f.ip), 0));
 	f.icmp.type = ICMP_DEST_UNREACH;
-	f.icmp.code = code;
+	f.icmp.code = why == KP_UNREACH_PORT ? ICMP_PORT_UNREACH : ICMP_HOST_UNREACH;
 	f.icmp.checksum = kp_csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&f.icmp,
 						     sizeof(f) - sizeof(f.ip), 0));
-	if (bpf_skb_change_tail(skb, len, 0) < 0 ||
-	    bpf_skb_store_bytes(skb, 0, &eth, sizeof(eth), 0) < 0 ||
+	if (bpf_skb_change_tail(skb, ETH_HLEN + sizeof(f), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, 0, eth, sizeof(*eth), 0) < 0 ||
 	    bpf_skb_store_bytes(skb, ETH_HLEN, &f, sizeof(f), 0) < 0)
 		return TC_ACT_SHOT;
 	return bpf_redirect(skb->ifindex, 0);
 }
 
-/* The port unreachable kube-proxy's REJECT sends (nftables `reject`): the client's connect()
- * or recv() fails at once with ECONNREFUSED. */
+/* In kp_scratch: the frame and its pseudo header, 104 bytes the stack has no room for. */
+struct kp_icmp6_room {
+	struct kp_icmp6_frame f;
+	struct kp_icmp6_pseudo ph;
+};
+
+_Static_assert(sizeof(struct kp_icmp6_room) <= sizeof(struct kp_scratch), "kp_icmp6_room");
+
+static __always_inline int kp_icmp6_unreach(struct __sk_buff *skb, const struct kp_pkt *p,
+					    enum kp_unreach why, struct ethhdr *eth)
+{
+	struct kp_icmp6_room *r;
+	struct kp_icmp6_frame *f;
+	__u32 zero = 0;
+	__s64 sum;
+
+	r = (struct kp_icmp6_room *)kp_scratch.lookup(&zero);
+	if (!r)
+		return TC_ACT_SHOT;
+	f = &r->f;
+	__builtin_memset(r, 0, sizeof(*r));
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, f->quote, sizeof(f->quote)) < 0)
+		return TC_ACT_SHOT;
+	f->ip6.version = 6;
+	f->ip6.payload_len = kp_htons(sizeof(*f) - sizeof(f->ip6));
+	f->ip6.nexthdr = IPPROTO_ICMPV6;
+	f->ip6.hop_limit = 64;
+	__builtin_memcpy(&f->ip6.saddr, p->tuple.daddr.w, sizeof(f->ip6.saddr));
+	__builtin_memcpy(&f->ip6.daddr, p->tuple.saddr.w, sizeof(f->ip6.daddr));
+	f->icmp.icmp6_type = ICMPV6_DEST_UNREACH;
+	f->icmp.icmp6_code = why == KP_UNREACH_PORT ? ICMPV6_PORT_UNREACH : ICMPV6_ADDR_UNREACH;
+	r->ph.len = kp_htonl(sizeof(*f) - sizeof(f->ip6));
+	r->ph.nexthdr = kp_htonl(IPPROTO_ICMPV6);
+	sum = bpf_csum_diff(NULL, 0, (__be32 *)&f->ip6.saddr, 2 * sizeof(f->ip6.saddr), 0);
+	sum = bpf_csum_diff(NULL, 0, (__be32 *)&r->ph, sizeof(r->ph), sum);
+	sum = bpf_csum_diff(NULL, 0, (__be32 *)&f->icmp, sizeof(*f) - sizeof(f->ip6), sum);
+	f->icmp.icmp6_cksum = kp_csum_fold(sum);
+	if (bpf_skb_change_tail(skb, ETH_HLEN + sizeof(*f), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, 0, eth, sizeof(*eth), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN, f, sizeof(*f), 0) < 0)
+		return TC_ACT_SHOT;
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+static __always_inline int kp_icmp_unreach(struct __sk_buff *skb, const struct kp_pkt *p,
+					   enum kp_unreach why)
+{
+	struct ethhdr eth;
+	__u8 mac[ETH_ALEN];
+
+	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
+		return TC_ACT_SHOT;
+	__builtin_memcpy(mac, eth.h_source, ETH_ALEN);
+	__builtin_memcpy(eth.h_source, eth.h_dest, ETH_ALEN);
+	__builtin_memcpy(eth.h_dest, mac, ETH_ALEN);
+	return p->family == 6 ? kp_icmp6_unreach(skb, p, why, &eth)
+			      : kp_icmp4_unreach(skb, p, why, &eth);
+}
+
+/* The port unreachable kube-proxy's REJECT sends (nftables `reject`, ICMPv6 port unreachable
+ * in an IPv6 table): the client's connect() or recv() fails at once with ECONNREFUSED. */
 static __always_inline int kp_reject(struct __sk_buff *skb, const struct kp_pkt *p)
 {
-	return kp_icmp_unreach(skb, p, ICMP_PORT_UNREACH);
+	return kp_icmp_unreach(skb, p, KP_UNREACH_PORT);
 }
 
 #endif

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from ..desired import FrontendKey
-from ..model import IPFamily, hostport
+from ..model import family_of, hostport
 from . import layout as L
 from .pinned import PinnedMap
 from .programmed import BackendKey
@@ -39,8 +39,8 @@ class Frontends(typing.Protocol):
     def serves(self, key: FrontendKey, backend: BackendKey) -> bool: ...
 
 
-def _raw_frontend(fkey: FrontendKey) -> tuple[int, int, int]:
-    return L.ip_be(fkey.ip), L.port_be(fkey.port), L.PROTO_NUM[fkey.protocol]
+def _raw_frontend(fkey: FrontendKey) -> tuple[bytes, int, int]:
+    return L.ip_bytes(fkey.ip), L.port_be(fkey.port), L.PROTO_NUM[fkey.protocol]
 
 
 def purge(maps: Mapping[str, PinnedMap], writer: Frontends,
@@ -52,9 +52,7 @@ def purge(maps: Mapping[str, PinnedMap], writer: Frontends,
     ClusterIP path every pod connection has a row, and a partial sync must not pay a Python
     object per row."""
     snat = L.CT_F_SNAT
-    # kp_ct4 tracks IPv4 packets only: the TC path's flows of IPv6 frontends are not there.
-    wanted = None if frontends is None else {_raw_frontend(k) for k in frontends
-                                             if k.family is IPFamily.IPV4}
+    wanted = None if frontends is None else {_raw_frontend(k) for k in frontends}
     rows = maps["ct"].unpacked()
     removed = 0
     flag_bits = L.const("KP_CT_LIFE_FLAGS")
@@ -66,12 +64,15 @@ def purge(maps: Mapping[str, PinnedMap], writer: Frontends,
         if L.ct_keeps_backend(flags, proto):
             continue
         protocol = L.PROTO_BY_NUM.get(proto)
-        fkey = FrontendKey(L.ip_str(daddr), L.port_host(dport), protocol, L.ct_scope(flags))
+        ip = L.ip_str(daddr)
+        fkey = FrontendKey(ip, L.port_host(dport), protocol, L.ct_scope(flags), family_of(ip))
         if writer.serves(fkey, (L.ip_str(be_addr), L.port_host(be_port), protocol)):
             continue
-        reply = L.CtKey(saddr=be_addr, sport=be_port, proto=proto)
-        reply.daddr, reply.dport = (nat_addr, nat_port) if flags & snat else (saddr, sport)
-        maps["ct"].delete(L.CtKey(saddr=saddr, daddr=daddr, sport=sport, dport=dport,
+        addr = L.IP16.from_buffer_copy
+        reply = L.CtKey(saddr=addr(be_addr), sport=be_port, proto=proto)
+        reply.daddr, reply.dport = ((addr(nat_addr), nat_port) if flags & snat
+                                    else (addr(saddr), sport))
+        maps["ct"].delete(L.CtKey(saddr=addr(saddr), daddr=addr(daddr), sport=sport, dport=dport,
                                   proto=proto))
         maps["rnat"].delete(reply)
         removed += 1

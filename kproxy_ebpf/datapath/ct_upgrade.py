@@ -1,14 +1,17 @@
-"""Carries the TC path's tracked flows over an upgrade that changes kp_ct4's layout.
+"""Carries the TC path's tracked flows over an upgrade that changes the conntrack layout.
 
-Only the programs write kp_ct4, so programs of a new layout version (kp_ct4_v2) would start
-from an empty table: every flow from outside the node that was open at the upgrade would lose
+Only the programs write kp_ct and kp_rnat, so programs of a new layout version would start
+from empty tables: every flow from outside the node that was open at the upgrade would lose
 its translation (a SNAT flow's replies would no longer find their client). The agent copies
-the old version's rows into the new map, converted, twice: when the new programs are loaded
-(the old ones still track flows, into the old map) and once the new ones are attached, for the
-flows that opened or changed in between. The second copy leaves alone a row the new programs
-have written since (they own it now). The old map is opened before the first copy, so the
-stale-map removal after the attach (sock_hooks.py) does not take it away. kp_rnat4 kept its
-layout: its rows serve the new programs as they are.
+the old versions' rows into the new maps, converted, twice: when the new programs are loaded
+(the old ones still track flows, into the old maps) and once the new ones are attached, for
+the flows that opened or changed in between. The second copy leaves alone a row the new
+programs have written since (they own it now). The old maps are opened before the first
+copy, so the stale-map removal after the attach (sock_hooks.py) does not take them away.
+
+Older layouts: kp_ct4_v1 and kp_ct4_v2 (IPv4 tuples of __be32 addresses; v1 without the life
+word), and kp_rnat4_v1 (the same IPv4 tuple both ways), into kp_ct and kp_rnat, whose tuples
+hold either family (struct kp_ip, IPv4-mapped).
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import logging
 import struct
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from . import layout as L
 from . import libbpf
@@ -24,81 +28,115 @@ from .pinned import PinnedMap
 
 log = logging.getLogger(__name__)
 
-# kp_ct4_val of layout version 1 (kproxy.h before the life word): expires, be_addr, nat_addr,
-# be_port, nat_port, backend_id, svc_id, state, flags, seen_reply, pad. Frozen: that version's
-# rows keep this shape for good.
-_V1 = struct.Struct("=QIIHHIIBBBx")
+# Frozen shapes of the older layouts: their rows keep these for good.
+_V4_TUPLE = struct.Struct("=IIHHB3x")      # kp_ct4_key: saddr, daddr, sport, dport, proto
+# kp_ct4_val v1: expires, be_addr, nat_addr, be_port, nat_port, backend_id, svc_id, state,
+# flags, seen_reply; v2: life, be_addr, nat_addr, be_port, nat_port, backend_id, svc_id, isn.
+_CT_V1 = struct.Struct("=QIIHHIIBBBx")
+_CT_V2 = struct.Struct("=QIIHHIII")
 
 
-def _v1_row(value: bytes) -> bytes:
-    """A version-1 row as the current layout holds it."""
+def _ip(be32: int) -> ctypes.Array:
+    """An old __be32 address field as struct kp_ip (0, no address, stays all zero)."""
+    if not be32:
+        return L.IP16()
+    return L.IP16.from_buffer_copy(L.ip_bytes("0.0.0.0")[:12] + struct.pack("=I", be32))
+
+
+def _tuple(raw: bytes) -> bytes:
+    saddr, daddr, sport, dport, proto = _V4_TUPLE.unpack(raw)
+    return bytes(L.CtKey(saddr=_ip(saddr), daddr=_ip(daddr), sport=sport, dport=dport,
+                         proto=proto))
+
+
+def _ct_v1(value: bytes) -> bytes:
     (expires, be_addr, nat_addr, be_port, nat_port, backend_id, svc_id, state, flags,
-     seen) = _V1.unpack(value)
+     seen) = _CT_V1.unpack(value)
     # No ISN: such a flow's replies are told apart by its state, as version 1 did.
-    return bytes(L.CtVal(be_addr=be_addr, nat_addr=nat_addr, be_port=be_port, nat_port=nat_port,
-                         backend_id=backend_id, svc_id=svc_id, expires=expires, state=state,
-                         flags=flags & ~L.const("KP_CT_F_ISN"), seen_reply=seen))
+    return bytes(L.CtVal(be_addr=_ip(be_addr), nat_addr=_ip(nat_addr), be_port=be_port,
+                         nat_port=nat_port, backend_id=backend_id, svc_id=svc_id,
+                         expires=expires, state=state, flags=flags & ~L.const("KP_CT_F_ISN"),
+                         seen_reply=seen))
+
+
+def _ct_v2(value: bytes) -> bytes:
+    life, be_addr, nat_addr, be_port, nat_port, backend_id, svc_id, isn = _CT_V2.unpack(value)
+    return bytes(L.CtVal(life=life, be_addr=_ip(be_addr), nat_addr=_ip(nat_addr),
+                         be_port=be_port, nat_port=nat_port, backend_id=backend_id,
+                         svc_id=svc_id, isn=isn))
+
+
+class OldLayout(NamedTuple):
+    target: str                          # the KP_MAPS id its rows go to
+    pin: str                             # its pin name
+    key_size: int
+    value_size: int
+    key: Callable[[bytes], bytes]        # old key -> the target's
+    value: Callable[[bytes], bytes]
+
+
+OLD_LAYOUTS = (
+    OldLayout("ct", "kp_ct4_v1", _V4_TUPLE.size, _CT_V1.size, _tuple, _ct_v1),
+    OldLayout("ct", "kp_ct4_v2", _V4_TUPLE.size, _CT_V2.size, _tuple, _ct_v2),
+    OldLayout("rnat", "kp_rnat4_v1", _V4_TUPLE.size, _V4_TUPLE.size, _tuple, _tuple),
+)
 
 
 class _OldSpec:
     """What PinnedMap needs of a map spec, for a layout version layout.py no longer has."""
     percpu = False
 
-    def __init__(self, name: str, value_size: int):
-        self.name, self.key = name, L.CtKey
-        self.value = ctypes.c_uint8 * value_size
-
-
-OLD_LAYOUTS = {1: (_V1.size, _v1_row)}      # kp_ct4 version -> (value size, converter)
+    def __init__(self, old: OldLayout):
+        self.name = old.pin
+        self.key = ctypes.c_uint8 * old.key_size
+        self.value = ctypes.c_uint8 * old.value_size
 
 
 def find(bpffs_dir: Path) -> CtUpgrade | None:
-    """The upgrade to run when bpffs_dir holds kp_ct4 of an older layout, else None."""
-    spec = L.MAPS["ct"]
-    old = []
-    for version, (size, convert) in OLD_LAYOUTS.items():
-        path = Path(bpffs_dir) / f"{spec.base}_v{version}"
-        if version != spec.version and path.exists():
-            old.append((PinnedMap(path, _OldSpec(path.name, size)), convert))
-    if not old:
+    """The upgrade to run when bpffs_dir holds conntrack maps of an older layout, else None."""
+    found = [old for old in OLD_LAYOUTS if (Path(bpffs_dir) / old.pin).exists()]
+    if not found:
         return None
-    return CtUpgrade(PinnedMap(Path(bpffs_dir) / spec.name, spec), old)
+    targets = {old.target: PinnedMap(Path(bpffs_dir) / L.MAPS[old.target].name,
+                                     L.MAPS[old.target]) for old in found}
+    return CtUpgrade([(PinnedMap(Path(bpffs_dir) / old.pin, _OldSpec(old)),
+                       targets[old.target], old) for old in found])
 
 
 class CtUpgrade:
-    """The rows of older kp_ct4 maps (`old`: map and row converter), copied into `ct`, the
-    current one."""
+    """The rows of older conntrack maps, each (old map, current map, its layout), copied into
+    the current maps."""
 
-    def __init__(self, ct: PinnedMap, old: list[tuple[PinnedMap, Callable[[bytes], bytes]]]):
-        self.ct, self._old = ct, old
-        self._written: dict[bytes, bytes] = {}      # key -> the row this copy wrote
+    def __init__(self, pairs: list[tuple[PinnedMap, PinnedMap, OldLayout]]):
+        self._pairs = pairs
+        self._written: dict[tuple[str, bytes], bytes] = {}   # (map, key) -> the row written
 
     def copy(self) -> int:
         """Writes each old row that is new or changed since the last copy, unless the current
-        map holds a row for its flow that this copy did not write. Returns the rows written."""
+        map holds a row for its key that this copy did not write. Returns the rows written."""
         done = 0
-        for old, convert in self._old:
-            for key, value in old.raw_items():
-                row = convert(value)
-                mine = self._written.get(key)
+        for old, new, layout in self._pairs:
+            for raw_key, raw_value in old.raw_items():
+                key, row = layout.key(raw_key), layout.value(raw_value)
+                mine = self._written.get((layout.target, key))
                 if mine == row:
                     continue
-                cur = self.ct.get(L.CtKey.from_buffer_copy(key))
+                cur = new.get(L.CtKey.from_buffer_copy(key))
                 if cur is not None and bytes(cur) != mine:
                     continue            # the new programs track this flow now
                 try:
-                    libbpf.map_update(self.ct.fd, key, row,
+                    libbpf.map_update(new.fd, key, row,
                                       libbpf.BPF_ANY if cur is not None else libbpf.BPF_NOEXIST)
                 except libbpf.BpfError as exc:
-                    log.warning("flow not carried over to %s: %s", self.ct.spec.name, exc)
+                    log.warning("flow not carried over to %s: %s", new.spec.name, exc)
                     continue
-                self._written[key] = row
+                self._written[(layout.target, key)] = row
                 done += 1
         return done
 
     def close(self) -> None:
-        for old, _ in self._old:
+        for old, new, _ in self._pairs:
             old.close()
-        self._old.clear()
+            new.close()
+        self._pairs.clear()
         self._written.clear()
-        self.ct.close()

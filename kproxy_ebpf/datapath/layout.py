@@ -159,8 +159,8 @@ F_LOCAL, F_TERMINATING, F_NOT_READY = (const("KP_BE_F_LOCAL"), const("KP_BE_F_TE
 STAT_NAMES = {v: n for v, n in enum_names("KP_STAT_").items() if n != "max"}
 CT_STATE_NAMES = {const(f"KP_CT_{n.upper()}"): n for n in ("new", "established", "closing",
                                                           "closed")}
-CtKey = STRUCTS["kp_ct4_key"]
-CtVal = STRUCTS["kp_ct4_val"]
+CtKey = STRUCTS["kp_ct_key"]
+CtVal = STRUCTS["kp_ct_val"]
 _LIFE_TIME = const("KP_CT_LIFE_TIME_SHIFT")
 _LIFE_FIELDS = {"flags": (0, const("KP_CT_LIFE_FLAGS")),
                 "state": (const("KP_CT_LIFE_STATE_SHIFT"), const("KP_CT_LIFE_STATE")),
@@ -169,7 +169,7 @@ _LIFE_FIELDS = {"flags": (0, const("KP_CT_LIFE_FLAGS")),
 
 
 def _life_property(name: str) -> property:
-    """A field of kp_ct4_val.life (kproxy.h enum kp_ct_life) by name; expires in ns, as the
+    """A field of kp_ct_val.life (kproxy.h enum kp_ct_life) by name; expires in ns, as the
     programs compare it (its low KP_CT_LIFE_TIME_SHIFT bits cleared)."""
     shift, mask = _LIFE_FIELDS[name]
     scale = _LIFE_TIME if name == "expires" else 0
@@ -180,7 +180,7 @@ def _life_property(name: str) -> property:
     def put(self, value: int) -> None:
         self.life = (self.life & ~(mask << shift)) | (((value >> scale) & mask) << shift)
 
-    return property(get, put, doc=f"{name}, from kp_ct4_val.life")
+    return property(get, put, doc=f"{name}, from kp_ct_val.life")
 
 
 # The fields packed into `life`, by name as well (`ct list`, tests, CtVal(state=...)).
@@ -188,6 +188,12 @@ for _name in _LIFE_FIELDS:
     setattr(CtVal, _name, _life_property(_name))
 
 CT_F_POD, CT_F_SNAT = const("KP_CT_F_POD"), const("KP_CT_F_SNAT")
+
+
+def ct_key(src: str, sport: int, dst: str, dport: int, proto: int) -> CtKey:
+    """A kp_ct/kp_rnat tuple of either family (ports in host order)."""
+    return CtKey(saddr=ip16(src), daddr=ip16(dst), sport=port_be(sport), dport=port_be(dport),
+                 proto=proto)
 
 
 def ct_scope(flags: int) -> Scope:
@@ -256,7 +262,7 @@ def backend_state(flags: int) -> str:
 
 
 def ip_be(ip: str) -> int:
-    """Dotted IPv4 -> the u32 whose native bytes are network order (kp_ct4's __be32 fields)."""
+    """Dotted IPv4 -> the u32 whose native bytes are network order (a __be32 field)."""
     return struct.unpack("=I", socket.inet_aton(ip))[0]
 
 
@@ -288,11 +294,7 @@ def ip16(ip: str) -> ctypes.Array:
     return IP16.from_buffer_copy(ip_bytes(ip))
 
 
-def ip_str(value: int | bytes | ctypes.Array) -> str:
-    """An address field of a row in text: a kp_ct4 __be32 (an int) or a struct kp_ip."""
-    if isinstance(value, int):
-        return socket.inet_ntoa(struct.pack("=I", value))
-    return ip_text(value)
+ip_str = ip_text           # an address field of any row in text
 
 
 addr_key = ip_bytes         # the key of a map keyed by a bare struct kp_ip (kp_cip, kp_extaddr, ...)

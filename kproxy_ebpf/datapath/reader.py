@@ -103,7 +103,7 @@ def _plain(obj) -> object:
         if name == "pad":
             continue
         value = getattr(obj, name)
-        if name.endswith("addr"):          # kp_ip, or a kp_ct4/kp_tc_cfg __be32
+        if name.endswith("addr"):          # every address field is a struct kp_ip
             value = L.ip_str(value)
         elif name == "port":
             value = L.port_host(value)

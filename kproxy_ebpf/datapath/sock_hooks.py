@@ -43,10 +43,11 @@ def sock_programs() -> list[Program]:
             for prog, (attach_type, _) in SOCK_HOOKS.items()]
 
 
-# Names maps had before their rows held either family (struct kp_ip, layout v3 of each): an
-# upgrade from an IPv4-only agent leaves these pins, which remove_stale_maps unpins.
+# Names maps had before their rows held either family (struct kp_ip: layout v3 of each, kp_ct
+# v3, kp_rnat v2): an upgrade from an IPv4-only agent leaves these pins, which
+# remove_stale_maps unpins (the conntrack ones after ct_upgrade.py copied their flows).
 FORMER_BASES = frozenset({"kp_svc4", "kp_be4", "kp_sknat4", "kp_sksvc4", "kp_cip4", "kp_svccidr4",
-                          "kp_srcrange4", "kp_extaddr4", "kp_extbe4"})
+                          "kp_srcrange4", "kp_extaddr4", "kp_extbe4", "kp_ct4", "kp_rnat4"})
 
 
 @dataclass

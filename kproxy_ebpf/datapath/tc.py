@@ -10,13 +10,15 @@ kp_to_outside, kp_from_pod, kp_to_pod), so `cleanup` and a mode switch find them
 record of where they went.
 
 Devices: `devices` from the configuration, otherwise those of the default routes, otherwise
-(the lab has no default route) every device with a global IPv4 address.
+(the lab has no default route) every device with a global IPv4 or IPv6 address.
 """
 from __future__ import annotations
 
 import ipaddress
 import logging
 import os
+import socket
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,24 +57,36 @@ def detect_devices() -> list[str]:
     """The node's external devices, from its routes (see the module comment)."""
     with _ipr() as ipr:
         names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
-        devs = [names[r.get_attr("RTA_OIF")] for r in ipr.get_default_routes(family=2)
-                if r.get_attr("RTA_OIF") in names]
+        devs = [names[r.get_attr("RTA_OIF")] for family in (socket.AF_INET, socket.AF_INET6)
+                for r in ipr.get_default_routes(family=family) if r.get_attr("RTA_OIF") in names]
         if not devs:
-            devs = [names[a["index"]] for a in ipr.get_addr(family=2)
+            devs = [names[a["index"]] for family in (socket.AF_INET, socket.AF_INET6)
+                    for a in ipr.get_addr(family=family)
                     if a["scope"] == 0 and names.get(a["index"]) != "lo"]
     return sorted(set(devs))
 
 
-def device_address(dev: str) -> str | None:
-    """The first global IPv4 address of a device (the SNAT source remote backends see)."""
+def device_addresses(dev: str) -> tuple[str, ...]:
+    """The first global address of each family on a device, IPv4 first (the SNAT sources
+    remote backends see); () when it has none or does not exist."""
+    out = []
     with _ipr() as ipr:
         idx = ipr.link_lookup(ifname=dev)
         if not idx:
-            return None
-        for a in ipr.get_addr(family=2, index=idx[0]):
-            if a["scope"] == 0:
-                return a.get_attr("IFA_ADDRESS")
-    return None
+            return ()
+        for family in (socket.AF_INET, socket.AF_INET6):
+            out += [a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(family=family, index=idx[0])
+                    if a["scope"] == 0][:1]
+    return tuple(out)
+
+
+def snat_addresses(devices: Iterable[str]) -> tuple[str, ...]:
+    """The SNAT source of each family: the first of the devices' addresses in it."""
+    first: dict[int, str] = {}
+    for dev in devices:
+        for addr in device_addresses(dev):
+            first.setdefault(ipaddress.ip_address(addr).version, addr)
+    return tuple(first[v] for v in sorted(first))
 
 
 @dataclass
@@ -81,7 +95,8 @@ class TcDatapath:
     `pod_globs` is set, to every pod-facing device whose name matches one of them."""
     bpffs_dir: Path
     devices: list[str]
-    snat_addr: str | None      # None: no SNAT (remote EXT backends, hairpin) is possible
+    # At most one per family; a family without one has no SNAT (remote EXT backends, hairpin).
+    snat_addrs: tuple[str, ...]
     snat_ports: tuple[int, int] = (61000, 65535)
     sizes: MapSizes = field(default_factory=MapSizes)
     pod_globs: tuple[str, ...] | None = None
@@ -107,8 +122,7 @@ class TcDatapath:
             raise
 
     def write_config(self) -> None:
-        if self.snat_addr is not None:
-            write_config(self.bpffs_dir, self.snat_addr, self.snat_ports)
+        write_config(self.bpffs_dir, self.snat_addrs, self.snat_ports)
 
     def attach(self) -> None:
         with _ipr() as ipr:
@@ -148,16 +162,17 @@ class TcDatapath:
         self._fds.clear()
 
 
-def write_config(bpffs_dir: Path, snat_addr: str, ports: tuple[int, int]) -> None:
-    """The SNAT address and port range (kp_tccfg[0]), read by every packet that needs SNAT,
-    and the number of possible CPUs, which splits the range into per-CPU slices for reusing
-    the ports of ended flows (tc_lb.c kp_snat_alloc). One row of fixed-size fields, rewritten
-    whole: a reader sees the old or the new one."""
-    ipaddress.IPv4Address(snat_addr)
+def write_config(bpffs_dir: Path, snat_addrs: Iterable[str], ports: tuple[int, int]) -> None:
+    """The SNAT addresses (at most one per family) and port range (kp_tccfg[0]), read by every
+    packet that needs SNAT, and the number of possible CPUs, which splits the range into
+    per-CPU slices for reusing the ports of ended flows (tc_lb.c kp_snat_alloc). One row of
+    fixed-size fields, rewritten whole: a reader sees the old or the new one."""
+    row = L.TcCfg(port_min=ports[0], port_max=ports[1], ncpus=possible_cpus())
+    for addr in snat_addrs:
+        field_name = "snat_addr6" if ipaddress.ip_address(addr).version == 6 else "snat_addr4"
+        setattr(row, field_name, L.ip16(addr))
     with PinnedMap(bpffs_dir / L.MAPS["tccfg"].name, L.MAPS["tccfg"]) as cfg:
-        cfg.put(L.U32(0), L.STRUCTS["kp_tc_cfg"](
-            snat_addr=L.ip_be(snat_addr), port_min=ports[0], port_max=ports[1],
-            ncpus=possible_cpus()))
+        cfg.put(L.U32(0), row)
 
 
 def possible_cpus() -> int:

@@ -18,10 +18,8 @@ first InternalIP), otherwise the node addresses inside any of the listed CIDRs.
 loadBalancerSourceRanges restrict the LoadBalancer ingress IP frontends only (see
 lb_source_ranges); NodePorts and ExternalIPs of the same Service stay open, as in kube-proxy.
 
-Per family, as frontends.py: but tc_lb.c parses IPv4 packets only so far, so the IPv6 frontends
-of this scope are not planned, and a Service that has some gets a problem saying so (its IPv6
-ClusterIP, and its IPv6 NodePorts and external addresses reached from this node, are served by
-the socket path).
+Per family, as frontends.py: tc_lb.c translates IPv4 and IPv6 packets alike, each family's
+frontends with that family's endpoints and node addresses.
 """
 from __future__ import annotations
 
@@ -32,9 +30,6 @@ from ..desired import Frontend, FrontendKey, FrontendKind, Problem, Scope
 from ..model import EndpointSlice, IPFamily, Node, Protocol, Service
 from .families import node_view, service_families, service_view
 from .frontends import port_plans, service_info, verdict
-
-# Families the TC path translates (tc_lb.c kp_parse_l3).
-TC_FAMILIES = (IPFamily.IPV4,)
 
 PRIMARY = "primary"
 
@@ -95,30 +90,15 @@ def service_ext_frontends(svc: Service, slices: Iterable[EndpointSlice], node: N
                           node_port_addresses: Sequence[str] = (),
                           prefer_same_node: bool = True,
                           problems: list[Problem] | None = None) -> list[Frontend]:
-    """Scope-EXT frontends of one Service, in each family the TC path serves. Input problems
-    are not reported here: the socket scope (service_frontends) reads the same fields and
-    reports each once. What only this scope refuses (an SCTP port: tc_lb.c rewrites TCP and
-    UDP; SCTP's CRC32c covers the ports and no BPF helper recomputes it; a family tc_lb.c does
-    not parse) goes into `problems`."""
+    """Scope-EXT frontends of one Service, in each of its families. Input problems are not
+    reported here: the socket scope (service_frontends) reads the same fields and reports each
+    once. What only this scope refuses (an SCTP port: tc_lb.c rewrites TCP and UDP; SCTP's
+    CRC32c covers the ports and no BPF helper recomputes it) goes into `problems`."""
     out: list[Frontend] = []
     for family in service_families(svc):
-        view, nview = service_view(svc, family), node_view(node, family)
-        if family in TC_FAMILIES:
-            out += _family_ext_frontends(view, slices, nview, family, node_port_addresses,
-                                         prefer_same_node, problems)
-        elif problems is not None and _reachable_from_outside(
-                view, node_port_ips(nview, node_port_addresses)):
-            problems.append(Problem(
-                svc.namespace, svc.name, "Service", "FamilyFromOutsideNotServed",
-                f"{family.value} NodePort, externalIPs and LoadBalancer traffic from outside the "
-                f"node is not translated yet (the TC path is IPv4 only); {family.value} clients "
-                "on the node and in pods are served"))
+        out += _family_ext_frontends(service_view(svc, family), slices, node_view(node, family),
+                                     family, node_port_addresses, prefer_same_node, problems)
     return out
-
-
-def _reachable_from_outside(svc: Service, np_ips: Sequence[str]) -> bool:
-    return bool(svc.external_ips or svc.load_balancer_ingress
-                or (np_ips and any(p.node_port for p in svc.ports)))
 
 
 def _family_ext_frontends(svc: Service, slices: Iterable[EndpointSlice], node: Node,

@@ -8,6 +8,7 @@ ClusterIPs 172.30.0.10 and fd00:96::10 (IPv4 primary unless a test says otherwis
 from __future__ import annotations
 
 import functools
+import ipaddress
 
 import pytest
 
@@ -108,12 +109,18 @@ def test_source_ranges_of_the_other_family_do_not_filter():
     assert [f.source_ranges for f in fronts if f.kind is FrontendKind.LOAD_BALANCER] == [()]
 
 
-def test_ipv6_from_outside_is_refused_with_a_problem_not_silently():
+def test_a_dual_stack_nodeport_has_a_frontend_from_outside_per_family():
+    """Each family's NodePort answers on that family's node address, with that family's
+    endpoints, and nothing is reported."""
     service = svc(type=ServiceType.NODE_PORT, ports=(ServicePort("", TCP, 80, 30080),))
     problems = []
     fronts = service_ext_frontends(service, [V4, V6], NODE, problems=problems)
-    assert {(f.ip, f.scope) for f in fronts} == {("192.168.0.1", Scope.EXT)}
-    assert [p.reason for p in problems] == ["FamilyFromOutsideNotServed"]
+    assert {(f.ip, f.scope) for f in fronts} == {("192.168.0.1", Scope.EXT),
+                                                ("fd00:250::1", Scope.EXT)}
+    for f in fronts:
+        assert {ipaddress.ip_address(b.ip).version for b in f.backends} == \
+            {ipaddress.ip_address(f.ip).version}
+    assert problems == []
 
 
 @pytest.mark.parametrize("primary,count", [(DUAL, 1), (DUAL[::-1], 1)])
