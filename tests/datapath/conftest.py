@@ -34,11 +34,7 @@ def lb_path(request) -> str:
 
 @pytest.fixture(params=LAB_FAMILIES)
 def fam(request) -> Fam:
-    """The family a test's Services and endpoints are of (dplab.Fam). The per-packet ClusterIP
-    path (lb_path "tc") serves IPv4 only: its IPv6 runs are skipped as that known gap."""
-    if request.param == "IPv6" and "lb_path" in request.fixturenames \
-            and request.getfixturevalue("lb_path") == "tc":
-        pytest.skip("the per-packet ClusterIP path (socketLB: false) is IPv4-only")
+    """The family a test's Services and endpoints are of (dplab.Fam)."""
     return Fam(request.param)
 
 

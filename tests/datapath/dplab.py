@@ -80,7 +80,7 @@ class NodeProxy:
             if path == "socket":
                 self.datapath.attach()
             else:
-                self.tc = tc.TcDatapath(self.bpffs, [], info.ip, pod_globs=("kpv*",),
+                self.tc = tc.TcDatapath(self.bpffs, [], info.ips, pod_globs=("kpv*",),
                                         runner=lambda body: nsutil.run_in_thread(info.netns, body))
                 self.tc.load()
                 self.tc.attach()
