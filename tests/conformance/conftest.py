@@ -53,11 +53,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         if key in verdicts.RESULTS or (key[0], key[1] + verdicts.TWIN) in verdicts.RESULTS:
             until = f" (until {div.until})" if div.until else ""
             tr.write_line(f"listed{until}: {key[0]} / {key[1]}: {div.reason}")
-    if any(verdicts.NOT_SERVED in row.values() for row in verdicts.RESULTS.values()):
-        tr.write_line(f"not served: IPv6 from outside the cluster ({verdicts.NOT_SERVED}): "
-                      "NodePorts, ExternalIPs and LoadBalancer IPs reached over IPv6 from "
-                      "outside are translated by nothing yet (issue 25); kproxy logs and "
-                      "reports each such frontend (FamilyFromOutsideNotServed)")
     if mismatches:
         tr.write_line(f"{mismatches} kproxy cell(s) differ from nftables without being listed",
                       red=True)

@@ -55,12 +55,6 @@ class Scenario:
         """The address (or range) of the lab's primary family."""
         return v6 if self.family == "ipv6" else v4
 
-    @property
-    def tc_serves(self) -> bool:
-        """Whether kproxy serves traffic from outside in this lab's primary family (the TC
-        path is IPv4-only)."""
-        return self.family != "ipv6"
-
     # -- objects ---------------------------------------------------------------------------------
     def pods(self, app: str, placement: dict[str, str], ports=(("tcp", 8080), ("udp", 5353)),
              port_names: dict[tuple[str, int], str] | None = None) -> None:
@@ -153,9 +147,6 @@ class Scenario:
     def _check(self, check: str, src: str, ip: str, port: int, want: str | dict[str, str],
                udp: bool, count: int, converge: float,
                reduce: Callable[[list[str], dict[str, str]], str], sport: int) -> str:
-        if self.ours and src == EXT and (self.family == "ipv6" or check.endswith(verdicts.TWIN)):
-            self.note(check, verdicts.NOT_SERVED)
-            return verdicts.NOT_SERVED
         target = verdicts.expected(self.name, check, self.proxy, want)
         # Where only failures are expected, wait past TCP's first SYN retransmission (1 s): on
         # these sub-millisecond paths an ICMP error can come back while connect() still holds

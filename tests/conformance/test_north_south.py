@@ -124,8 +124,7 @@ def test_nodeport_backend_removed(scenario):
     scenario.check("udp ext -> node1, one flow", EXT, node1, 30151, "rm-1 from node", udp=True,
                    count=5, sport=sport)
     gone = hostport(scenario.c.lab.pod("rm-1").ip, "")
-    tracked = scenario.ours and scenario.tc_serves
-    if tracked:
+    if scenario.ours:
         assert any(f["backend"].startswith(gone) and f["snat"]
                    for f in scenario.kproxy_flows("node1", "np-rm")), "no tracked flow to rm-1"
     scenario.pods("rm", {"rm-2": "node2"})
@@ -134,7 +133,7 @@ def test_nodeport_backend_removed(scenario):
     scenario.check("the same flow after rm-1 left", EXT, node1, 30151, "rm-2 from node",
                    udp=True, count=5, sport=sport)
     scenario.check("tcp ext -> node1 after rm-1 left", EXT, node1, 30150, "rm-2 from node")
-    if tracked:
+    if scenario.ours:
         wait_until(lambda: not any(f["backend"].startswith(gone) for f in
                                    scenario.kproxy_flows("node1", "np-rm")),
                    10, "kproxy's conntrack rows of rm-1 purged")

@@ -31,10 +31,6 @@ FAMILIES = ("ipv4", "ipv6", "dual")
 # iptables repeat, per family, what kproxy and nftables prove).
 FAMILY_PROXIES = ("kproxy", "nftables")
 TWIN = " [IPv6]"
-# kproxy's cell for traffic from outside the cluster in IPv6 (the IPv6 lab's, and the dual
-# lab's TWIN cells from the external client): not probed, because the TC path that serves it
-# is IPv4-only so far (issue 25); the table shows it, and the summary says why.
-NOT_SERVED = "not served (TC is IPv4-only)"
 # Our agent as a host process, and from the container image with the Helm chart's pod spec
 # (capabilities, mounts, token: `lab up --agent image`); both must give the same cells.
 OURS = ("kproxy", "image")
@@ -183,8 +179,6 @@ def compare_row(row: dict[str, str], key: tuple[str, str], family: str = "ipv4")
         return "MISMATCH"               # the chart's pod spec changed what the agent does
     if ours not in row or ref not in row:
         return ""
-    if row[ours] == NOT_SERVED:
-        return "not served"
     if row[ours] == row[ref]:
         return "="
     div = divergence(*key)
