@@ -46,9 +46,6 @@ NOT_SELECTED = {"iptables-legacy": "not run (left out of --quick; add it with --
 # at each N shows where it stops keeping up. `--modes iptables` alone measures it in full.
 COLD_ONLY_WHY = ("M6 only in a full run: the nft backend does not finish at 10,000 x 10, "
                  "iptables-legacy is the iptables baseline; `--modes iptables` measures it fully")
-# In an IPv6 lab: kproxy's NodePort path from outside (TC) is IPv4-only so far.
-NO_M9_IPV6 = ("not run: kproxy's TC path, which serves NodePorts from outside, is IPv4-only "
-              "(issue 25); IPv6 NodePorts are reached only from pods and node processes")
 # kproxy-tc serves NodePort with the same TC program as kproxy: M9 once, under kproxy.
 NO_M9 = {"kproxy-tc": "not run (its NodePort path is kproxy's TC program, measured under "
                       "kproxy)"}
@@ -101,8 +98,8 @@ class BenchConfig:
     iptables_tail: float = 0.1
     iptables_place_s: float = 60.0
     pin: bool = True
-    # The lab's family (`bench --ip-family`): in an IPv6 lab every measured Service, endpoint
-    # and pod address is IPv6; M9 is not run there for kproxy (its TC path is IPv4-only).
+    # The lab's family (`bench --ip-family`): in an IPv6 lab every measured Service, endpoint,
+    # node and pod address is IPv6.
     ip_family: str = "ipv4"
     cold_only: list[str] = field(default_factory=list)    # modes measured for M6 only
     lab_name: str = "bench"
@@ -619,10 +616,6 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
     for m, why in NO_M9.items():
         if doc["results"].get(m):
             doc["not_run"][f"M9 {m}"] = why
-    if cfg.ip_family == "ipv6":
-        for m in KPROXY_MODES:
-            if doc["results"].get(m):
-                doc["not_run"][f"M9 {m}"] = NO_M9_IPV6
     for m in cfg.cold_only:
         if doc["results"].get(m):
             doc["not_run"][f"{m} M1-M5, M7-M10"] = COLD_ONLY_WHY

@@ -120,8 +120,10 @@ def dump(m: PinnedMap) -> list[dict]:
         if m.spec.by_addr:                  # clusterip, extaddr, extbe
             row = {"key": L.ip_text(key), "value": _plain(value)}
         elif m.spec.percpu:
-            per_cpu = list(value)
-            row = {"key": _plain(key), "value": sum(per_cpu), "per_cpu": per_cpu}
+            per_cpu = [_plain(v) for v in value]
+            # a counter's total; a per-CPU struct (kp_scratch) has none
+            total = sum(per_cpu) if all(isinstance(v, int) for v in per_cpu) else None
+            row = {"key": _plain(key), "value": total, "per_cpu": per_cpu}
             if m.spec.id == "stats":
                 row["counter"] = STAT_NAMES.get(key.value, str(key.value))
         else:

@@ -228,6 +228,25 @@ def test_removed_backend_answers_no_more_and_its_entries_are_gone(lab, nodes, fa
     assert seen(lines) == {("a1", fam.client)}, lines
 
 
+def test_every_map_dumps_while_flows_of_both_families_are_tracked(lab, nodes):
+    """`maps dump` decodes every map the TC path shares, conntrack of both families and the
+    per-CPU scratch row included (socket storage, which cannot be listed, says so instead)."""
+    node1 = nodes[0]
+    for fam in (NsFam("IPv4"), NsFam("IPv6")):
+        program(nodes, lab, fam, nodeport(fam, f"np-dump-{fam.family.lower()}"), ["b1"])
+        assert lab.probe("ext", fam.node_ip(lab, "node1"), 30053, udp=True)[0].startswith("b1")
+    for name, m in node1.maps.items():
+        out = CliRunner().invoke(main, ["maps", "dump", name, "--bpffs-dir", str(node1.bpffs),
+                                        "-o", "json"])
+        if m.spec.per_socket:
+            assert out.exit_code != 0 and "socket storage" in out.output, out.output
+            continue
+        assert out.exit_code == 0, (name, out.output)
+    flows = json.loads(CliRunner().invoke(main, ["ct", "list", "--bpffs-dir", str(node1.bpffs),
+                                                 "-o", "json"]).output)
+    assert {f["frontend"] for f in flows} >= {"10.250.0.11:30053", "[fd00:250::11]:30053"}
+
+
 HTTP_GET = ("import json, sys, urllib.request, urllib.error\n"
             "try:\n"
             "    r = urllib.request.urlopen(sys.argv[1], timeout=5)\n"
