@@ -5,9 +5,9 @@
 #   - the Service's NodePort answers on every node from a client container on the kind
 #     network: outside every node, never from the host's own network namespace;
 #   - the egress guards' drop counters (every node's and the host side's), printed;
-#   - IP_FAMILY=dual: the Service is dual-stack, and the pod also resolves its IPv6 ClusterIP
-#     (AAAA) and gets an answer there. The NodePort from outside is checked on the nodes' IPv4
-#     addresses only: kproxy-ebpf serves NodePorts from outside a node for IPv4 only (TC).
+#   - IP_FAMILY=dual: the Service is dual-stack, the pod also resolves its IPv6 ClusterIP
+#     (AAAA) and gets an answer there, and the NodePort answers from outside on every node's
+#     IPv6 InternalIP too.
 # Leaves nothing behind (the check's namespace is deleted).
 set -euo pipefail
 . "$(dirname "$0")/kind-lib.sh"
@@ -74,20 +74,27 @@ kc -n "$NS" wait --for=jsonpath='{.status.phase}'=Succeeded pod/dns --timeout=90
   kc -n "$NS" logs dns >&2 || true; die "ClusterIP by name through CoreDNS failed"; }
 log "ClusterIP: $(kc -n "$NS" logs dns | tr '\n' ';')"
 
-# From outside the nodes: a container on the kind network, to each node's address.
+# From outside the nodes: a container on the kind network, to each node's address (both
+# families' on a dual-stack cluster).
 for n in $(nodes); do
-  ip=$(kc get node "$n" -o jsonpath='{.status.addresses[?(@.type=="InternalIP")].address}' | tr ' ' '\n' | grep -vm1 :)
-  "${ENGINE[@]}" run --rm --network "$net" --pull=never --entrypoint "$PY" "$IMAGE" -c "
+  addrs=$(kc get node "$n" -o jsonpath='{.status.addresses[?(@.type=="InternalIP")].address}' | tr ' ' '\n')
+  hosts=$(grep -vm1 : <<<"$addrs")
+  if [[ $IP_FAMILY == dual ]]; then
+    hosts+=" [$(grep -m1 : <<<"$addrs" || die "node $n has no IPv6 InternalIP")]"
+  fi
+  for host in $hosts; do
+    "${ENGINE[@]}" run --rm --network "$net" --pull=never --entrypoint "$PY" "$IMAGE" -c "
 import sys, time, urllib.request
 for attempt in range(20):
     try:
-        with urllib.request.urlopen('http://$ip:$NODEPORT/', timeout=3) as r:
+        with urllib.request.urlopen('http://$host:$NODEPORT/', timeout=3) as r:
             sys.exit(0 if r.status == 200 else 1)
     except OSError as e:
         print(f'attempt {attempt + 1}: {e}', file=sys.stderr, flush=True); time.sleep(1)
 sys.exit(1)
-" || die "NodePort $ip:$NODEPORT ($n) does not answer from outside the nodes"
-  log "NodePort: $ip:$NODEPORT ($n) answers from a container on the kind network"
+" || die "NodePort $host:$NODEPORT ($n) does not answer from outside the nodes"
+    log "NodePort: $host:$NODEPORT ($n) answers from a container on the kind network"
+  done
 done
 
 if [[ $KIND_IMAGES == local ]]; then log "egress guard drops (packets): $(hack/kind-guard.sh)"; fi
