@@ -206,8 +206,7 @@ class ModeRun:
                 self.change_latency()
                 self.cpu_and_memory()
             self.connect_during_rolling_update()
-            if self.mode not in NO_M9 and not (self.cfg.ip_family == "ipv6"
-                                               and self.mode in KPROXY_MODES):
+            if self.mode not in NO_M9:
                 try:
                     self.nodeport_from_outside()
                 except LabError as e:     # recorded, and the other metrics still run
