@@ -215,6 +215,7 @@ static __always_inline int kp_new_flow(struct kp_pkt *p, struct kp_ct_val *v,
 	return 1;
 }
 
+/* What kp_new_flow decided for a refused packet, sent: the packet's TC verdict. */
 static __always_inline int kp_answer(struct __sk_buff *skb, const struct kp_pkt *p,
 				     enum kp_answer answer)
 {
