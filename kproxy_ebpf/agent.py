@@ -34,6 +34,7 @@ from .kube.sources import ApiSource, ManifestSource
 from .metrics import Metrics
 from .model import Node
 from .process_tuning import GcPause, limit_malloc_arenas, release_heap
+from .proxy.no_local import NoLocalEndpoints
 from .proxy.state import ProxyState
 from .reporting import Reporter
 from .runner import Runner, Schedule
@@ -66,6 +67,9 @@ class Agent:
         self.cidrs: CidrWriter | None = None   # ServiceCIDR rows (datapath/cidr_writer.py)
         self.source: ApiSource | ManifestSource | None = None
         self.reporter = Reporter(self.metrics)
+        self.no_local = NoLocalEndpoints()   # kube-proxy's no_local_endpoints, per sync
+        self.metrics.watch_changes(lambda: (self.state.service_changes_total,
+                                            self.state.endpoint_changes_total))
         self._lock = threading.Lock()        # guards state
         self.sink = StateSink(self.state, self._lock, started_at=time.time(),
                               on_change=self._changed, on_node=self._node_seen,
@@ -250,8 +254,13 @@ class Agent:
         self.health.queued_update()
         self.metrics.sync_queued.set_to_current_time()
         with self._lock:               # reflector threads mutate the state
-            self.metrics.pending.set(self.state.pending)
+            self._set_pending()
         self.runner.run()
+
+    def _set_pending(self) -> None:
+        """The pending-change gauges, from the state (the caller holds self._lock)."""
+        self.metrics.set_pending(self.state.service_changes_pending,
+                                 self.state.endpoint_changes_pending, self.state.pending)
 
     # -- sync --------------------------------------------------------------------------------
     def _sync(self, full: bool) -> bool:
@@ -282,6 +291,8 @@ class Agent:
             # recomputes only the changed ones; after a failure (say, compute() itself raised
             # half-way) every Service is recomputed.
             changes = self.state.compute(full=plan.recompute)
+            self.no_local.update(changes.frontends,
+                                 None if full or plan.recompute else changes.changed_keys)
             checks = self.state.health_checks() if full or changes.changed_services else None
             triggers, self.sink.triggers = self.sink.triggers, []
             problem_counts = dict(self.state.problem_counts())
@@ -318,6 +329,7 @@ class Agent:
             self.metrics.sync_failures.inc()
             with self._lock:       # measured again once a sync gets them in
                 self.sink.triggers.extend(triggers)
+        self.metrics.set_no_local_endpoints(self.no_local.counts())
         self.reporter.problems(changes.problems, changes.reported, problem_counts)
         self.reporter.writes(result)
         first = not self.policy.synced_once
@@ -347,7 +359,7 @@ class Agent:
         """Metrics and the log line of one sync."""
         self.metrics.observe_sync(full, elapsed)
         with self._lock:
-            self.metrics.pending.set(self.state.pending)
+            self._set_pending()
         stats = self.writer.stats()
         self.metrics.frontends.set(stats["frontends"])
         self.metrics.backends.set(stats["backends"])

@@ -1,7 +1,8 @@
 """Prometheus metrics of the agent, named after kube-proxy's where one exists
 (pkg/proxy/metrics: sync_proxy_rules_duration_seconds, sync_proxy_rules_last_timestamp_seconds,
-..._changes_pending) with our own prefix, plus what only a BPF datapath has: map fill, map-full
-errors and the programs' own counters (read from the per-CPU stats map at scrape time).
+..._changes_pending) with our own prefix, and those again under kube-proxy's own names
+(kubeproxy_names.py), plus what only a BPF datapath has: map fill, map-full errors and the
+programs' own counters (read from the per-CPU stats map at scrape time).
 
 Labels follow kube-proxy v1.36 (pkg/proxy/metrics/metrics.go): the per-proxier metrics (sync
 durations, full and partial, last sync and last queued timestamps, network programming latency,
@@ -20,6 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .kubeproxy_names import K, KubeProxyNames
 from .model import IPFamily
 
 P = "kproxy_"
@@ -35,6 +37,7 @@ class PerFamily:
     each."""
 
     def __init__(self, metric):
+        self.metric = metric
         self.children = [metric.labels(f) for f in IP_FAMILIES]
 
     def observe(self, value: float) -> None:
@@ -122,6 +125,31 @@ class Metrics:
                                 registry=r)
         self.problems = Gauge(P + "service_problems", "Current problems with Services.",
                               ["reason"], registry=r)
+        self.service_pending = Gauge(P + "sync_proxy_rules_service_changes_pending",
+                                     "Services changed (not their EndpointSlices) since the "
+                                     "last sync.", registry=r)
+        self.endpoint_pending = Gauge(P + "sync_proxy_rules_endpoint_changes_pending",
+                                      "Services whose EndpointSlices changed since the last "
+                                      "sync.", registry=r)
+        self.no_local_endpoints = Gauge(
+            P + "sync_proxy_rules_no_local_endpoints_total",
+            "Service ports with a Local traffic policy whose endpoints are all on other nodes "
+            "(their traffic of that policy is dropped).", ["traffic_policy", "ip_family"],
+            registry=r)
+        r.register(KubeProxyNames([
+            (self.sync_duration.metric, K + "sync_proxy_rules_duration_seconds"),
+            (self.sync_full_duration.metric, K + "sync_full_proxy_rules_duration_seconds"),
+            (self.sync_partial_duration.metric, K + "sync_partial_proxy_rules_duration_seconds"),
+            (self.programming, K + "network_programming_duration_seconds"),
+            (self.sync_last.metric, K + "sync_proxy_rules_last_timestamp_seconds"),
+            (self.sync_queued.metric, K + "sync_proxy_rules_last_queued_timestamp_seconds"),
+            (self.sync_failures.metric, K + "sync_proxy_rules_nftables_sync_failures_total"),
+            (self.healthz, K + "proxy_healthz_total"),
+            (self.livez, K + "proxy_livez_total"),
+            (self.service_pending, K + "sync_proxy_rules_service_changes_pending"),
+            (self.endpoint_pending, K + "sync_proxy_rules_endpoint_changes_pending"),
+            (self.no_local_endpoints, K + "sync_proxy_rules_no_local_endpoints_total"),
+        ]))
 
     def observe_programming(self, family: str, seconds: float) -> None:
         """Network programming latency of a change to an EndpointSlice of `family` (an FQDN
@@ -143,9 +171,51 @@ class Metrics:
         self.registry.register(_DatapathCollector(read_counters))
 
 
+    def watch_changes(self, read: Callable[[], tuple[int, int]]) -> None:
+        """Exports the Service and EndpointSlice changes seen so far, (services, slices), at
+        every scrape: kube-proxy's sync_proxy_rules_{service,endpoint}_changes_total."""
+        changes = _ChangesCollector(read)
+        self.registry.register(changes)
+        self.registry.register(KubeProxyNames([
+            (_Only(changes, 0), K + "sync_proxy_rules_service_changes_total"),
+            (_Only(changes, 1), K + "sync_proxy_rules_endpoint_changes_total")]))
+
+    def set_pending(self, services: int, endpoints: int, dirty: int) -> None:
+        """Changes waiting for the next sync: Services, Services whose slices changed, and
+        every Service either made dirty."""
+        self.service_pending.set(services)
+        self.endpoint_pending.set(endpoints)
+        self.pending.set(dirty)
+
+    def set_no_local_endpoints(self, counts: dict[tuple[str, IPFamily], int]) -> None:
+        for (policy, family), n in counts.items():
+            self.no_local_endpoints.labels(policy, str(family)).set(n)
+
     def watch_api(self, read: Callable[[], dict[str, tuple[int, int, bool]]]) -> None:
         """Exports each watched resource's (relists, restarts, synced) at every scrape."""
         self.registry.register(_ApiCollector(read))
+
+
+class _ChangesCollector(Collector):
+    def __init__(self, read: Callable[[], tuple[int, int]]):
+        self._read = read
+
+    def collect(self):
+        services, slices = self._read()
+        yield CounterMetricFamily(P + "sync_proxy_rules_service_changes",
+                                  "Service changes seen (adds, updates, deletes).", services)
+        yield CounterMetricFamily(P + "sync_proxy_rules_endpoint_changes",
+                                  "EndpointSlice changes seen (adds, updates, deletes).", slices)
+
+
+class _Only:
+    """One of a collector's families, for KubeProxyNames."""
+
+    def __init__(self, collector: Collector, index: int):
+        self._collector, self._index = collector, index
+
+    def collect(self):
+        return [list(self._collector.collect())[self._index]]
 
 
 class _ApiCollector(Collector):

@@ -82,6 +82,12 @@ class ProxyState:
         self._slices_by_svc: dict[ServiceKey, set[str]] = {}
         self._dirty: set[ServiceKey] = set()
         self._all_dirty = False
+        # kube-proxy's change trackers, for its sync_proxy_rules_{service,endpoint}_changes_*
+        # metrics: Services with a pending change of each kind, and every change seen.
+        self._service_changed: set[ServiceKey] = set()
+        self._endpoints_changed: set[ServiceKey] = set()
+        self.service_changes_total = 0
+        self.endpoint_changes_total = 0
         # Per-service cache: its own frontends (before conflict resolution) and problems.
         self._raw: dict[ServiceKey, dict[FrontendKey, Frontend]] = {}
         self._own_problems: dict[ServiceKey, list[Problem]] = {}
@@ -119,6 +125,25 @@ class ProxyState:
         """len(dirty), in O(1) unless a node change made everything dirty."""
         return len(self.dirty) if self._all_dirty else len(self._dirty)
 
+    @property
+    def service_changes_pending(self) -> int:
+        return len(self._service_changed)
+
+    @property
+    def endpoint_changes_pending(self) -> int:
+        """Services whose EndpointSlices changed since the last compute()."""
+        return len(self._endpoints_changed)
+
+    def _service_change(self, key: ServiceKey) -> None:
+        self._dirty.add(key)
+        self._service_changed.add(key)
+        self.service_changes_total += 1
+
+    def _endpoints_change(self, key: ServiceKey) -> None:
+        """A Service whose slices changed (the caller counts the slice event once)."""
+        self._dirty.add(key)
+        self._endpoints_changed.add(key)
+
     def service_keys(self) -> KeysView[ServiceKey]:
         """The Services held (a live view)."""
         return self._services.keys()
@@ -144,14 +169,14 @@ class ProxyState:
         self._services[svc.key] = svc
         if old is not None and _same(old, svc):
             return False
-        self._dirty.add(svc.key)
+        self._service_change(svc.key)
         return True
 
     def delete_service(self, namespace: str, name: str) -> bool:
         if self._services.pop((namespace, name), None) is None:
             return False
         self._cluster_ips.update((namespace, name), None)
-        self._dirty.add((namespace, name))
+        self._service_change((namespace, name))
         return True
 
     def upsert_slice(self, sl: EndpointSlice) -> bool:
@@ -164,13 +189,18 @@ class ProxyState:
             dirtied |= self._unindex(old)
         if sl.service_name is not None:
             self._slices_by_svc.setdefault((sl.namespace, sl.service_name), set()).add(sl.name)
-            self._dirty.add((sl.namespace, sl.service_name))
+            self._endpoints_change((sl.namespace, sl.service_name))
             dirtied = True
+        if dirtied:
+            self.endpoint_changes_total += 1      # one change per slice delivered
         return dirtied
 
     def delete_slice(self, namespace: str, name: str) -> bool:
         old = self._slices.pop((namespace, name), None)
-        return old is not None and self._unindex(old)
+        if old is None or not self._unindex(old):
+            return False
+        self.endpoint_changes_total += 1
+        return True
 
     def _unindex(self, sl: EndpointSlice) -> bool:
         if sl.service_name is None:
@@ -181,7 +211,7 @@ class ProxyState:
             names.discard(sl.name)
             if not names:
                 del self._slices_by_svc[key]
-        self._dirty.add(key)
+        self._endpoints_change(key)
         return True
 
     def upsert_service_cidr(self, sc: ServiceCIDR) -> bool:
@@ -288,6 +318,8 @@ class ProxyState:
             targets |= set(self._services) | set(self._raw) | set(self._own_problems)
         self._dirty.clear()
         self._all_dirty = False
+        self._service_changed.clear()
+        self._endpoints_changed.clear()
         node = self._node_or_blank()
 
         changed_services: set[ServiceKey] = set()

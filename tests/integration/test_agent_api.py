@@ -130,3 +130,37 @@ def test_forced_410_relists_without_duplicates_or_losses(cluster):
     delete_service(cluster, "rl-b")
     for i in range(20):
         core.delete_namespaced_config_map(f"rl-{i}", "default")
+
+
+KUBE_PROXY_MOVING = ("kubeproxy_sync_proxy_rules_service_changes_total",
+                     "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+                     "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
+NO_LOCAL = ("kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+            'traffic_policy="internal",ip_family="IPv4"')
+
+
+def test_kube_proxys_metric_names_are_served_and_move_with_a_service(cluster):
+    """A dashboard or alert written for kube-proxy reads this agent unchanged: kube-proxy's
+    names are on the agent's metrics port and follow a Service change; an
+    internalTrafficPolicy Local Service whose one endpoint is on the other node counts in
+    node1's no_local_endpoints, and no longer once it is gone."""
+    before = {n: metric(cluster, "node1", n) for n in KUBE_PROXY_MOVING}
+    no_local = metric(cluster, "node1", *NO_LOCAL)
+    cluster.create_pod("km-1", "node2", labels={"app": "km"})
+    ip = make_service(cluster, "kube-names", "km")
+    client.CoreV1Api(cluster.api()).patch_namespaced_service(
+        "kube-names", "default", {"spec": {"internalTrafficPolicy": "Local"}})
+    try:
+        wait_until(lambda: all(metric(cluster, "node1", n) > v for n, v in before.items()), 20,
+                   "kube-proxy's change counters and last sync time moved")
+        wait_until(lambda: metric(cluster, "node1", *NO_LOCAL) == no_local + 1, 20,
+                   "the Local Service without a local endpoint counted")
+        assert served_by(cluster, ip, count=3) == set(), "node1 has no local endpoint: dropped"
+        assert metric(cluster, "node1", "kubeproxy_sync_proxy_rules_duration_seconds_count",
+                      'ip_family="IPv4"') >= 1
+        assert metric(cluster, "node1", "kubeproxy_network_programming_duration_seconds_count",
+                      'ip_family="IPv4"') >= 1
+    finally:
+        delete_service(cluster, "kube-names")
+        cluster.delete_pod("km-1")
+    wait_until(lambda: metric(cluster, "node1", *NO_LOCAL) == no_local, 20, "uncounted after")

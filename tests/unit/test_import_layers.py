@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kproxy_ebpf", "model"),
     ("desired",),
     ("kube", "proxy", "datapath"),
-    ("config", "metrics", "health", "httpserve", "runner", "service_health",
+    ("config", "metrics", "kubeproxy_names", "health", "httpserve", "runner", "service_health",
      "kubeproxy_cleanup", "sync_policy", "state_sink", "reporting", "process_tuning",
      "conntrack_sysctl"),
     ("check", "agent"),
