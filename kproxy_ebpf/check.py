@@ -67,10 +67,32 @@ def desired_for(cfg: AgentConfig) -> Mapping[FrontendKey, Frontend]:
     one list of its API server (its kubeconfig and master, its node name)."""
     if cfg.manifests:
         return desired_from_manifests(cfg.manifests, cfg.node_name, cfg.prefer_same_node)
+    import urllib3
+    from kubernetes.client.exceptions import ApiException
+
     from .kube.client import make_api_client
 
     api = make_api_client(kubeconfig=cfg.kubeconfig, master=cfg.master)
-    return desired_from_api(api, cfg.node_name, cfg.prefer_same_node)
+    try:
+        return desired_from_api(api, cfg.node_name, cfg.prefer_same_node)
+    except urllib3.exceptions.MaxRetryError as exc:
+        raise ApiUnreachable(api.configuration.host, str(exc.reason or exc)) from exc
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise ApiUnreachable(api.configuration.host, str(exc)) from exc
+    except ApiException as exc:
+        raise ApiUnreachable(api.configuration.host, f"HTTP {exc.status} {exc.reason}") from exc
+
+
+class ApiUnreachable(RuntimeError):
+    """The API server could not be listed: a sentence for the user, saying where and what to
+    do, instead of the client library's traceback."""
+
+    def __init__(self, host: str, reason: str):
+        super().__init__(
+            f"cannot list the cluster at {host}: {reason}. Run check where that address is "
+            "reachable, or pass --kubeconfig or --master with an API server address this "
+            "network namespace reaches (a lab node reaches the lab's API server at its "
+            "underlay address, not at the host's 127.0.0.1).")
 
 
 def desired_from_api(api_client, node_name: str, prefer_same_node: bool = True

@@ -251,7 +251,7 @@ def status(bpffs_dir: str, output: str, healthz: str) -> None:
         except urllib.error.HTTPError as exc:
             out["agent"] = {"status": exc.code, "healthz": json.loads(exc.read() or b"{}")}
         except (OSError, ValueError) as exc:
-            out["agent"] = {"status": None, "error": str(exc)}
+            out["agent"] = {"status": None, "url": healthz, "error": str(exc)}
     if output == "json":
         click.echo(json.dumps(out, indent=2))
         return
@@ -268,9 +268,14 @@ def status(bpffs_dir: str, output: str, healthz: str) -> None:
         click.echo(f"WARNING: {warning}")
     if "agent" in out:
         agent = out["agent"]
-        state = {200: "healthy", 503: "UNHEALTHY"}.get(agent["status"], "unreachable")
-        detail = agent.get("healthz") or {k: v for k, v in agent.items() if k != "status"}
-        click.echo(f"  agent: {state} {json.dumps(detail)}")
+        if agent["status"] is None:
+            click.echo(f"  agent: unreachable at {agent['url']} ({agent['error']}): the agent "
+                       "serves it in its own network namespace, the node's; run status there "
+                       "(in the lab: `kproxy-ebpf lab exec --node NODE -- kproxy-ebpf status "
+                       "--bpffs-dir DIR`), or pass --healthz with its address ('' skips it)")
+            return
+        state = {200: "healthy", 503: "UNHEALTHY"}.get(agent["status"], f"HTTP {agent['status']}")
+        click.echo(f"  agent: {state} {json.dumps(agent.get('healthz'))}")
 
 
 @main.command()
@@ -293,7 +298,7 @@ def check(config_file, **flags) -> None:
     try:
         cfg = load(config_file, overrides=flags)
         desired = chk.desired_for(cfg)
-    except (ConfigError, KubeConfigError) as exc:
+    except (ConfigError, KubeConfigError, chk.ApiUnreachable) as exc:
         raise click.ClickException(str(exc)) from exc
     drifts = chk.compare(desired, reader.services(_open_maps(cfg.bpffs_dir)))
     for d in drifts:

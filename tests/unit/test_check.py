@@ -152,3 +152,38 @@ def test_check_with_manifests_from_the_config(tmp_path):
     from kproxy_ebpf.config import load
     desired = desired_for(load(str(config), env={}))
     assert [(k, fe.action) for k, fe in desired.items()] == [(FrontendKey("10.96.0.10", 80, TCP), Action.REJECT)]
+
+
+def test_an_unreachable_api_server_is_a_sentence_that_says_where_not_a_traceback(tmp_path):
+    """Tried as a new user would: `check` where the kubeconfig's address is not reachable (a lab
+    node with the host's kubeconfig). 127.0.0.1:1 refuses at once, on this host's loopback."""
+    from kproxy_ebpf import cli
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1', "
+        "insecure-skip-tls-verify: true}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+        "users: [{name: u, user: {token: t}}]\n")
+    result = CliRunner().invoke(cli.main, ["check", "--kubeconfig", str(kubeconfig),
+                                           "--hostname-override", "node-a"])
+    assert result.exit_code == 1
+    assert "Traceback" not in result.output and result.exception.__class__ is SystemExit
+    assert "cannot list the cluster at https://127.0.0.1:1" in result.output
+    assert "pass --kubeconfig or --master" in result.output
+
+
+def test_status_says_where_it_looked_for_the_agent(monkeypatch):
+    from kproxy_ebpf import cli
+    from kproxy_ebpf.datapath import reader
+
+    monkeypatch.setattr(cli, "_open_maps", lambda d: {"stats": None})
+    monkeypatch.setattr(cli, "_fill", lambda m: {"entries": 0, "max_entries": 1})
+    monkeypatch.setattr(reader, "hooks", lambda *a, **k: [])
+    monkeypatch.setattr(reader, "counters", lambda m: {})
+    result = CliRunner().invoke(cli.main, ["status", "--bpffs-dir", "/x", "--healthz",
+                                           "http://127.0.0.1:1/healthz"])
+    assert result.exit_code == 0, result.output
+    assert "agent: unreachable at http://127.0.0.1:1/healthz (" in result.output
+    assert "run status there" in result.output
