@@ -3,7 +3,9 @@ The command names and output formats are an interface (tests parse them): keep t
 from __future__ import annotations
 
 import json
+import os
 import sys
+from collections.abc import Mapping
 
 import click
 
@@ -26,6 +28,18 @@ def _target(pod: str | None, node: str | None, external: bool) -> str:
     if len(chosen) != 1:
         raise click.UsageError("give exactly one of --pod, --node, --external")
     return chosen[0]
+
+
+def node_env(c, node: str, base: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a command run on lab node `node` (see `exec`)."""
+    env = dict(base)
+    env.setdefault("KPROXY_BPFFS_DIR", c.lab.node(node).bpffs)
+    env.setdefault("KPROXY_HOSTNAME_OVERRIDE", node)
+    try:
+        env.setdefault("KPROXY_KUBECONFIG", c.info.lab_kubeconfig)
+    except LabError:
+        pass                      # a lab without a control plane: nothing to list from
+    return env
 
 
 def _where(f):
@@ -178,10 +192,14 @@ def pod_delete(lab_name, name) -> None:
 @_where
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec(lab_name, pod, node, external, cmd) -> None:  # noqa: A001 - the command's name
-    """Run CMD in a pod, on a node's host network, or in the external client."""
+    """Run CMD in a pod, on a node's host network, or in the external client. On a node the
+    kproxy-ebpf commands need no flags: KPROXY_BPFFS_DIR, KPROXY_KUBECONFIG and
+    KPROXY_HOSTNAME_OVERRIDE name that node's pins, the kubeconfig its agent uses and its name
+    (unless already set)."""
     c = _cluster(lab_name)
     try:
-        rc = c.lab.exec(_target(pod, node, external), list(cmd)).returncode
+        env = node_env(c, node, os.environ) if node else None
+        rc = c.lab.exec(_target(pod, node, external), list(cmd), env=env).returncode
     except LabError as exc:
         raise click.ClickException(str(exc)) from exc
     sys.exit(rc)

@@ -75,15 +75,19 @@ def test_lab_cli_round_trip(lab_up):
     assert len(web) == 1 and web[0]["address"] == ip and web[0]["type"] == "ClusterIP"
     assert sorted(b["state"] for b in web[0]["backends"]) == ["ready", "ready,local"]
 
+    # On a node, `lab exec` names its pins, kubeconfig and name: no flags needed.
     on_node2 = ["lab", "exec", *LAB, "--node", "node2", "--", sys.executable, "-m",
                 "kproxy_ebpf.cli"]
-    status = kp(*on_node2, "status", "--bpffs-dir", bpffs).stdout
+    status = kp(*on_node2, "status").stdout
+    assert f"pinned under {bpffs}" in status, status
     assert "connect4      prog" in status and "kproxy-e2e/node2" in status, status
     assert "agent: healthy" in status, status
-    lab_kubeconfig = kubeconfig.replace("admin.kubeconfig", "lab.kubeconfig")
-    check = kp(*on_node2, "check", "--bpffs-dir", bpffs, "--kubeconfig", lab_kubeconfig,
-               "--hostname-override", "node2", check=False)
+    check = kp(*on_node2, "check", check=False)
     assert check.returncode == 0 and " 0 differences" in check.stdout, check.stdout + check.stderr
+    # The host's admin kubeconfig (127.0.0.1) is not reachable from the node: one sentence.
+    check = kp(*on_node2, "check", "--kubeconfig", kubeconfig, check=False)
+    assert check.returncode == 1 and "Traceback" not in check.stdout + check.stderr
+    assert "cannot list the cluster at https://127.0.0.1:" in check.stderr, check.stderr
 
     exec_rc = kp("lab", "exec", *LAB, "--pod", "client", "--", "sh", "-c", "exit 7", check=False)
     assert exec_rc.returncode == 7, "lab exec passes the exit code through"

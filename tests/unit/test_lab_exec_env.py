@@ -1,0 +1,32 @@
+"""`lab exec --node`: the kproxy-ebpf commands run there find that node's pins, its agent's
+kubeconfig and its name without flags, and a user's own settings win."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from kproxy_ebpf.lab.cli import node_env
+from kproxy_ebpf.lab.nsutil import LabError
+
+
+class FakeCluster:
+    def __init__(self, control_plane: bool = True):
+        self.lab = SimpleNamespace(node=lambda name: SimpleNamespace(bpffs=f"/sys/fs/bpf/kproxy-t-{name}"))
+        self._cp = control_plane
+
+    @property
+    def info(self):
+        if not self._cp:
+            raise LabError("no control plane")
+        return SimpleNamespace(lab_kubeconfig="/run/kproxy-t/lab.kubeconfig")
+
+
+def test_a_node_command_gets_its_pins_kubeconfig_and_name():
+    env = node_env(FakeCluster(), "node2", {"PATH": "/bin"})
+    assert env == {"PATH": "/bin", "KPROXY_BPFFS_DIR": "/sys/fs/bpf/kproxy-t-node2",
+                   "KPROXY_HOSTNAME_OVERRIDE": "node2",
+                   "KPROXY_KUBECONFIG": "/run/kproxy-t/lab.kubeconfig"}
+
+
+def test_the_users_settings_win_and_a_lab_without_api_has_no_kubeconfig():
+    env = node_env(FakeCluster(control_plane=False), "node1", {"KPROXY_BPFFS_DIR": "/mine"})
+    assert env == {"KPROXY_BPFFS_DIR": "/mine", "KPROXY_HOSTNAME_OVERRIDE": "node1"}
