@@ -24,8 +24,22 @@ def _bpffs_option(f):
 
 
 def _output_option(f):
-    return click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table",
-                        show_default=True)(f)
+    return click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]),
+                        default="table", show_default=True)(f)
+
+
+def _structured(data, output: str) -> bool:
+    """Prints `data` as JSON or YAML when that is the output asked for (True), else leaves the
+    table to the caller (False)."""
+    if output == "json":
+        click.echo(json.dumps(data, indent=2))
+    elif output == "yaml":
+        import yaml
+
+        click.echo(yaml.safe_dump(data, sort_keys=False, default_flow_style=False), nl=False)
+    else:
+        return False
+    return True
 
 
 def _open_maps(bpffs_dir: str):
@@ -110,8 +124,7 @@ def services(bpffs_dir: str, output: str, service_filter: str | None) -> None:
     rows = reader.services(maps)
     if service_filter:
         rows = [r for r in rows if r["service"].split(":")[0] == service_filter]
-    if output == "json":
-        click.echo(json.dumps(rows, indent=2))
+    if _structured(rows, output):
         return
     if not rows:
         click.echo("no services programmed")
@@ -153,8 +166,7 @@ def maps_list(bpffs_dir: str, output: str) -> None:
     """Each map: name, entries, capacity."""
     rows = [{"map": name, "pin": m.spec.name, **_fill(m)}
             for name, m in _open_maps(bpffs_dir).items()]
-    if output == "json":
-        click.echo(json.dumps(rows, indent=2))
+    if _structured(rows, output):
         return
     for r in rows:
         entries = r["entries"] if r["entries"] is not None else "-"
@@ -182,8 +194,7 @@ def maps_dump(name: str, bpffs_dir: str, output: str) -> None:
             f"{maps_[key].spec.name} is socket storage: the map syscalls list no rows of it (each "
             "belongs to a TCP socket, for getpeername); `sknat` holds the UDP ones")
     rows = reader.dump(maps_[key])
-    if output == "json":
-        click.echo(json.dumps(rows, indent=2))
+    if _structured(rows, output):
         return
     for r in rows:
         click.echo(f"{json.dumps(r['key'])} => {json.dumps(r['value'])}"
@@ -198,9 +209,7 @@ def stats(bpffs_dir: str, output: str) -> None:
     from .datapath import reader
 
     counters = reader.counters(_open_maps(bpffs_dir)["stats"])
-    if output == "json":
-        click.echo(json.dumps(counters, indent=2))
-    else:
+    if not _structured(counters, output):
         for k, v in counters.items():
             click.echo(f"{k:<14} {v}")
 
@@ -252,8 +261,7 @@ def status(bpffs_dir: str, output: str, healthz: str) -> None:
             out["agent"] = {"status": exc.code, "healthz": json.loads(exc.read() or b"{}")}
         except (OSError, ValueError) as exc:
             out["agent"] = {"status": None, "url": healthz, "error": str(exc)}
-    if output == "json":
-        click.echo(json.dumps(out, indent=2))
+    if _structured(out, output):
         return
     click.echo(f"pinned under {bpffs_dir}")
     for h in out["hooks"]:
@@ -325,8 +333,7 @@ def ct_list(bpffs_dir: str, output: str, service_filter: str | None) -> None:
     rows = conntrack.entries(_open_maps(bpffs_dir))
     if service_filter:
         rows = [r for r in rows if (r["service"] or "").split(":")[0] == service_filter]
-    if output == "json":
-        click.echo(json.dumps(rows, indent=2))
+    if _structured(rows, output):
         return
     if not rows:
         click.echo("no flows tracked")
