@@ -3,8 +3,9 @@
 kube-proxy's operators grep iptables-save for a missing KUBE-SVC chain ("a failure to
 reconcile"). Here the question is answered exactly: the cluster is listed once through the
 agent's own list code (or its manifests read), with the agent's own configuration (--config),
-the same policy code the agent runs computes the desired frontends, and they are compared with
-what the pinned maps hold. Every difference is one line.
+the same policy code the agent runs computes the desired frontends (both scopes: the socket
+hooks' rows and, with northSouth, the TC path's), and they are compared with what the pinned
+maps hold, source ranges included. Every difference is one line.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .config import AgentConfig
+from .datapath import layout as L
 from .desired import Frontend, FrontendKey
 from .model import Node, hostport
 from .proxy.state import ProxyState
@@ -27,29 +29,34 @@ class Drift:
         return f"{self.what:<9} {self.frontend:<24} {self.detail}"
 
 
-def _name(ip: str, port: int, proto: str) -> str:
-    return f"{hostport(ip, port)}/{proto}"
+def _name(ip: str, port: int, proto: str, scope: int) -> str:
+    """A frontend as the report names it; a scope-EXT one (the TC path) says so."""
+    return f"{hostport(ip, port)}/{proto}" + (" (from outside)" if scope == L.SCOPE_EXT else "")
 
 
 def _wanted(fe: Frontend) -> dict:
     return {"service": str(fe.service), "type": fe.kind.value, "action": fe.action.value,
             "affinity_timeout": fe.affinity_timeout,
-            "backends": sorted(hostport(b.ip, b.port) for b in fe.backends)}
+            "backends": sorted(hostport(b.ip, b.port) for b in fe.backends),
+            "source_ranges": sorted(fe.source_ranges)}
 
 
 def _held(entry: dict) -> dict:
     return {"service": entry["service"], "type": entry["type"], "action": entry["action"],
             "affinity_timeout": entry["affinity_timeout"],
             "backends": sorted(hostport(str(b.get('address')), b.get('port'))
-                               for b in entry["backends"])}
+                               for b in entry["backends"]),
+            "source_ranges": sorted(entry.get("source_ranges", []))}
 
 
 def compare(desired: Mapping[FrontendKey, Frontend], kernel: list[dict]) -> list[Drift]:
-    """desired: ProxyState frontends (socket scope) by key; kernel: reader.services()."""
-    held = {(e["address"], e["port"], e["protocol"]): e for e in kernel if e["scope"] == 0}
+    """desired: ProxyState frontends of both scopes by key; kernel: reader.services(). Each
+    frontend's service, type, verdict, affinity, backends and (LoadBalancer IPs from outside)
+    enforced source ranges."""
+    held = {(e["address"], e["port"], e["protocol"], e["scope"]): e for e in kernel}
     drifts = []
     for fkey, fe in sorted(desired.items()):
-        key = (fkey.ip, fkey.port, fkey.protocol.value)
+        key = (fkey.ip, fkey.port, fkey.protocol.value, L.SCOPE_NUM[fkey.scope])
         if key not in held:
             drifts.append(Drift("missing", _name(*key), f"{fe.service} ({fe.action.value})"))
             continue
@@ -66,7 +73,8 @@ def desired_for(cfg: AgentConfig) -> Mapping[FrontendKey, Frontend]:
     """The frontends the agent configured by `cfg` should hold: from its manifests, or from
     one list of its API server (its kubeconfig and master, its node name)."""
     if cfg.manifests:
-        return desired_from_manifests(cfg.manifests, cfg.node_name, cfg.prefer_same_node)
+        return desired_from_manifests(cfg.manifests, cfg.node_name, cfg.prefer_same_node,
+                                      **_policy(cfg))
     import urllib3
     from kubernetes.client.exceptions import ApiException
 
@@ -74,7 +82,7 @@ def desired_for(cfg: AgentConfig) -> Mapping[FrontendKey, Frontend]:
 
     api = make_api_client(kubeconfig=cfg.kubeconfig, master=cfg.master)
     try:
-        return desired_from_api(api, cfg.node_name, cfg.prefer_same_node)
+        return desired_from_api(api, cfg.node_name, cfg.prefer_same_node, **_policy(cfg))
     except urllib3.exceptions.MaxRetryError as exc:
         raise ApiUnreachable(api.configuration.host, str(exc.reason or exc)) from exc
     except (urllib3.exceptions.HTTPError, OSError) as exc:
@@ -95,25 +103,34 @@ class ApiUnreachable(RuntimeError):
             "underlay address, not at the host's 127.0.0.1).")
 
 
-def desired_from_api(api_client, node_name: str, prefer_same_node: bool = True
-                     ) -> Mapping[FrontendKey, Frontend]:
+def _policy(cfg: AgentConfig) -> dict:
+    """The settings of `cfg` that decide which frontends the agent plans, as ProxyState takes
+    them (north-south on: the scope-EXT frontends too)."""
+    return {"node_port_addresses": tuple(cfg.node_port_addresses) if cfg.north_south else None,
+            "external_ip_allowlist": None if cfg.external_ip_allowlist is None
+            else tuple(cfg.external_ip_allowlist)}
+
+
+def desired_from_api(api_client, node_name: str, prefer_same_node: bool = True,
+                     **policy) -> Mapping[FrontendKey, Frontend]:
     """Lists the cluster once, as the agent's sources do (kube/: paginated, same selectors,
     same conversion), and computes the desired frontends with the agent's policy code."""
     from .kube.sources import list_cluster
 
     node, services, slices, _ = list_cluster(api_client, node_name)
-    return _desired(node or Node(node_name), services, slices, prefer_same_node)
+    return _desired(node or Node(node_name), services, slices, prefer_same_node, **policy)
 
 
-def desired_from_manifests(paths: list[str], node_name: str, prefer_same_node: bool = True
-                           ) -> Mapping[FrontendKey, Frontend]:
+def desired_from_manifests(paths: list[str], node_name: str, prefer_same_node: bool = True,
+                           **policy) -> Mapping[FrontendKey, Frontend]:
     from .kube.manifests import load_manifests
 
     services, slices, _ = load_manifests(paths)
-    return _desired(Node(node_name), services, slices, prefer_same_node)
+    return _desired(Node(node_name), services, slices, prefer_same_node, **policy)
 
 
-def _desired(node: Node, services, slices, prefer_same_node: bool) -> Mapping[FrontendKey, Frontend]:
-    state = ProxyState(node, prefer_same_node=prefer_same_node)
+def _desired(node: Node, services, slices, prefer_same_node: bool,
+             **policy) -> Mapping[FrontendKey, Frontend]:
+    state = ProxyState(node, prefer_same_node=prefer_same_node, **policy)
     state.load(services, slices)
     return state.compute(full=True).frontends

@@ -36,6 +36,25 @@ def test_missing_stale_and_different():
                       ("stale", "10.96.0.12:80/TCP")}
 
 
+def test_the_tc_paths_rows_and_their_source_ranges_are_compared_too():
+    """Scope-EXT rows (what traffic from outside meets) are checked apart from the socket
+    scope's row of the same address, with a LoadBalancer IP's enforced source ranges."""
+    from kproxy_ebpf.desired import FrontendKind, Scope
+
+    lb = fe("192.0.2.7", backends=["10.244.1.10"], kind=FrontendKind.LOAD_BALANCER,
+            scope=Scope.EXT, ranges=["198.51.100.0/24"])
+    sock = fe("192.0.2.7", backends=["10.244.1.10"], kind=FrontendKind.LOAD_BALANCER)
+    row = {**held("192.0.2.7", ["10.244.1.10"]), "type": "LoadBalancer"}
+    in_sync = [row, {**row, "scope": 1, "source_ranges": ["198.51.100.0/24"]}]
+    assert compare({lb.key: lb, sock.key: sock}, in_sync) == []
+    drifted = [row, {**row, "scope": 1, "source_ranges": ["0.0.0.0/0"]}]
+    [d] = compare({lb.key: lb, sock.key: sock}, drifted)
+    assert (d.what, d.frontend) == ("different", "192.0.2.7:80/TCP (from outside)")
+    assert "source_ranges" in d.detail
+    [d] = compare({lb.key: lb, sock.key: sock}, [row])
+    assert (d.what, d.frontend) == ("missing", "192.0.2.7:80/TCP (from outside)")
+
+
 # -- the cluster side: the agent's list code and the agent's configuration ------------------------
 
 class FakeResponse:
