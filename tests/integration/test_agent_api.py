@@ -136,7 +136,7 @@ KUBE_PROXY_MOVING = ("kubeproxy_sync_proxy_rules_service_changes_total",
                      "kubeproxy_sync_proxy_rules_endpoint_changes_total",
                      "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
 NO_LOCAL = ("kubeproxy_sync_proxy_rules_no_local_endpoints_total",
-            'traffic_policy="internal",ip_family="IPv4"')
+            'ip_family="IPv4",traffic_policy="internal"')
 
 
 def test_kube_proxys_metric_names_are_served_and_move_with_a_service(cluster):
