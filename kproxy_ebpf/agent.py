@@ -53,11 +53,7 @@ class Agent:
         self.metrics = Metrics()
         self.health = health.ProxyHealth(cfg.health_timeout)
         self.health.on_response = self.metrics.health_response
-        self.state = ProxyState(Node(cfg.node_name), prefer_same_node=cfg.prefer_same_node,
-                                node_port_addresses=tuple(cfg.node_port_addresses)
-                                if cfg.north_south else None,
-                                external_ip_allowlist=None if cfg.external_ip_allowlist is None
-                                else tuple(cfg.external_ip_allowlist))
+        self.state = ProxyState(Node(cfg.node_name), **cfg.planning)
         self.datapath = SockDatapath(Path(cfg.bpffs_dir), Path(cfg.cgroup), cfg.map_sizes,
                                  Path(cfg.program_cache) if cfg.program_cache else None)
         self.tc: TcDatapath | None = None

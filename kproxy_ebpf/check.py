@@ -73,8 +73,7 @@ def desired_for(cfg: AgentConfig) -> Mapping[FrontendKey, Frontend]:
     """The frontends the agent configured by `cfg` should hold: from its manifests, or from
     one list of its API server (its kubeconfig and master, its node name)."""
     if cfg.manifests:
-        return desired_from_manifests(cfg.manifests, cfg.node_name, cfg.prefer_same_node,
-                                      **_policy(cfg))
+        return desired_from_manifests(cfg.manifests, cfg.node_name, **cfg.planning)
     import urllib3
     from kubernetes.client.exceptions import ApiException
 
@@ -82,7 +81,7 @@ def desired_for(cfg: AgentConfig) -> Mapping[FrontendKey, Frontend]:
 
     api = make_api_client(kubeconfig=cfg.kubeconfig, master=cfg.master)
     try:
-        return desired_from_api(api, cfg.node_name, cfg.prefer_same_node, **_policy(cfg))
+        return desired_from_api(api, cfg.node_name, **cfg.planning)
     except urllib3.exceptions.MaxRetryError as exc:
         raise ApiUnreachable(api.configuration.host, str(exc.reason or exc)) from exc
     except (urllib3.exceptions.HTTPError, OSError) as exc:
@@ -103,34 +102,25 @@ class ApiUnreachable(RuntimeError):
             "underlay address, not at the host's 127.0.0.1).")
 
 
-def _policy(cfg: AgentConfig) -> dict:
-    """The settings of `cfg` that decide which frontends the agent plans, as ProxyState takes
-    them (north-south on: the scope-EXT frontends too)."""
-    return {"node_port_addresses": tuple(cfg.node_port_addresses) if cfg.north_south else None,
-            "external_ip_allowlist": None if cfg.external_ip_allowlist is None
-            else tuple(cfg.external_ip_allowlist)}
-
-
-def desired_from_api(api_client, node_name: str, prefer_same_node: bool = True,
-                     **policy) -> Mapping[FrontendKey, Frontend]:
+def desired_from_api(api_client, node_name: str, **planning) -> Mapping[FrontendKey, Frontend]:
     """Lists the cluster once, as the agent's sources do (kube/: paginated, same selectors,
     same conversion), and computes the desired frontends with the agent's policy code."""
     from .kube.sources import list_cluster
 
     node, services, slices, _ = list_cluster(api_client, node_name)
-    return _desired(node or Node(node_name), services, slices, prefer_same_node, **policy)
+    return _desired(node or Node(node_name), services, slices, **planning)
 
 
-def desired_from_manifests(paths: list[str], node_name: str, prefer_same_node: bool = True,
-                           **policy) -> Mapping[FrontendKey, Frontend]:
+def desired_from_manifests(paths: list[str], node_name: str,
+                           **planning) -> Mapping[FrontendKey, Frontend]:
     from .kube.manifests import load_manifests
 
     services, slices, _ = load_manifests(paths)
-    return _desired(Node(node_name), services, slices, prefer_same_node, **policy)
+    return _desired(Node(node_name), services, slices, **planning)
 
 
-def _desired(node: Node, services, slices, prefer_same_node: bool,
-             **policy) -> Mapping[FrontendKey, Frontend]:
-    state = ProxyState(node, prefer_same_node=prefer_same_node, **policy)
+def _desired(node: Node, services, slices, **planning) -> Mapping[FrontendKey, Frontend]:
+    """`planning`: AgentConfig.planning (or ProxyState's defaults)."""
+    state = ProxyState(node, **planning)
     state.load(services, slices)
     return state.compute(full=True).frontends

@@ -72,6 +72,17 @@ class AgentConfig:
         return 2 * self.sync_period          # as kube-proxy: 2 x syncPeriod
 
     @property
+    def planning(self) -> dict:
+        """The settings that decide which frontends are planned, as ProxyState takes them
+        (northSouth on: the scope-EXT ones too). The agent and `check` both plan with these, so
+        the drift check cannot plan otherwise than the agent it checks."""
+        return {"prefer_same_node": self.prefer_same_node,
+                "node_port_addresses": tuple(self.node_port_addresses) if self.north_south
+                else None,
+                "external_ip_allowlist": None if self.external_ip_allowlist is None
+                else tuple(self.external_ip_allowlist)}
+
+    @property
     def snat_ports(self) -> tuple[int, int]:
         lo, sep, hi = self.snat_port_range.partition("-")
         if not (sep and lo.isdigit() and hi.isdigit() and 1024 <= int(lo) <= int(hi) <= 65535):
