@@ -14,7 +14,7 @@ carries our sync failures (a sync that left something unprogrammed), the nearest
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -28,15 +28,19 @@ def _family_name(name: str, typ: str) -> str:
 
 
 class KubeProxyNames(Collector):
-    """Re-exports `pairs` (one of our metric objects, kube-proxy's name for it) under
-    kube-proxy's names at every scrape."""
+    """Re-exports each source's metric families under kube-proxy's names at every scrape.
+    `pairs`: (a metric or collector, kube-proxy's name for its one family, or a mapping from
+    the names of its families to kube-proxy's)."""
 
-    def __init__(self, pairs: Iterable[tuple[object, str]]):
+    def __init__(self, pairs: Iterable[tuple[object, str | Mapping[str, str]]]):
         self._pairs = list(pairs)
 
     def collect(self):
-        for metric, name in self._pairs:
-            for fam in metric.collect():
+        for source, names in self._pairs:
+            for fam in source.collect():
+                name = names if isinstance(names, str) else names.get(fam.name)
+                if name is None:
+                    continue
                 new_name = _family_name(name, fam.type)
                 out = Metric(new_name, fam.documentation, fam.type)
                 out.samples = [s._replace(name=new_name + s.name[len(fam.name):])

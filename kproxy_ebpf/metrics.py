@@ -176,9 +176,10 @@ class Metrics:
         every scrape: kube-proxy's sync_proxy_rules_{service,endpoint}_changes_total."""
         changes = _ChangesCollector(read)
         self.registry.register(changes)
-        self.registry.register(KubeProxyNames([
-            (_Only(changes, 0), K + "sync_proxy_rules_service_changes_total"),
-            (_Only(changes, 1), K + "sync_proxy_rules_endpoint_changes_total")]))
+        self.registry.register(KubeProxyNames([(changes, {
+            P + "sync_proxy_rules_service_changes": K + "sync_proxy_rules_service_changes_total",
+            P + "sync_proxy_rules_endpoint_changes": K + "sync_proxy_rules_endpoint_changes_total",
+        })]))
 
     def set_pending(self, services: int, endpoints: int, dirty: int) -> None:
         """Changes waiting for the next sync: Services, Services whose slices changed, and
@@ -206,16 +207,6 @@ class _ChangesCollector(Collector):
                                   "Service changes seen (adds, updates, deletes).", services)
         yield CounterMetricFamily(P + "sync_proxy_rules_endpoint_changes",
                                   "EndpointSlice changes seen (adds, updates, deletes).", slices)
-
-
-class _Only:
-    """One of a collector's families, for KubeProxyNames."""
-
-    def __init__(self, collector: Collector, index: int):
-        self._collector, self._index = collector, index
-
-    def collect(self):
-        return [list(self._collector.collect())[self._index]]
 
 
 class _ApiCollector(Collector):
