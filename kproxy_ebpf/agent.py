@@ -28,6 +28,7 @@ from .datapath import conntrack, reader, tc
 from .datapath.cidr_writer import CidrWriter
 from . import conntrack_sysctl
 from .datapath.sock_hooks import SockDatapath
+from .datapath.stale_sockets import StaleSockets, peer_of
 from .datapath.tc import TcDatapath
 from .datapath.writer import ApplyResult, MapWriter
 from .kube.sources import ApiSource, ManifestSource
@@ -61,6 +62,8 @@ class Agent:
             lambda: self.health.status(with_node=False)[0] == 200)
         self.writer: MapWriter | None = None
         self.cidrs: CidrWriter | None = None   # ServiceCIDR rows (datapath/cidr_writer.py)
+        self.stale: StaleSockets | None = None  # sockets of backends gone (socket path only)
+        self._reap_all = True                  # the first sync checks every socket of ours
         self.source: ApiSource | ManifestSource | None = None
         self.reporter = Reporter(self.metrics)
         self.no_local = NoLocalEndpoints()   # kube-proxy's no_local_endpoints, per sync
@@ -122,6 +125,10 @@ class Agent:
         self.cidrs = CidrWriter(self.datapath.maps)
         self.cidrs.restore()
         log.info("adopted %d frontends from %s", adopted, self.cfg.bpffs_dir)
+        if self.cfg.socket_lb:
+            self.stale = StaleSockets(self.datapath.maps, self.cfg.cgroup,
+                                      reset_tcp=self.cfg.stale_sockets_tcp)
+            self.metrics.socket_destroy_supported.set(int(self.stale.supported))
         # Programs that would read empty maps (a fresh node, a cleanup, maps of a new layout
         # version) are attached only after the first sync has filled them: until then the
         # previous programs, if any, keep serving from their own maps.
@@ -177,6 +184,34 @@ class Agent:
         ct = self.datapath.maps["ct"]
         self.metrics.map_entries.labels("ct").set(res.entries)
         self.metrics.map_capacity.labels("ct").set(ct.max_entries)
+
+    def _end_stale_sockets(self, before: dict, full: bool) -> None:
+        """Ends the sockets connected to backends that `before` (a frontend's backends before
+        this sync's write) had and the maps no longer give. The first sync checks every
+        socket (what changed while no agent ran is not in `before`), and so do full syncs: a
+        connect() whose hook read a row just before it changed may finish after the search."""
+        assert self.stale is not None and self.writer is not None
+        serves = self.writer.serves
+        gone = {peer_of(be) for key, backends in before.items() for be in backends
+                if not serves(key, be)}
+        every = self._reap_all or full
+        if not gone and not every:
+            return
+        try:
+            res = self.stale.reap(serves, None if every else gone)
+        except Exception:       # never the sync's failure: the maps are written already
+            log.exception("the search for stale sockets failed")
+            return
+        self._reap_all = False
+        self.metrics.stale_socket_scan.observe(res.seconds)
+        for (proto, outcome), n in res.counts.items():
+            self.metrics.stale_sockets.labels(proto, outcome).inc(n)
+        if res.counts:
+            log.info("sockets connected to backends that left their Service: %s (%d network "
+                     "namespaces, %.0f ms), e.g. %s",
+                     ", ".join(f"{n} {proto} {outcome}"
+                               for (proto, outcome), n in sorted(res.counts.items())),
+                     res.namespaces, res.seconds * 1000, "; ".join(res.examples))
 
     def _attach(self) -> None:
         """Attaches this mode's programs, then removes the other mode's (a previous agent's),
@@ -298,10 +333,11 @@ class Agent:
             self.cidrs.restore()
             self.metrics.drift_checks.inc()
             self.metrics.drift_check_cpu.inc(time.thread_time() - cpu0)
-        if full:
-            result = self.writer.apply(changes.frontends)
-        else:
-            result = self.writer.apply(changes.frontends, changes.changed_keys | plan.retry)
+        keys = None if full else changes.changed_keys | plan.retry
+        socket_backends = self.writer.sock_backends(keys) if self.stale is not None else {}
+        result = self.writer.apply(changes.frontends, keys)
+        if self.stale is not None:
+            self._end_stale_sockets(socket_backends, full)
         self._apply_service_cidrs(result, plan.cidrs_all)
         self.policy.applied(plan, result.failed, bool(result.full_maps))
         if checks is not None:

@@ -57,6 +57,9 @@ class AgentConfig:
     # (those whose name matches podDevices), for clients the socket hooks do not cover.
     socket_lb: bool = True
     pod_devices: list[str] = field(default_factory=lambda: list(DEFAULT_POD_GLOBS))
+    # A TCP socket our hooks connected to a backend that left its Service is reset (as
+    # Calico does; kube-proxy leaves TCP flows alone). UDP ones are always disconnected.
+    stale_sockets_tcp: bool = True
     log_level: str = "info"
     # Conntrack timeouts of the node's network namespace, as kube-proxy sets them (its
     # conntrack.tcpEstablishedTimeout and tcpCloseWaitTimeout); 0 leaves the kernel's.
@@ -146,7 +149,7 @@ def parse_duration(value: object) -> float:
 
 
 # File keys whose spelling is not plain camelCase (the chart's datapath.socketLB, Cilium's too).
-_KEY_NAMES = {"socket_lb": "socketLB"}
+_KEY_NAMES = {"socket_lb": "socketLB", "stale_sockets_tcp": "staleSocketsTCP"}
 
 
 def _camel(name: str) -> str:
@@ -171,7 +174,7 @@ def _coerce(name: str, value: object) -> object:
     if name in ("min_sync_period", "sync_period", "conntrack_tcp_established_timeout",
                 "conntrack_tcp_close_wait_timeout"):
         return parse_duration(value)
-    if name in ("prefer_same_node", "north_south", "socket_lb"):
+    if name in ("prefer_same_node", "north_south", "socket_lb", "stale_sockets_tcp"):
         return _bool(name, value)
     if name in ("manifests", "devices", "node_port_addresses", "external_ip_allowlist",
                 "pod_devices"):

@@ -136,6 +136,21 @@ class Metrics:
             "Service ports with a Local traffic policy whose endpoints are all on other nodes "
             "(their traffic of that policy is dropped).", ["traffic_policy", "ip_family"],
             registry=r)
+        # Sockets connected to a backend that left their Service (datapath/stale_sockets.py).
+        self.stale_sockets = Counter(
+            P + "stale_sockets_total",
+            "Sockets the hooks had connected to a backend that left their Service, by protocol "
+            "and outcome: destroyed, gone (ended first), kept (TCP with staleSocketsTCP false), "
+            "unsupported (the kernel cannot destroy sockets), failed.",
+            ["protocol", "outcome"], registry=r)
+        self.stale_socket_scan = Histogram(
+            P + "stale_socket_scan_duration_seconds",
+            "Time a search for stale sockets took (every network namespace of the node's "
+            "cgroup).", registry=r, buckets=SYNC_BUCKETS)
+        self.socket_destroy_supported = Gauge(
+            P + "socket_destroy_supported",
+            "1 if this kernel can destroy sockets (sock_diag SOCK_DESTROY), 0 if not.",
+            registry=r)
         r.register(KubeProxyNames([
             (self.sync_duration.metric, K + "sync_proxy_rules_duration_seconds"),
             (self.sync_full_duration.metric, K + "sync_full_proxy_rules_duration_seconds"),

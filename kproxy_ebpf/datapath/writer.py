@@ -93,6 +93,14 @@ class MapWriter:
         prog = self.held.frontends.get(key)
         return prog is not None and backend in prog.live()
 
+    def sock_backends(self, keys: Iterable[FrontendKey] | None = None
+                      ) -> dict[FrontendKey, tuple[BackendKey, ...]]:
+        """The backends lookups of the scope-SOCK frontends among `keys` (None: all) can pick
+        now: what a socket connected through them may be talking to."""
+        held = self.held.frontends
+        return {k: tuple(prog.live()) for k in (held if keys is None else keys)
+                if k.scope is Scope.SOCK and (prog := held.get(k)) is not None}
+
     def restore(self) -> int:
         """Rebuilds the bookkeeping from the maps; returns the number of frontends found."""
         self.held = read_back(self.svc, self.be, self.meta, self.src, self.ext_addrs,

@@ -20,6 +20,7 @@ A lab node is a network namespace and a cgroup, not a machine: its "host paths" 
   /sys/fs/cgroup -> the node's cgroup v2 directory      (where its pods' processes live)
   /var/cache/kproxy-ebpf/programs -> the node's files in the lab (the program cache, removed
                    by `lab down` with them)
+  /run/netns     -> /run/netns (the machine's, where the lab's pod namespaces are pinned)
 A hostPath the lab cannot map fails. The container joins the node's network namespace
 (hostNetwork) and lives inside the node's cgroup (podman --cgroup-parent), never privileged.
 
@@ -200,8 +201,14 @@ def node_host_path(path: str, node: NodeInfo, files_dir: Path | None = None) -> 
         return node.bpffs
     if norm == "/sys/fs/cgroup":
         return node.cgroup
-    raise LabError(f"the lab cannot give a node hostPath {path!r} (it maps /sys/fs/bpf and "
-                   "/sys/fs/cgroup): a new hostPath in the chart needs a lab mapping")
+    if norm == "/run/netns":
+        # The machine's: every lab's pods are there, and the agent touches only the sockets
+        # of its own node's cgroup.
+        os.makedirs(norm, exist_ok=True)
+        return norm
+    raise LabError(f"the lab cannot give a node hostPath {path!r} (it maps /sys/fs/bpf, "
+                   "/sys/fs/cgroup and /run/netns): a new hostPath in the chart needs a lab "
+                   "mapping")
 
 
 def _field_ref(path: str, node: NodeInfo, spec: AgentSpec) -> str:

@@ -18,7 +18,6 @@ import ctypes
 import errno
 import os
 import socket
-import threading
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
@@ -26,8 +25,9 @@ from pyroute2 import IPRoute, netns as pr_netns
 from pyroute2.netlink import NETLINK_ROUTE
 from pyroute2.netlink.exceptions import NetlinkError
 
+from ..datapath.netns_scope import CLONE_NEWNET, in_thread
+
 NETNS_DIR = "/run/netns"
-CLONE_NEWNET = 0x40000000
 
 T = TypeVar("T")
 
@@ -59,23 +59,6 @@ def inode(name: str) -> int:
     return os.stat(netns_path(name)).st_ino
 
 
-def _in_thread(fn: Callable[[], T], label: str) -> T:
-    box: dict[str, object] = {}
-
-    def body() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            box["error"] = e
-
-    t = threading.Thread(target=body, name=f"kproxy-{label}")
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return box["value"]  # type: ignore[return-value]
-
-
 def run_in_thread(name: str, fn: Callable[[], T]) -> T:
     """Call fn() in a fresh thread that has entered netns `name`; the caller is untouched."""
     want = f"net:[{inode(name)}]"
@@ -87,7 +70,7 @@ def run_in_thread(name: str, fn: Callable[[], T]) -> T:
             raise LabError(f"thread is not in netns {name}")
         return fn()
 
-    return _in_thread(body, f"setns-{name}")
+    return in_thread(body, f"setns-{name}")
 
 
 def _create(name: str) -> None:
@@ -100,7 +83,7 @@ def _create(name: str) -> None:
             raise OSError(err, f"unshare(CLONE_NEWNET): {os.strerror(err)}")
         pr_netns.attach(name, "thread-self")
 
-    _in_thread(body, f"create-{name}")
+    in_thread(body, f"create-{name}")
 
 
 @contextlib.contextmanager

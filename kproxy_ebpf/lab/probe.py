@@ -11,7 +11,12 @@ TCP opens a new connection per attempt, unless keep=True, which holds one connec
 again on it (a new connection is opened only after a failure). UDP sends from an unconnected
 socket with sendto/recvfrom, as DNS resolvers do; that is the case where the reply's source
 address must be rewritten back to the Service address, so it is checked. IP_RECVERR makes an
-ICMP error visible on that unconnected socket.
+ICMP error visible on that unconnected socket. UDP with keep=True is the other client: one
+connected socket for every attempt (connect() once, send/recv), as stub resolvers and metrics
+clients hold one. An ICMP error (ECONNREFUSED, EHOSTUNREACH, ...) is reported and the socket
+kept, as such clients treat it as transient; the socket is connected anew only once it is no
+longer usable (a proxy that disconnected it: ECONNABORTED, then EDESTADDRREQ).
+`stamp` prefixes each line with the wall-clock time the attempt ended.
 
 It must run inside a lab namespace, so it is also a stdlib-only script:
 `python3 probe.py ADDR:PORT [--udp [--sport P]] [--count K] [--timeout S] [--interval S] [--keep]`
@@ -128,9 +133,41 @@ def _udp_attempt(addr: str, port: int, timeout: float, sport: int = 0,
     return line if same else f"WRONG-SOURCE {_fmt(src[0], src[1])} {line}"
 
 
+# Errors after which a connected UDP socket cannot be used again as it is.
+_UDP_UNUSABLE = (errno.ECONNABORTED, errno.EDESTADDRREQ, errno.ENOTCONN, errno.EBADF)
+
+
+class _ConnectedUdp:
+    """One connected UDP socket, asked again and again; connected anew once unusable."""
+
+    def __init__(self, addr: str, port: int, timeout: float) -> None:
+        self.addr, self.port, self.timeout = addr, port, timeout
+        self.sock: socket.socket | None = None
+
+    def attempt(self) -> str:
+        try:
+            if self.sock is None:
+                self.sock = socket.socket(_family(self.addr), socket.SOCK_DGRAM)
+                self.sock.settimeout(self.timeout)
+                self.sock.connect((self.addr, self.port))
+            self.sock.send(b"probe\n")
+            return self.sock.recv(65535).decode(errors="replace").strip()
+        except TimeoutError:
+            return "TIMEOUT"           # no answer is no error: the socket stays
+        except OSError as e:
+            if e.errno in _UDP_UNUSABLE:
+                self.close()
+            return _err(e)
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
 def probe(addr: str, port: int, udp: bool = False, count: int = 1, timeout: float = 1.0,
           interval: float = 0.0, keep: bool = False, sport: int = 0, out=None,
-          source: str | None = None, abort: bool = False) -> list[str]:
+          source: str | None = None, abort: bool = False, stamp: bool = False) -> list[str]:
     """Make `count` attempts against addr:port; returns one result line per attempt.
     UDP with `sport` sends every attempt from that source port; `source`: the local address
     to send from (a client with several addresses); `abort`: TCP connections end with a RST.
@@ -139,20 +176,27 @@ def probe(addr: str, port: int, udp: bool = False, count: int = 1, timeout: floa
     """
     results: list[str] = []
     held: list[_TcpLines] | None = [] if keep and not udp else None
+    connected = _ConnectedUdp(addr, port, timeout) if keep and udp else None
     try:
         for i in range(count):
             if i and interval > 0:
                 time.sleep(interval)
-            if udp:
+            if connected is not None:
+                r = connected.attempt()
+            elif udp:
                 r = _udp_attempt(addr, port, timeout, sport, source)
             else:
                 r = _tcp_attempt(addr, port, timeout, held, source, abort)
+            if stamp:
+                r = f"{time.time():.3f} {r}"
             results.append(r)
             if out is not None:
                 print(r, file=out, flush=True)
     finally:
         for c in held or []:
             c.close()
+        if connected is not None:
+            connected.close()
     return results
 
 
@@ -178,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--count", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=1.0)
     ap.add_argument("--interval", type=float, default=0.0)
-    ap.add_argument("--keep", action="store_true", help="TCP: ask repeatedly on one connection")
+    ap.add_argument("--keep", action="store_true",
+                    help="ask repeatedly on one connection (UDP: one connected socket)")
+    ap.add_argument("--stamp", action="store_true", help="prefix lines with the time")
     ap.add_argument("--sport", type=int, default=0, help="UDP: send from this source port")
     ap.add_argument("--source", help="send from this local address")
     ap.add_argument("--abort", action="store_true", help="TCP: close with a RST, not a FIN")
@@ -189,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     results = probe(addr, port, udp=args.udp, count=args.count, timeout=args.timeout,
                     interval=args.interval, keep=args.keep, sport=args.sport,
-                    out=sys.stdout, source=args.source, abort=args.abort)
+                    out=sys.stdout, source=args.source, abort=args.abort, stamp=args.stamp)
+    if args.stamp:
+        results = [r.split(" ", 1)[1] for r in results]
     return 0 if all(is_reply(r) for r in results) else 1
 
 

@@ -76,7 +76,8 @@ def test_daemonset_is_what_an_operator_expects(rendered):
     assert env["KPROXY_HOSTNAME_OVERRIDE"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert host_paths == {"bpffs": "/sys/fs/bpf", "cgroup": "/sys/fs/cgroup",
-                          "program-cache": "/var/cache/kproxy-ebpf/programs"}
+                          "program-cache": "/var/cache/kproxy-ebpf/programs",
+                          "netns": "/run/netns"}
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     assert env["KPROXY_PROGRAM_CACHE"]["value"] == mounts["program-cache"] == \
         "/var/cache/kproxy-ebpf/programs"
@@ -178,3 +179,25 @@ def test_helm_test_hook_checks_the_kubernetes_clusterip(helm):
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     assert "KUBERNETES_SERVICE_HOST" in pod["spec"]["containers"][0]["command"][-1]
     assert pod["spec"].get("hostNetwork") is not True          # from the pod network
+
+
+@pytest.mark.parametrize("values,expected", [({}, True),
+                                             ({"datapath": {"staleSocketsTCP": False}}, False)])
+def test_stale_sockets_tcp_reaches_the_agents_configuration(helm, tmp_path, values, expected):
+    (cm,) = by_kind(agent_image.helm_template(values), "ConfigMap")
+    (tmp_path / "config.yaml").write_text(cm["data"]["config.yaml"])
+    assert load_config(str(tmp_path / "config.yaml"), env={}).stale_sockets_tcp is expected
+
+
+@pytest.mark.parametrize("netns,mounted", [("/run/netns", True), ("", False)])
+def test_pod_network_namespaces_are_mounted_read_only_for_the_stale_socket_search(
+        helm, netns, mounted):
+    (ds,) = by_kind(agent_image.helm_template({"hostPaths": {"netns": netns}}), "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    mounts = {m["name"]: m for m in spec["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert ("netns" in mounts, "netns" in volumes) == (mounted, mounted)
+    if mounted:
+        assert mounts["netns"] == {"name": "netns", "mountPath": "/run/netns", "readOnly": True,
+                                   "mountPropagation": "HostToContainer"}
+        assert volumes["netns"]["hostPath"]["path"] == "/run/netns"

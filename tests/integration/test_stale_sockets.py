@@ -1,0 +1,250 @@
+"""Sockets connected to a backend that left its Service (issue 26), under our agent and under
+kube-proxy nftables (the oracle) in the same lab. Conventions as in lab_services.py.
+
+kube-proxy deletes a removed UDP endpoint's conntrack entries, so a client's next datagram on
+the same connected socket is DNATed to another backend. Our socket path has no conntrack entry
+to delete: the agent disconnects the socket (datapath/stale_sockets.py) and the client's next
+connect() picks a live backend. The clients here hold their socket as stub resolvers do: an
+ICMP error is transient to them, only an unusable socket is connected again (probe.py --keep).
+
+TCP differs on purpose: kube-proxy leaves TCP flows alone, so a client blocked in recv on a
+backend that vanished without a FIN hangs; ours is reset (ECONNABORTED), as Calico's is
+(staleSocketsTCP, docs/architecture.md "Stale sockets").
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from kproxy_ebpf.lab import nsutil
+from kproxy_ebpf.lab.cluster import Cluster
+from kproxy_ebpf.lab.namespaces import PROBE_SCRIPT
+from kproxy_ebpf.lab.probe import is_reply
+
+from ..support import lab_cluster, wait_until
+from .lab_services import delete_service, make_service, metric, served_by
+
+pytestmark = [pytest.mark.root, pytest.mark.controlplane]
+
+REPAIR = 2.0        # the issue's bound: the held socket answers from a live backend by then
+
+
+@pytest.fixture(scope="module", params=["kproxy", "nftables"])
+def cluster(request):
+    with lab_cluster(f"it-stale-{request.param[:3]}", request.param, client_pod=True) as c:
+        yield c
+
+
+class Held:
+    """probe.py holding one connection (--keep) in a lab target, ten attempts a second,
+    each line stamped; read back from its log."""
+
+    def __init__(self, c: Cluster, target: str, ip: str, port: int, name: str,
+                 udp: bool = True) -> None:
+        argv = [c.lab.python, "-I", "-S", PROBE_SCRIPT, f"{ip}:{port}", "--keep", "--stamp",
+                "--count", "100000", "--interval", "0.1", "--timeout", "0.3"]
+        self.c, self.rec = c, c.lab.spawn(target, argv + (["--udp"] if udp else []), name)
+        self.log = Path(c.lab.log_path(name))
+
+    def lines(self) -> list[tuple[float, str]]:
+        out = []
+        for line in self.log.read_text().splitlines():
+            stamp, _, result = line.partition(" ")
+            try:
+                out.append((float(stamp), result))
+            except ValueError:
+                continue            # a traceback would show in the assertion's message
+        return out
+
+    def answers(self, since: float = 0.0) -> list[tuple[float, str]]:
+        """(time, pod) of every reply after `since`."""
+        return [(t, r.split()[0]) for t, r in self.lines() if t > since and is_reply(r)]
+
+    def first_pod(self) -> str:
+        return wait_until(lambda: next((p for _, p in self.answers()), None), 10,
+                          f"a first answer in {self.log}")
+
+    def answered_by(self, pods: set[str], since: float) -> float | None:
+        """When the first answer from one of `pods` came after `since`."""
+        return next((t for t, p in self.answers(since) if p in pods), None)
+
+    def stop(self) -> None:
+        self.c.lab.kill(self.rec.pid)
+
+    def __enter__(self) -> Held:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def backends(c: Cluster, app: str, names: list[str], node: str = "node2") -> None:
+    for name in names:
+        c.create_pod(name, node, labels={"app": app})
+
+
+def wait_served(c: Cluster, ip: str, pods: set[str], udp: bool = True) -> None:
+    wait_until(lambda: served_by(c, ip, count=12, port=53 if udp else 80, udp=udp) == pods, 20,
+               f"{ip} to be served by {sorted(pods)}")
+
+
+def repaired_within(held: Held, others: set[str], t0: float) -> float:
+    t = wait_until(lambda: held.answered_by(others, t0), 10,
+                   f"the held socket to answer from {sorted(others)} ({held.log})")
+    return t - t0
+
+
+def cut_off(c: Cluster, pod: str) -> None:
+    """The pod's link goes first, so its connections end without a FIN reaching the client
+    (a node that died, a netns torn down): then the pod is deleted."""
+    info = c.lab.pod(pod)
+    err = nsutil.del_link(c.lab.node_netns(info.node), info.veth)
+    assert err is None, err
+    c.delete_pod(pod)
+
+
+@pytest.mark.parametrize("target", ["pod/client", "node/node1"])
+def test_connected_udp_moves_to_the_other_backend_when_its_pod_is_deleted(cluster, target):
+    app = "udp-pod" if target.startswith("pod") else "udp-host"
+    backends(cluster, app, [f"{app}-a", f"{app}-b"])
+    ip = make_service(cluster, app, app, udp=True)
+    wait_served(cluster, ip, {f"{app}-a", f"{app}-b"})
+    with Held(cluster, target, ip, 53, f"held-{app}") as held:
+        first = held.first_pod()
+        other = ({f"{app}-a", f"{app}-b"} - {first}).pop()
+        t0 = time.time()
+        cluster.delete_pod(first)
+        took = repaired_within(held, {other}, t0)
+    assert took < REPAIR, f"{target}: {took:.2f}s before {other} answered the held socket"
+    delete_service(cluster, app)
+    cluster.delete_pod(other)
+
+
+def test_coredns_style_rollout_under_a_resolver_that_keeps_its_socket(cluster):
+    old, new = ["dns-1", "dns-2", "dns-3"], ["dns-4", "dns-5", "dns-6"]
+    backends(cluster, "dns", old)
+    ip = make_service(cluster, "dns", "dns", udp=True)
+    wait_served(cluster, ip, set(old))
+    with Held(cluster, "pod/client", ip, 53, "held-rollout") as held:
+        held.first_pod()
+        t0 = time.time()
+        # maxSurge 1, maxUnavailable 0: a new pod is ready before an old one goes.
+        for gone, coming in zip(old, new, strict=True):
+            backends(cluster, "dns", [coming])
+            wait_until(lambda pod=coming: pod in served_by(cluster, ip, count=12, port=53,
+                                                           udp=True), 20, f"{coming} to serve")
+            cluster.delete_pod(gone)
+        wait_until(lambda: held.answered_by(set(new), time.time() - 0.2), 10,
+                   "the held socket to answer after the rollout")
+        t1 = time.time()
+        times = [t for t, _ in held.answers(t0)]
+    gaps = [b - a for a, b in zip([t0, *times], [*times, t1], strict=True)]
+    assert max(gaps) < REPAIR, f"the resolver went {max(gaps):.2f}s without an answer"
+    late = {p for t, p in held.answers(t1 - 0.01)}
+    assert late <= set(new), late
+    delete_service(cluster, "dns")
+    for name in new:
+        cluster.delete_pod(name)
+
+
+BLOCKED_RECV = """
+import errno, socket, sys, time
+s = socket.create_connection((sys.argv[1], 80), timeout=5)
+print(s.recv(256).decode().split()[0], flush=True)
+s.settimeout(float(sys.argv[2]))
+t0 = time.monotonic()
+try:
+    got = 'EOF' if not s.recv(256) else 'DATA'
+except socket.timeout:
+    got = 'TIMEOUT'
+except OSError as e:
+    got = errno.errorcode.get(e.errno, str(e.errno))
+print(got, round(time.monotonic() - t0, 2), flush=True)
+"""
+
+
+def test_tcp_client_blocked_in_recv_on_a_vanished_backend(cluster):
+    backends(cluster, "tcp-gone", ["tcp-gone-a"])
+    ip = make_service(cluster, "tcp-gone", "tcp-gone")
+    wait_served(cluster, ip, {"tcp-gone-a"}, udp=False)
+    wait_limit = 8
+    rec = cluster.lab.spawn("pod/client", [sys.executable, "-c", BLOCKED_RECV, ip,
+                                           str(wait_limit)], "blocked-recv")
+    log = Path(cluster.lab.log_path("blocked-recv"))
+    try:
+        wait_until(lambda: log.read_text().startswith("tcp-gone-a"), 10, f"the accept line ({log})")
+        time.sleep(0.5)                                # blocked in recv by now
+        cut_off(cluster, "tcp-gone-a")
+        lines = wait_until(lambda: len(log.read_text().splitlines()) >= 2 and
+                           log.read_text().splitlines(), wait_limit + 5, f"recv's end ({log})")
+    finally:
+        cluster.lab.kill(rec.pid)
+    got, seconds = lines[1].split()
+    if cluster.info.proxy == "kproxy":
+        assert got == "ECONNABORTED" and float(seconds) < 0.5 + REPAIR, lines
+    else:
+        # kube-proxy leaves established TCP flows alone: the client hangs (deliberate difference).
+        assert got == "TIMEOUT", lines
+    delete_service(cluster, "tcp-gone")
+
+
+def test_pod_relabelled_out_of_the_service_keeps_its_direct_sockets(cluster):
+    backends(cluster, "relabel", ["relabel-a", "relabel-b"])
+    ip = make_service(cluster, "relabel", "relabel", udp=True)
+    wait_served(cluster, ip, {"relabel-a", "relabel-b"})
+    core = client.CoreV1Api(cluster.api())
+    with Held(cluster, "pod/client", ip, 53, "held-relabel") as held:
+        first = held.first_pod()
+        other = ({"relabel-a", "relabel-b"} - {first}).pop()
+        pod_ip = cluster.lab.pod(first).ip
+        # Sockets to the pod itself, not through the Service: never ours to end.
+        with Held(cluster, "pod/client", pod_ip, 5353, "direct-udp") as direct_udp, \
+                Held(cluster, "pod/client", pod_ip, 8080, "direct-tcp", udp=False) as direct_tcp:
+            direct_udp.first_pod()
+            direct_tcp.first_pod()
+            t0 = time.time()
+            core.patch_namespaced_pod(first, "default", {"metadata": {"labels": {"app": "out"}}})
+            took = repaired_within(held, {other}, t0)
+            time.sleep(1)
+            t1 = time.time()
+            for d in (direct_udp, direct_tcp):
+                assert [r for t, r in d.lines() if t > t0] and \
+                    all(is_reply(r) for t, r in d.lines() if t > t0), d.log
+            assert {p for _, p in direct_tcp.answers(t0)} == {first}
+            assert len({t for t, _ in direct_tcp.answers(t0)}) >= 5      # one connection, alive
+            assert (t1 - t0) > 1
+    assert took < REPAIR, f"{took:.2f}s before {other} answered the held socket"
+    if cluster.info.proxy == "kproxy":
+        assert metric(cluster, "node1", "kproxy_stale_sockets_total",
+                      'outcome="destroyed",protocol="UDP"') >= 1
+    delete_service(cluster, "relabel")
+    for name in ("relabel-a", "relabel-b"):
+        cluster.delete_pod(name)
+
+
+def test_deleted_service_stops_its_held_sockets(cluster):
+    """A deliberate difference: kube-proxy clears the UDP conntrack entries of a Service IP
+    that still exists and has lost an endpoint (pkg/proxy/conntrack/cleanup.go,
+    CleanStaleEntries); a deleted Service's IP is in no map there, so its flows keep reaching
+    the old backend until they idle out. Ours are disconnected as the Service goes."""
+    backends(cluster, "svc-gone", ["svc-gone-a"])
+    ip = make_service(cluster, "svc-gone", "svc-gone", udp=True)
+    wait_served(cluster, ip, {"svc-gone-a"})
+    with Held(cluster, "pod/client", ip, 53, "held-svc-gone") as held:
+        held.first_pod()
+        t0 = time.time()
+        delete_service(cluster, "svc-gone")
+        wait_until(lambda: not served_by(cluster, ip, udp=True, port=53), 10,
+                   "new sockets to find no Service")
+        time.sleep(REPAIR)
+        t1 = time.time()
+        last = max((t for t, _ in held.answers(t0)), default=t0)
+    if cluster.info.proxy == "kproxy":
+        assert last - t0 < REPAIR, f"the backend still answered {last - t0:.2f}s after the delete"
+    else:
+        assert t1 - last < 0.5, "kube-proxy was expected to leave the deleted Service's flow"
+    cluster.delete_pod("svc-gone-a")
