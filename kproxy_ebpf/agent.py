@@ -126,8 +126,8 @@ class Agent:
         self.cidrs.restore()
         log.info("adopted %d frontends from %s", adopted, self.cfg.bpffs_dir)
         if self.cfg.socket_lb:
-            self.stale = StaleSockets(self.datapath.maps, self.cfg.cgroup,
-                                      reset_tcp=self.cfg.stale_sockets_tcp)
+            self.stale = StaleSockets.of(self.datapath.maps, self.cfg.cgroup,
+                                         reset_tcp=self.cfg.stale_sockets_tcp)
             self.metrics.socket_destroy_supported.set(int(self.stale.supported))
         # Programs that would read empty maps (a fresh node, a cleanup, maps of a new layout
         # version) are attached only after the first sync has filled them: until then the

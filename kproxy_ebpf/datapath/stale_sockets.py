@@ -80,12 +80,14 @@ def probe_destroy() -> bool:
 
 
 class StaleSockets:
-    def __init__(self, maps: Mapping[str, PinnedMap], cgroup_root: str, reset_tcp: bool = True,
+    """`sknat`: the kp_sknat map; `storage`: (fd, id) of kp_sksvc, whose rows come with the
+    TCP sockets' dump."""
+
+    def __init__(self, sknat: PinnedMap, storage: tuple[int, int], cgroup_root: str,
+                 reset_tcp: bool = True,
                  netns_dirs: Iterable[str] = netns_scope.RUNTIME_NETNS_DIRS,
                  supported: bool | None = None):
-        self.sknat = maps["sknat"]
-        sksvc = maps["sksvc"]
-        self._storage = (sksvc.fd, libbpf.map_info(sksvc.fd).id)
+        self.sknat, self._storage = sknat, storage
         self.cgroup_root, self.reset_tcp = cgroup_root, reset_tcp
         self.netns_dirs = tuple(netns_dirs)
         self.supported = probe_destroy() if supported is None else supported
@@ -94,6 +96,13 @@ class StaleSockets:
                         "a socket connected to a backend that left its Service keeps it until "
                         "the application reconnects (counted in "
                         "kproxy_stale_sockets_total{outcome=\"unsupported\"})")
+
+    @classmethod
+    def of(cls, maps: Mapping[str, PinnedMap], cgroup_root: str, reset_tcp: bool = True,
+           netns_dirs: Iterable[str] = netns_scope.RUNTIME_NETNS_DIRS) -> StaleSockets:
+        sksvc = maps["sksvc"]
+        return cls(maps["sknat"], (sksvc.fd, libbpf.map_info(sksvc.fd).id), cgroup_root,
+                   reset_tcp, netns_dirs)
 
     def reap(self, serves: Serves, peers: set[Peer] | None = None) -> Reaped:
         """Ends our sockets whose frontend no longer serves their peer; `peers` limits the

@@ -33,9 +33,13 @@ pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 REPAIR = 2.0        # the issue's bound: the held socket answers from a live backend by then
 
 
-@pytest.fixture(scope="module", params=["kproxy", "nftables"])
+@pytest.fixture(scope="module", params=["kproxy", "kproxy-image", "nftables"])
 def cluster(request):
-    with lab_cluster(f"it-stale-{request.param[:3]}", request.param, client_pod=True) as c:
+    """kproxy-image: the agent from the image with the chart's pod spec (its mounts and
+    capabilities are what the search needs: /run/netns, SYS_ADMIN for setns, NET_ADMIN)."""
+    proxy, _, agent = request.param.partition("-")
+    with lab_cluster(f"it-stale-{proxy[:3]}{agent[:1]}", proxy, agent=agent or "process",
+                     client_pod=True) as c:
         yield c
 
 

@@ -82,6 +82,21 @@ def test_socket_lb_nonsense_is_an_error_not_false(tmp_path):
         load(str(f), env={})
 
 
+@pytest.mark.parametrize("text,expected", [("", True), ("staleSocketsTCP: false\n", False),
+                                           ("staleSocketsTCP: true\n", True)])
+def test_stale_sockets_tcp_from_the_file(tmp_path, text, expected):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    assert load(str(f), env={}).stale_sockets_tcp is expected
+
+
+def test_stale_sockets_tcp_nonsense_is_an_error(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("staleSocketsTCP: sometimes\n")
+    with pytest.raises(ConfigError, match="staleSocketsTCP must be true or false"):
+        load(str(f), env={})
+
+
 def test_socket_lb_and_pod_devices_from_the_file(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("socketLB: false\npodDevices: [cali*, eni*]\n")
