@@ -10,7 +10,7 @@ import struct
 import pytest
 
 from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath import netns_scope, sockdiag, stale_sockets
+from kproxy_ebpf.datapath import netns_scope, sockdiag
 from kproxy_ebpf.datapath.stale_sockets import Outcome, StaleSockets, peer_of
 from kproxy_ebpf.desired import FrontendKey, Scope
 from kproxy_ebpf.model import Protocol
@@ -29,8 +29,10 @@ def nla(kind: int, payload: bytes) -> bytes:
 def diag_msg(family=socket.AF_INET, state=1, src="10.244.0.9", sport=40000, dst=BE, dport=5353,
              cookie=0x1_0000_0002, cgroup=OURS, storage: tuple[int, bytes] | None = None) -> bytes:
     af = socket.AF_INET6 if family == socket.AF_INET6 else socket.AF_INET
-    pad = 12 if af == socket.AF_INET else 0
-    raw = (lambda ip: socket.inet_pton(af, ip) + bytes(pad))
+
+    def raw(ip: str) -> bytes:
+        return socket.inet_pton(af, ip) + bytes(12 if af == socket.AF_INET else 0)
+
     head = struct.pack("=BBBB", family, state, 0, 0)
     sockid = struct.pack("!HH16s16s", sport, dport, raw(src), raw(dst))
     sockid += struct.pack("=III", 3, cookie & 0xFFFFFFFF, cookie >> 32)
