@@ -31,6 +31,7 @@ from .datapath.sock_hooks import SockDatapath
 from .datapath.stale_sockets import StaleSockets, peer_of
 from .datapath.tc import TcDatapath
 from .datapath.writer import ApplyResult, MapWriter
+from .established import Established, KeptBackends
 from .kube.sources import ApiSource, ManifestSource
 from .metrics import Metrics
 from .model import Node
@@ -64,6 +65,7 @@ class Agent:
         self.cidrs: CidrWriter | None = None   # ServiceCIDR rows (datapath/cidr_writer.py)
         self.stale: StaleSockets | None = None  # sockets of backends gone (socket path only)
         self._reap_all = True                  # the first sync checks every socket of ours
+        self.kept = KeptBackends()             # backends sockets may still be talking to
         self.source: ApiSource | ManifestSource | None = None
         self.reporter = Reporter(self.metrics)
         self.no_local = NoLocalEndpoints()   # kube-proxy's no_local_endpoints, per sync
@@ -185,15 +187,15 @@ class Agent:
         self.metrics.map_entries.labels("ct").set(res.entries)
         self.metrics.map_capacity.labels("ct").set(ct.max_entries)
 
-    def _end_stale_sockets(self, before: dict, full: bool) -> None:
-        """Ends the sockets connected to backends that `before` (a frontend's backends before
-        this sync's write) had and the maps no longer give. The first sync checks every
-        socket (what changed while no agent ran is not in `before`), and so do full syncs: a
-        connect() whose hook read a row just before it changed may finish after the search."""
-        assert self.stale is not None and self.writer is not None
-        serves = self.writer.serves
-        gone = {peer_of(be) for key, backends in before.items() for be in backends
-                if not serves(key, be)}
+    def _end_stale_sockets(self, before: dict, keeps: Established, full: bool) -> None:
+        """Ends the sockets connected to backends that `before` (KeptBackends.before, taken
+        before this sync's write) had and that may no longer keep them (established.py). The
+        first sync checks every socket (what changed while no agent ran is not in `before`),
+        and so do full syncs: a connect() whose hook read a row just before it changed may
+        finish after the search."""
+        assert self.stale is not None
+        serves = keeps.keeps
+        gone = {peer_of(be) for be in self.kept.settle(before, serves)}
         every = self._reap_all or full
         if not gone and not every:
             return
@@ -334,10 +336,13 @@ class Agent:
             self.metrics.drift_checks.inc()
             self.metrics.drift_check_cpu.inc(time.thread_time() - cpu0)
         keys = None if full else changes.changed_keys | plan.retry
-        socket_backends = self.writer.sock_backends(keys) if self.stale is not None else {}
+        socket_backends = (self.kept.before(self.writer, None if full else
+                                            changes.recomputed_keys | keys)
+                           if self.stale is not None else {})
         result = self.writer.apply(changes.frontends, keys)
         if self.stale is not None:
-            self._end_stale_sockets(socket_backends, full)
+            self._end_stale_sockets(socket_backends, Established(
+                self.writer, changes.frontends, self.state, self._lock), full)
         self._apply_service_cidrs(result, plan.cidrs_all)
         self.policy.applied(plan, result.failed, bool(result.full_maps))
         if checks is not None:

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from ..desired import Frontend, FrontendKey, Problem, Scope, ServiceCIDRSet, ServicePortName
-from ..model import EndpointSlice, Node, Service, ServiceCIDR
+from ..model import EndpointSlice, IPFamily, Node, Service, ServiceCIDR
+from .endpoints import endpoints_by_port
 from .external import allow_external_ips, service_ext_frontends
 from .healthcheck import HealthCheck, health_check
 from .frontends import service_frontends, service_port_endpoints
@@ -48,6 +49,10 @@ class ChangeSet:
     # Services whose problems were re-evaluated: one listed here without an entry in
     # `problems` has none any more. Problems of every other Service are as they were.
     reported: frozenset[ServiceKey] = frozenset()
+    # The own frontend keys (before and after) of every Service recomputed: its endpoints may
+    # have changed where its frontends did not (a terminating endpoint removed), which the
+    # stale-socket search must see (established.py).
+    recomputed_keys: frozenset[FrontendKey] = frozenset()
 
 
 def _same(old: object, new: object) -> bool:
@@ -261,6 +266,15 @@ class ProxyState:
         return service_port_endpoints(svc, self.slices_of(namespace, name), self._node_or_blank(),
                                       prefer_same_node=self.prefer_same_node)
 
+    def serving_endpoints(self, port: ServicePortName, family: IPFamily
+                          ) -> frozenset[tuple[str, int]]:
+        """(ip, port) of every serving endpoint of a Service port, whatever its traffic
+        policies, topology hints or termination say about new connections: the backends a
+        connection made earlier may keep (established.py)."""
+        eps = endpoints_by_port(self.slices_of(port.namespace, port.name), "", family)
+        return frozenset((e.ip, e.port) for e in eps.get((port.port, port.protocol), ())
+                         if e.serving)
+
     def health_checks(self) -> dict[int, HealthCheck]:
         """healthCheckNodePort -> what its server reports (the first Service in
         namespace/name order keeps a port two Services claim)."""
@@ -324,6 +338,7 @@ class ProxyState:
 
         changed_services: set[ServiceKey] = set()
         affected: set[FrontendKey] = set()
+        recomputed: set[FrontendKey] = set()
         for key in sorted(targets):
             svc = self._services.get(key)
             if svc is None:
@@ -350,6 +365,8 @@ class ProxyState:
                 self._own_problems.pop(key, None)
             new = {fe.key: fe for fe in fronts}
             old = self._raw.get(key, {})
+            recomputed.update(new)
+            recomputed.update(old)
             if new == old:
                 continue
             changed_services.add(key)
@@ -390,7 +407,7 @@ class ProxyState:
             problems += probs
         return ChangeSet(frontends=self._view, changed_keys=frozenset(changed_keys),
                          changed_services=frozenset(changed_services), problems=problems,
-                         reported=frozenset(report))
+                         reported=frozenset(report), recomputed_keys=frozenset(recomputed))
 
     def load(self, services: Iterable[Service] = (), slices: Iterable[EndpointSlice] = ()) -> None:
         """Convenience for tests and the CLI: upsert many objects."""

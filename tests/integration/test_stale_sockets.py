@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from kproxy_ebpf.lab import nsutil
+from kproxy_ebpf.lab import kubeobjects, nsutil
 from kproxy_ebpf.lab.cluster import Cluster
 from kproxy_ebpf.lab.namespaces import PROBE_SCRIPT
 from kproxy_ebpf.lab.probe import is_reply
@@ -152,6 +152,31 @@ def test_coredns_style_rollout_under_a_resolver_that_keeps_its_socket(cluster):
     assert late <= set(new), late
     delete_service(cluster, "dns")
     for name in new:
+        cluster.delete_pod(name)
+
+
+def test_a_terminating_pod_that_still_serves_keeps_its_connections(cluster):
+    """Graceful shutdown: new connections go to the other pod, those made before stay with
+    the terminating one while it serves (kube-proxy keeps its UDP flows to any serving
+    endpoint, established.py)."""
+    backends(cluster, "drain", ["drain-a", "drain-b"])
+    ip = make_service(cluster, "drain", "drain", udp=True)
+    wait_served(cluster, ip, {"drain-a", "drain-b"})
+    with Held(cluster, "pod/client", ip, 53, "held-drain-udp") as udp, \
+            Held(cluster, "pod/client", ip, 80, "held-drain-tcp", udp=False) as tcp:
+        first, first_tcp = udp.first_pod(), tcp.first_pod()
+        other = ({"drain-a", "drain-b"} - {first}).pop()
+        t0 = time.time()
+        kubeobjects.mark_pod_terminating(cluster.api(), "default", first)
+        wait_served(cluster, ip, {other})
+        time.sleep(REPAIR)
+        t1 = time.time()
+        for held, pod in ((udp, first), (tcp, first_tcp)):
+            results = [r for t, r in held.lines() if t0 < t < t1]
+            assert results and all(is_reply(r) for r in results), held.log
+            assert {p for _, p in held.answers(t0)} == {pod}, held.log
+    delete_service(cluster, "drain")
+    for name in ("drain-a", "drain-b"):
         cluster.delete_pod(name)
 
 

@@ -1,0 +1,84 @@
+"""Which backend a connection made earlier may keep: the rule of the stale-socket search
+(datapath/stale_sockets.py).
+
+kube-proxy keeps a UDP flow while its endpoint is a serving endpoint of the Service port,
+whatever the traffic policies, topology or termination say about new connections ("changes to
+the service should not affect existing flows", pkg/proxy/conntrack/cleanup.go,
+CleanStaleEntries, v1.36): a pod that is shutting down but still serving drains its flows. So
+here a backend keeps its sockets while lookups can still pick it (MapWriter.serves) or, failing
+that, while it is a serving endpoint of the frontend's Service port in the API's view. A
+frontend that is gone keeps nothing, a deliberate difference: kube-proxy clears the flows of
+Service IPs that still exist only, so a deleted UDP Service's flows reach their old backend
+until they idle out.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+
+from .datapath.programmed import BackendKey
+from .datapath.writer import MapWriter
+from .desired import Frontend, FrontendKey, ServicePortName
+from .model import IPFamily
+from .proxy.state import ProxyState
+
+
+class Established:
+    """`frontends`: the desired table of the sync that just wrote (ChangeSet.frontends);
+    `lock` guards `state` against the reflector threads. One per sync: the serving sets are
+    cached for its duration."""
+
+    def __init__(self, writer: MapWriter, frontends: Mapping[FrontendKey, Frontend],
+                 state: ProxyState, lock: threading.Lock) -> None:
+        self.writer, self.frontends, self.state, self.lock = writer, frontends, state, lock
+        self._serving: dict[tuple[ServicePortName, IPFamily], frozenset[tuple[str, int]]] = {}
+
+    def keeps(self, key: FrontendKey, backend: BackendKey) -> bool:
+        if self.writer.serves(key, backend):
+            return True
+        fe = self.frontends.get(key)
+        if fe is None:
+            return False
+        cached = (fe.service, key.family)
+        serving = self._serving.get(cached)
+        if serving is None:
+            with self.lock:
+                serving = self.state.serving_endpoints(fe.service, key.family)
+            self._serving[cached] = serving
+        return (backend[0], backend[1]) in serving
+
+
+class KeptBackends:
+    """Per scope-SOCK frontend, the backends that sockets made through it may still be
+    talking to: those lookups could pick at some point and that have kept their connections
+    since. A backend that left the slots but still serves (a pod shutting down) stays here, so
+    the sync where it stops serving finds its sockets. Only what this agent saw: after a
+    restart, the first sync (and every full one) searches every socket."""
+
+    def __init__(self) -> None:
+        self._held: dict[FrontendKey, frozenset[BackendKey]] = {}
+
+    def before(self, writer: MapWriter, keys: Iterable[FrontendKey] | None
+               ) -> dict[FrontendKey, frozenset[BackendKey]]:
+        """Taken before a sync writes the frontends among `keys` (None: all)."""
+        live = writer.sock_backends(keys)
+        held = self._held
+        mine = held.keys() if keys is None else [k for k in keys if k in held]
+        out = {k: frozenset(bes) for k, bes in live.items()}
+        for k in mine:
+            out[k] = out.get(k, frozenset()) | held[k]
+        return out
+
+    def settle(self, before: Mapping[FrontendKey, frozenset[BackendKey]],
+               keeps: Callable[[FrontendKey, BackendKey], bool]) -> set[BackendKey]:
+        """After the write: keeps what still may keep its sockets, returns the backends
+        that lost them (through some frontend)."""
+        lost: set[BackendKey] = set()
+        for key, backends in before.items():
+            stay = frozenset(b for b in backends if keeps(key, b))
+            lost |= backends - stay
+            if stay:
+                self._held[key] = stay
+            else:
+                self._held.pop(key, None)
+        return lost
