@@ -237,7 +237,8 @@ class Agent:
 
         api = make_api_client(kubeconfig=self.cfg.kubeconfig, master=self.cfg.master)
         self.reporter.events = EventRecorder(api, host=self.cfg.node_name)
-        return ApiSource(api, self.cfg.node_name, self.sink)
+        return ApiSource(api, self.cfg.node_name, self.sink,
+                         progress_timeout=self.cfg.watch_progress_timeout)
 
     def _start_runner(self) -> None:
         assert self.source is not None

@@ -41,6 +41,9 @@ class AgentConfig:
     cgroup: str | None = None
     min_sync_period: float = 0.2          # seconds between two syncs at the most often
     sync_period: float = 30.0             # a sync at least this often; every 10th is full
+    # A watch with neither an event nor a bookmark for this long is taken as dead and made
+    # again (the API server sends a bookmark about every minute).
+    watch_progress_timeout: float = 150.0
     healthz_bind_address: str = "0.0.0.0:10256"
     metrics_bind_address: str = "127.0.0.1:10249"
     map_sizes: MapSizes = field(default_factory=MapSizes)
@@ -101,6 +104,8 @@ class AgentConfig:
         self.cgroup = _cgroup2(self.cgroup)
         if self.min_sync_period < 0 or self.sync_period <= 0:
             raise ConfigError("sync periods must be positive")
+        if self.watch_progress_timeout <= 0:
+            raise ConfigError("watchProgressTimeout must be positive (default 150s)")
         from .proxy.external import validate_cidrs, validate_node_port_addresses
 
         errors = validate_node_port_addresses(self.node_port_addresses)
@@ -171,7 +176,8 @@ def _bool(name: str, value: object) -> bool:
 
 
 def _coerce(name: str, value: object) -> object:
-    if name in ("min_sync_period", "sync_period", "conntrack_tcp_established_timeout",
+    if name in ("min_sync_period", "sync_period", "watch_progress_timeout",
+                "conntrack_tcp_established_timeout",
                 "conntrack_tcp_close_wait_timeout"):
         return parse_duration(value)
     if name in ("prefer_same_node", "north_south", "socket_lb", "stale_sockets_tcp"):

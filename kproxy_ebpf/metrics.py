@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .kube.sources import ApiCounters
 from .kubeproxy_names import K, KubeProxyNames
 from .model import IPFamily
 
@@ -207,8 +208,8 @@ class Metrics:
         for (policy, family), n in counts.items():
             self.no_local_endpoints.labels(policy, str(family)).set(n)
 
-    def watch_api(self, read: Callable[[], dict[str, tuple[int, int, bool]]]) -> None:
-        """Exports each watched resource's (relists, restarts, synced) at every scrape."""
+    def watch_api(self, read: Callable[[], dict[str, ApiCounters]]) -> None:
+        """Exports each watched resource's counters at every scrape."""
         self.registry.register(_ApiCollector(read))
 
 
@@ -225,7 +226,7 @@ class _ChangesCollector(Collector):
 
 
 class _ApiCollector(Collector):
-    def __init__(self, read: Callable[[], dict[str, tuple[int, int, bool]]]):
+    def __init__(self, read: Callable[[], dict[str, ApiCounters]]):
         self._read = read
 
     def collect(self):
@@ -234,13 +235,18 @@ class _ApiCollector(Collector):
         restarts = CounterMetricFamily(P + "api_watch_restarts",
                                        "Lists or watches retried after an error.",
                                        labels=["resource"])
+        stalls = CounterMetricFamily(P + "api_watch_stalls",
+                                     "Watches that stopped delivering without closing (no event "
+                                     "or bookmark for watchProgressTimeout), re-established.",
+                                     labels=["resource"])
         synced = GaugeMetricFamily(P + "api_synced", "1 once the resource was listed.",
                                    labels=["resource"])
-        for resource, (n_relists, n_restarts, ok) in sorted(self._read().items()):
-            relists.add_metric([resource], n_relists)
-            restarts.add_metric([resource], n_restarts)
-            synced.add_metric([resource], 1 if ok else 0)
-        yield from (relists, restarts, synced)
+        for resource, c in sorted(self._read().items()):
+            relists.add_metric([resource], c.relists)
+            restarts.add_metric([resource], c.restarts)
+            stalls.add_metric([resource], c.stalls)
+            synced.add_metric([resource], 1 if c.synced else 0)
+        yield from (relists, restarts, stalls, synced)
 
 
 class _DatapathCollector(Collector):

@@ -43,6 +43,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from urllib3.exceptions import ReadTimeoutError
+
 SYNC = "SYNC"
 WATCH_TYPES = ("ADDED", "MODIFIED", "DELETED")
 
@@ -63,6 +65,11 @@ class ResourceExpired(Exception):
 
 class WatchError(Exception):
     """The watch stream failed in a way that a resumed watch may fix."""
+
+
+class WatchStalled(WatchError):
+    """Neither an event nor a bookmark for progress_timeout: the connection is taken as dead
+    (dropped by something on the path without a FIN or RST) and a new watch resumes."""
 
 
 class Reflector:
@@ -92,6 +99,7 @@ class Reflector:
         *,
         page_size: int = 500,
         watch_timeout: float = 300.0,
+        progress_timeout: float = 150.0,
         watch_jitter: float = 0.25,
         backoff_initial: float = 0.5,
         backoff_max: float = 30.0,
@@ -113,6 +121,10 @@ class Reflector:
         self._on_event = on_event
         self.page_size = page_size
         self.watch_timeout = watch_timeout
+        # The API server sends a bookmark about every minute to a watch that asks for them
+        # (defaultBookmarkFrequency, k8s.io/apiserver/pkg/storage/cacher/cacher.go): 2.5
+        # periods without a line is a stream that stopped delivering.
+        self.progress_timeout = progress_timeout
         self.watch_jitter = watch_jitter
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
@@ -125,6 +137,7 @@ class Reflector:
         self.lists = 0
         self.relists = 0
         self.restarts = 0
+        self.stalls = 0
         self.bookmarks = 0
         self.events = 0
         self.handler_errors = 0
@@ -330,20 +343,27 @@ class Reflector:
             resource_version=self.resource_version,
             allow_watch_bookmarks=True,
             timeout_seconds=timeout,
-            # The server ends the stream after `timeout`; the read timeout only catches a
-            # connection that died without a FIN (keepalives usually catch it sooner).
-            _request_timeout=(self.connect_timeout, timeout + 30),
+            # The server ends the stream after `timeout` and sends bookmarks meanwhile; a read
+            # that waits longer than the progress timeout is a stream that stopped delivering.
+            _request_timeout=(self.connect_timeout, min(timeout + 30, self.progress_timeout)),
         )
         self._log.debug("%s: watching from resourceVersion %s (timeout %ds)", self.resource,
                         self.resource_version, timeout)
         clean = False
         try:
-            for line in _lines(resp):
+            try:
+                for line in _lines(resp):
+                    if self._stop.is_set():
+                        return
+                    self._handle_line(line)
+                    self._streamed = True
+                    self._contact()
+            except ReadTimeoutError as exc:
                 if self._stop.is_set():
                     return
-                self._handle_line(line)
-                self._streamed = True
-                self._contact()
+                self.stalls += 1
+                raise WatchStalled(f"no event or bookmark for {self.progress_timeout:.0f}s: "
+                                   "the stream stopped delivering") from exc
             clean = True
             self._log.debug("%s: watch ended by the server at resourceVersion %s", self.resource,
                             self.resource_version)

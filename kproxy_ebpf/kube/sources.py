@@ -12,7 +12,7 @@ import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ..model import EndpointSlice, Kind, Node, Service
 from .convert import (Rejection, node_from_api, service_cidr_from_api, service_from_api,
@@ -26,6 +26,14 @@ log = logging.getLogger(__name__)
 # We list every Service instead: proxy/ skips the labelled ones just the same, but it must know
 # their ClusterIPs so that the ServiceCIDR check leaves them to the proxy that owns them.
 SLICE_LABEL_SELECTOR = "!service.kubernetes.io/headless"
+
+
+class ApiCounters(NamedTuple):
+    """One watched resource's history, for the metrics."""
+    relists: int        # after 410 Gone
+    restarts: int       # lists or watches retried after an error (stalls included)
+    stalls: int         # watches that stopped delivering without closing
+    synced: bool        # listed once
 
 
 class Sink(Protocol):
@@ -101,7 +109,8 @@ class ApiSource:
                  "node": Kind.NODE}
     OPTIONAL = {"servicecidrs": Kind.SERVICE_CIDR}
 
-    def __init__(self, api_client: Any, node_name: str, sink: Sink):
+    def __init__(self, api_client: Any, node_name: str, sink: Sink,
+                 progress_timeout: float = 150.0):
         from .reflector import reflector_for
 
         self.sink = sink
@@ -109,10 +118,11 @@ class ApiSource:
         for resource, kind in self.RESOURCES.items():
             self.reflectors[resource] = reflector_for(
                 api_client, resource, self._handler(kind), on_contact=self._wake_all,
-                transform=_listed(kind), **_selection(resource, node_name))
+                transform=_listed(kind), progress_timeout=progress_timeout,
+                **_selection(resource, node_name))
         self.reflectors["servicecidrs"] = service_cidr_reflector(
             api_client, self._handler(Kind.SERVICE_CIDR), on_contact=self._wake_all,
-            transform=_listed(Kind.SERVICE_CIDR))
+            transform=_listed(Kind.SERVICE_CIDR), progress_timeout=progress_timeout)
 
     def _wake_all(self) -> None:
         """One reflector got through after failures: the API server is back, so the others
@@ -164,8 +174,8 @@ class ApiSource:
         for r in self.reflectors.values():
             r.stop()
 
-    def counters(self) -> dict[str, tuple[int, int, bool]]:
-        return {name: (r.relists, r.restarts, r.synced.is_set())
+    def counters(self) -> dict[str, ApiCounters]:
+        return {name: ApiCounters(r.relists, r.restarts, r.stalls, r.synced.is_set())
                 for name, r in self.reflectors.items()}
 
 
@@ -239,6 +249,6 @@ class ManifestSource:
     def stop(self) -> None:
         self._stop.set()
 
-    def counters(self) -> dict[str, tuple[int, int, bool]]:
+    def counters(self) -> dict[str, ApiCounters]:
         return {}
 

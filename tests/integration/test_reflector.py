@@ -14,6 +14,7 @@ reflector's watch back with a gate, changes objects, restarts kube-apiserver and
 from __future__ import annotations
 
 import itertools
+import socket
 import threading
 import time
 import uuid
@@ -421,6 +422,77 @@ def test_bookmarks_advance_the_resource_version(apiserver, reflector_api, namesp
     assert int(r.resource_version) > listed_rv
     assert r.events == 0 and store.names(namespace) == set()
     assert r.relists == 0
+
+
+class Blackhole:
+    """A TCP relay on the host's loopback in front of the API server. freeze() makes every
+    connection it carries stop delivering, both ways, without closing: what a NAT or load
+    balancer that dropped its state does. Connections made afterwards pass."""
+
+    def __init__(self, upstream: str) -> None:
+        host, _, port = upstream.removeprefix("https://").rpartition(":")
+        self.upstream = (host, int(port))
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"https://127.0.0.1:{self.server.getsockname()[1]}"
+        self.frozen: set[int] = set()
+        self.socks: dict[int, tuple[socket.socket, socket.socket]] = {}
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        for cid in itertools.count():
+            try:
+                down, _ = self.server.accept()
+            except OSError:
+                return              # closed
+            up = socket.create_connection(self.upstream)
+            self.socks[cid] = (down, up)
+            for a, b in ((down, up), (up, down)):
+                threading.Thread(target=self._pipe, args=(a, b, cid), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, cid: int) -> None:
+        try:
+            while data := src.recv(65536):
+                if cid not in self.frozen:
+                    dst.sendall(data)       # a frozen connection's bytes go nowhere
+        except OSError:
+            pass
+
+    def freeze(self) -> None:
+        self.frozen |= set(self.socks)
+
+    def close(self) -> None:
+        self.server.close()
+        for pair in list(self.socks.values()):
+            for sock in pair:
+                sock.close()
+
+
+def test_a_watch_that_stops_delivering_is_made_again(reflector_api, apiserver, namespace,
+                                                     running):
+    """No event and no bookmark for progress_timeout: the reflector takes the stream as dead
+    and watches again from its resourceVersion (no relist); with only the read timeout of
+    the watch's own length (+30 s) it would wait minutes."""
+    api, _ = apiserver
+    core = client.CoreV1Api(api)
+    hole = Blackhole(reflector_api.configuration.host)
+    try:
+        reflector_api.configuration.host = hole.url
+        store = Store()
+        r = running(reflector_for(reflector_api, "services", store, progress_timeout=3,
+                                  watch_timeout=120, watch_jitter=0.0))
+        assert r.synced.wait(15)
+        core.create_namespaced_service(namespace, service_body("before"))
+        wait_for(lambda: "before" in store.names(namespace), what="the first Service")
+        hole.freeze()
+        stalls = r.stalls
+        t0 = time.monotonic()
+        core.create_namespaced_service(namespace, service_body("after"))
+        wait_for(lambda: "after" in store.names(namespace), 15,
+                 "the Service created while the watch was blackholed")
+        assert time.monotonic() - t0 < 3 + 5          # the timeout, the backoff, a new watch
+        assert r.stalls > stalls and r.relists == 0 and r.lists == 1
+    finally:
+        hole.close()
 
 
 def test_stop_is_prompt_during_a_long_watch(reflector_api):

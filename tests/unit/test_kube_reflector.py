@@ -24,10 +24,11 @@ from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
-from urllib3.exceptions import MaxRetryError, ProtocolError
+from urllib3.exceptions import MaxRetryError, ProtocolError, ReadTimeoutError
 
 from kproxy_ebpf.kube import reflector as reflector_mod
-from kproxy_ebpf.kube.reflector import SYNC, Reflector, ResourceExpired, WatchError
+from kproxy_ebpf.kube.reflector import (SYNC, Reflector, ResourceExpired, WatchError,
+                                        WatchStalled)
 
 from ..support import wait_until
 
@@ -287,7 +288,8 @@ def test_paginated_list_delivers_exactly_one_sync_with_all_items():
     assert first_watch["watch"] is True and first_watch["resource_version"] == "100"
     assert first_watch["allow_watch_bookmarks"] is True and first_watch["_preload_content"] is False
     assert 300 <= first_watch["timeout_seconds"] <= 375
-    assert first_watch["_request_timeout"] == (refl.connect_timeout, first_watch["timeout_seconds"] + 30)
+    # A read waits at most the progress timeout (2.5 bookmark periods), never past the end.
+    assert first_watch["_request_timeout"] == (refl.connect_timeout, refl.progress_timeout)
 
 
 def test_transform_converts_each_page_as_it_arrives():
@@ -802,3 +804,19 @@ def test_wake_cuts_a_backoff_short_and_contact_after_failure_is_reported():
         assert contacts == [1], "the first answer after a failure is reported once"
     finally:
         refl.stop()
+
+
+def test_a_watch_that_stops_delivering_is_reestablished_from_its_resource_version():
+    """A read that times out (no event or bookmark for progress_timeout: a connection dropped
+    on the way without a FIN) ends that watch: the next resumes where it was, no relist."""
+    stalled = ReadTimeoutError(None, "/api/v1/services", "Read timed out. (read timeout=150)")
+    api = FakeAPI([page([obj("a", "5")], rv="10")],
+                  [watch(ev("ADDED", obj("b", "11")), error=stalled),
+                   watch(ev("ADDED", obj("c", "12")))])
+    refl, seen = drive(api)
+    assert summary(seen) == [(SYNC, ["a"]), ("ADDED", "b"), ("ADDED", "c")]
+    assert api.watch_rvs[:2] == ["10", "11"]
+    assert (refl.lists, refl.relists, refl.restarts, refl.stalls) == (1, 0, 1, 1)
+    assert isinstance(refl.last_error, WatchStalled)
+    assert "no event or bookmark for 150s" in str(refl.last_error)
+    assert api.handed_out[1].closed        # the dead connection is not reused
