@@ -18,7 +18,7 @@ KIND_APT_PACKAGES := $(IMAGE_APT_PACKAGES) golang-github-containernetworking-plu
                      containernetworking-plugins iptables
 IMAGE ?= localhost/kproxy-ebpf:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
-.PHONY: setup apt venv headers k8s test unit datapath integration lab-e2e conformance demo lab-down \
+.PHONY: setup apt venv headers k8s test unit fuzz datapath integration lab-e2e conformance demo lab-down \
         lint clean image image-apt apt-install chart-test kind-apt kind-tools kind-up kind-down e2e \
         bench scale bench-tools layout
 
@@ -75,6 +75,10 @@ test: setup image kind-tools
 
 unit: $(VENV)/.installed
 	$(PY) -m pytest -q tests/unit
+
+# Generated hostile Services and EndpointSlices through conversion, policy and the writer.
+fuzz: $(VENV)/.installed
+	$(PY) -m pytest -q tests/fuzz
 
 datapath: setup
 	$(LOCK) $(PY) -m pytest -q tests/datapath

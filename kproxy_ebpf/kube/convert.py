@@ -106,7 +106,7 @@ def _ipv4(value: Any) -> str | None:
         # as it is; anything else gets ipaddress's slower, lenient parse below.
         socket.inet_pton(socket.AF_INET, value)
         return value
-    except OSError:
+    except (OSError, ValueError):      # ValueError: a NUL in the text (found by fuzzing)
         pass
     try:
         return str(ipaddress.IPv4Address(value.strip()))

@@ -462,3 +462,13 @@ def test_the_short_endpoint_path_gives_what_the_checked_one_gives(entry, address
     want = _endpoint("endpoints[0]", entry, address_type, checked)
     assert got == ((want,) if want is not None else ())
     assert short.items == checked.items
+
+
+def test_an_address_with_a_nul_is_rejected_not_raised():
+    """Found by tests/fuzz: inet_pton raises ValueError, not OSError, for an embedded NUL."""
+    from kproxy_ebpf.kube.convert import slice_from_api
+    eps, rejections = slice_from_api({
+        "metadata": {"name": "s", "namespace": "ns"}, "addressType": "IPv4",
+        "endpoints": [{"addresses": ["\x00"]}, {"addresses": ["10.0.0.1"]}]})
+    assert [e.addresses for e in eps.endpoints] == [("10.0.0.1",)]
+    assert [r.reason for r in rejections] == ["InvalidEndpoint"]
