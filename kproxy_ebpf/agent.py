@@ -66,6 +66,7 @@ class Agent:
         self.stale: StaleSockets | None = None  # sockets of backends gone (socket path only)
         self._reap_all = True                  # the first sync checks every socket of ours
         self.kept = KeptBackends()             # backends sockets may still be talking to
+        self._full_maps: set[str] = set()      # maps found full since the last full retry
         self.source: ApiSource | ManifestSource | None = None
         self.reporter = Reporter(self.metrics)
         self.no_local = NoLocalEndpoints()   # kube-proxy's no_local_endpoints, per sync
@@ -186,6 +187,17 @@ class Agent:
         ct = self.datapath.maps["ct"]
         self.metrics.map_entries.labels("ct").set(res.entries)
         self.metrics.map_capacity.labels("ct").set(ct.max_entries)
+
+    def _report_unprogrammed(self, result: ApplyResult) -> None:
+        """How many frontends wait for a retry (they did not fit or their write failed), and
+        which maps were full: a gauge, and the /healthz body `status` shows."""
+        waiting = len(self.policy.retry)
+        if result.full_maps:
+            self._full_maps = set(result.full_maps)
+        elif not waiting:
+            self._full_maps = set()
+        self.metrics.unprogrammed.set(waiting)
+        self.health.set_unprogrammed(waiting, sorted(self._full_maps))
 
     def _end_stale_sockets(self, before: dict, keeps: Established, full: bool) -> None:
         """Ends the sockets connected to backends that `before` (KeptBackends.before, taken
@@ -345,7 +357,10 @@ class Agent:
             self._end_stale_sockets(socket_backends, Established(
                 self.writer, changes.frontends, self.state, self._lock), full)
         self._apply_service_cidrs(result, plan.cidrs_all)
-        self.policy.applied(plan, result.failed, bool(result.full_maps))
+        if self.policy.applied(plan, result.failed, bool(result.full_maps),
+                               freed=result.deleted > 0):
+            self.runner.run()           # room was freed: what did not fit is tried again now
+        self._report_unprogrammed(result)
         if checks is not None:
             self.svc_health.sync(checks)
         if self.tc is not None and plan.purges_conntrack(changes.changed_keys,

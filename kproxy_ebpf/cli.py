@@ -284,6 +284,14 @@ def status(bpffs_dir: str, output: str, healthz: str) -> None:
             return
         state = {200: "healthy", 503: "UNHEALTHY"}.get(agent["status"], f"HTTP {agent['status']}")
         click.echo(f"  agent: {state} {json.dumps(agent.get('healthz'))}")
+        waiting = (agent.get("healthz") or {}).get("unprogrammed")
+        if waiting:
+            full = waiting.get("fullMaps") or []
+            click.echo(f"WARNING: {waiting['frontends']} frontends are not programmed"
+                       + (f": map(s) {', '.join(full)} full; raise mapSizes (then "
+                          "`kproxy-ebpf cleanup` and restart the agent) or remove Services. "
+                          if full else "; their writes failed (see the agent's log). ")
+                       + "They are retried automatically.")
 
 
 @main.command()

@@ -47,6 +47,8 @@ class ProxyHealth:
         # None until the Node is seen: kube-proxy's NodeEligible() is false without a Node.
         self.node_eligible: bool | None = None
         self.on_response: Callable[[str, int], None] | None = None   # (path, code): metrics
+        # Frontends waiting for room (kproxy's own; in the body only while there are some).
+        self.unprogrammed: tuple[int, list[str]] = (0, [])
 
     def queued_update(self) -> None:
         """A change arrived that the datapath does not hold yet."""
@@ -60,6 +62,10 @@ class ProxyHealth:
             self.last_updated = self._clock()
             if self.oldest_pending is not None and self.oldest_pending <= started:
                 self.oldest_pending = None
+
+    def set_unprogrammed(self, frontends: int, full_maps: list[str]) -> None:
+        with self._lock:
+            self.unprogrammed = (frontends, full_maps)
 
     def status(self, with_node: bool) -> tuple[int, dict]:
         with self._lock:
@@ -75,6 +81,9 @@ class ProxyHealth:
             if self.last_updated is not None:
                 body["status"] = {f: {"lastUpdated": go_time(self.last_updated),
                                       "healthy": proxier_ok} for f in IP_FAMILIES}
+            waiting, full_maps = self.unprogrammed
+            if waiting:
+                body["unprogrammed"] = {"frontends": waiting, "fullMaps": full_maps}
         return (200 if healthy else 503), body
 
 

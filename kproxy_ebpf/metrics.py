@@ -121,6 +121,10 @@ class Metrics:
                                 "Writes refused because a map was full.", ["map"], registry=r)
         self.map_errors = Counter(P + "bpf_map_errors_total", "Other failed map writes.",
                                   registry=r)
+        self.unprogrammed = Gauge(
+            P + "frontends_unprogrammed",
+            "Frontends the maps do not hold yet (a full map or a failed write), retried "
+            "automatically; 0 when the node holds the whole desired table.", registry=r)
         self.rejected = Counter(P + "rejected_objects_total",
                                 "API objects (or parts) rejected as invalid.", ["kind", "reason"],
                                 registry=r)

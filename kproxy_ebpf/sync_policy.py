@@ -89,9 +89,13 @@ class SyncPolicy:
             self.recheck_kernel = False
         return plan
 
-    def applied(self, plan: SyncPlan, failed: Iterable[FrontendKey], full_maps: bool) -> None:
+    def applied(self, plan: SyncPlan, failed: Iterable[FrontendKey], full_maps: bool,
+                freed: bool = False) -> bool:
         """The writes of `plan` are done: `failed` keys are left behind (`full_maps`: some
-        write met a full map). Keys not retried by this sync stay as they were."""
+        write met a full map). Keys not retried by this sync stay as they were. `freed`: the
+        sync removed rows, so frontends waiting for room may fit now: they are due at once,
+        and True asks the caller for a sync (without it they would wait for the next change
+        or syncPeriod)."""
         if plan.retry_due:
             self.retry = frozenset(failed)
             self.retry_map_full = full_maps
@@ -99,6 +103,10 @@ class SyncPolicy:
         else:
             self.retry = self.retry | frozenset(failed)
             self.retry_map_full = full_maps or self.retry_map_full
+        if freed and self.retry and self.retry_map_full:
+            self.retry_at = 0.0
+            return True
+        return False
 
     def cidrs_written(self, complete: bool) -> None:
         self.cidrs_incomplete = not complete

@@ -1,5 +1,7 @@
 """Bad input and a full map, through the agent process (fed from manifests): each gets a log
-line and a metric, the agent keeps running, and what was already programmed keeps working."""
+line and a metric, the agent keeps running, and what was already programmed keeps working; a
+frontend that did not fit is reported (metric, Event, `status`) and programmed by itself once
+room returns."""
 from __future__ import annotations
 
 import os
@@ -69,14 +71,32 @@ spec: {clusterIP: 10.96.0.92, ports: [{port: 80, protocol: FOO}]}
 BIG = service_manifest("big", "10.96.0.93", [(f"10.244.9.{i}", None) for i in range(1, 13)])
 
 
+def service_rows(node) -> list[dict]:
+    maps = open_pinned_maps(Path(node.bpffs))
+    try:
+        return reader.services(maps)
+    finally:
+        for mp in maps.values():
+            mp.close()
+
+
+def services_in(node) -> set[str]:
+    return {s["service"] for s in service_rows(node)}
+
+
+def status_text(lab, node) -> str:
+    return lab.exec("node1", [sys.executable, "-m", "kproxy_ebpf.cli", "status", "--bpffs-dir",
+                              node.bpffs], capture_output=True, text=True, check=True).stdout
+
+
 def test_bad_input_and_a_full_map_are_reported_and_harm_nothing(lab, tmp_path):
     node = lab.node("node1")
     manifest = tmp_path / "svc.yaml"
     manifest.write_text(good(lab) + BAD)
     config = tmp_path / "agent.yaml"
-    # 10 service rows: "ok" (2 rows), "bad-port" (2) and "v6-only" (1) fit, "big" (1 + 12
-    # slots) cannot.
-    config.write_text("mapSizes: {svc: 10}\nmetricsBindAddress: 127.0.0.1:10249\n"
+    # 16 service rows: "ok" (2 rows), "bad-port" (2), "v6-only" (1) and "v6-mismatch" (1)
+    # fit, "big" (1 + 12 slots) only once the bad ones are gone.
+    config.write_text("mapSizes: {svc: 16}\nmetricsBindAddress: 127.0.0.1:10249\n"
                       "healthzBindAddress: 127.0.0.1:10256\nminSyncPeriod: 50ms\n")
     argv = [sys.executable, "-m", "kproxy_ebpf.cli", "run", "--config", str(config),
             "--manifests", str(manifest), "--cgroup", node.cgroup, "--bpffs-dir", node.bpffs,
@@ -106,18 +126,23 @@ def test_bad_input_and_a_full_map_are_reported_and_harm_nothing(lab, tmp_path):
                              if r["status"] == "running"], "the agent survived"
         assert {pod_of(x) for x in lab.probe("client", "10.96.0.90", 80, count=10)} == {"a1"}, \
             "what was programmed still works"
-        maps = open_pinned_maps(Path(node.bpffs))
-        try:
-            rows = reader.services(maps)
-            shown, addresses = {s["service"] for s in rows}, {s["address"] for s in rows}
-        finally:
-            for mp in maps.values():
-                mp.close()
+        rows = service_rows(node)
+        shown, addresses = {s["service"] for s in rows}, {s["address"] for s in rows}
         assert "default/big:http" not in shown, "a half-written frontend is never visible"
         assert "fd00::10" in addresses, "an IPv6-only Service is served (no endpoints: refused)"
         # ipFamilies that disagree with clusterIPs are reported (above), and the clusterIPs
         # are what counts, as for kube-proxy, which reads only those.
         assert "fd00::11" in addresses
+
+        assert sample(metrics(lab), "kproxy_frontends_unprogrammed") == 1
+        shown = status_text(lab, node)
+        assert f"1 frontends are not programmed: map(s) {svc_map} full" in shown, shown
+
+        manifest.write_text(good(lab) + BIG)  # room returns: "big" is programmed by itself
+        wait_until(lambda: "default/big:http" in services_in(node), 20,
+                   "the frontend that did not fit to be programmed once room returned")
+        assert sample(metrics(lab), "kproxy_frontends_unprogrammed") == 0
+        assert "not programmed" not in status_text(lab, node)
 
         manifest.write_text(good(lab))        # the operator fixes it
         def cleaned():

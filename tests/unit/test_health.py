@@ -116,3 +116,14 @@ def test_http_server_codes_headers_and_response_hook():
         server.shutdown()
         server.server_close()
     assert seen == [("/healthz", 503), ("/livez", 200), ("/healthz", 200)]
+
+
+def test_frontends_waiting_for_room_are_in_the_body_only_while_there_are_some():
+    h = ProxyHealth(timeout=60, clock=lambda: 1000.0)
+    h.updated(999.0)
+    assert "unprogrammed" not in h.status(with_node=False)[1]
+    h.set_unprogrammed(3, ["kp_svc_v3"])
+    code, body = h.status(with_node=False)
+    assert code == 200 and body["unprogrammed"] == {"frontends": 3, "fullMaps": ["kp_svc_v3"]}
+    h.set_unprogrammed(0, [])
+    assert "unprogrammed" not in h.status(with_node=False)[1]

@@ -100,6 +100,24 @@ def test_keys_left_by_a_full_map_are_retried_by_time():
     assert policy.retry == {B} and policy.retry_at == clock.now + FULL_MAP_RETRY_EVERY
 
 
+def test_a_sync_that_frees_rows_makes_what_did_not_fit_due_at_once():
+    policy, clock = started()
+    ran(policy, False, failed=[A], full_maps=True)
+    plan = policy.plan(False)
+    assert policy.applied(plan, [], False, freed=False) is False     # nothing freed: wait
+    plan = policy.plan(False)
+    assert plan.retry == frozenset()
+    assert policy.applied(plan, [], False, freed=True) is True       # ask for a sync now
+    assert policy.plan(False).retry == {A}                           # no wait for the timer
+
+
+def test_freed_rows_ask_for_nothing_when_nothing_waits_for_room():
+    policy, _ = started()
+    assert policy.applied(policy.plan(False), [], False, freed=True) is False
+    ran(policy, False, failed=[A])                                   # not a full map
+    assert policy.applied(policy.plan(False), [], False, freed=True) is False
+
+
 def test_a_full_map_is_no_reason_to_reread_but_another_failure_is():
     policy, clock = started()
     ran(policy, False, failed=[A], full_maps=True)
