@@ -18,7 +18,7 @@ KIND_APT_PACKAGES := $(IMAGE_APT_PACKAGES) golang-github-containernetworking-plu
                      containernetworking-plugins iptables
 IMAGE ?= localhost/kproxy-ebpf:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
-.PHONY: setup apt venv headers k8s test unit fuzz datapath integration lab-e2e conformance demo lab-down \
+.PHONY: setup apt venv headers k8s test unit fuzz soak datapath integration lab-e2e conformance demo lab-down \
         lint clean image image-apt apt-install chart-test kind-apt kind-tools kind-up kind-down e2e \
         bench scale bench-tools layout
 
@@ -148,6 +148,13 @@ bench: setup bench-tools
 
 scale: setup bench-tools
 	$(KP) bench --scale --tools-dir $(BENCH_BUILD) $(ARGS)
+
+# The churn soak (issue 26; not in CI, `make test` runs two minutes of it): 1000 Services under
+# churn and probes for MINUTES, written to bench/results/reliability.md; exit 1 on a wrong
+# connection, an unexpected failure or growing RSS.
+MINUTES ?= 20
+soak: setup
+	$(KP) bench --soak $(MINUTES) $(ARGS)
 
 # ruff with the pinned version and pyproject's rules over the whole tree, then every BPF program
 # compiled as bcc compiles it, with -Wall -Werror (tools/bpflint.py: clang, libbcc, the headers).

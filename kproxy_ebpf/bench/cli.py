@@ -82,6 +82,11 @@ class _TestLock:
 @click.option("--scale-change-window", type=click.FloatRange(1), default=60.0, show_default=True,
               help="Scale run: seconds the single changes are spread over (and the idle "
                    "reference window before them).")
+@click.option("--soak", type=click.FloatRange(0.5), default=None,
+              help="The churn soak of issue 26 for this many minutes instead of the benchmark "
+                   "(writes bench/results/reliability.md).")
+@click.option("--soak-services", type=click.IntRange(1, MAX_N), default=1000, show_default=True,
+              help="Soak: filler Services.")
 @click.option("--lab", "lab_name", default=None, help="Lab name (default bench / bench-scale).")
 @click.option("--tools-dir", help="Where `make bench-tools` put kpbench-client and "
                                   "kpbench-server [the checkout's build/bench].")
@@ -93,8 +98,8 @@ class _TestLock:
               show_default=True, help="The lab's family: every measured address IPv6 with "
                                       "ipv6 (M9 then runs for the baselines only).")
 def bench(quick, modes, sizes, repeats, m5_changes, cold_timeout, scale, idle, scale_n, scale_change_ns,
-          scale_changes, scale_change_window, lab_name, tools_dir, out_dir, no_readme, no_pin,
-          ip_family) -> None:
+          scale_changes, scale_change_window, soak, soak_services, lab_name, tools_dir, out_dir,
+          no_readme, no_pin, ip_family) -> None:
     """Benchmark kproxy against kube-proxy iptables/nftables and the direct path, in the lab."""
     if os.geteuid() != 0:
         raise click.ClickException("the benchmark needs root (namespaces, BPF, iptables)")
@@ -105,6 +110,19 @@ def bench(quick, modes, sizes, repeats, m5_changes, cold_timeout, scale, idle, s
     tools_dir = str(Path(tools_dir).resolve()) if tools_dir else str(REPO / "build" / "bench")
     readme = None if no_readme else REPO / "README.md"
     with _TestLock():
+        if soak:
+            from .soak import SoakConfig, run_soak, soak_passed
+
+            doc = run_soak(SoakConfig(minutes=soak, services=soak_services,
+                                      lab_name=lab_name or "soak"), _log)
+            paths = report.write_soak(doc, out)
+            for p in paths:
+                click.echo(f"wrote {p}")
+            v = doc["verdict"]
+            click.echo(f"wrong connections {v['wrong_connections']}, unexpected failures "
+                       f"{v['unexpected_failures']}, RSS flat {v['rss_flat']}, propagation "
+                       f"window {doc['propagation_window_s']} s")
+            sys.exit(0 if soak_passed(doc) else 1)
         if scale:
             from .scale import ScaleConfig, run_scale
 

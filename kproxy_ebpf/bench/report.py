@@ -250,6 +250,15 @@ def render_scale_markdown(doc: dict, plot: str | None) -> str:
     return "\n".join(out)
 
 
+def write_soak(doc: dict, out_dir: Path = RESULTS_DIR) -> list[Path]:
+    """soak-latest.json and reliability.md, the soak's report (soak.py)."""
+    from .soak import report_markdown
+
+    written = [write_json(doc, out_dir, "soak-latest")]
+    (out_dir / "reliability.md").write_text(report_markdown(doc))
+    return [*written, out_dir / "reliability.md"]
+
+
 def write_scale(doc: dict, out_dir: Path = RESULTS_DIR, readme: Path | None = Path("README.md")
                 ) -> list[Path]:
     from . import plots as plotting
