@@ -213,6 +213,18 @@ def _flat(series: list[float]) -> dict:
             "growth_pct": round(100 * (last - first) / first, 1) if first else None}
 
 
+def _by_minute(series: list[tuple[float, int | None, float | None]]) -> list[float]:
+    """The median RSS (MiB) of each minute of the run: the shape, not only its ends."""
+    if not series:
+        return []
+    t0 = series[0][0]
+    minutes: dict[int, list[float]] = {}
+    for at, rss, _ in series:
+        if rss is not None:
+            minutes.setdefault(int((at - t0) // 60), []).append(rss / 2 ** 20)
+    return [round(statistics.median(v), 1) for _, v in sorted(minutes.items())]
+
+
 def run_soak(cfg: SoakConfig, log: Callable[[str], None]) -> dict:
     c = Cluster(cfg.lab_name)
     c.down()
@@ -313,6 +325,7 @@ def _document(cfg: SoakConfig, tallies: dict[str, ProbeTally], samples: dict, dr
         last = (cpu[-1][1] - cpu[-k][1]) / (cpu[-1][0] - cpu[-k][0]) * 60 if len(cpu) > k else None
         agents[n] = {"rss_mib": {k2: round(v, 1) if isinstance(v, float) else v
                                  for k2, v in _flat(rss).items()} if rss else None,
+                     "rss_mib_by_minute": _by_minute(series),
                      "cpu_s_per_min": {"first": round(first, 2) if first is not None else None,
                                        "last": round(last, 2) if last is not None else None},
                      "samples": len(series)}
@@ -394,4 +407,7 @@ def report_markdown(doc: dict) -> str:
         lines.append(f"| {n} | {r.get('first')} | {r.get('last')} | {r.get('growth')} MiB "
                      f"({r.get('growth_pct')} %) | {a['cpu_s_per_min']['first']} | "
                      f"{a['cpu_s_per_min']['last']} |")
+    lines += ["", "RSS (MiB) by minute, the median of each minute's samples:", ""]
+    lines += [f"* {n}: {' '.join(str(x) for x in a.get('rss_mib_by_minute', []))}"
+              for n, a in doc["agents"].items()]
     return "\n".join(lines) + "\n"

@@ -1,6 +1,7 @@
-"""The agent as a process (fed from manifests): SIGKILL it and start a new one while clients keep
-connecting; the pinned maps and links carry the datapath across, and the new agent adopts the
-maps without rewriting them."""
+"""The agent as a process (fed from manifests): SIGKILL or SIGTERM it and start a new one while
+clients keep connecting; the pinned maps and links carry the datapath across, the new agent
+adopts the maps without rewriting them, and its first search for stale sockets (every socket
+of the node) leaves the held connection to a live backend alone."""
 from __future__ import annotations
 
 import contextlib
@@ -31,7 +32,8 @@ def forwarded(bpffs: str) -> int:
             m.close()
 
 
-def test_sigkill_and_restart_loses_no_connection(lab, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_stop_and_restart_loses_no_connection(lab, tmp_path, sig):
     manifest = tmp_path / "web.yaml"
     manifest.write_text(web_manifest(lab))
     bpffs = lab.node("node1").bpffs
@@ -53,8 +55,13 @@ def test_sigkill_and_restart_loses_no_connection(lab, tmp_path):
         for t in loops:
             t.start()
         wait_until(lambda: forwarded(bpffs) >= before + 50, 30, "traffic through the agent")
-        os.kill(first.pid, signal.SIGKILL)
-        assert lab.kill(first.pid) in ("gone", "killed")      # reaped and forgotten
+        if sig == signal.SIGKILL:
+            os.kill(first.pid, sig)
+            assert lab.kill(first.pid) in ("gone", "killed")  # reaped and forgotten
+        else:
+            # SIGTERM, and a stop within the grace (no SIGKILL after it).
+            assert lab.kill(first.pid, grace=10) == "killed"
+            assert "stopping; the datapath stays programmed" in log_of(lab, "agent-1")
         killed = forwarded(bpffs)
         wait_until(lambda: forwarded(bpffs) >= killed + 30, 30, "traffic with no agent running")
         second = start_agent(lab, manifest, "agent-2")

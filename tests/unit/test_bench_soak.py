@@ -48,3 +48,11 @@ def test_the_soak_passes_only_with_no_wrong_connection_no_failure_and_flat_rss()
     assert soak_passed(ok)
     for key, bad in (("wrong_connections", 1), ("unexpected_failures", 3), ("rss_flat", False)):
         assert not soak_passed({"verdict": {**ok["verdict"], key: bad}})
+
+
+def test_rss_is_summarised_per_minute():
+    from kproxy_ebpf.bench.soak import _by_minute
+    mib = 2 ** 20
+    series = [(0.0, 60 * mib, 1.0), (30.0, 62 * mib, 2.0), (61.0, 64 * mib, 3.0),
+              (90.0, None, 4.0), (125.0, 66 * mib, 5.0)]
+    assert _by_minute(series) == [61.0, 64.0, 66.0]
