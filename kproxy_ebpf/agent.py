@@ -28,10 +28,10 @@ from .datapath import conntrack, reader, tc
 from .datapath.cidr_writer import CidrWriter
 from . import conntrack_sysctl
 from .datapath.sock_hooks import SockDatapath
-from .datapath.stale_sockets import StaleSockets, peer_of
+from .datapath.stale_sockets import StaleSockets
 from .datapath.tc import TcDatapath
 from .datapath.writer import ApplyResult, MapWriter
-from .established import Established, KeptBackends
+from .established import Established
 from .kube.sources import ApiSource, ManifestSource
 from .metrics import Metrics
 from .model import Node
@@ -41,6 +41,7 @@ from .proxy.state import ProxyState
 from .reporting import Reporter
 from .runner import Runner, Schedule
 from .service_health import ServiceHealthServers
+from .socket_sweep import SocketSweep
 from .state_sink import StateSink
 from .sync_policy import SyncPlan, SyncPolicy
 
@@ -63,9 +64,7 @@ class Agent:
             lambda: self.health.status(with_node=False)[0] == 200)
         self.writer: MapWriter | None = None
         self.cidrs: CidrWriter | None = None   # ServiceCIDR rows (datapath/cidr_writer.py)
-        self.stale: StaleSockets | None = None  # sockets of backends gone (socket path only)
-        self._reap_all = True                  # the first sync checks every socket of ours
-        self.kept = KeptBackends()             # backends sockets may still be talking to
+        self.sweep: SocketSweep | None = None  # sockets of backends gone (socket path only)
         self._full_maps: set[str] = set()      # maps found full since the last full retry
         self.source: ApiSource | ManifestSource | None = None
         self.reporter = Reporter(self.metrics)
@@ -129,9 +128,9 @@ class Agent:
         self.cidrs.restore()
         log.info("adopted %d frontends from %s", adopted, self.cfg.bpffs_dir)
         if self.cfg.socket_lb:
-            self.stale = StaleSockets.of(self.datapath.maps, self.cfg.cgroup,
-                                         reset_tcp=self.cfg.stale_sockets_tcp)
-            self.metrics.socket_destroy_supported.set(int(self.stale.supported))
+            self.sweep = SocketSweep(StaleSockets.of(self.datapath.maps, self.cfg.cgroup,
+                                                     reset_tcp=self.cfg.stale_sockets_tcp),
+                                     self.metrics)
         # Programs that would read empty maps (a fresh node, a cleanup, maps of a new layout
         # version) are attached only after the first sync has filled them: until then the
         # previous programs, if any, keep serving from their own maps.
@@ -198,34 +197,6 @@ class Agent:
             self._full_maps = set()
         self.metrics.unprogrammed.set(waiting)
         self.health.set_unprogrammed(waiting, sorted(self._full_maps))
-
-    def _end_stale_sockets(self, before: dict, keeps: Established, full: bool) -> None:
-        """Ends the sockets connected to backends that `before` (KeptBackends.before, taken
-        before this sync's write) had and that may no longer keep them (established.py). The
-        first sync checks every socket (what changed while no agent ran is not in `before`),
-        and so do full syncs: a connect() whose hook read a row just before it changed may
-        finish after the search."""
-        assert self.stale is not None
-        serves = keeps.keeps
-        gone = {peer_of(be) for be in self.kept.settle(before, serves)}
-        every = self._reap_all or full
-        if not gone and not every:
-            return
-        try:
-            res = self.stale.reap(serves, None if every else gone)
-        except Exception:       # never the sync's failure: the maps are written already
-            log.exception("the search for stale sockets failed")
-            return
-        self._reap_all = False
-        self.metrics.stale_socket_scan.observe(res.seconds)
-        for (proto, outcome), n in res.counts.items():
-            self.metrics.stale_sockets.labels(proto, outcome).inc(n)
-        if res.counts:
-            log.info("sockets connected to backends that left their Service: %s (%d network "
-                     "namespaces, %.0f ms), e.g. %s",
-                     ", ".join(f"{n} {proto} {outcome}"
-                               for (proto, outcome), n in sorted(res.counts.items())),
-                     res.namespaces, res.seconds * 1000, "; ".join(res.examples))
 
     def _attach(self) -> None:
         """Attaches this mode's programs, then removes the other mode's (a previous agent's),
@@ -349,13 +320,13 @@ class Agent:
             self.metrics.drift_checks.inc()
             self.metrics.drift_check_cpu.inc(time.thread_time() - cpu0)
         keys = None if full else changes.changed_keys | plan.retry
-        socket_backends = (self.kept.before(self.writer, None if full else
-                                            changes.recomputed_keys | keys)
-                           if self.stale is not None else {})
+        sockets = (self.sweep.before(self.writer, None if full else
+                                     changes.recomputed_keys | keys)
+                   if self.sweep is not None else None)
         result = self.writer.apply(changes.frontends, keys)
-        if self.stale is not None:
-            self._end_stale_sockets(socket_backends, Established(
-                self.writer, changes.frontends, self.state, self._lock), full)
+        if self.sweep is not None and sockets is not None:
+            self.sweep.after(sockets, Established(self.writer, changes.frontends, self.state,
+                                                  self._lock), full)
         self._apply_service_cidrs(result, plan.cidrs_all)
         if self.policy.applied(plan, result.failed, bool(result.full_maps),
                                freed=result.deleted > 0):

@@ -48,6 +48,9 @@ class Established:
         return (backend[0], backend[1]) in serving
 
 
+Snapshot = dict[FrontendKey, frozenset[BackendKey]]   # per frontend, backends before a write
+
+
 class KeptBackends:
     """Per scope-SOCK frontend, the backends that sockets made through it may still be
     talking to: those lookups could pick at some point and that have kept their connections
@@ -58,18 +61,17 @@ class KeptBackends:
     def __init__(self) -> None:
         self._held: dict[FrontendKey, frozenset[BackendKey]] = {}
 
-    def before(self, writer: MapWriter, keys: Iterable[FrontendKey] | None
-               ) -> dict[FrontendKey, frozenset[BackendKey]]:
+    def before(self, writer: MapWriter, keys: Iterable[FrontendKey] | None) -> Snapshot:
         """Taken before a sync writes the frontends among `keys` (None: all)."""
         live = writer.sock_backends(keys)
         held = self._held
         mine = held.keys() if keys is None else [k for k in keys if k in held]
-        out = {k: frozenset(bes) for k, bes in live.items()}
+        out: Snapshot = {k: frozenset(bes) for k, bes in live.items()}
         for k in mine:
             out[k] = out.get(k, frozenset()) | held[k]
         return out
 
-    def settle(self, before: Mapping[FrontendKey, frozenset[BackendKey]],
+    def settle(self, before: Snapshot,
                keeps: Callable[[FrontendKey, BackendKey], bool]) -> set[BackendKey]:
         """After the write: keeps what still may keep its sockets, returns the backends
         that lost them (through some frontend)."""

@@ -1,0 +1,73 @@
+"""When the agent searches for stale sockets and what it does with the result
+(socket_sweep.py), with the search itself replaced by a recorder: which sockets it ends is
+tested in test_stale_sockets.py and in the lab."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from kproxy_ebpf.datapath.stale_sockets import Outcome, Reaped, peer_of
+from kproxy_ebpf.datapath.writer import MapWriter
+from kproxy_ebpf.established import Established
+from kproxy_ebpf.metrics import Metrics
+from kproxy_ebpf.model import Node, Protocol
+from kproxy_ebpf.proxy.state import ProxyState
+from kproxy_ebpf.socket_sweep import SocketSweep
+
+from ..builders import ep, sl, svc
+from .fakemaps import checked_maps
+
+TCP = Protocol.TCP
+
+
+class Recorder:
+    supported = True
+
+    def __init__(self) -> None:
+        self.calls: list[set | None] = []
+        self.fail = False
+
+    def reap(self, serves, peers=None) -> Reaped:
+        self.calls.append(peers)
+        if self.fail:
+            raise OSError("netlink went away")
+        return Reaped(counts={("TCP", Outcome.DESTROYED): 1} if peers else {})
+
+
+@pytest.fixture
+def world():
+    state = ProxyState(Node(name="node-a", addresses=("192.168.0.1",)))
+    state.upsert_service(svc())
+    writer, lock, stale = MapWriter(checked_maps()), threading.Lock(), Recorder()
+    sweep = SocketSweep(stale, Metrics())
+
+    def sync(*ips: str, full: bool = False) -> None:
+        state.upsert_slice(sl(*(ep(ip, "node-b") for ip in ips)))
+        changes = state.compute()
+        before = sweep.before(writer, None if full else changes.recomputed_keys)
+        assert writer.apply(changes.frontends).ok
+        sweep.after(before, Established(writer, changes.frontends, state, lock), full)
+    return sync, stale
+
+
+def test_every_socket_first_then_only_the_backends_a_sync_removed(world):
+    sync, stale = world
+    sync("10.0.2.1", "10.0.2.2")
+    assert stale.calls == [None]                      # the first sync: every socket
+    sync("10.0.2.1", "10.0.2.2", "10.0.2.3")          # nothing removed: no search
+    assert stale.calls == [None]
+    sync("10.0.2.1", "10.0.2.3")
+    assert stale.calls[1] == {peer_of(("10.0.2.2", 8080, TCP))}
+    sync("10.0.2.1", "10.0.2.3", full=True)           # a full sync: every socket again
+    assert stale.calls[2] is None
+
+
+def test_a_failed_search_is_logged_and_the_next_sync_searches_everything(world, caplog):
+    sync, stale = world
+    stale.fail = True
+    sync("10.0.2.1")
+    assert "the search for stale sockets failed" in caplog.text
+    stale.fail = False
+    sync("10.0.2.1", "10.0.2.4")
+    assert stale.calls == [None, None]
