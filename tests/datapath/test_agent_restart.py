@@ -42,6 +42,9 @@ def test_stop_and_restart_loses_no_connection(lab, tmp_path, sig):
     loops: list[threading.Thread] = []
     try:
         wait_until(lambda: programmed(bpffs), 30, "the first agent to program the service")
+        # The rows come first; on fresh maps the hooks are attached at the end of that sync.
+        wait_until(lambda: pod_of(lab.probe("client", "10.96.0.80", 80)[0]) in ("a1", "b1"),
+                   15, "the hooks to serve the service")
 
         results: dict[str, list[str]] = {}
         loops = [

@@ -31,6 +31,14 @@ from .lab_services import delete_service, make_service, metric, served_by
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 
 REPAIR = 2.0        # the bound: the held socket answers from a live backend by then
+# kube-proxy's column is the oracle's behaviour, not a bound it was held to: its conntrack
+# cleanup runs in its sync, at most once a second (minSyncPeriod), measured 0.9-1.3 s here
+# and past 2 s under a loaded CI run.
+ORACLE_REPAIR = 5.0
+
+
+def bound(c: Cluster) -> float:
+    return REPAIR if c.info.proxy == "kproxy" else ORACLE_REPAIR
 
 
 @pytest.fixture(scope="module", params=["kproxy", "kproxy-image", "nftables"])
@@ -123,7 +131,7 @@ def test_connected_udp_moves_to_the_other_backend_when_its_pod_is_deleted(cluste
         t0 = time.time()
         cluster.delete_pod(first)
         took = repaired_within(held, {other}, t0)
-    assert took < REPAIR, f"{target}: {took:.2f}s before {other} answered the held socket"
+    assert took < bound(cluster), f"{target}: {took:.2f}s before {other} answered the held socket"
     delete_service(cluster, app)
     cluster.delete_pod(other)
 
@@ -147,7 +155,7 @@ def test_coredns_style_rollout_under_a_resolver_that_keeps_its_socket(cluster):
         t1 = time.time()
         times = [t for t, _ in held.answers(t0)]
     gaps = [b - a for a, b in zip([t0, *times], [*times, t1], strict=True)]
-    assert max(gaps) < REPAIR, f"the resolver went {max(gaps):.2f}s without an answer"
+    assert max(gaps) < bound(cluster), f"the resolver went {max(gaps):.2f}s without an answer"
     late = {p for t, p in held.answers(t1 - 0.01)}
     assert late <= set(new), late
     delete_service(cluster, "dns")
@@ -246,7 +254,7 @@ def test_pod_relabelled_out_of_the_service_keeps_its_direct_sockets(cluster):
             assert {p for _, p in direct_tcp.answers(t0)} == {first}
             assert len({t for t, _ in direct_tcp.answers(t0)}) >= 5      # one connection, alive
             assert (t1 - t0) > 1
-    assert took < REPAIR, f"{took:.2f}s before {other} answered the held socket"
+    assert took < bound(cluster), f"{took:.2f}s before {other} answered the held socket"
     if cluster.info.proxy == "kproxy":
         assert metric(cluster, "node1", "kproxy_stale_sockets_total",
                       'outcome="destroyed",protocol="UDP"') >= 1
