@@ -89,7 +89,7 @@ def test_stop_and_restart_loses_no_connection(lab, tmp_path, sig):
         remove_pins(Path(bpffs))
 
     for name, lines in results.items():
-        failed = [x for x in lines if pod_of(x) not in ("a1", "b1")]
+        failed = [(i, x) for i, x in enumerate(lines) if pod_of(x) not in ("a1", "b1")]
         assert not failed, f"{name}: {len(failed)} failed, e.g. {failed[:3]}"
         assert {pod_of(x) for x in lines} <= {"a1", "b1"}
     assert {pod_of(x) for x in results["new"]} == {"a1", "b1"}
