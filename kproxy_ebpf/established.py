@@ -32,9 +32,15 @@ class Established:
                  state: ProxyState, lock: threading.Lock) -> None:
         self.writer, self.frontends, self.state, self.lock = writer, frontends, state, lock
         self._serving: dict[tuple[ServicePortName, IPFamily], frozenset[tuple[str, int]]] = {}
+        # Each frontend's slots, read once: a full sync asks about every backend of every
+        # frontend, and MapWriter.serves() rebuilds the frontend's slot table per question.
+        self._live: dict[FrontendKey, frozenset[BackendKey]] = {}
 
     def keeps(self, key: FrontendKey, backend: BackendKey) -> bool:
-        if self.writer.serves(key, backend):
+        live = self._live.get(key)
+        if live is None:
+            live = self._live[key] = self.writer.sock_backends((key,)).get(key, frozenset())
+        if backend in live:
             return True
         fe = self.frontends.get(key)
         if fe is None:
@@ -63,10 +69,9 @@ class KeptBackends:
 
     def before(self, writer: MapWriter, keys: Iterable[FrontendKey] | None) -> Snapshot:
         """Taken before a sync writes the frontends among `keys` (None: all)."""
-        live = writer.sock_backends(keys)
+        out: Snapshot = writer.sock_backends(keys)
         held = self._held
         mine = held.keys() if keys is None else [k for k in keys if k in held]
-        out: Snapshot = {k: frozenset(bes) for k, bes in live.items()}
         for k in mine:
             out[k] = out.get(k, frozenset()) | held[k]
         return out

@@ -295,40 +295,40 @@ def _filler_change(cfg: SoakConfig) -> Callable[[int], tuple[str, list]]:
 
 
 def _wait_programmed(c: Cluster, frontends: int, timeout: float = 180.0) -> None:
-    import sys
+    def programmed(node: str) -> float:
+        return next((float(line.split()[1]) for line in c.agent_metrics(node).splitlines()
+                     if line.startswith("kproxy_frontends ")), 0.0)
 
-    script = ("import urllib.request\n"
-              "print(urllib.request.urlopen('http://127.0.0.1:10249/metrics').read().decode())")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        done = True
-        for n in NODES:
-            out = c.lab.exec(f"node/{n}", [sys.executable, "-c", script], capture_output=True,
-                             text=True).stdout
-            got = next((float(line.split()[1]) for line in out.splitlines()
-                        if line.startswith("kproxy_frontends ")), 0.0)
-            done = done and got >= frontends
-        if done:
+        if all(programmed(n) >= frontends for n in NODES):
             return
         time.sleep(1)
     raise RuntimeError(f"the agents did not program {frontends} frontends in {timeout:.0f} s")
 
 
+def _cpu_per_min(cpu: list[tuple[float, float]]) -> float | None:
+    """CPU seconds per minute between the first and last of these samples."""
+    if len(cpu) < 2 or cpu[-1][0] <= cpu[0][0]:
+        return None
+    return round((cpu[-1][1] - cpu[0][1]) / (cpu[-1][0] - cpu[0][0]) * 60, 2)
+
+
+def _agent_summary(series: list[tuple[float, int | None, float | None]]) -> dict:
+    """RSS (first and last fifth, by minute) and CPU (first and last fifth) of one agent."""
+    rss = [r / 2 ** 20 for _, r, _ in series if r is not None]
+    cpu = [(at, p) for at, _, p in series if p is not None]
+    k = max(2, len(cpu) // 5)
+    flat = ({key: round(v, 1) if isinstance(v, float) else v for key, v in _flat(rss).items()}
+            if rss else None)
+    return {"rss_mib": flat, "rss_mib_by_minute": _by_minute(series),
+            "cpu_s_per_min": {"first": _cpu_per_min(cpu[:k]), "last": _cpu_per_min(cpu[-k:])},
+            "samples": len(series)}
+
+
 def _document(cfg: SoakConfig, tallies: dict[str, ProbeTally], samples: dict, driver: Driver,
               churn, seconds: float) -> dict:
-    agents = {}
-    for n, series in samples.items():
-        rss = [r / 2 ** 20 for _, r, _ in series if r is not None]
-        cpu = [(at, p) for at, _, p in series if p is not None]
-        k = max(2, len(cpu) // 5)
-        first = (cpu[k - 1][1] - cpu[0][1]) / (cpu[k - 1][0] - cpu[0][0]) * 60 if len(cpu) > k else None
-        last = (cpu[-1][1] - cpu[-k][1]) / (cpu[-1][0] - cpu[-k][0]) * 60 if len(cpu) > k else None
-        agents[n] = {"rss_mib": {k2: round(v, 1) if isinstance(v, float) else v
-                                 for k2, v in _flat(rss).items()} if rss else None,
-                     "rss_mib_by_minute": _by_minute(series),
-                     "cpu_s_per_min": {"first": round(first, 2) if first is not None else None,
-                                       "last": round(last, 2) if last is not None else None},
-                     "samples": len(series)}
+    agents = {n: _agent_summary(series) for n, series in samples.items()}
     stable = [t for k, t in tallies.items() if k.endswith("-> stable")]
     from .env import collect
 

@@ -94,11 +94,11 @@ class MapWriter:
         return prog is not None and backend in prog.live()
 
     def sock_backends(self, keys: Iterable[FrontendKey] | None = None
-                      ) -> dict[FrontendKey, tuple[BackendKey, ...]]:
+                      ) -> dict[FrontendKey, frozenset[BackendKey]]:
         """The backends lookups of the scope-SOCK frontends among `keys` (None: all) can pick
         now: what a socket connected through them may be talking to."""
         held = self.held.frontends
-        return {k: tuple(prog.live()) for k in (held if keys is None else keys)
+        return {k: frozenset(prog.live()) for k in (held if keys is None else keys)
                 if k.scope is Scope.SOCK and (prog := held.get(k)) is not None}
 
     def restore(self) -> int:

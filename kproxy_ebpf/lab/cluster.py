@@ -202,6 +202,13 @@ class Cluster:
     def compact_etcd(self) -> int:
         return self._cp().compact_etcd()
 
+    def agent_metrics(self, node: str) -> str:
+        """The Prometheus text a node's agent serves on its metrics port (node loopback)."""
+        script = ("import urllib.request\nprint(urllib.request.urlopen("
+                  "'http://127.0.0.1:10249/metrics').read().decode())")
+        return self.lab.exec(f"node/{node}", [sys.executable, "-c", script], capture_output=True,
+                             text=True, check=True).stdout
+
     def proxy_pid(self, node: str) -> int | None:
         for pid, rec in self.lab.status()["procs"].items():
             if rec["name"] == self.proxy_name(node) and rec["status"] == "running":

@@ -55,11 +55,7 @@ def services_on(c: Cluster, node: str) -> list[dict]:
 
 
 def metric(c: Cluster, node: str, name: str, labels: str = "") -> float:
-    script = ("import urllib.request\n"
-              "print(urllib.request.urlopen('http://127.0.0.1:10249/metrics').read().decode())")
-    text = c.lab.exec(f"node/{node}", [sys.executable, "-c", script], capture_output=True,
-                      text=True, check=True).stdout
-    for line in text.splitlines():
+    for line in c.agent_metrics(node).splitlines():
         if line.startswith(name + (f"{{{labels}}}" if labels else "")):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
