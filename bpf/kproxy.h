@@ -91,6 +91,10 @@ enum kp_stat {                  /* index into the per-CPU counter array kp_stats
 	KP_STAT_TC_SRC_DROP   = 18, /* a new flow from outside loadBalancerSourceRanges: dropped */
 	KP_STAT_TC_SNAT_REUSE = 19, /* a new flow took the SNAT port of an ended one */
 	KP_STAT_TC_ICMP_ERR   = 20, /* an ICMP(v6) error about a flow sent on to its backend */
+	/* loadBalancerSourceRanges on the socket path (sock_lb.c sock_source_allows) */
+	KP_STAT_SRC_DENY      = 21, /* a connect/sendmsg from outside the ranges: EPERM */
+	KP_STAT_SRC_UNKNOWN   = 22, /* ... from a netns whose address the agent has not learnt yet:
+				     * EPERM (fail closed), the netns noted in kp_nsmiss */
 	KP_STAT_MAX           = 32,
 };
 
@@ -249,7 +253,7 @@ struct kp_cidr_key {
  * lookup with prefixlen KP_SRCRANGE_FE_BITS + 32 (a whole source address) answers "is this
  * source inside one of this frontend's ranges". */
 enum kp_srcrange_bits {
-	KP_SRCRANGE_FE_BITS = 160,  /* fe_addr, fe_port, proto, pad: the key's frontend part */
+	KP_SRCRANGE_FE_BITS = 160,  /* fe_addr, fe_port, proto, scope: the key's frontend part */
 };
 
 struct kp_srcrange_key {
@@ -258,8 +262,19 @@ struct kp_srcrange_key {
 	struct kp_ip fe_addr; /* the frontend (an LB ingress IP), its port and protocol */
 	__be16 fe_port;
 	__u8   proto;
-	__u8   pad;
+	__u8   scope;   /* enum kp_scope: the socket path's LB frontend and the TC path's have the
+			 * same ranges but are written and removed each on its own */
 	struct kp_ip saddr; /* the range's network address */
+};
+
+/* Where a socket path client's connections come from (sock_lb.c sock_source_allows): for a
+ * source-range check a socket that is not bound has no source address yet (the route picks it
+ * after connect), so the agent writes the address each network namespace sends from
+ * (netns_sources.py: its route's preferred source), keyed by the namespace's cookie. */
+struct kp_nssrc_key {
+	__u64 netns;      /* bpf_get_netns_cookie() */
+	__u8  family;     /* 4 or 6: the frontend's family */
+	__u8  pad[7];
 };
 
 /* ---- The lookup interface of lib/lb.h (a request and its answer) ----------------------------
@@ -306,6 +321,7 @@ _Static_assert(sizeof(struct kp_svc_meta) == 152, "kp_svc_meta");
 _Static_assert(sizeof(struct kp_cip_val) == 4, "kp_cip_val");
 _Static_assert(sizeof(struct kp_cidr_key) == 20, "kp_cidr_key");
 _Static_assert(sizeof(struct kp_srcrange_key) == 40, "kp_srcrange_key");
+_Static_assert(sizeof(struct kp_nssrc_key) == 16, "kp_nssrc_key");
 _Static_assert(KP_SRCRANGE_FE_BITS == 8 * (__builtin_offsetof(struct kp_srcrange_key, saddr) -
 					  __builtin_offsetof(struct kp_srcrange_key, fe_addr)),
 	       "KP_SRCRANGE_FE_BITS: the bits between prefixlen and saddr");
@@ -445,9 +461,11 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 40, "kp_tc_cfg");
 	X(ct,          kp_ct,       3, lru_hash,     struct kp_ct_key,     struct kp_ct_val,     KP_CT_SIZE,       0) \
 	X(rnat,        kp_rnat,     2, lru_hash,     struct kp_ct_key,     struct kp_ct_key,     KP_RNAT_SIZE,     0) \
 	X(tccfg,       kp_tccfg,    3, array,        __u32,                struct kp_tc_cfg,     1,                0) \
-	X(srcrange,    kp_srcrange, 2, lpm_trie,     struct kp_srcrange_key, __u32,              KP_SRCRANGE_SIZE, KP_NO_PREALLOC) \
+	X(srcrange,    kp_srcrange, 3, lpm_trie,     struct kp_srcrange_key, __u32,              KP_SRCRANGE_SIZE, KP_NO_PREALLOC) \
 	X(extaddr,     kp_extaddr,  2, hash,         struct kp_ip,         __u32,                KP_EXTADDR_SIZE,  0) \
-	X(extbe,       kp_extbe,    2, hash,         struct kp_ip,         __u32,                KP_EXTBE_SIZE,    0)
+	X(extbe,       kp_extbe,    2, hash,         struct kp_ip,         __u32,                KP_EXTBE_SIZE,    0) \
+	X(nssrc,       kp_nssrc,    1, hash,         struct kp_nssrc_key,  struct kp_ip,         KP_NSSRC_SIZE,    0) \
+	X(nsmiss,      kp_nsmiss,   1, lru_hash,     __u64,                __u64,                KP_NSMISS_SIZE,   0)
 
 #ifndef KP_SVC_SIZE
 #define KP_SVC_SIZE   262144  /* frontends plus one row per backend slot (10k x 10: 110k) */
@@ -487,6 +505,12 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 40, "kp_tc_cfg");
 #endif
 #ifndef KP_SRCRANGE_SIZE
 #define KP_SRCRANGE_SIZE 16384 /* loadBalancerSourceRanges rows: one per (LB frontend, range) */
+#endif
+#ifndef KP_NSSRC_SIZE
+#define KP_NSSRC_SIZE 8192    /* network namespaces of this node's clients, per family */
+#endif
+#ifndef KP_NSMISS_SIZE
+#define KP_NSMISS_SIZE 256    /* netns cookie -> when a source-range check met it unknown (LRU) */
 #endif
 #ifndef KP_SVCCIDR_SIZE
 #define KP_SVCCIDR_SIZE 256   /* ServiceCIDR ranges */

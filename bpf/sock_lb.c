@@ -22,6 +22,7 @@
 #include "lib/ip.h"
 #include "lib/lb.h"
 #include "lib/servicecidr.h"
+#include "lib/srcrange.h"
 
 #define SYS_REJECT  0
 #define SYS_PROCEED 1
@@ -96,13 +97,86 @@ static __always_inline void sock_remember(struct bpf_sock_addr *ctx, const struc
 	kp_sknat.update(&rkey, &rval);
 }
 
+/* The address the socket's traffic to frontend fe leaves from: the one it asks for (a sendmsg
+ * with IP_PKTINFO) or is bound to (also a UDP socket connected before, which the kernel bound to
+ * its route's source), else the one the agent learnt for its network namespace (kp_nssrc; the
+ * route picks an unbound socket's source only after this hook). False when none is known. */
+static __always_inline bool sock_source(struct bpf_sock_addr *ctx, bool v6, bool unconnected_udp,
+					const struct kp_svc_key *fe, struct kp_ip *src)
+{
+	struct kp_nssrc_key key = {};
+	struct bpf_sock *sk = ctx->sk;
+	struct kp_ip *row;
+
+	if (unconnected_udp && !v6 && ctx->msg_src_ip4) {
+		*src = kp_ip_from4(ctx->msg_src_ip4);
+		return true;
+	}
+	if (unconnected_udp && v6) {
+		src->w[0] = ctx->msg_src_ip6[0];
+		src->w[1] = ctx->msg_src_ip6[1];
+		src->w[2] = ctx->msg_src_ip6[2];
+		src->w[3] = ctx->msg_src_ip6[3];
+		if (!kp_ip_is_zero(src))
+			return true;
+	}
+	if (sk && !v6 && sk->src_ip4) {
+		*src = kp_ip_from4(sk->src_ip4);
+		return true;
+	}
+	if (sk && v6) {
+		src->w[0] = sk->src_ip6[0];
+		src->w[1] = sk->src_ip6[1];
+		src->w[2] = sk->src_ip6[2];
+		src->w[3] = sk->src_ip6[3];
+		if (!kp_ip_is_zero(src))
+			return true;
+	}
+	key.netns = bpf_get_netns_cookie(ctx);
+	key.family = kp_ip_family(&fe->addr);
+	row = kp_nssrc.lookup(&key);
+	if (!row)
+		return false;
+	*src = *row;
+	return true;
+}
+
+/* loadBalancerSourceRanges for a socket (lib/srcrange.h): 0 when the source may use fe, else
+ * -EPERM, what a node's own client gets from a netfilter drop in OUTPUT. A namespace the agent
+ * has not learnt yet is refused (fail closed) and noted in kp_nsmiss, which wakes the agent. */
+static __always_inline int sock_source_allows(struct bpf_sock_addr *ctx, bool v6,
+					      bool unconnected_udp, const struct kp_svc_key *fe,
+					      __u8 fe_flags)
+{
+	struct kp_ip src;
+	__u64 netns, now;
+
+	if (!(fe_flags & KP_FE_F_SRC_RANGES))
+		return 0;
+	if (!sock_source(ctx, v6, unconnected_udp, fe, &src)) {
+		netns = bpf_get_netns_cookie(ctx);
+		if (!kp_nsmiss.lookup(&netns)) {
+			now = bpf_ktime_get_ns();
+			kp_nsmiss.update(&netns, &now);
+		}
+		kp_count(KP_STAT_SRC_UNKNOWN);
+		return -EPERM;
+	}
+	if (!kp_srcrange_allows(fe, fe_flags, src)) {
+		kp_count(KP_STAT_SRC_DENY);
+		return -EPERM;
+	}
+	return 0;
+}
+
 /* Translates (*addr, *port) if it is a service frontend. Returns 1 when translated, 0 when it
  * is no service (the socket proceeds untouched), or a negative errno to report. */
-static __always_inline int sock_xlate_fwd(struct bpf_sock_addr *ctx, struct kp_ip *addr,
+static __always_inline int sock_xlate_fwd(struct bpf_sock_addr *ctx, bool v6, struct kp_ip *addr,
 					  __be16 *port, bool unconnected_udp)
 {
 	struct kp_lb_req req = {};
 	struct kp_lb_res res = {};
+	int err;
 
 	kp_lb_request(&req, *addr, *port, (__u8)ctx->protocol, KP_SCOPE_SOCK,
 		      bpf_get_netns_cookie(ctx), unconnected_udp ? bpf_get_socket_cookie(ctx) : 0,
@@ -110,6 +184,10 @@ static __always_inline int sock_xlate_fwd(struct bpf_sock_addr *ctx, struct kp_i
 	kp_lb_select(&req, &res);
 	if (res.verdict == KP_LB_NONE)
 		return kp_servicecidr_unmatched(req.key.addr);
+	/* Before the verdict, as on the TC path: kube-proxy's firewall runs before its reject. */
+	err = sock_source_allows(ctx, v6, unconnected_udp, &req.key, res.fe_flags);
+	if (err)
+		return err;
 	if (res.verdict != KP_LB_FORWARD)
 		return kp_lb_refusal(res.verdict, KP_LB_PATH_SOCK);
 	sock_remember(ctx, &res, addr, *port);
@@ -200,7 +278,7 @@ static __always_inline int sock_fwd(struct bpf_sock_addr *ctx, bool v6, bool unc
 {
 	struct kp_ip addr = sock_addr(ctx, v6);
 	__be16 port = (__be16)ctx->user_port;
-	int ret = sock_xlate_fwd(ctx, &addr, &port, unconnected_udp);
+	int ret = sock_xlate_fwd(ctx, v6, &addr, &port, unconnected_udp);
 
 	if (ret > 0)
 		sock_set_addr(ctx, v6, &addr, port);

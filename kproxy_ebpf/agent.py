@@ -27,10 +27,12 @@ from .config import AgentConfig
 from .datapath import conntrack, reader, tc
 from .datapath.cidr_writer import CidrWriter
 from . import conntrack_sysctl
+from .datapath.netns_sources import NetnsSources
 from .datapath.sock_hooks import SockDatapath
 from .datapath.stale_sockets import StaleSockets
 from .datapath.tc import TcDatapath
 from .datapath.writer import ApplyResult, MapWriter
+from .client_sources import ClientSources
 from .established import Established
 from .kube.sources import ApiSource, ManifestSource
 from .metrics import Metrics
@@ -65,6 +67,7 @@ class Agent:
         self.writer: MapWriter | None = None
         self.cidrs: CidrWriter | None = None   # ServiceCIDR rows (datapath/cidr_writer.py)
         self.sweep: SocketSweep | None = None  # sockets of backends gone (socket path only)
+        self.client_sources: ClientSources | None = None  # kp_nssrc (socket path only)
         self._full_maps: set[str] = set()      # maps found full since the last full retry
         self.source: ApiSource | ManifestSource | None = None
         self.reporter = Reporter(self.metrics)
@@ -131,10 +134,17 @@ class Agent:
             self.sweep = SocketSweep(StaleSockets.of(self.datapath.maps, self.cfg.cgroup,
                                                      reset_tcp=self.cfg.stale_sockets_tcp),
                                      self.metrics)
+            self.client_sources = ClientSources(
+                NetnsSources.of(self.datapath.maps, self.cfg.cgroup), self.metrics)
+            self.client_sources.start(self._stop)
         # Programs that would read empty maps (a fresh node, a cleanup, maps of a new layout
-        # version) are attached only after the first sync has filled them: until then the
-        # previous programs, if any, keep serving from their own maps.
-        self._attach_pending = adopted == 0
+        # version beside adopted ones) are attached only after the first sync has filled
+        # them: until then the previous programs, if any, keep serving from their own maps.
+        fresh = self.datapath.new_agent_maps()
+        self._attach_pending = adopted == 0 or bool(fresh)
+        if adopted and fresh:
+            log.info("new maps %s: the programs are replaced after the first sync fills them",
+                     ", ".join(fresh))
         if not self._attach_pending:
             self._attach()
         # Socket and TC counters share kp_stats (the TC ones are named tc_*).
@@ -323,6 +333,8 @@ class Agent:
         sockets = (self.sweep.before(self.writer, None if full else
                                      changes.recomputed_keys | keys)
                    if self.sweep is not None else None)
+        if self.client_sources is not None:
+            self.client_sources.before_apply(changes.frontends, keys)
         result = self.writer.apply(changes.frontends, keys)
         if self.sweep is not None and sockets is not None:
             self.sweep.after(sockets, Established(self.writer, changes.frontends, self.state,

@@ -156,6 +156,15 @@ class Metrics:
             P + "socket_destroy_supported",
             "1 if this kernel can destroy sockets (sock_diag SOCK_DESTROY), 0 if not.",
             registry=r)
+        # loadBalancerSourceRanges on the socket path (datapath/netns_sources.py).
+        self.source_namespaces = Gauge(
+            P + "source_range_namespaces",
+            "Network namespaces whose source address the agent wrote for the socket path's "
+            "loadBalancerSourceRanges checks (0 while no Service has ranges).", registry=r)
+        self.source_scan = Histogram(
+            P + "source_range_namespace_scan_duration_seconds",
+            "Time a pass over the node's network namespaces for their source addresses took.",
+            registry=r, buckets=SYNC_BUCKETS)
         r.register(KubeProxyNames([
             (self.sync_duration.metric, K + "sync_proxy_rules_duration_seconds"),
             (self.sync_full_duration.metric, K + "sync_full_proxy_rules_duration_seconds"),

@@ -212,6 +212,7 @@ def ct_keeps_backend(flags: int, proto: int) -> bool:
 
 TcCfg = STRUCTS["kp_tc_cfg"]
 SrcRangeKey = STRUCTS["kp_srcrange_key"]
+NssrcKey = STRUCTS["kp_nssrc_key"]
 FE_F_SRC_RANGES = const("KP_FE_F_SRC_RANGES")
 _SRCRANGE_FE_BITS = const("KP_SRCRANGE_FE_BITS")     # kp_srcrange_key's frontend part
 SCOPE_SOCK = const("KP_SCOPE_SOCK")
@@ -339,14 +340,16 @@ def srcrange_key(fkey: FrontendKey, cidr: str) -> SrcRangeKey:
     addr, _, bits = cidr.partition("/")
     return SrcRangeKey(prefixlen=_SRCRANGE_FE_BITS + prefix_bits(addr, int(bits)),
                        fe_addr=ip16(fkey.ip), fe_port=port_be(fkey.port),
-                       proto=PROTO_NUM[fkey.protocol], saddr=ip16(addr))
+                       proto=PROTO_NUM[fkey.protocol], scope=SCOPE_NUM[fkey.scope],
+                       saddr=ip16(addr))
 
 
 def srcrange_of(key: SrcRangeKey) -> tuple[FrontendKey, str]:
-    """(frontend key of scope EXT, source range) of a kp_srcrange row."""
+    """(frontend key, source range) of a kp_srcrange row."""
     ip = ip_text(key.fe_addr)
     fkey = FrontendKey(ip, port_host(key.fe_port), PROTO_BY_NUM.get(key.proto, Protocol.TCP),
-                       Scope.EXT, IPFamily.IPV4 if ip_is4(key.fe_addr) else IPFamily.IPV6)
+                       SCOPE_BY_NUM.get(key.scope, Scope.EXT),
+                       IPFamily.IPV4 if ip_is4(key.fe_addr) else IPFamily.IPV6)
     return fkey, f"{ip_text(key.saddr)}/{prefix_len(key.saddr, key.prefixlen - _SRCRANGE_FE_BITS)}"
 
 

@@ -50,6 +50,11 @@ FORMER_BASES = frozenset({"kp_svc4", "kp_be4", "kp_sknat4", "kp_sksvc4", "kp_cip
                           "kp_srcrange4", "kp_extaddr4", "kp_extbe4", "kp_ct4", "kp_rnat4"})
 
 
+# Maps whose rows come from the agent (the others the programs fill themselves).
+AGENT_FILLED = frozenset({"svc", "backend", "meta", "clusterip", "servicecidr", "tccfg",
+                          "srcrange", "extaddr", "extbe", "nssrc"})
+
+
 @dataclass
 class SockDatapath:
     bpffs_dir: Path
@@ -58,6 +63,7 @@ class SockDatapath:
     program_cache: Path | None = None      # datapath/progcache.py; None: always compile
     maps: dict[str, PinnedMap] = field(default_factory=dict)
     _progs: dict[str, int] = field(default_factory=dict)     # program name -> fd
+    _pinned_before: frozenset[str] = frozenset()            # pins before the load child ran
 
     @property
     def links_dir(self) -> Path:
@@ -67,6 +73,8 @@ class SockDatapath:
         """Starts compiling sock_lb.c (and `extra` programs, e.g. the TC ones, which share the
         maps) in a child process; bcc there adopts the maps already pinned in bpffs_dir."""
         kernel.require(str(self.cgroup))      # a clear error before bcc's compile errors
+        self._pinned_before = frozenset(p.name for p in self.bpffs_dir.iterdir()) \
+            if self.bpffs_dir.is_dir() else frozenset()
         return spawn(self.bpffs_dir, sock_programs() + list(extra), self.sizes,
                      self.program_cache)
 
@@ -87,6 +95,13 @@ class SockDatapath:
         except BaseException:
             self.close()
             raise
+
+    def new_agent_maps(self) -> list[str]:
+        """The maps the agent fills that this load created empty (a fresh node, or a map of
+        a new layout version or size beside adopted ones): programs reading them must wait
+        for the first sync."""
+        return sorted(spec.name for name, spec in MAPS.items()
+                      if name in AGENT_FILLED and spec.name not in self._pinned_before)
 
     def attach(self) -> None:
         """Attaches every hook to the cgroup, replacing a previous agent's programs in place."""

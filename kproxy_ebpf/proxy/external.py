@@ -16,7 +16,8 @@ nodePortAddresses follows kube-proxy: empty or "primary" means the node's primar
 first InternalIP), otherwise the node addresses inside any of the listed CIDRs.
 
 loadBalancerSourceRanges restrict the LoadBalancer ingress IP frontends only (see
-lb_source_ranges); NodePorts and ExternalIPs of the same Service stay open, as in kube-proxy.
+frontends.lb_source_ranges), here as in the socket scope; NodePorts and ExternalIPs of the same
+Service stay open, as in kube-proxy.
 
 Per family, as frontends.py: tc_lb.c translates IPv4 and IPv6 packets alike, each family's
 frontends with that family's endpoints and node addresses.
@@ -29,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from ..desired import Frontend, FrontendKey, FrontendKind, Problem, Scope
 from ..model import EndpointSlice, IPFamily, Node, Protocol, Service
 from .families import node_view, service_families, service_view
-from .frontends import port_plans, service_info, verdict
+from .frontends import lb_source_ranges, port_plans, service_info, verdict
 
 PRIMARY = "primary"
 
@@ -46,27 +47,6 @@ def node_port_ips(node: Node, node_port_addresses: Sequence[str] = ()) -> tuple[
             nets.append(ipaddress.ip_network(cidr, strict=False))
     return tuple(ip for ip in node.addresses
                  if any(ipaddress.ip_address(ip) in net for net in nets))
-
-
-def lb_source_ranges(ranges: Sequence[str], node: Node, lb_ips: Sequence[str]) -> tuple[str, ...]:
-    """The sources a LoadBalancer IP frontend admits: () when the Service has no (valid IPv4)
-    loadBalancerSourceRanges, i.e. every source.
-
-    As kube-proxy v1.36 (pkg/proxy/nftables/proxier.go, `usesFWChain`, and the iptables
-    proxier alike): when a range holds the node's primary IP ("allowFromNode"), the Service's
-    LB ingress IPs are admitted as sources too, because a VIP-like load balancer that routes
-    its VIP to the node loops the node's own requests back with the VIP as their source.
-    """
-    if not ranges:
-        return ()
-    nets = [ipaddress.ip_network(r) for r in ranges]
-    node_ip = ipaddress.ip_address(node.addresses[0]) if node.addresses else None
-    out = set(ranges)
-    if node_ip is not None and any(node_ip in n for n in nets):
-        out.update(f"{ip}/{ipaddress.ip_address(ip).max_prefixlen}" for ip in lb_ips)
-    return tuple(sorted(out, key=lambda c: (ipaddress.ip_network(c).version,
-                                             ipaddress.ip_network(c).network_address,
-                                             ipaddress.ip_network(c).prefixlen)))
 
 
 def validate_cidrs(values: Iterable[str], what: str, primary_ok: bool = False) -> list[str]:

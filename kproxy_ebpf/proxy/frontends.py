@@ -10,13 +10,18 @@ the node is exposed through service_port_endpoints() for the TC path and health 
 Verdicts (semantics 1.5): no usable endpoint anywhere -> REJECT on every frontend of the port;
 usable endpoints elsewhere but none in the applicable set -> DROP; otherwise FORWARD.
 
+loadBalancerSourceRanges hold for this traffic too (kube-proxy's firewall chain hooks output as
+well as prerouting): the LoadBalancer frontends carry them, and sock_lb.c judges the source
+the socket will send from.
+
 Each family is planned apart, from the Service, Node and slices as that family's proxier sees
 them (families.py): a dual-stack Service has frontends of both, each with the endpoints of its
 own family's slice, and every rule above applies per family as in kube-proxy.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+import ipaddress
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..desired import (Action, Backend, Frontend, FrontendKey, FrontendKind, Problem, ServiceInfo,
@@ -186,6 +191,27 @@ def service_info(svc: Service) -> ServiceInfo:
                        svc.traffic_distribution)
 
 
+def lb_source_ranges(ranges: Sequence[str], node: Node, lb_ips: Sequence[str]) -> tuple[str, ...]:
+    """The sources a LoadBalancer IP frontend admits: () when the Service has no (valid IPv4)
+    loadBalancerSourceRanges, i.e. every source.
+
+    As kube-proxy v1.36 (pkg/proxy/nftables/proxier.go, `usesFWChain`, and the iptables
+    proxier alike): when a range holds the node's primary IP ("allowFromNode"), the Service's
+    LB ingress IPs are admitted as sources too, because a VIP-like load balancer that routes
+    its VIP to the node loops the node's own requests back with the VIP as their source.
+    """
+    if not ranges:
+        return ()
+    nets = [ipaddress.ip_network(r) for r in ranges]
+    node_ip = ipaddress.ip_address(node.addresses[0]) if node.addresses else None
+    out = set(ranges)
+    if node_ip is not None and any(node_ip in n for n in nets):
+        out.update(f"{ip}/{ipaddress.ip_address(ip).max_prefixlen}" for ip in lb_ips)
+    return tuple(sorted(out, key=lambda c: (ipaddress.ip_network(c).version,
+                                             ipaddress.ip_network(c).network_address,
+                                             ipaddress.ip_network(c).prefixlen)))
+
+
 def slice_family_problems(svc: Service, slices: Iterable[EndpointSlice]) -> list[Problem]:
     """An IPv4 or IPv6 slice of a proxied Service that has no ClusterIP of its family: no
     proxier of that family serves the Service, so its endpoints are unused (kube-proxy ignores
@@ -239,13 +265,15 @@ def _family_frontends(svc: Service, slices: Iterable[EndpointSlice], node: Node,
         candidates = [(ip, sp.port, FrontendKind.CLUSTER_IP, internal) for ip in svc.cluster_ips]
         candidates += [(ip, sp.port, FrontendKind.EXTERNAL_IP, external) for ip in svc.external_ips]
         candidates += [(ip, sp.port, FrontendKind.LOAD_BALANCER, external) for ip in lb_ips]
+        ranges = lb_source_ranges(svc.load_balancer_source_ranges, node, lb_ips)
         if sp.node_port and plan.node_port_ok:
             candidates += [(ip, sp.node_port, FrontendKind.NODE_PORT, external)
                            for ip in node.addresses]
         for ip, port, kind, (action, backends) in candidates:
             fe = Frontend(ip=ip, port=port, protocol=sp.protocol, kind=kind, service=plan.name,
                           action=action, backends=backends,
-                          affinity_timeout=svc.session_affinity_timeout, info=info)
+                          affinity_timeout=svc.session_affinity_timeout, info=info,
+                          source_ranges=ranges if kind is FrontendKind.LOAD_BALANCER else ())
             key = fe.key
             prev = out.get(key)
             if prev is None:

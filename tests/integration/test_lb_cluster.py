@@ -20,6 +20,7 @@ from kubernetes import client
 
 from kproxy_ebpf.lab.cluster import Cluster
 from kproxy_ebpf.lab.lballoc import DEFAULT_POOL
+from kproxy_ebpf.lab.probe import is_reply
 
 from ..support import lab_cluster, wait_until
 from .lab_services import seen_from_outside
@@ -36,6 +37,7 @@ def cluster(request):
     with lab_cluster(f"it-lb-{request.param}", request.param) as c:
         c.lab.add_external_address(CLIENT2)
         c.create_pod("lbb", "node2", labels={"app": "lbb"})
+        c.create_pod("client", "node1")
         yield c
 
 
@@ -204,3 +206,75 @@ def test_source_ranges_let_one_client_in_and_keep_the_other_out(cluster, core):
         assert seen(cluster, ip, source=CLIENT2) == {f"lbb {NODE1}"}
     finally:
         core.delete_namespaced_service("lb-fw", "default")
+
+
+def from_inside(c: Cluster, target: str, ip: str, udp: bool = False) -> set[str]:
+    """What a pod (`pod/NAME`) or a node's own process (`node/NAME`) meets at ip: the pods
+    that answered, or the failures."""
+    port = 53 if udp else 80
+    lines = c.lab.probe(target, ip, port, udp=udp, count=2, timeout=0.5)
+    return {ln.split()[0] if is_reply(ln) else ln for ln in lines}
+
+
+def refused(got: set[str]) -> bool:
+    """No answer: kube-proxy drops (a TCP SYN times out; a node's own UDP send meets EPERM),
+    our hook refuses the connect or send at once with EPERM (docs/architecture.md)."""
+    return bool(got) and "lbb" not in got
+
+
+def test_source_ranges_hold_for_pods_and_the_node_itself(cluster, core):
+    """kube-proxy's firewall chain hooks output as well as prerouting: a pod or a node process
+    outside loadBalancerSourceRanges does not reach the LB IP, one inside does (its own
+    address judged), and the ClusterIP of the same Service stays open."""
+    core.create_namespaced_service("default", lb_service("lb-in", loadBalancerSourceRanges=[
+        f"{CLIENT}/32"], ports=[
+            {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"},
+            {"name": "dns", "port": 53, "targetPort": 5353, "protocol": "UDP"}]))
+    kproxy = cluster.info.proxy == "kproxy"
+    try:
+        ip = allocated(core, "lb-in")
+        cip = core.read_namespaced_service("lb-in", "default").spec.cluster_ip
+        pod_ip = cluster.lab.pod("client").ip
+        # Until the proxy has synced the deletion of a previous test's Service that held the
+        # same address, its unfiltered rules answer everyone: wait for the other client's drop.
+        wait_until(lambda: seen(cluster, ip) == {f"lbb {NODE1}"}
+                   and seen(cluster, ip, source=CLIENT2) == {"TIMEOUT"}, 30, "the ranges in force")
+        before = _node1(cluster, "stats")["src_deny"] if kproxy else 0
+        for udp in (False, True):
+            for target in ("pod/client", "node/node1"):
+                got = from_inside(cluster, target, ip, udp)
+                assert refused(got), (target, udp, got)
+                if kproxy:
+                    assert got == {"ERROR EPERM"}, (target, udp, got)
+            assert from_inside(cluster, "pod/client", cip, udp) == {"lbb"}, "ClusterIP open"
+        if kproxy:
+            assert _node1(cluster, "stats")["src_deny"] >= before + 8
+
+        # The pod's own address in the ranges: the pod in, the node still out.
+        patch(core, "lb-in", {"spec": {"loadBalancerSourceRanges": [f"{pod_ip}/32"]}})
+        wait_until(lambda: from_inside(cluster, "pod/client", ip) == {"lbb"}, 30,
+                   "the pod admitted by its address")
+        assert from_inside(cluster, "pod/client", ip, udp=True) == {"lbb"}
+        assert refused(from_inside(cluster, "node/node1", ip))
+        # A pod created while the ranges hold, inside them (its node's pod range): admitted
+        # within the agent's scan for new namespaces, and so under kube-proxy at once.
+        patch(core, "lb-in", {"spec": {"loadBalancerSourceRanges": [
+            str(ipaddress.ip_network(f"{pod_ip}/24", strict=False))]}})
+        wait_until(lambda: from_inside(cluster, "pod/client", ip) == {"lbb"}, 30,
+                   "the pod's range in force")
+        cluster.create_pod("late", "node1")
+        try:
+            wait_until(lambda: from_inside(cluster, "pod/late", ip) == {"lbb"}, 5,
+                       "a new pod inside the ranges admitted")
+        finally:
+            cluster.delete_pod("late")
+
+        # The node's address in the ranges: the node in (kube-proxy's allowFromNode adds the
+        # LB IP as a source as well), the pod out again.
+        patch(core, "lb-in", {"spec": {"loadBalancerSourceRanges": [f"{NODE1}/32"]}})
+        wait_until(lambda: from_inside(cluster, "node/node1", ip) == {"lbb"}, 30,
+                   "the node admitted by its address")
+        assert from_inside(cluster, "node/node1", ip, udp=True) == {"lbb"}
+        assert refused(from_inside(cluster, "pod/client", ip))
+    finally:
+        core.delete_namespaced_service("lb-in", "default")

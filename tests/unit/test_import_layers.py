@@ -33,7 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kube", "proxy", "datapath"),
     ("config", "metrics", "kubeproxy_names", "health", "httpserve", "runner", "service_health",
      "kubeproxy_cleanup", "sync_policy", "state_sink", "reporting", "process_tuning",
-     "conntrack_sysctl", "established", "socket_sweep"),
+     "conntrack_sysctl", "established", "socket_sweep", "client_sources"),
     ("check", "agent"),
     ("run_cli",),
     ("lab",),

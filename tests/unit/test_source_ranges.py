@@ -81,17 +81,18 @@ def _svc(ranges, lb_ips=("198.51.100.1", "198.51.100.2")):
                    load_balancer_source_ranges=tuple(ranges))
 
 
-def test_only_load_balancer_ip_frontends_from_outside_are_restricted():
+def test_only_load_balancer_ip_frontends_are_restricted_in_both_scopes():
+    want = {("198.51.100.1", FrontendKind.LOAD_BALANCER): ("203.0.113.0/24",),
+            ("198.51.100.2", FrontendKind.LOAD_BALANCER): ("203.0.113.0/24",),
+            ("203.0.113.50", FrontendKind.EXTERNAL_IP): (),
+            ("192.168.0.1", FrontendKind.NODE_PORT): ()}
     fronts = service_ext_frontends(_svc(["203.0.113.0/24"]), [], NODE)
-    got = {(f.ip, f.kind): f.source_ranges for f in fronts}
-    assert got == {("198.51.100.1", FrontendKind.LOAD_BALANCER): ("203.0.113.0/24",),
-                   ("198.51.100.2", FrontendKind.LOAD_BALANCER): ("203.0.113.0/24",),
-                   ("203.0.113.50", FrontendKind.EXTERNAL_IP): (),
-                   ("192.168.0.1", FrontendKind.NODE_PORT): ()}
-    # The socket path (traffic that starts on this node) is not restricted: see the
-    # architecture doc for this difference from kube-proxy.
+    assert {(f.ip, f.kind): f.source_ranges for f in fronts} == want
+    # Traffic that starts on this node (pods, the node's processes) is judged too: kube-proxy's
+    # firewall chain hooks output as well as prerouting. The ClusterIP stays open.
     sock, _ = service_frontends(_svc(["203.0.113.0/24"]), [], NODE)
-    assert all(f.source_ranges == () for f in sock)
+    got = {(f.ip, f.kind): f.source_ranges for f in sock}
+    assert got == {**want, ("172.30.0.10", FrontendKind.CLUSTER_IP): ()}
 
 
 def test_a_range_holding_the_node_ip_admits_the_lb_ips_as_sources():
@@ -172,6 +173,25 @@ def test_rows_land_before_the_flag_and_leave_after_it():
         assert watch.rows() == set(ranges or ())
         assert watch.flag() == (None if ranges is None else bool(ranges))
     assert watch.checks > 10
+
+
+def test_each_scope_holds_its_own_rows():
+    """The socket scope's LB frontend and the EXT one have the same ranges in one trie: the
+    scope in the key keeps them apart, so removing one leaves the other's rows."""
+    maps = {n: FakeMap(L.MAPS[n]) for n in ("svc", "backend", "meta", "srcrange")}
+    w = MapWriter(maps)
+    ext = lb_fe(["203.0.113.0/24"])
+    sock = dataclasses.replace(ext, scope=Scope.SOCK)
+    assert w.apply({ext.key: ext, sock.key: sock}).ok
+    rows = sorted((L.srcrange_of(k)[0].scope, L.srcrange_of(k)[1]) for k in maps["srcrange"].keys())
+    assert rows == [(Scope.SOCK, "203.0.113.0/24"), (Scope.EXT, "203.0.113.0/24")]
+    assert w.apply({ext.key: ext}).ok
+    assert [L.srcrange_of(k) for k in maps["srcrange"].keys()] == [(ext.key, "203.0.113.0/24")]
+    # A new writer reads both back with their scope.
+    assert w.apply({ext.key: ext, sock.key: sock}).ok
+    again = MapWriter(maps)
+    again.restore()
+    assert not again.apply({ext.key: ext, sock.key: sock}).writes
 
 
 def test_operation_order_in_the_recorded_log():
