@@ -221,6 +221,7 @@ class Agent:
         else:
             self.datapath.detach()
             self.datapath.remove_stale_maps()
+        self.datapath.finish_resize()
 
     def _make_source(self) -> ApiSource | ManifestSource:
         if self.cfg.manifests:

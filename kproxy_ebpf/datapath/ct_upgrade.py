@@ -3,11 +3,8 @@
 Only the programs write kp_ct and kp_rnat, so programs of a new layout version would start
 from empty tables: every flow from outside the node that was open at the upgrade would lose
 its translation (a SNAT flow's replies would no longer find their client). The agent copies
-the old versions' rows into the new maps, converted, twice: when the new programs are loaded
-(the old ones still track flows, into the old maps) and once the new ones are attached, for
-the flows that opened or changed in between. The second copy leaves alone a row the new
-programs have written since (they own it now). The old maps are opened before the first
-copy, so the stale-map removal after the attach (sock_hooks.py) does not take them away.
+the old versions' rows into the new maps, converted, as carry.py does (twice, around the
+attach).
 
 Older layouts: kp_ct4_v1 and kp_ct4_v2 (IPv4 tuples of __be32 addresses; v1 without the life
 word), and kp_rnat4_v1 (the same IPv4 tuple both ways), into kp_ct and kp_rnat, whose tuples
@@ -23,7 +20,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from . import layout as L
-from . import libbpf
+from .carry import Pair, RowCarry
 from .pinned import PinnedMap
 
 log = logging.getLogger(__name__)
@@ -92,51 +89,12 @@ class _OldSpec:
         self.value = ctypes.c_uint8 * old.value_size
 
 
-def find(bpffs_dir: Path) -> CtUpgrade | None:
-    """The upgrade to run when bpffs_dir holds conntrack maps of an older layout, else None."""
+def find(bpffs_dir: Path) -> RowCarry | None:
+    """The copy to run when bpffs_dir holds conntrack maps of an older layout, else None."""
     found = [old for old in OLD_LAYOUTS if (Path(bpffs_dir) / old.pin).exists()]
     if not found:
         return None
     targets = {old.target: PinnedMap(Path(bpffs_dir) / L.MAPS[old.target].name,
                                      L.MAPS[old.target]) for old in found}
-    return CtUpgrade([(PinnedMap(Path(bpffs_dir) / old.pin, _OldSpec(old)),
-                       targets[old.target], old) for old in found])
-
-
-class CtUpgrade:
-    """The rows of older conntrack maps, each (old map, current map, its layout), copied into
-    the current maps."""
-
-    def __init__(self, pairs: list[tuple[PinnedMap, PinnedMap, OldLayout]]):
-        self._pairs = pairs
-        self._written: dict[tuple[str, bytes], bytes] = {}   # (map, key) -> the row written
-
-    def copy(self) -> int:
-        """Writes each old row that is new or changed since the last copy, unless the current
-        map holds a row for its key that this copy did not write. Returns the rows written."""
-        done = 0
-        for old, new, layout in self._pairs:
-            for raw_key, raw_value in old.raw_items():
-                key, row = layout.key(raw_key), layout.value(raw_value)
-                mine = self._written.get((layout.target, key))
-                if mine == row:
-                    continue
-                cur = new.get(L.CtKey.from_buffer_copy(key))
-                if cur is not None and bytes(cur) != mine:
-                    continue            # the new programs track this flow now
-                try:
-                    libbpf.map_update(new.fd, key, row,
-                                      libbpf.BPF_ANY if cur is not None else libbpf.BPF_NOEXIST)
-                except libbpf.BpfError as exc:
-                    log.warning("flow not carried over to %s: %s", new.spec.name, exc)
-                    continue
-                self._written[(layout.target, key)] = row
-                done += 1
-        return done
-
-    def close(self) -> None:
-        for old, new, _ in self._pairs:
-            old.close()
-            new.close()
-        self._pairs.clear()
-        self._written.clear()
+    return RowCarry([Pair(PinnedMap(Path(bpffs_dir) / old.pin, _OldSpec(old)),
+                          targets[old.target], old.key, old.value) for old in found])

@@ -16,8 +16,8 @@ def _default_size(name: str):
 
 @dataclass
 class MapSizes:
-    """max_entries of each map (defaults from bpf/kproxy.h; a pinned map keeps the size it
-    was created with until `kproxy-ebpf cleanup`)."""
+    """max_entries of each map (defaults from bpf/kproxy.h; a pinned map of another size is
+    made anew at the next start, resize.py)."""
     svc: int = _default_size("svc")            # frontends plus one row per backend slot
     backend: int = _default_size("backend")
     sknat: int = _default_size("sknat")        # reverse translation per UDP socket (LRU)

@@ -15,7 +15,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import kernel, libbpf
+from . import kernel, libbpf, resize
+from .carry import RowCarry
 from .layout import MAPS
 from .map_sizes import MapSizes
 from .pinned import PinnedMap
@@ -64,6 +65,8 @@ class SockDatapath:
     maps: dict[str, PinnedMap] = field(default_factory=dict)
     _progs: dict[str, int] = field(default_factory=dict)     # program name -> fd
     _pinned_before: frozenset[str] = frozenset()            # pins before the load child ran
+    resized: list[str] = field(default_factory=list)        # maps made anew at a new size
+    _carry: RowCarry | None = None                          # their program-written rows
 
     @property
     def links_dir(self) -> Path:
@@ -73,8 +76,9 @@ class SockDatapath:
         """Starts compiling sock_lb.c (and `extra` programs, e.g. the TC ones, which share the
         maps) in a child process; bcc there adopts the maps already pinned in bpffs_dir."""
         kernel.require(str(self.cgroup))      # a clear error before bcc's compile errors
-        self._pinned_before = frozenset(p.name for p in self.bpffs_dir.iterdir()) \
-            if self.bpffs_dir.is_dir() else frozenset()
+        if self.bpffs_dir.is_dir():
+            self.resized = resize.stage(self.bpffs_dir, self.sizes)
+            self._pinned_before = frozenset(p.name for p in self.bpffs_dir.iterdir())
         return spawn(self.bpffs_dir, sock_programs() + list(extra), self.sizes,
                      self.program_cache)
 
@@ -87,11 +91,10 @@ class SockDatapath:
         try:
             for name, spec in MAPS.items():
                 self.maps[name] = PinnedMap(self.bpffs_dir / spec.name, spec)
-                want = getattr(self.sizes, name, None)
-                if want and self.maps[name].max_entries != want:
-                    log.warning("map %s keeps its pinned size %d (configured %d); run "
-                                "`kproxy-ebpf cleanup` while no traffic depends on it to resize",
-                                spec.name, self.maps[name].max_entries, want)
+            if self.resized:
+                self._carry = resize.carry(self.bpffs_dir, self.resized)
+                log.info("carried %d rows over to the resized maps (before attaching)",
+                         self._carry.copy())
         except BaseException:
             self.close()
             raise
@@ -101,7 +104,20 @@ class SockDatapath:
         a new layout version or size beside adopted ones): programs reading them must wait
         for the first sync."""
         return sorted(spec.name for name, spec in MAPS.items()
-                      if name in AGENT_FILLED and spec.name not in self._pinned_before)
+                      if name in AGENT_FILLED and (spec.name not in self._pinned_before
+                                                   or name in self.resized))
+
+    def finish_resize(self) -> None:
+        """Once every program reads the new maps: the rows the old ones wrote meanwhile, then
+        the old maps' pins go."""
+        if self._carry is not None:
+            log.info("carried %d more rows over to the resized maps (after attaching)",
+                     self._carry.copy())
+            self._carry.close()
+            self._carry = None
+        if self.resized:
+            resize.remove_aside(self.bpffs_dir)
+            self.resized = []
 
     def attach(self) -> None:
         """Attaches every hook to the cgroup, replacing a previous agent's programs in place."""
@@ -170,6 +186,9 @@ class SockDatapath:
         log.info("attached %s to %s", pin.name, self.cgroup)
 
     def close(self) -> None:
+        if self._carry is not None:
+            self._carry.close()
+            self._carry = None
         for m in self.maps.values():
             m.close()
         self.maps.clear()

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from .map_sizes import MapSizes
 from . import ct_upgrade
+from .carry import RowCarry
 from . import layout as L
 from .pinned import PinnedMap
 from .pod_devices import PodDeviceWatcher
@@ -103,7 +104,7 @@ class TcDatapath:
     runner: object = None      # PodDeviceWatcher's runner (tests: enter the node's netns)
     _fds: dict[str, int] = field(default_factory=dict)
     _pods: PodDeviceWatcher | None = None
-    _upgrade: ct_upgrade.CtUpgrade | None = None
+    _upgrade: RowCarry | None = None
 
     def load(self, job: LoadJob | None = None) -> None:
         """Takes the programs from a load child (started here unless `job`, one that was

@@ -11,7 +11,9 @@ import threading
 from pathlib import Path
 
 import pytest
+import yaml
 
+from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.datapath import reader
 from kproxy_ebpf.datapath.bpffs import open_pinned_maps, remove_pins
 from kproxy_ebpf.lab import LabError
@@ -32,8 +34,10 @@ def forwarded(bpffs: str) -> int:
             m.close()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
-def test_stop_and_restart_loses_no_connection(lab, tmp_path, sig):
+def restart_under_load(lab, tmp_path, sig, flags: tuple[str, ...] = ()):
+    """Agent 1, clients connecting (new connections every 10 ms, one held and reused), agent 1
+    stopped by `sig`, agent 2 (with `flags`) started; returns each client's lines and agent 2's
+    log once the clients are done."""
     manifest = tmp_path / "web.yaml"
     manifest.write_text(web_manifest(lab))
     bpffs = lab.node("node1").bpffs
@@ -48,7 +52,6 @@ def test_stop_and_restart_loses_no_connection(lab, tmp_path, sig):
 
         results: dict[str, list[str]] = {}
         loops = [
-            # new connections every 10 ms, and one connection held open and reused
             threading.Thread(target=lambda: results.__setitem__("new", lab.probe(
                 "client", "10.96.0.80", 80, count=500, interval=0.01))),
             threading.Thread(target=lambda: results.__setitem__("held", lab.probe(
@@ -67,15 +70,16 @@ def test_stop_and_restart_loses_no_connection(lab, tmp_path, sig):
             assert "stopping; the datapath stays programmed" in log_of(lab, "agent-1")
         killed = forwarded(bpffs)
         wait_until(lambda: forwarded(bpffs) >= killed + 30, 30, "traffic with no agent running")
-        second = start_agent(lab, manifest, "agent-2")
+        second = start_agent(lab, manifest, "agent-2", flags)
         wait_until(lambda: "first sync:" in log_of(lab, "agent-2"), 30,
-                 "the second agent's first sync")
+                   "the second agent's first sync")
         # bcc compiled in a child process (datapath/progload.py): no LLVM in the agent itself,
         # and the child's staging pins are gone.
         assert "libbcc" not in Path(f"/proc/{second.pid}/maps").read_text()
         assert not list(Path(bpffs).glob("stage_*"))
         for t in loops:
             t.join()
+        return results, log_of(lab, "agent-2")
     finally:
         # The probes end by themselves (count x interval); a failure above must not leave them
         # sending into the next test's counters.
@@ -86,14 +90,54 @@ def test_stop_and_restart_loses_no_connection(lab, tmp_path, sig):
             if rec is not None:
                 with contextlib.suppress(LabError):      # the test stopped it already
                     lab.kill(rec.pid)
-        remove_pins(Path(bpffs))
 
+
+def assert_no_failure(results: dict[str, list[str]]) -> None:
     for name, lines in results.items():
         failed = [(i, x) for i, x in enumerate(lines) if pod_of(x) not in ("a1", "b1")]
         assert not failed, f"{name}: {len(failed)} failed, e.g. {failed[:3]}"
         assert {pod_of(x) for x in lines} <= {"a1", "b1"}
     assert {pod_of(x) for x in results["new"]} == {"a1", "b1"}
-    log = log_of(lab, "agent-2")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_stop_and_restart_loses_no_connection(lab, tmp_path, sig):
+    try:
+        results, log = restart_under_load(lab, tmp_path, sig)
+    finally:
+        remove_pins(Path(lab.node("node1").bpffs))
+    assert_no_failure(results)
     assert "adopted 1 frontends" in log, log
     assert "first sync: 1 frontends desired, 0 written, 0 removed, 0 map writes" in log, \
         "the new agent rewrote maps that were already right"
+
+
+def test_new_map_sizes_take_effect_at_restart_and_lose_no_connection(lab, tmp_path):
+    """mapSizes changed between two agents: the maps are made anew at the new sizes (with the
+    maps their rows name), filled, and the programs swapped, with no `cleanup` and no failed
+    or reset connection; the old maps' pins are gone after."""
+    bpffs = Path(lab.node("node1").bpffs)
+    sizes = {"svc": L.MAPS["svc"].default_size // 2, "sknat": L.MAPS["sknat"].default_size // 2}
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"mapSizes": sizes}))
+    try:
+        results, log = restart_under_load(lab, tmp_path, signal.SIGTERM,
+                                          ("--config", str(config)))
+        maps = open_pinned_maps(bpffs)
+        try:
+            got = {name: maps[name].max_entries for name in ("svc", "sknat", "backend")}
+        finally:
+            for m in maps.values():
+                m.close()
+        leftovers = sorted(p.name for p in bpffs.glob("*_resize"))
+    finally:
+        remove_pins(bpffs)
+    assert_no_failure(results)
+    assert got == {**sizes, "backend": L.MAPS["backend"].default_size}, got
+    assert leftovers == []
+    assert "kp_svc_v3: made anew" in log and "kp_be_v3: made anew" in log, log
+    # The new programs went in after the sync that filled the new maps, the old pins after.
+    lines = log.splitlines()
+    at = [next(i for i, ln in enumerate(lines) if what in ln) for what in (
+        "made anew", "starting the sync loop", "replaced program of link", "_resize: the map")]
+    assert at == sorted(at), log
