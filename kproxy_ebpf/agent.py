@@ -187,10 +187,10 @@ class Agent:
                      ", ".join(self.cfg.pod_devices))
         return dp
 
-    def _purge_conntrack(self, frontends=None) -> None:
-        """Flows whose backend left their frontend (one of `frontends`, None: any) lose their
-        TC conntrack entries."""
-        res = conntrack.purge(self.datapath.maps, self.writer, frontends)
+    def _purge_conntrack(self, keeps: conntrack.Keeps, frontends=None) -> None:
+        """Flows of `frontends` (None: any) whose backend does not keep them lose their TC
+        conntrack entries."""
+        res = conntrack.purge(self.datapath.maps, keeps, frontends)
         if res.removed:
             log.info("purged %d conntrack entries of removed backends", res.removed)
         ct = self.datapath.maps["ct"]
@@ -337,9 +337,9 @@ class Agent:
         if self.client_sources is not None:
             self.client_sources.before_apply(changes.frontends, keys)
         result = self.writer.apply(changes.frontends, keys)
+        established = Established(self.writer, changes.frontends, self.state, self._lock)
         if self.sweep is not None and sockets is not None:
-            self.sweep.after(sockets, Established(self.writer, changes.frontends, self.state,
-                                                  self._lock), full)
+            self.sweep.after(sockets, established, full)
         self._apply_service_cidrs(result, plan.cidrs_all)
         if self.policy.applied(plan, result.failed, bool(result.full_maps),
                                freed=result.deleted > 0):
@@ -347,9 +347,10 @@ class Agent:
         self._report_unprogrammed(result)
         if checks is not None:
             self.svc_health.sync(checks)
-        if self.tc is not None and plan.purges_conntrack(changes.changed_keys,
-                                                         pod_path=not self.cfg.socket_lb):
-            self._purge_conntrack(None if full else changes.changed_keys)
+        # The recomputed Services' frontends too: a draining endpoint that goes changes none.
+        touched = changes.changed_keys | changes.recomputed_keys
+        if self.tc is not None and plan.purges_conntrack(touched, pod_path=not self.cfg.socket_lb):
+            self._purge_conntrack(established.keeps, None if full else touched)
         elapsed = time.monotonic() - t0
         if self._attach_pending:
             # The maps hold what could be written (a full map must not keep every other

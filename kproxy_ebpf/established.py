@@ -1,5 +1,5 @@
 """Which backend a connection made earlier may keep: the rule of the stale-socket search
-(datapath/stale_sockets.py).
+(datapath/stale_sockets.py) and of the TC conntrack purge (datapath/conntrack.py).
 
 kube-proxy keeps a UDP flow while its endpoint is a serving endpoint of the Service port,
 whatever the traffic policies, topology or termination say about new connections ("changes to
@@ -39,7 +39,7 @@ class Established:
     def keeps(self, key: FrontendKey, backend: BackendKey) -> bool:
         live = self._live.get(key)
         if live is None:
-            live = self._live[key] = self.writer.sock_backends((key,)).get(key, frozenset())
+            live = self._live[key] = self.writer.backends_of(key)
         if backend in live:
             return True
         fe = self.frontends.get(key)

@@ -87,6 +87,11 @@ class _TestLock:
                    "(writes bench/results/reliability.md).")
 @click.option("--soak-services", type=click.IntRange(1, MAX_N), default=1000, show_default=True,
               help="Soak: filler Services.")
+@click.option("--faults", is_flag=True,
+              help="The control-plane faults of issue 26 under probes instead of the benchmark "
+                   "(writes bench/results/reliability.md).")
+@click.option("--fault-outage", type=click.FloatRange(5), default=180.0, show_default=True,
+              help="Faults: seconds the API server stays down.")
 @click.option("--lab", "lab_name", default=None, help="Lab name (default bench / bench-scale).")
 @click.option("--tools-dir", help="Where `make bench-tools` put kpbench-client and "
                                   "kpbench-server [the checkout's build/bench].")
@@ -98,7 +103,8 @@ class _TestLock:
               show_default=True, help="The lab's family: every measured address IPv6 with "
                                       "ipv6 (M9 then runs for the baselines only).")
 def bench(quick, modes, sizes, repeats, m5_changes, cold_timeout, scale, idle, scale_n, scale_change_ns,
-          scale_changes, scale_change_window, soak, soak_services, lab_name, tools_dir, out_dir,
+          scale_changes, scale_change_window, soak, soak_services, faults, fault_outage,
+          lab_name, tools_dir, out_dir,
           no_readme, no_pin, ip_family) -> None:
     """Benchmark kproxy against kube-proxy iptables/nftables and the direct path, in the lab."""
     if os.geteuid() != 0:
@@ -110,6 +116,18 @@ def bench(quick, modes, sizes, repeats, m5_changes, cold_timeout, scale, idle, s
     tools_dir = str(Path(tools_dir).resolve()) if tools_dir else str(REPO / "build" / "bench")
     readme = None if no_readme else REPO / "README.md"
     with _TestLock():
+        if faults:
+            from .faults import FaultConfig, faults_passed, run_faults
+
+            doc = run_faults(FaultConfig(outage_s=fault_outage, lab_name=lab_name or "faults"),
+                             _log)
+            for p in report.write_faults(doc, out):
+                click.echo(f"wrote {p}")
+            v = doc["verdict"]
+            click.echo(f"failed connections {v['failed_connections']}, wrong "
+                       f"{v['wrong_connections']}, unrecovered {v['unrecovered'] or 'none'}, "
+                       f"rows lost {v['rows_lost_during_outage'] or 'none'}")
+            sys.exit(0 if faults_passed(doc) else 1)
         if soak:
             from .soak import SoakConfig, run_soak, soak_passed
 

@@ -251,12 +251,28 @@ def render_scale_markdown(doc: dict, plot: str | None) -> str:
 
 
 def write_soak(doc: dict, out_dir: Path = RESULTS_DIR) -> list[Path]:
-    """soak-latest.json and reliability.md, the soak's report (soak.py)."""
-    from .soak import report_markdown
+    """soak-latest.json and reliability.md (soak.py)."""
+    return [write_json(doc, out_dir, "soak-latest"), write_reliability(out_dir)]
 
-    written = [write_json(doc, out_dir, "soak-latest")]
-    (out_dir / "reliability.md").write_text(report_markdown(doc))
-    return [*written, out_dir / "reliability.md"]
+
+def write_faults(doc: dict, out_dir: Path = RESULTS_DIR) -> list[Path]:
+    """faults-latest.json and reliability.md (faults.py)."""
+    return [write_json(doc, out_dir, "faults-latest"), write_reliability(out_dir)]
+
+
+def write_reliability(out_dir: Path) -> Path:
+    """reliability.md from the latest soak and fault runs, whichever exist."""
+    from . import faults, soak
+
+    parts = []
+    for stem, render in (("soak-latest", soak.report_markdown),
+                         ("faults-latest", faults.report_markdown)):
+        path = out_dir / f"{stem}.json"
+        if path.exists():
+            parts.append(render(json.loads(path.read_text())))
+    out = out_dir / "reliability.md"
+    out.write_text("\n".join(parts))
+    return out
 
 
 def write_scale(doc: dict, out_dir: Path = RESULTS_DIR, readme: Path | None = Path("README.md")

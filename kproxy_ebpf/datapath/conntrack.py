@@ -14,12 +14,16 @@ rule of tc_lb.c's kp_ct_usable) and are never purged: the socket path translates
 once and the connection keeps its backend until it ends, so the per-packet path does the same
 (kube-proxy, too, leaves TCP conntrack entries of removed endpoints alone and clears only UDP
 ones). Their UDP flows are purged like any other.
+
+Which backend a flow keeps is the caller's rule (`keeps`): the agent passes kube-proxy's
+(established.py: still in the slots, or a serving endpoint of the Service port), so a pod that
+is shutting down but still serving drains its flows from outside too; tests pass
+MapWriter.serves (the slots only).
 """
 from __future__ import annotations
 
 import time
-import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
 from ..desired import FrontendKey
@@ -34,19 +38,17 @@ class Purge(NamedTuple):
     entries: int        # rows the table held before (the fill gauge, from the same walk)
 
 
-class Frontends(typing.Protocol):
-    """What the purge asks the writer (MapWriter.serves)."""
-    def serves(self, key: FrontendKey, backend: BackendKey) -> bool: ...
+Keeps = Callable[[FrontendKey, BackendKey], bool]   # whether a flow keeps its backend
 
 
 def _raw_frontend(fkey: FrontendKey) -> tuple[bytes, int, int]:
     return L.ip_bytes(fkey.ip), L.port_be(fkey.port), L.PROTO_NUM[fkey.protocol]
 
 
-def purge(maps: Mapping[str, PinnedMap], writer: Frontends,
+def purge(maps: Mapping[str, PinnedMap], keeps: Keeps,
           frontends: Iterable[FrontendKey] | None = None) -> Purge:
-    """Deletes every entry whose frontend is gone or no longer serves its backend, with its
-    reply-tuple row. `writer` answers that (MapWriter.serves); `frontends` limits the check to
+    """Deletes every entry whose frontend is gone or does not keep its backend (`keeps`),
+    with its reply-tuple row. `frontends` limits the check to
     flows of those frontend keys (a partial sync's changed keys), None checks all. The table is
     read in batches as plain tuples and only the candidates are decoded: with the per-packet
     ClusterIP path every pod connection has a row, and a partial sync must not pay a Python
@@ -66,7 +68,7 @@ def purge(maps: Mapping[str, PinnedMap], writer: Frontends,
         protocol = L.PROTO_BY_NUM.get(proto)
         ip = L.ip_str(daddr)
         fkey = FrontendKey(ip, L.port_host(dport), protocol, L.ct_scope(flags), family_of(ip))
-        if writer.serves(fkey, (L.ip_str(be_addr), L.port_host(be_port), protocol)):
+        if keeps(fkey, (L.ip_str(be_addr), L.port_host(be_port), protocol)):
             continue
         addr = L.IP16.from_buffer_copy
         reply = L.CtKey(saddr=addr(be_addr), sport=be_port, proto=proto)

@@ -93,6 +93,11 @@ class MapWriter:
         prog = self.held.frontends.get(key)
         return prog is not None and backend in prog.live()
 
+    def backends_of(self, key: FrontendKey) -> frozenset[BackendKey]:
+        """The backends a lookup of frontend `key` (either scope) can pick now."""
+        prog = self.held.frontends.get(key)
+        return frozenset(prog.live()) if prog is not None else frozenset()
+
     def sock_backends(self, keys: Iterable[FrontendKey] | None = None
                       ) -> dict[FrontendKey, frozenset[BackendKey]]:
         """The backends lookups of the scope-SOCK frontends among `keys` (None: all) can pick

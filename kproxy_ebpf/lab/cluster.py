@@ -209,6 +209,13 @@ class Cluster:
         return self.lab.exec(f"node/{node}", [sys.executable, "-c", script], capture_output=True,
                              text=True, check=True).stdout
 
+    def relay_pid(self) -> int | None:
+        """The relay that carries lab nodes' API connections (lab/relay.py)."""
+        for pid, rec in self.lab.status()["procs"].items():
+            if rec["name"] == "relay" and rec["status"] == "running":
+                return int(pid)
+        return None
+
     def proxy_pid(self, node: str) -> int | None:
         for pid, rec in self.lab.status()["procs"].items():
             if rec["name"] == self.proxy_name(node) and rec["status"] == "running":

@@ -7,6 +7,10 @@ belongs to the namespace it was created in; the process itself stays in the host
 forwards each connection to 127.0.0.1:<port>. That gives the API server a lab address,
 10.250.0.1:6443, which is also what the `kubernetes` Service's endpoint says.
 
+SIGUSR1 freezes every connection it carries at that moment: their bytes go nowhere, both ways,
+while the sockets stay open (the kernel still answers TCP keepalives), what a proxy whose
+upstream hung does; connections made afterwards pass. The fault run uses it (bench/faults.py).
+
 Run as: python3 -m kproxy_ebpf.lab.relay --netns NAME --listen IP:PORT --to 127.0.0.1:PORT
 """
 from __future__ import annotations
@@ -19,6 +23,9 @@ import threading
 
 from .nsutil import run_in_thread
 
+_open: set[int] = set()         # ids of the connections being relayed
+_frozen: set[int] = set()       # ...of those frozen by SIGUSR1
+
 
 def listen_in(netns: str, host: str, port: int) -> socket.socket:
     """A listening socket in `netns`, made by a short-lived thread that entered it; this
@@ -28,13 +35,14 @@ def listen_in(netns: str, host: str, port: int) -> socket.socket:
                                                              reuse_port=False, backlog=128))
 
 
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
+def _pipe(src: socket.socket, dst: socket.socket, cid: int) -> None:
     try:
         while True:
             data = src.recv(65536)
             if not data:
                 break
-            dst.sendall(data)
+            if cid not in _frozen:
+                dst.sendall(data)
     except OSError:
         pass
     finally:
@@ -52,10 +60,14 @@ def _serve_one(client: socket.socket, to: tuple[str, int]) -> None:
     except OSError:
         client.close()
         return
-    t = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
+    cid = client.fileno()
+    _open.add(cid)
+    t = threading.Thread(target=_pipe, args=(upstream, client, cid), daemon=True)
     t.start()
-    _pipe(client, upstream)
+    _pipe(client, upstream, cid)
     t.join()
+    _open.discard(cid)
+    _frozen.discard(cid)
     client.close()
     upstream.close()
 
@@ -75,6 +87,7 @@ def main() -> None:
         lhost, _, lport = listen.rpartition(":")
         servers.append(listen_in(args.netns, lhost.strip("[]"), int(lport)))
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    signal.signal(signal.SIGUSR1, lambda *_: _frozen.update(_open))
     print(f"relaying {args.netns} {', '.join(args.listen)} -> {args.to}", flush=True)
     for server in servers[1:]:
         threading.Thread(target=_accept, args=(server, (thost, int(tport))), daemon=True).start()
