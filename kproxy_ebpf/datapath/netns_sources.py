@@ -71,6 +71,24 @@ def _resolve(path: str, targets: Mapping[IPFamily, str]) -> tuple[int, dict[IPFa
     return netns_scope.in_netns(path, body)
 
 
+def cookie_of(ip: str, cgroup_root: str) -> int | None:
+    """The cookie of the network namespace (among those the hooks can see) that holds address
+    `ip`, for `trace --from` (a pod's ClientIP affinity row is keyed by it)."""
+    def holds() -> bool:
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            return any(a.get_attr("IFA_ADDRESS") == ip for a in ipr.get_addr())
+
+    for path in netns_scope.scope(cgroup_root).netns:
+        try:
+            if netns_scope.in_netns(path, holds):
+                return netns_scope.in_netns(path, netns_cookie)
+        except OSError:
+            continue
+    return None
+
+
 def is_range_limited(fe: Frontend) -> bool:
     """Whether the hook checks a source for fe (so kp_nssrc must be filled)."""
     return fe.scope is Scope.SOCK and fe.kind is FrontendKind.LOAD_BALANCER and \

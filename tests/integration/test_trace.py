@@ -1,0 +1,151 @@
+"""`kproxy-ebpf trace` against where a probe actually lands, in a lab cluster running kproxy:
+a ClusterIP, a ClientIP affinity Service, internalTrafficPolicy Local with and without a local
+endpoint, a NodePort from outside (TC), and a Service without endpoints. The command runs as
+an operator runs it: inside node1's namespace, on node1's pins."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from kubernetes import client
+
+from kproxy_ebpf.lab.cluster import Cluster
+from kproxy_ebpf.lab.probe import is_reply
+
+from ..support import lab_cluster, wait_until
+from .lab_services import seen_from_outside, served_by
+
+pytestmark = [pytest.mark.root, pytest.mark.controlplane]
+
+NODE1 = "10.250.0.11"
+EXT_CLIENT = "10.250.0.250"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with lab_cluster("it-trace", "kproxy", client_pod=True) as c:
+        c.create_pod("tr-a", "node1", labels={"app": "tr"})
+        c.create_pod("tr-b", "node2", labels={"app": "tr"})
+        c.create_pod("tr-r", "node2", labels={"app": "tr-remote"})
+        yield c
+
+
+@pytest.fixture
+def core(cluster):
+    return client.CoreV1Api(cluster.api())
+
+
+def service(core, name: str, app: str, **spec) -> client.V1Service:
+    body = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+            "spec": {"selector": {"app": app}, "ports": [
+                {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}], **spec}}
+    return core.create_namespaced_service("default", body)
+
+
+def trace(c: Cluster, target: str, *args: str) -> dict:
+    node = c.lab.node("node1")
+    out = c.lab.exec("node/node1", [sys.executable, "-m", "kproxy_ebpf.cli", "trace", target,
+                                    "--bpffs-dir", node.bpffs, "--cgroup", node.cgroup,
+                                    "-o", "json", *args],
+                     capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def explained(c: Cluster, target: str, *args: str) -> str:
+    node = c.lab.node("node1")
+    return c.lab.exec("node/node1", [sys.executable, "-m", "kproxy_ebpf.cli", "trace", target,
+                                     "--bpffs-dir", node.bpffs, "--explain", *args],
+                      capture_output=True, text=True, check=True).stdout
+
+
+def addr(c: Cluster, pod: str) -> str:
+    return f"{c.lab.pod(pod).ip}:8080"
+
+
+def landed(c: Cluster, ip: str) -> str:
+    line = c.lab.probe("pod/client", ip, 80)[0]
+    assert is_reply(line), line
+    return line.split()[0]
+
+
+def test_cluster_ip_lists_the_backends_a_probe_lands_on(cluster, core):
+    ip = service(core, "tr-plain", "tr").spec.cluster_ip
+    try:
+        wait_until(lambda: served_by(cluster, ip, count=20) == {"tr-a", "tr-b"}, 20, "both pods")
+        t = trace(cluster, f"{ip}:80")
+        assert t["verdict"] == "forward" and t["service"] == "default/tr-plain:http"
+        assert sorted(t["candidates"]) == sorted([addr(cluster, "tr-a"), addr(cluster, "tr-b")])
+        assert [s["step"] for s in t["steps"]] == ["frontend", "backends"]
+        assert addr(cluster, landed(cluster, ip)) in t["candidates"]
+    finally:
+        core.delete_namespaced_service("tr-plain", "default")
+
+
+def test_affinity_names_the_backend_the_client_keeps(cluster, core):
+    ip = service(core, "tr-aff", "tr", sessionAffinity="ClientIP").spec.cluster_ip
+    try:
+        wait_until(lambda: served_by(cluster, ip), 20, "the affinity Service")
+        first = landed(cluster, ip)
+        assert {landed(cluster, ip) for _ in range(5)} == {first}, "affinity holds"
+        t = trace(cluster, f"{ip}:80", "--from", cluster.lab.pod("client").ip)
+        assert t["chosen"] == addr(cluster, first), t
+        assert any(s["step"] == "affinity" and "slot" in s["found"] for s in t["steps"]), t
+    finally:
+        core.delete_namespaced_service("tr-aff", "default")
+
+
+def test_internal_traffic_policy_local_with_and_without_a_local_endpoint(cluster, core):
+    ip = service(core, "tr-itp", "tr-remote", internalTrafficPolicy="Local").spec.cluster_ip
+    try:
+        wait_until(lambda: trace(cluster, f"{ip}:80")["verdict"] == "unreachable", 20,
+                   "the Local-only Service programmed")
+        assert cluster.lab.probe("pod/client", ip, 80) == ["ERROR EHOSTUNREACH"]
+        text = explained(cluster, f"{ip}:80")
+        assert "internalTrafficPolicy Local and no endpoint on this node" in text, text
+        # A local endpoint appears: the trace and the probe move to it.
+        cluster.create_pod("tr-l", "node1", labels={"app": "tr-remote"})
+        try:
+            wait_until(lambda: trace(cluster, f"{ip}:80")["verdict"] == "forward", 20,
+                       "the local endpoint programmed")
+            t = trace(cluster, f"{ip}:80")
+            assert t["candidates"] == [addr(cluster, "tr-l")] and t["chosen"] == t["candidates"][0]
+            assert landed(cluster, ip) == "tr-l"
+        finally:
+            cluster.delete_pod("tr-l")
+    finally:
+        core.delete_namespaced_service("tr-itp", "default")
+
+
+def test_node_port_from_outside_follows_the_tracked_flow(cluster, core):
+    svc = service(core, "tr-np", "tr", type="NodePort")
+    port = svc.spec.ports[0].node_port
+    try:
+        wait_until(lambda: seen_from_outside(cluster, NODE1, port, count=4)
+                   <= {f"tr-a {EXT_CLIENT}", f"tr-b {NODE1}"}, 20, "the NodePort from outside")
+        before = trace(cluster, f"{NODE1}:{port}", "--from-outside")
+        assert before["verdict"] == "forward" and len(before["candidates"]) == 2
+        got = seen_from_outside(cluster, NODE1, port, count=1)
+        pod = next(iter(got)).split()[0]
+        t = trace(cluster, f"{NODE1}:{port}", "--from-outside", "--from", EXT_CLIENT)
+        conntrack = next(s for s in t["steps"] if s["step"] == "conntrack")
+        assert addr(cluster, pod) in conntrack["found"], (pod, t)
+        # Not a frontend from outside: the ClusterIP's port on the node address.
+        other = trace(cluster, f"{NODE1}:81", "--from-outside")
+        assert other["verdict"] == "untouched"
+    finally:
+        core.delete_namespaced_service("tr-np", "default")
+
+
+def test_a_service_without_endpoints_is_refused(cluster, core):
+    ip = service(core, "tr-none", "nobody").spec.cluster_ip
+    try:
+        wait_until(lambda: trace(cluster, f"{ip}:80")["verdict"] == "refused", 20,
+                   "the Service without endpoints programmed")
+        assert cluster.lab.probe("pod/client", ip, 80) == ["REFUSED"]
+        assert "no usable endpoint" in explained(cluster, f"{ip}:80")
+        # A port the ClusterIP does not have, and an address no Service holds.
+        assert trace(cluster, f"{ip}:81")["verdict"] == "refused"
+        assert trace(cluster, "10.96.255.254:80")["verdict"] == "unreachable"
+    finally:
+        core.delete_namespaced_service("tr-none", "default")
