@@ -108,14 +108,19 @@ def trace(maps: Mapping[str, PinnedMap], ip: str, port: int, proto: Protocol, sc
     return t
 
 
+def _addr(m: PinnedMap, ip: str):
+    """The key of a map keyed by a bare struct kp_ip."""
+    return m.spec.key.from_buffer_copy(L.ip_bytes(ip))
+
+
 def _no_frontend(t: Trace, maps: Mapping[str, PinnedMap], ip: str, scope: Scope) -> None:
     t.add("frontend", "none", f"no row for {t.frontend} in kp_svc ({scope.value} scope)")
     if scope is Scope.EXT and "extaddr" in maps:
-        held = maps["extaddr"].get(L.addr_key(ip)) is not None
+        held = maps["extaddr"].get(_addr(maps["extaddr"], ip)) is not None
         t.add("tc filter", f"kp_extaddr {'holds' if held else 'does not hold'} {ip}",
               "a packet to an address no frontend from outside has goes on untouched")
         return
-    cip = maps["clusterip"].get(L.addr_key(ip)) if "clusterip" in maps else None
+    cip = maps["clusterip"].get(_addr(maps["clusterip"], ip)) if "clusterip" in maps else None
     if cip is not None:
         if cip.action == L.const("KP_CIP_PASS"):
             t.add("servicecidr", "a ClusterIP of a Service another proxy serves",
