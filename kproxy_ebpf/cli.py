@@ -360,8 +360,9 @@ def status(bpffs_dir: str, output: str, healthz: str) -> None:
         if waiting:
             full = waiting.get("fullMaps") or []
             click.echo(f"WARNING: {waiting['frontends']} frontends are not programmed"
-                       + (f": map(s) {', '.join(full)} full; raise mapSizes (then "
-                          "`kproxy-ebpf cleanup` and restart the agent) or remove Services. "
+                       + (f": map(s) {', '.join(full)} full; raise mapSizes and restart "
+                          "the agent (the maps are made anew at the new size while traffic "
+                          "flows) or remove Services. "
                           if full else "; their writes failed (see the agent's log). ")
                        + "They are retried automatically.")
 

@@ -128,6 +128,10 @@ class Frontend:
     # Scope EXT, LoadBalancer only: the sources a new flow must come from (IPv4 networks,
     # canonical, sorted); () = any. See proxy/external.py lb_source_ranges.
     source_ranges: tuple[str, ...] = ()
+    # Scope EXT: serving endpoints the slots do not name (a pod shutting down while others are
+    # ready). Their backend rows stay, so the TC path's flows to them keep their backend until
+    # the endpoint stops serving, as kube-proxy keeps their conntrack entries.
+    draining: tuple[Backend, ...] = ()
 
     @property
     def key(self) -> FrontendKey:

@@ -40,6 +40,11 @@ def stable_slots(old: list[BackendKey], wanted: Iterable[BackendKey]) -> list[Ba
     return slots  # type: ignore[return-value]
 
 
+def drained(fe: Frontend) -> frozenset[BackendKey]:
+    """The backend rows fe holds for the flows of endpoints that left its slots."""
+    return frozenset((b.ip, b.port, b.protocol) for b in fe.draining)
+
+
 def wanted_slots(fe: Frontend) -> dict[BackendKey, int]:
     """The backends the frontend's slots must name, each with its be_flags."""
     if fe.action is not Action.FORWARD:
@@ -97,4 +102,5 @@ class Planner:
         return (p.kind, p.service, p.action, p.affinity) == (
             fe.kind, fe.service, fe.action, fe.affinity_timeout) and p.live() == wanted \
             and p.count == len(wanted) and ledger.named.get(fe.service) == L.meta_view(fe.info) \
-            and p.ranges == self.ranges(fe) and p.range_flag == bool(p.ranges)
+            and p.ranges == self.ranges(fe) and p.range_flag == bool(p.ranges) \
+            and p.drain == drained(fe)

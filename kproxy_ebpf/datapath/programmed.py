@@ -100,6 +100,7 @@ class Programmed:
     range_flag: bool = False                        # slot 0's KP_FE_F_SRC_RANGES
     addr_held: bool = False                         # EXT: its address's kp_extaddr row
     local_held: frozenset[str] = frozenset()        # EXT: its local backends' kp_extbe rows
+    drain: frozenset[BackendKey] = frozenset()      # EXT: backend rows held for old flows
 
     def live(self) -> dict[BackendKey, int]:
         """The backends lookups can reach, with their flags."""

@@ -44,7 +44,7 @@ from .batch import BatchedWrites, DirectWrites, Writes
 from .held_addrs import HeldAddrs
 from .ids import IdsExhausted
 from .pinned import MapFull, PinnedMap
-from .plan import Planner, slot_order, wanted_slots
+from .plan import Planner, drained, slot_order, wanted_slots
 from .programmed import BackendKey, Ledger, Programmed
 from .restore import read_back
 
@@ -235,6 +235,7 @@ class MapWriter:
         self._drop_ranges(key, prog, prog.ranges - ranges, res, writes)   # after the flag let go
         for addr in sorted(prog.local_held - local):   # after slot 0 let go
             self._release_local(prog, addr, res, writes)
+        self._hold_drain(prog, drained(fe), res, writes)
         held.set_service(prog, fe.service)
         prog.kind, prog.action = fe.kind, fe.action
         prog.affinity, prog.count = fe.affinity_timeout, len(order)
@@ -316,11 +317,26 @@ class MapWriter:
             res.writes += 1
         for addr in sorted(prog.local_held):           # after its slot 0 is gone
             self._release_local(prog, addr, res, writes)
+        self._hold_drain(prog, frozenset(), res, writes)
         if prog.addr_held:
             self.ext_addrs.release(key.ip, res, writes)
             prog.addr_held = False
         del held.frontends[key]
         res.deleted += 1
+
+    def _hold_drain(self, prog: Programmed, want: frozenset[BackendKey], res: ApplyResult,
+                    writes: Writes) -> None:
+        """References the backends of `want` without a slot (Frontend.draining): their rows,
+        and ids, live on for the TC path's flows (tc_lb.c kp_ct_usable checks the row)."""
+        held = self.held
+        for b in sorted(want - prog.drain):
+            if held.backend_ids.get(b) is None:
+                self._new_backend(b, res, writes)
+            held.refs[b] += 1
+        for b in prog.drain - want:
+            held.refs[b] -= 1
+            held.unref.add(b)
+        prog.drain = want
 
     # -- TC filter and source-range rows (EXT frontends) -------------------------------------
     def _hold_filters(self, key: FrontendKey, local: frozenset[str], prog: Programmed,

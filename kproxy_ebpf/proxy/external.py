@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from ..desired import Frontend, FrontendKey, FrontendKind, Problem, Scope
 from ..model import EndpointSlice, IPFamily, Node, Protocol, Service
 from .families import node_view, service_families, service_view
-from .frontends import lb_source_ranges, port_plans, service_info, verdict
+from .frontends import draining, lb_source_ranges, port_plans, service_info, verdict
 
 PRIMARY = "primary"
 
@@ -106,6 +106,7 @@ def _family_ext_frontends(svc: Service, slices: Iterable[EndpointSlice], node: N
             continue
         chosen = pe.local if svc.external_traffic_local else pe.cluster
         action, backends = verdict(pe, chosen, sp)
+        drain = draining(plan, backends)
         candidates = [(ip, sp.port, FrontendKind.EXTERNAL_IP) for ip in ext_ips]
         candidates += [(ip, sp.port, FrontendKind.LOAD_BALANCER) for ip in lb_ips]
         if sp.node_port and plan.node_port_ok:
@@ -115,7 +116,8 @@ def _family_ext_frontends(svc: Service, slices: Iterable[EndpointSlice], node: N
                           action=action, backends=backends,
                           affinity_timeout=svc.session_affinity_timeout, scope=Scope.EXT,
                           info=info,
-                          source_ranges=ranges if kind is FrontendKind.LOAD_BALANCER else ())
+                          source_ranges=ranges if kind is FrontendKind.LOAD_BALANCER else (),
+                          draining=drain)
             out.setdefault(fe.key, fe)     # clashes are reported by the socket scope
     return list(out.values())
 

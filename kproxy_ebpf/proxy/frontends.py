@@ -64,6 +64,7 @@ class ServicePortPlan:
     name: ServicePortName
     endpoints: PortEndpoints
     node_port_ok: bool = True
+    serving: tuple[EndpointInfo, ...] = ()    # every serving endpoint of the port
 
 
 def _problem(svc: Service, reason: str, message: str) -> Problem:
@@ -144,6 +145,7 @@ def port_plans(svc: Service, slices: Iterable[EndpointSlice], node: Node,
             name=ServicePortName(svc.namespace, svc.name, sp.name, sp.protocol),
             endpoints=categorize(eps, node.name, node.zone, prefer_same_node=prefer_same_node),
             node_port_ok=node_port_ok,
+            serving=tuple(e for e in eps if e.serving),
         ))
     return plans, problems
 
@@ -172,6 +174,13 @@ def _backends(eps: Iterable[EndpointInfo], sp: ServicePort) -> tuple[Backend, ..
            for e in eps]
     out.sort(key=_backend_order)
     return tuple(out)
+
+
+def draining(plan: ServicePortPlan, backends: tuple[Backend, ...]) -> tuple[Backend, ...]:
+    """The serving endpoints of the port that `backends` leave out."""
+    named = {(b.ip, b.port) for b in backends}
+    left = [e for e in plan.serving if (e.ip, e.port) not in named]
+    return _backends(left, plan.port) if left else ()
 
 
 def verdict(pe: PortEndpoints, chosen: tuple[EndpointInfo, ...], sp: ServicePort

@@ -287,17 +287,12 @@ def test_deleted_service_stops_its_held_sockets(cluster):
     cluster.delete_pod("svc-gone-a")
 
 
-def test_udp_flows_from_outside_drain_from_a_terminating_pod_and_move_when_it_goes(cluster,
-                                                                                  request):
-    """kube-proxy keeps a UDP flow from outside the node to a NodePort with its pod while the
-    pod is terminating but serving, and moves it once the pod is deleted (its cleanup deletes
-    the flows of endpoints that no longer serve). The agent's conntrack purge keeps that rule
-    (established.py), but tc_lb.c re-balances a flow whose backend row is gone (kp_ct_usable),
-    and the writer frees a backend's row once no slot names it: a known gap (the note on issue
-    26), held here as a strict xfail so that its fix shows."""
-    if cluster.info.proxy == "kproxy":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "the TC path re-balances a flow whose backend left every slot (its row is freed)")))
+def test_udp_flows_from_outside_drain_from_a_terminating_pod_and_move_when_it_goes(cluster):
+    """A UDP flow from outside the node to a NodePort stays with its pod while the pod is
+    terminating but serving, and moves once the pod is deleted, as kube-proxy's conntrack
+    cleanup does (it deletes the flows of endpoints that no longer serve). Here the writer
+    keeps the backend row of a serving endpoint that left the slots (Frontend.draining), which
+    tc_lb.c's kp_ct_usable checks, and the purge keeps kube-proxy's rule (established.py)."""
     backends(cluster, "np-drain", ["np-drain-a", "np-drain-b"])
     core = client.CoreV1Api(cluster.api())
     core.create_namespaced_service("default", {

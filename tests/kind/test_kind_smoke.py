@@ -68,4 +68,11 @@ def test_kind_install_path_and_conformance_services(tmp_path):
     during = {n: run["guard_drops_after"]["nodes"][n] - run["guard_drops_before"]["nodes"].get(n, 0)
               for n in run["guard_drops_after"]["nodes"]}
     assert sum(during.values()) == 0 and run["guard_drops_after"]["host"] == run["guard_drops_before"]["host"], run
+    # An operator's commands in the agent pod, with no flags (issue 27): the cluster DNS
+    # Service's frontends, and a trace that lists the CoreDNS pods the API names.
+    op = run["operator"]
+    assert op["services_rc"] == 0 and op["dns_frontends"] >= 2, op        # 53/UDP, 53/TCP, ...
+    assert op["trace_rc"] == 0 and op["trace"]["verdict"] == "forward", op
+    assert sorted(c.rsplit(":", 1)[0] for c in op["trace"]["candidates"]) == op["coredns"], op
+    assert "VERDICT" in op["trace_text"] and "kp_svc" in op["trace_text"], op
     assert not leftovers()

@@ -66,6 +66,17 @@ def test_local_terminating_fallback_is_used_for_etp_local():
     assert (fe.action, [b.ip for b in fe.backends]) == (FWD, ["10.0.1.5"])
 
 
+def test_a_serving_endpoint_left_out_of_the_slots_is_draining():
+    """A pod shutting down while another is ready: the slots name the ready one, the draining
+    one is listed so the writer keeps its backend row for the TC path's flows."""
+    eps = sl(ep("10.0.1.5", "node-a", ready=True),
+             ep("10.0.1.6", "node-b", ready=False, serving=True, terminating=True),
+             ep("10.0.1.7", "node-b", ready=False, serving=False, terminating=True))
+    (fe,) = service_ext_frontends(svc(), [eps], NODE)
+    assert [b.ip for b in fe.backends] == ["10.0.1.5"]
+    assert [b.ip for b in fe.draining] == ["10.0.1.6"], "serving only; not the one that stopped"
+
+
 @pytest.mark.parametrize("addresses,expected", [
     pytest.param((), ("192.168.0.1",), id="default-primary"),
     pytest.param(("primary",), ("192.168.0.1",), id="primary"),

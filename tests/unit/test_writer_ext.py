@@ -206,3 +206,19 @@ def test_the_cli_dump_shows_the_filter_rows_as_addresses():
                                        local=("10.244.1.10",))))
     assert reader.dump(maps["extaddr"]) == [{"key": "10.250.0.11", "value": 1}]
     assert reader.dump(maps["extbe"]) == [{"key": "10.244.1.10", "value": 1}]
+
+
+def test_draining_backends_keep_their_rows_until_they_stop_serving(maps):
+    """Frontend.draining: the backend row (and id) of a serving endpoint that left the slots
+    stays, so tc_lb.c keeps the flows to it; it goes when the endpoint is no longer listed."""
+    w = MapWriter(maps)
+    a, b = Backend("10.244.1.5", 8080, TCP), Backend("10.244.2.6", 8080, TCP)
+    both = fe((a, b), scope=Scope.EXT)
+    assert w.apply(table(both)).ok
+    bid = {L.ip_str(v.addr): k.value for k, v in maps["backend"].items()}
+    assert w.apply(table(dataclasses.replace(both, backends=(a,), draining=(b,)))).ok
+    assert rows(maps, L.SCOPE_EXT) == {0: (1, L.ACTION_NUM[Action.FORWARD]), 1: "10.244.1.5"}
+    kept = {L.ip_str(v.addr): k.value for k, v in maps["backend"].items()}
+    assert kept == bid, "the draining backend keeps its row and id"
+    assert w.apply(table(dataclasses.replace(both, backends=(a,)))).ok
+    assert {L.ip_str(v.addr) for _, v in maps["backend"].items()} == {"10.244.1.5"}

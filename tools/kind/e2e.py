@@ -139,6 +139,35 @@ class Run:
     guard_before: dict = field(default_factory=dict)
     guard_after: dict = field(default_factory=dict)
     specs: dict[str, Outcome] = field(default_factory=dict)
+    operator: dict = field(default_factory=dict)
+
+
+def operator_checks(cluster: str) -> dict:
+    """What an operator runs in the agent pod on a real node (issue 27), with no flags:
+    `kubectl exec ds/kproxy-ebpf -- kproxy-ebpf services -o json` and `trace` of the cluster's
+    DNS Service, beside the CoreDNS endpoints the API lists."""
+    def kc(*argv: str) -> subprocess.CompletedProcess:
+        return sh("hack/kind-env.sh", "kubectl", "--context", f"kind-{cluster}", *argv,
+                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False)
+
+    agent = ("-n", "kube-system", "exec", "ds/kproxy-ebpf", "-c", "agent", "--", "kproxy-ebpf")
+    dns = kc("-n", "kube-system", "get", "svc", "kube-dns", "-o",
+             "jsonpath={.spec.clusterIP}").stdout.strip()
+    slices = kc("-n", "kube-system", "get", "endpointslices", "-l",
+                "kubernetes.io/service-name=kube-dns", "-o", "json")
+    coredns = sorted({a for sl in json.loads(slices.stdout or "{}").get("items", [])
+                      for e in sl.get("endpoints") or [] for a in e.get("addresses", [])
+                      if (e.get("conditions") or {}).get("ready")})
+    services = kc(*agent, "services", "-o", "json")
+    traced = kc(*agent, "trace", f"{dns}:53/UDP", "-o", "json")
+    text = kc(*agent, "trace", f"{dns}:53/UDP", "--explain")
+    return {"dns": dns, "coredns": coredns,
+            "services_rc": services.returncode,
+            "dns_frontends": sum(1 for r in json.loads(services.stdout or "[]")
+                                 if r.get("address") == dns),
+            "trace_rc": traced.returncode,
+            "trace": json.loads(traced.stdout) if traced.returncode == 0 else traced.stderr,
+            "trace_text": text.stdout or text.stderr}
 
 
 def run_suite(proxy: str, cluster: str, focus: str, skip: str, procs: int, images: list[str],
@@ -179,6 +208,8 @@ def run_suite(proxy: str, cluster: str, focus: str, skip: str, procs: int, image
         if not report.exists():
             raise SystemExit(f"e2e: the suite against {proxy} wrote no report (rc {r.returncode})")
         run.specs = outcomes(json.loads(report.read_text()))
+        if proxy == "kproxy":
+            run.operator = operator_checks(cluster)
     finally:
         run.seconds = round(time.monotonic() - start, 1)
         if not keep:
@@ -238,7 +269,8 @@ def report(runs: list[Run], skips: list[Listed], differences: list[Listed], focu
             "skipped_by_cilium_list": sum(1 for row in in_focus if row["cilium_skips"]),
             "runs": [{"proxy": r.proxy, "cluster": r.cluster, "seconds": r.seconds,
                       "suite_rc": r.suite_rc, "guard_drops_before": r.guard_before,
-                      "guard_drops_after": r.guard_after} for r in runs],
+                      "guard_drops_after": r.guard_after, "operator": r.operator}
+                     for r in runs],
             "summary": summary, "comparison": diff, "specs": specs}
 
 
