@@ -36,7 +36,7 @@ from pathlib import Path
 
 from ..lab.cluster import Cluster
 from ..lab.namespaces import PROBE_SCRIPT
-from ..lab.probe import is_reply
+from ..lab.probe import is_reply, stamped
 
 NODES = ("node1", "node2")
 CLIENTS = {"client1": "node1", "client2": "node2"}
@@ -256,14 +256,7 @@ class Faults:
 def _tally(path: Path, t0: float, t1: float) -> dict:
     attempts = failures = wrong = 0
     samples: list[str] = []
-    for line in path.read_text().splitlines():
-        stamp, _, result = line.partition(" ")
-        try:
-            at = float(stamp)
-        except ValueError:
-            continue
-        if not t0 <= at <= t1:
-            continue
+    for at, result in stamped(path.read_text(), t0, t1):
         attempts += 1
         if not is_reply(result):
             failures += 1

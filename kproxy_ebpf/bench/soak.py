@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ..lab.cluster import Cluster
 from ..lab.namespaces import PROBE_SCRIPT
-from ..lab.probe import is_reply
+from ..lab.probe import is_reply, stamped
 from . import fill
 from .procstat import ProxyMeter
 from .rawapi import RawApi
@@ -180,14 +180,7 @@ class Driver:
 def _tally(log_path: Path, service: str, members: Membership, t0: float,
            t1: float) -> ProbeTally:
     tally = ProbeTally()
-    for line in log_path.read_text().splitlines():
-        stamp, _, result = line.partition(" ")
-        try:
-            at = float(stamp)
-        except ValueError:
-            continue
-        if not t0 <= at <= t1:
-            continue
+    for at, result in stamped(log_path.read_text(), t0, t1):
         tally.attempts += 1
         if not is_reply(result):
             tally.failures += 1

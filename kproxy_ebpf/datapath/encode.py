@@ -60,10 +60,16 @@ def head_value(fe: Frontend, svc_id: int, count: int, ranges: bool) -> L.SvcVal:
                     fe_flags=L.FE_F_SRC_RANGES if ranges else 0)
 
 
+def _cut(text: str, size: int) -> bytes:
+    """At most `size` bytes of text's UTF-8, cut between characters (a name from a static
+    manifest may hold any; the API server allows ASCII only)."""
+    return text.encode()[:size].decode(errors="ignore").encode()
+
+
 def meta_value(spn: ServicePortName, view: L.MetaView) -> L.SvcMeta:
     """The service port's names and settings (for the CLI: no program reads them)."""
     flags, hc, ranges, td = view
-    return L.SvcMeta(namespace=spn.namespace.encode()[:63], name=spn.name.encode()[:63],
-                     port_name=spn.port.encode()[:15], proto=L.PROTO_NUM[spn.protocol],
+    return L.SvcMeta(namespace=_cut(spn.namespace, 63), name=_cut(spn.name, 63),
+                     port_name=_cut(spn.port, 15), proto=L.PROTO_NUM[spn.protocol],
                      flags=flags, health_check_node_port=hc, source_ranges=ranges,
                      traffic_distribution=td)

@@ -17,7 +17,8 @@ from .programmed import BackendKey, Ledger, Programmed
 
 
 def _cstr(raw: bytes) -> str:
-    return raw.split(b"\0", 1)[0].decode()
+    # A row an older agent wrote may end inside a character: never a reason to fail a restore.
+    return raw.split(b"\0", 1)[0].decode(errors="replace")
 
 
 def read_back(svc: PinnedMap, be: PinnedMap, meta: PinnedMap, src: PinnedMap | None,

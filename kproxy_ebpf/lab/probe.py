@@ -205,6 +205,21 @@ def is_reply(result: str) -> bool:
     return result.split(" ", 1)[0] not in ("REFUSED", "TIMEOUT", "ERROR", "WRONG-SOURCE")
 
 
+def stamped(text: str, t0: float = 0.0, t1: float = float("inf")) -> list[tuple[float, str]]:
+    """(time, result) of each --stamp line of a probe's output between t0 and t1 (a line
+    without a stamp, such as a traceback, is left out)."""
+    out = []
+    for line in text.splitlines():
+        stamp, _, result = line.partition(" ")
+        try:
+            at = float(stamp)
+        except ValueError:
+            continue
+        if t0 <= at <= t1:
+            out.append((at, result))
+    return out
+
+
 def parse_target(text: str) -> tuple[str, int]:
     if text.startswith("["):
         host, _, port = text[1:].partition("]:")

@@ -23,7 +23,7 @@ from kubernetes import client
 from kproxy_ebpf.lab import kubeobjects, nsutil
 from kproxy_ebpf.lab.cluster import Cluster
 from kproxy_ebpf.lab.namespaces import PROBE_SCRIPT
-from kproxy_ebpf.lab.probe import is_reply
+from kproxy_ebpf.lab.probe import is_reply, stamped
 
 from ..support import lab_cluster, wait_until
 from .lab_services import delete_service, make_service, metric, served_by
@@ -63,14 +63,7 @@ class Held:
         self.log = Path(c.lab.log_path(name))
 
     def lines(self) -> list[tuple[float, str]]:
-        out = []
-        for line in self.log.read_text().splitlines():
-            stamp, _, result = line.partition(" ")
-            try:
-                out.append((float(stamp), result))
-            except ValueError:
-                continue            # a traceback would show in the assertion's message
-        return out
+        return stamped(self.log.read_text())
 
     def answers(self, since: float = 0.0) -> list[tuple[float, str]]:
         """(time, pod) of every reply after `since`."""

@@ -311,3 +311,20 @@ def test_a_failure_half_way_through_a_bulk_fill_keeps_the_ids_it_took(maps):
     fresh = MapWriter(maps)
     fresh.restore()
     assert fresh.row_counts() == w.row_counts()
+
+
+def test_a_name_cut_inside_a_character_is_restored(maps):
+    """kp_meta holds 15 bytes of a port name: a manifest's multi-byte name is cut between
+    characters, and a row cut inside one (an older agent's) still restores (the fuzz tests
+    found a restart that raised UnicodeDecodeError on it)."""
+    from kproxy_ebpf.desired import ServicePortName
+
+    spn = ServicePortName("default", "web", "000\x80\x80\x80ࠀ𐀀", Protocol.UDP)
+    w = MapWriter(maps)
+    assert w.apply(table(fe(service=spn, backends=("10.244.1.5",)))).ok
+    (row,) = [v for _, v in maps["meta"].items()]
+    assert row.port_name.decode() == "000\x80\x80\x80ࠀ"
+    key = next(k for k, _ in maps["meta"].items())
+    maps["meta"].put(key, L.SvcMeta(namespace=b"default", name=b"web",
+                                    port_name="000\x80\x80\x80ࠀ𐀀".encode()[:15]))
+    assert MapWriter(maps).restore() == 1
