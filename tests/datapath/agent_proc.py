@@ -37,7 +37,9 @@ def web_manifest(lab) -> str:
     return service_manifest("web", "10.96.0.80", [(lab.pod(p).ip, lab.pod(p).node) for p in ("a1", "b1")])
 
 
-def start_agent(lab, manifest: Path, name: str, flags: tuple[str, ...] = ()):
+def start_agent(lab, manifest: Path, name: str, flags: tuple[str, ...] = (),
+                tree: Path | None = None):
+    """`tree`: run the agent of another checkout (an older release, for upgrade tests)."""
     node = lab.node("node1")
     argv = [sys.executable, "-m", "kproxy_ebpf.cli", "run", "--manifests", str(manifest),
             "--cgroup", node.cgroup, "--bpffs-dir", node.bpffs, "--hostname-override", "node1",
@@ -47,7 +49,10 @@ def start_agent(lab, manifest: Path, name: str, flags: tuple[str, ...] = ()):
             "--program-cache", os.path.join(lab.state_dir, "programs"), *flags]
     # The lab appends to a name's log: an earlier agent's "first sync" must not count.
     Path(lab.log_path(name)).unlink(missing_ok=True)
-    return lab.spawn("node1", argv, name)
+    if tree is None:
+        return lab.spawn("node1", argv, name)
+    return lab.spawn("node1", argv, name, env={**os.environ, "PYTHONPATH": str(tree)},
+                     cwd=str(tree))
 
 
 def log_of(lab, name: str) -> str:

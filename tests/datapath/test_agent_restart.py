@@ -34,14 +34,15 @@ def forwarded(bpffs: str) -> int:
             m.close()
 
 
-def restart_under_load(lab, tmp_path, sig, flags: tuple[str, ...] = ()):
+def restart_under_load(lab, tmp_path, sig, flags: tuple[str, ...] = (),
+                       trees: tuple[Path | None, Path | None] = (None, None)):
     """Agent 1, clients connecting (new connections every 10 ms, one held and reused), agent 1
     stopped by `sig`, agent 2 (with `flags`) started; returns each client's lines and agent 2's
-    log once the clients are done."""
+    log once the clients are done. `trees`: the checkout each agent runs from (None: this one)."""
     manifest = tmp_path / "web.yaml"
     manifest.write_text(web_manifest(lab))
     bpffs = lab.node("node1").bpffs
-    first = start_agent(lab, manifest, "agent-1")
+    first = start_agent(lab, manifest, "agent-1", tree=trees[0])
     second = None
     loops: list[threading.Thread] = []
     try:
@@ -70,7 +71,7 @@ def restart_under_load(lab, tmp_path, sig, flags: tuple[str, ...] = ()):
             assert "stopping; the datapath stays programmed" in log_of(lab, "agent-1")
         killed = forwarded(bpffs)
         wait_until(lambda: forwarded(bpffs) >= killed + 30, 30, "traffic with no agent running")
-        second = start_agent(lab, manifest, "agent-2", flags)
+        second = start_agent(lab, manifest, "agent-2", flags, tree=trees[1])
         wait_until(lambda: "first sync:" in log_of(lab, "agent-2"), 30,
                    "the second agent's first sync")
         # bcc compiled in a child process (datapath/progload.py): no LLVM in the agent itself,
