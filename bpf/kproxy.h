@@ -234,6 +234,28 @@ struct kp_svc_meta {
 	__u8  pad[2];
 };
 
+/* Per-Service counters (kp_svcstat, a per-CPU hash keyed by svc_id; lib/stats.h): what the
+ * datapath did for each service port, summed over CPUs by the agent for its metrics and
+ * `services -o wide`. The first event of a service port creates its row (from kp_svczero: a
+ * zero struct this size on the TC programs' stack would not fit beside their tuples); the
+ * agent deletes it when it frees the svc_id (svc_counters.py), and sweeps rows of ids it does
+ * not hold, so an id handed out again starts from zero. Counters only: no program reads them
+ * to decide anything. A new kp_meta (layout bump or resize) hands the ids out afresh, so this
+ * map is made anew with it (datapath/resize.py TOGETHER). */
+struct kp_svc_stat {
+	__u64 conns;        /* connections balanced: a connect(), an unconnected UDP socket's
+			     * new flow, a new TC flow */
+	__u64 packets;      /* toward the backends: an unconnected UDP socket's datagrams (the
+			     * socket path sees no others), every TC packet of a flow */
+	__u64 bytes;        /* ... their bytes, TC only (a socket hook sees no payload) */
+	__u64 reply_packets; /* TC: replies translated back to the frontend */
+	__u64 reply_bytes;
+	__u64 refused;      /* no usable endpoint (or one that vanished): ECONNREFUSED, ICMP
+			     * port unreachable */
+	__u64 dropped;      /* no endpoint in the Local set: EHOSTUNREACH, or dropped */
+	__u64 denied;       /* outside loadBalancerSourceRanges (or from a netns not learnt yet) */
+};
+
 /* Addresses that matched no frontend (lib/servicecidr.h), kube-proxy nftables' cluster-ips
  * set and service-CIDR rule: kp_cip maps an allocated ClusterIP to what it gets; kp_svccidr
  * (LPM trie) holds the ServiceCIDRs of both families (an IPv4 one as its IPv4-mapped prefix,
@@ -318,6 +340,7 @@ _Static_assert(sizeof(struct kp_sksvc_val) == 40, "kp_sksvc_val");
 _Static_assert(sizeof(struct kp_aff_key) == 16, "kp_aff_key");
 _Static_assert(sizeof(struct kp_aff_val) == 16, "kp_aff_val");
 _Static_assert(sizeof(struct kp_svc_meta) == 152, "kp_svc_meta");
+_Static_assert(sizeof(struct kp_svc_stat) == 64, "kp_svc_stat");
 _Static_assert(sizeof(struct kp_cip_val) == 4, "kp_cip_val");
 _Static_assert(sizeof(struct kp_cidr_key) == 20, "kp_cidr_key");
 _Static_assert(sizeof(struct kp_srcrange_key) == 40, "kp_srcrange_key");
@@ -465,7 +488,9 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 40, "kp_tc_cfg");
 	X(extaddr,     kp_extaddr,  2, hash,         struct kp_ip,         __u32,                KP_EXTADDR_SIZE,  0) \
 	X(extbe,       kp_extbe,    2, hash,         struct kp_ip,         __u32,                KP_EXTBE_SIZE,    0) \
 	X(nssrc,       kp_nssrc,    1, hash,         struct kp_nssrc_key,  struct kp_ip,         KP_NSSRC_SIZE,    0) \
-	X(nsmiss,      kp_nsmiss,   1, lru_hash,     __u64,                __u64,                KP_NSMISS_SIZE,   0)
+	X(nsmiss,      kp_nsmiss,   1, lru_hash,     __u64,                __u64,                KP_NSMISS_SIZE,   0) \
+	X(svcstat,     kp_svcstat,  1, percpu_hash,  __u32,                struct kp_svc_stat,   KP_SVCSTAT_SIZE,  KP_NO_PREALLOC) \
+	X(svczero,     kp_svczero,  1, array,        __u32,                struct kp_svc_stat,   1,                0)
 
 #ifndef KP_SVC_SIZE
 #define KP_SVC_SIZE   262144  /* frontends plus one row per backend slot (10k x 10: 110k) */
@@ -511,6 +536,10 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 40, "kp_tc_cfg");
 #endif
 #ifndef KP_NSMISS_SIZE
 #define KP_NSMISS_SIZE 256    /* netns cookie -> when a source-range check met it unknown (LRU) */
+#endif
+#ifndef KP_SVCSTAT_SIZE
+#define KP_SVCSTAT_SIZE 16384 /* per-Service counters: a row per service port that saw traffic
+			       * (allocated as used: 64 bytes per row and possible CPU) */
 #endif
 #ifndef KP_SVCCIDR_SIZE
 #define KP_SVCCIDR_SIZE 256   /* ServiceCIDR ranges */

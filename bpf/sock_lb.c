@@ -146,8 +146,9 @@ static __always_inline bool sock_source(struct bpf_sock_addr *ctx, bool v6, bool
  * has not learnt yet is refused (fail closed) and noted in kp_nsmiss, which wakes the agent. */
 static __always_inline int sock_source_allows(struct bpf_sock_addr *ctx, bool v6,
 					      bool unconnected_udp, const struct kp_svc_key *fe,
-					      __u8 fe_flags)
+					      const struct kp_lb_res *res)
 {
+	__u8 fe_flags = res->fe_flags;
 	struct kp_ip src;
 	__u64 netns, now;
 
@@ -160,10 +161,12 @@ static __always_inline int sock_source_allows(struct bpf_sock_addr *ctx, bool v6
 			kp_nsmiss.update(&netns, &now);
 		}
 		kp_count(KP_STAT_SRC_UNKNOWN);
+		kp_svc_refusal(res->svc_id, KP_SVC_DENIED);
 		return -EPERM;
 	}
 	if (!kp_srcrange_allows(fe, fe_flags, src)) {
 		kp_count(KP_STAT_SRC_DENY);
+		kp_svc_refusal(res->svc_id, KP_SVC_DENIED);
 		return -EPERM;
 	}
 	return 0;
@@ -185,15 +188,21 @@ static __always_inline int sock_xlate_fwd(struct bpf_sock_addr *ctx, bool v6, st
 	if (res.verdict == KP_LB_NONE)
 		return kp_servicecidr_unmatched(req.key.addr);
 	/* Before the verdict, as on the TC path: kube-proxy's firewall runs before its reject. */
-	err = sock_source_allows(ctx, v6, unconnected_udp, &req.key, res.fe_flags);
+	err = sock_source_allows(ctx, v6, unconnected_udp, &req.key, &res);
 	if (err)
 		return err;
 	if (res.verdict != KP_LB_FORWARD)
-		return kp_lb_refusal(res.verdict, KP_LB_PATH_SOCK);
+		return kp_lb_refusal(&res, KP_LB_PATH_SOCK);
 	sock_remember(ctx, &res, addr, *port);
 	*addr = res.be.addr;
 	*port = res.be.port;
 	kp_count(KP_STAT_FORWARD);
+	/* An unconnected UDP socket's datagram is a packet; a new flow of it (no flow row
+	 * reused), like every connect(), a connection. */
+	if (unconnected_udp)
+		kp_svc_packet(res.svc_id, false, 0);
+	if (!unconnected_udp || !res.affinity_hit)
+		kp_svc_conn(res.svc_id);
 	return 1;
 }
 

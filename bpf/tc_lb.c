@@ -171,13 +171,14 @@ static __always_inline int kp_new_flow(struct kp_pkt *p, struct kp_ct_val *v,
 	/* Before the verdict: kube-proxy's firewall runs before its DNAT and no-endpoint reject. */
 	if (!kp_srcrange_allows(&req.key, res.fe_flags, p->tuple.saddr)) {
 		kp_count(KP_STAT_TC_SRC_DROP);
+		kp_svc_refusal(res.svc_id, KP_SVC_DENIED);
 		*answer = KP_ANSWER_DROP;
 		return -1;
 	}
 	if (res.verdict != KP_LB_FORWARD) {
 		/* Refused: an ICMP port unreachable, as kube-proxy's reject rule. No endpoint in the
 		 * Local set drops, but a pod client gets the socket path's EHOSTUNREACH at once. */
-		if (kp_lb_refusal(res.verdict, KP_LB_PATH_TC) == -ECONNREFUSED)
+		if (kp_lb_refusal(&res, KP_LB_PATH_TC) == -ECONNREFUSED)
 			*answer = KP_ANSWER_PORT_UNREACH;
 		else if (scope == KP_SCOPE_SOCK)
 			*answer = KP_ANSWER_HOST_UNREACH;
@@ -212,6 +213,7 @@ static __always_inline int kp_new_flow(struct kp_pkt *p, struct kp_ct_val *v,
 		kp_rnat.update(&rkey, &p->tuple);
 	}
 	kp_count(KP_STAT_TC_FORWARD);
+	kp_svc_conn(res.svc_id);
 	return 1;
 }
 
@@ -335,6 +337,7 @@ static __always_inline int kp_reply(struct __sk_buff *skb, struct kp_pkt *p, boo
 		return -1;
 	kp_ct_track(&orig, row, &v, p->tcp_flags, true, now);
 	kp_count(KP_STAT_TC_REPLY);
+	kp_svc_packet(v.svc_id, true, skb->len);
 	return 1;
 }
 
@@ -422,6 +425,7 @@ static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 			return kp_answer(skb, &p, answer);
 	}
 	kp_ct_track(&p.tuple, row, &v, p.tcp_flags, false, now);
+	kp_svc_packet(v.svc_id, false, skb->len);
 
 	if (kp_rewrite(skb, &p, true, v.be_addr, v.be_port) < 0)
 		return TC_ACT_SHOT;

@@ -24,12 +24,12 @@ from pathlib import Path
 
 from . import health, httpserve
 from .config import AgentConfig
-from .datapath import conntrack, reader, tc
+from .datapath import conntrack, reader, svc_counters, tc
 from .datapath.cidr_writer import CidrWriter
 from . import conntrack_sysctl
 from .datapath.netns_sources import NetnsSources
-from .datapath.sock_hooks import SockDatapath
-from .datapath.stale_sockets import StaleSockets
+from .datapath.sock_hooks import AGENT_FILLED, SockDatapath
+from .datapath.stale_sockets import Outcome, StaleSockets
 from .datapath.tc import TcDatapath
 from .datapath.writer import ApplyResult, MapWriter
 from .client_sources import ClientSources
@@ -127,9 +127,12 @@ class Agent:
         release_heap()
         self.writer = MapWriter(self.datapath.maps)
         adopted = self.writer.restore()
+        self._sweep_service_counters()
         self.cidrs = CidrWriter(self.datapath.maps)
         self.cidrs.restore()
         log.info("adopted %d frontends from %s", adopted, self.cfg.bpffs_dir)
+        self.metrics.zero_series([m.spec.name for mid, m in self.datapath.maps.items()
+                                  if mid in AGENT_FILLED], [o.value for o in Outcome])
         if self.cfg.socket_lb:
             self.sweep = SocketSweep(StaleSockets.of(self.datapath.maps, self.cfg.cgroup,
                                                      reset_tcp=self.cfg.stale_sockets_tcp),
@@ -149,6 +152,8 @@ class Agent:
             self._attach()
         # Socket and TC counters share kp_stats (the TC ones are named tc_*).
         self.metrics.watch_datapath(lambda: reader.counters(self.datapath.maps["stats"]))
+        self.metrics.watch_services(lambda: svc_counters.by_service(self.datapath.maps),
+                                    self.cfg.service_metrics_limit)
         self._serve()
         threading.Thread(target=self._start_runner, name="wait-synced", daemon=True).start()
 
@@ -196,6 +201,26 @@ class Agent:
         ct = self.datapath.maps["ct"]
         self.metrics.map_entries.labels("ct").set(res.entries)
         self.metrics.map_capacity.labels("ct").set(ct.max_entries)
+
+    def _forget_service_counters(self, ids: list[int]) -> None:
+        """Freed service ids lose their counter rows, so a later holder starts from zero."""
+        try:
+            svc_counters.forget(self.datapath.maps["svcstat"], ids)
+        except OSError as exc:
+            log.warning("could not delete the counters of %d freed service ids (%s); the "
+                        "next drift check removes them", len(ids), exc)
+
+    def _sweep_service_counters(self) -> None:
+        """Counter rows of ids no frontend holds (created a moment before their id was freed,
+        or left by an agent stopped before it deleted them)."""
+        try:
+            n = svc_counters.sweep(self.datapath.maps["svcstat"], self.writer.svc_ids_held())
+        except OSError as exc:
+            log.warning("could not sweep the per-Service counters (%s); retried at the next "
+                        "drift check", exc)
+            return
+        if n:
+            log.info("removed %d per-Service counter rows of freed service ids", n)
 
     def _report_unprogrammed(self, result: ApplyResult) -> None:
         """How many frontends wait for a retry (they did not fit or their write failed), and
@@ -324,10 +349,14 @@ class Agent:
             checks = self.state.health_checks() if full or changes.changed_services else None
             triggers, self.sink.triggers = self.sink.triggers, []
             problem_counts = dict(self.state.problem_counts())
+            # After a failed write the next sync writes the whole ServiceCIDR set.
+            cidr_input = (self.state.service_cidr_set() if plan.cidrs_all
+                          else self.state.service_cidr_changes())
         if plan.reread:
             cpu0 = time.thread_time()
             self.writer.restore()
             self.cidrs.restore()
+            self._sweep_service_counters()
             self.metrics.drift_checks.inc()
             self.metrics.drift_check_cpu.inc(time.thread_time() - cpu0)
         keys = None if full else changes.changed_keys | plan.retry
@@ -336,11 +365,19 @@ class Agent:
                    if self.sweep is not None else None)
         if self.client_sources is not None:
             self.client_sources.before_apply(changes.frontends, keys)
-        result = self.writer.apply(changes.frontends, keys)
+        cidr_changes = (self.cidrs.whole(cidr_input) if plan.cidrs_all
+                        else self.cidrs.changes(*cidr_input))
+        result = ApplyResult()
+        # A new Service's ClusterIP row before its frontends, a deleted one's after: while a
+        # ClusterIP answers on its ports, the ports it lacks are refused (bpf/lib/servicecidr.h).
+        cidrs_done = self.cidrs.write_additions(cidr_changes, result)
+        result = self.writer.apply(changes.frontends, keys, result)
+        self._forget_service_counters(self.writer.take_freed_svc_ids())
         established = Established(self.writer, changes.frontends, self.state, self._lock)
         if self.sweep is not None and sockets is not None:
             self.sweep.after(sockets, established, full)
-        self._apply_service_cidrs(result, plan.cidrs_all)
+        cidrs_done &= self.cidrs.write_removals(cidr_changes, result)
+        self.policy.cidrs_written(cidrs_done)
         if self.policy.applied(plan, result.failed, bool(result.full_maps),
                                freed=result.deleted > 0):
             self.runner.run()           # room was freed: what did not fit is tried again now
@@ -377,21 +414,6 @@ class Agent:
         if full or first:
             release_heap()      # the first LIST's JSON, or a relist's: a few ms at 10k Services
         return result.ok
-
-    def _apply_service_cidrs(self, result: ApplyResult, whole: bool) -> None:
-        """After the frontends (a new Service's frontend exists before its ClusterIP row). A
-        partial sync writes only the ClusterIPs touched since the last one; after a failed
-        write the next sync writes the whole set."""
-        with self._lock:
-            if whole:
-                wanted = self.state.service_cidr_set()
-            else:
-                cidrs, touched = self.state.service_cidr_changes()
-        if whole:
-            done = self.cidrs.apply(wanted, result)
-        else:
-            done = self.cidrs.apply_changes(cidrs, touched, result)
-        self.policy.cidrs_written(done)
 
     def _record(self, full: bool, elapsed: float, desired: int, result: ApplyResult) -> None:
         """Metrics and the log line of one sync."""

@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from . import __version__
+from .datapath import svc_counters
 from .model import Protocol, hostport
 from .run_cli import DEFAULT_BPFFS, run
 
@@ -24,8 +25,26 @@ def _bpffs_option(f):
 
 
 def _output_option(f):
-    return click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]),
+    # kubectl's set: wide is the table with more columns (where a command has more to show).
+    return click.option("-o", "--output", type=click.Choice(["table", "wide", "json", "yaml"]),
                         default="table", show_default=True)(f)
+
+
+def _table(header: tuple, lines: list[tuple]) -> None:
+    """kubectl's column style: every column padded to its widest cell but the last."""
+    widths = [max(len(str(x[i])) for x in [header, *lines]) for i in range(len(header) - 1)]
+    for line in [header, *lines]:
+        # strict=False: the last column is not padded, so widths stop before it.
+        click.echo("  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=False))
+                   + "  " + str(line[-1]))
+
+
+def _si(n: int) -> str:
+    """A count as kubectl prints quantities: 1234 -> 1.2k."""
+    for unit, size in (("G", 10 ** 9), ("M", 10 ** 6), ("k", 10 ** 3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return str(n)
 
 
 def _structured(data, output: str) -> bool:
@@ -124,25 +143,109 @@ def services(bpffs_dir: str, output: str, service_filter: str | None) -> None:
     rows = reader.services(maps)
     if service_filter:
         rows = [r for r in rows if r["service"].split(":")[0] == service_filter]
+    counts = svc_counters.read(maps["svcstat"]) if "svcstat" in maps else {}
+    for r in rows:      # a service port's, shared by its frontends (ClusterIP, NodePort, ...)
+        r["counters"] = counts.get(r["service_id"], svc_counters.ServiceCounters()).as_dict()
     if _structured(rows, output):
         return
     if not rows:
         click.echo("no services programmed")
         return
-    header = ("SERVICE", "TYPE", "FRONTEND", "ACTION", "AFFINITY", "POLICY", "BACKENDS")
+    _table(*_services_table(rows, wide=output == "wide"))
+
+
+def _services_table(rows: list[dict], wide: bool) -> tuple[tuple, list[tuple]]:
+    """`services`' header and lines (a frontend's further backends on lines of their own)."""
+    header = ("SERVICE", "TYPE", "FRONTEND", "ACTION", "AFFINITY", "POLICY",
+              *(_COUNTER_COLUMNS if wide else ()), "BACKENDS")
     lines = []
+    shown: set[int] = set()
     for r in rows:
         backends = [_backend_text(b) for b in r["backends"]] or ["-"]
         aff = f"{r['affinity_timeout']}s" if r["affinity_timeout"] else "-"
-        first = (r["service"], r["type"], f"{hostport(r['address'], r['port'])}/{r['protocol']}",
-                 r["action"], aff, _policy_text(r.get("policy", {}), r.get("source_ranges")),
-                 backends[0])
-        lines.append(first)
-        lines.extend(("", "", "", "", "", "", b) for b in backends[1:])
-    widths = [max(len(str(x[i])) for x in [header, *lines]) for i in range(len(header) - 1)]
-    for line in [header, *lines]:
-        # strict=False: the last column (backends) is not padded, so widths stop before it.
-        click.echo("  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=False)) + "  " + line[-1])
+        extra: tuple = ()
+        if wide:     # on the service port's first frontend only: they are its, not the row's
+            extra = ("",) * len(_COUNTER_COLUMNS) if r["service_id"] in shown else \
+                _counter_cells(r["counters"])
+            shown.add(r["service_id"])
+        lines.append((r["service"], r["type"],
+                      f"{hostport(r['address'], r['port'])}/{r['protocol']}", r["action"], aff,
+                      _policy_text(r.get("policy", {}), r.get("source_ranges")), *extra,
+                      backends[0]))
+        lines.extend(("",) * (len(header) - 1) + (b,) for b in backends[1:])
+    return header, lines
+
+
+@main.command("watch")
+@_bpffs_option
+@click.option("--service", "service_filter", metavar="NS/NAME",
+              help="Only this service (any of its ports).")
+@click.option("--interval", type=click.FloatRange(0.05), default=1.0, show_default=True,
+              help="Seconds between polls of the maps.")
+@click.option("--duration", type=click.FloatRange(0), default=None,
+              help="Stop after this many seconds (default: until Ctrl-C).")
+@click.option("--plain", is_flag=True, help="One line per change even on a terminal.")
+def watch_command(bpffs_dir: str, service_filter: str | None, interval: float,
+                  duration: float | None, plain: bool) -> None:
+    """Frontends and backends changing live, as the agent writes them: the table redrawn in
+    place on a terminal, one timestamped line per change otherwise (`kubectl scale` and
+    watch the backends follow)."""
+    import time
+
+    from . import watch
+    from .datapath import reader
+
+    def read() -> watch.Snapshot:
+        maps = _open_maps(bpffs_dir)        # afresh: an agent that swaps its maps is followed
+        try:
+            return watch.snapshot(reader.services(maps), service_filter)
+        finally:
+            for m in maps.values():
+                m.close()
+
+    tty = sys.stdout.isatty() and not plain
+    recent: list[str] = []
+    deadline = None if duration is None else time.monotonic() + duration
+    try:
+        for snap, changes in watch.follow(read, interval, deadline):
+            stamp = time.strftime("%H:%M:%S")
+            lines = [f"{stamp} {c.line()}" for c in changes]
+            if not tty:
+                if not changes:
+                    click.echo(f"{stamp} watching {len(snap)} frontends"
+                               f"{' of ' + service_filter if service_filter else ''}", err=True)
+                for line in lines:
+                    click.echo(line)
+                sys.stdout.flush()
+                continue
+            recent = (recent + lines)[-10:]
+            click.clear()
+            click.echo(f"kproxy-ebpf watch: {len(snap)} frontends, every {interval:g}s "
+                       f"(Ctrl-C to stop), {stamp}\n")
+            _table(*_watch_table(snap))
+            click.echo("\nrecent changes:\n" + ("\n".join(recent) or "  none yet"))
+    except KeyboardInterrupt:
+        pass
+
+
+def _watch_table(snap) -> tuple[tuple, list[tuple]]:
+    header = ("SERVICE", "TYPE", "FRONTEND", "ACTION", "BACKENDS")
+    lines = []
+    for v in (snap[k] for k in sorted(snap, key=lambda k: (snap[k].service, k))):
+        backends = [f"{a} ({s})" for a, s in v.backends.items()] or ["-"]
+        lines.append((v.service, v.type, v.frontend, v.action, backends[0]))
+        lines.extend(("",) * 4 + (b,) for b in backends[1:])
+    return header, lines
+
+
+# services -o wide: the service port's datapath counters (kp_svcstat).
+_COUNTER_COLUMNS = ("CONNS", "PKTS IN/OUT", "BYTES IN/OUT", "REFUSED", "DROPPED", "DENIED")
+
+
+def _counter_cells(c: dict) -> tuple:
+    return (_si(c["conns"]), f"{_si(c['packets'])}/{_si(c['reply_packets'])}",
+            f"{_si(c['bytes'])}/{_si(c['reply_bytes'])}", _si(c["refused"]),
+            _si(c["dropped"]), _si(c["denied"]))
 
 
 @main.group()
@@ -168,11 +271,13 @@ def maps_list(bpffs_dir: str, output: str) -> None:
             for name, m in _open_maps(bpffs_dir).items()]
     if _structured(rows, output):
         return
-    for r in rows:
-        entries = r["entries"] if r["entries"] is not None else "-"
-        size = (f"{entries:>8} / {r['max_entries']}" if r["max_entries"] is not None
-                else f"{'-':>8}   (one row per TCP socket, freed with it)")
-        click.echo(f"{r['map']:<10} {r['pin']:<14} {size}")
+    def cell(v) -> str:
+        return "-" if v is None else str(v)
+
+    _table(("MAP", "PIN", "ENTRIES", "MAX"),
+           [(r["map"], r["pin"], cell(r["entries"]),
+             cell(r["max_entries"]) if r["max_entries"] is not None
+             else "- (one row per TCP socket, freed with it)") for r in rows])
 
 
 @maps.command("dump")
@@ -423,9 +528,7 @@ def ct_list(bpffs_dir: str, output: str, service_filter: str | None) -> None:
               "EXPIRES")
     lines = [(r["service"] or "?", r["path"], r["protocol"], r["client"], r["frontend"], r["backend"],
               r["snat"] or "-", r["state"], f"{r['expires_in_seconds']}s") for r in rows]
-    widths = [max(len(str(x[i])) for x in [header, *lines]) for i in range(len(header))]
-    for line in [header, *lines]:
-        click.echo("  ".join(str(v).ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())
+    _table(header, lines)
 
 
 @main.command()

@@ -46,6 +46,9 @@ class AgentConfig:
     watch_progress_timeout: float = 150.0
     healthz_bind_address: str = "0.0.0.0:10256"
     metrics_bind_address: str = "127.0.0.1:10249"
+    # Per-Service metrics (kproxy_service_*): about 8 series per service port, for the first
+    # this many service ports by namespace/name/port; 0: none. Bounds a scrape at 10k Services.
+    service_metrics_limit: int = 1000
     map_sizes: MapSizes = field(default_factory=MapSizes)
     manifests: list[str] = field(default_factory=list)   # static Service/EndpointSlice YAML
     prefer_same_node: bool = True         # the PreferSameTrafficDistribution feature gate
@@ -186,6 +189,14 @@ def _coerce(name: str, value: object) -> object:
                 "pod_devices"):
         return [str(v) for v in value] if isinstance(value, list) else [
             p for p in str(value).split(",") if p]
+    if name == "service_metrics_limit":
+        try:
+            n = int(str(value))
+        except ValueError:
+            n = -1
+        if n < 0:
+            raise ConfigError(f"serviceMetricsLimit must be a whole number >= 0, not {value!r}")
+        return n
     if name == "map_sizes":
         if not isinstance(value, dict):
             raise ConfigError("mapSizes must be a mapping of map name to entries")

@@ -15,12 +15,13 @@ observe/set/inc.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .datapath.svc_counters import ServiceCounters, ServicePortId
 from .kube.sources import ApiCounters
 from .kubeproxy_names import K, KubeProxyNames
 from .model import IPFamily
@@ -191,6 +192,19 @@ class Metrics:
         self.sync_duration.observe(seconds)
         (self.sync_full_duration if full else self.sync_partial_duration).observe(seconds)
 
+    def zero_series(self, written_maps: Sequence[str], outcomes: Sequence[str]) -> None:
+        """Every series a dashboard rate()s exported from the start at 0 (a labelled counter
+        has none until its first increment, so a panel would show "no data"): health codes,
+        full maps (`written_maps`: the pin names the agent writes), stale-socket outcomes."""
+        for code in ("200", "503"):
+            self.healthz.labels(code)
+            self.livez.labels(code)
+        for name in written_maps:
+            self.map_full.labels(name)
+        for proto in ("TCP", "UDP"):
+            for outcome in outcomes:
+                self.stale_sockets.labels(proto, outcome)
+
     def health_response(self, path: str, code: int) -> None:
         """health.ProxyHealth.on_response: count /healthz and /livez answers."""
         (self.healthz if path == "/healthz" else self.livez).labels(str(code)).inc()
@@ -199,6 +213,13 @@ class Metrics:
         """Exports the BPF programs' per-CPU counters (summed) at every scrape."""
         self.registry.register(_DatapathCollector(read_counters))
 
+
+    def watch_services(self, read: Callable[[], Sequence[tuple[ServicePortId, ServiceCounters]]],
+                       limit: int) -> None:
+        """Exports the per-Service datapath counters (kp_svcstat) of the first `limit` service
+        ports by name at every scrape (0: none)."""
+        if limit > 0:
+            self.registry.register(_ServiceCollector(read, limit))
 
     def watch_changes(self, read: Callable[[], tuple[int, int]]) -> None:
         """Exports the Service and EndpointSlice changes seen so far, (services, slices), at
@@ -236,6 +257,54 @@ class _ChangesCollector(Collector):
                                   "Service changes seen (adds, updates, deletes).", services)
         yield CounterMetricFamily(P + "sync_proxy_rules_endpoint_changes",
                                   "EndpointSlice changes seen (adds, updates, deletes).", slices)
+
+
+class _ServiceCollector(Collector):
+    """kproxy_service_*: 8 series per service port (connections; packets and bytes each way;
+    refusals by reason), bounded by `limit` service ports."""
+
+    LABELS = ["namespace", "name", "port", "protocol"]
+
+    def __init__(self, read: Callable[[], Sequence[tuple[ServicePortId, ServiceCounters]]],
+                 limit: int):
+        self._read, self._limit = read, limit
+
+    def collect(self):
+        labels = self.LABELS
+        conns = CounterMetricFamily(
+            P + "service_connections", "Connections the datapath balanced to the service "
+            "port's backends: connect()s, new flows of unconnected UDP sockets, new TC flows.",
+            labels=labels)
+        packets = CounterMetricFamily(
+            P + "service_packets", "Packets of the service port's flows, by direction "
+            "(to_backend: TC packets and unconnected UDP datagrams; reply: TC replies).",
+            labels=[*labels, "direction"])
+        nbytes = CounterMetricFamily(
+            P + "service_bytes", "Bytes of those packets on the TC path (a socket hook sees "
+            "no payload), by direction.", labels=[*labels, "direction"])
+        refusals = CounterMetricFamily(
+            P + "service_refusals", "Connections and packets refused, by reason: "
+            "no_endpoints (refused), no_local_endpoints (dropped: a Local traffic policy), "
+            "source_range (loadBalancerSourceRanges).", labels=[*labels, "reason"])
+        omitted = GaugeMetricFamily(
+            P + "service_metrics_omitted", "Service ports past serviceMetricsLimit, without "
+            "kproxy_service_* series (`kproxy-ebpf services -o wide` shows them all).")
+        try:
+            rows = self._read()
+        except OSError:
+            rows = []
+        for who, c in rows[:self._limit]:
+            ids = [who.namespace, who.name, who.port, who.protocol]
+            conns.add_metric(ids, c.conns)
+            for direction, n, b in (("to_backend", c.packets, c.bytes),
+                                    ("reply", c.reply_packets, c.reply_bytes)):
+                packets.add_metric([*ids, direction], n)
+                nbytes.add_metric([*ids, direction], b)
+            for reason, n in (("no_endpoints", c.refused), ("no_local_endpoints", c.dropped),
+                              ("source_range", c.denied)):
+                refusals.add_metric([*ids, reason], n)
+        omitted.add_metric([], max(0, len(rows) - self._limit))
+        yield from (conns, packets, nbytes, refusals, omitted)
 
 
 class _ApiCollector(Collector):

@@ -47,18 +47,22 @@ static __always_inline void kp_lb_request(struct kp_lb_req *req, struct kp_ip ad
 	req->now = now;
 }
 
-/* A verdict that refuses the frontend (DROP, REJECT, MISS): counted on the path's counter, and
- * returned as what the client is told: -EHOSTUNREACH (endpoints exist, none in the Local set)
- * or -ECONNREFUSED (none at all, or a slot that vanished twice under the lookup: refused
- * rather than sent to a service address nobody answers). */
-static __always_inline int kp_lb_refusal(__u8 verdict, enum kp_lb_path path)
+/* A verdict that refuses the frontend (DROP, REJECT, MISS): counted on the path's counter and
+ * the service port's (kp_svc_stat), and returned as what the client is told: -EHOSTUNREACH
+ * (endpoints exist, none in the Local set) or -ECONNREFUSED (none at all, or a slot that
+ * vanished twice under the lookup: refused rather than sent to a service address nobody
+ * answers). */
+static __always_inline int kp_lb_refusal(const struct kp_lb_res *res, enum kp_lb_path path)
 {
 	bool tc = path == KP_LB_PATH_TC;
+	__u8 verdict = res->verdict;
 
 	if (verdict == KP_LB_DROP) {
 		kp_count(tc ? KP_STAT_TC_DROP : KP_STAT_DROP);
+		kp_svc_refusal(res->svc_id, KP_SVC_DROPPED);
 		return -EHOSTUNREACH;
 	}
+	kp_svc_refusal(res->svc_id, KP_SVC_REFUSED);
 	if (verdict == KP_LB_REJECT)
 		kp_count(tc ? KP_STAT_TC_REJECT : KP_STAT_REJECT);
 	else

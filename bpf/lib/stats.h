@@ -1,4 +1,5 @@
-/* lib/stats.h: the programs' own counters (per-CPU array, summed by the agent and the CLI). */
+/* lib/stats.h: the programs' own counters (per-CPU array, summed by the agent and the CLI), and
+ * the per-Service ones (kproxy.h, kp_svc_stat). */
 #ifndef KPROXY_LIB_STATS_H
 #define KPROXY_LIB_STATS_H
 
@@ -10,6 +11,68 @@ static __always_inline void kp_count(__u32 idx)
 
 	if (v)
 		*v += 1;
+}
+
+/* This CPU's counters of service port svc_id, its row created by the first event (from
+ * kp_svczero's zeroes). NULL for id 0 or a full map: the event goes uncounted there, and the
+ * programs' verdicts never depend on it. Per-CPU values need no atomic add. */
+static __always_inline struct kp_svc_stat *kp_svc_stat(__u32 svc_id)
+{
+	struct kp_svc_stat *st;
+	struct kp_svc_stat *zero;
+	__u32 first = 0;
+
+	if (!svc_id)
+		return NULL;
+	st = kp_svcstat.lookup(&svc_id);
+	if (st)
+		return st;
+	zero = kp_svczero.lookup(&first);
+	if (!zero)
+		return NULL;
+	kp_svcstat.insert(&svc_id, zero);
+	return kp_svcstat.lookup(&svc_id);
+}
+
+static __always_inline void kp_svc_conn(__u32 svc_id)
+{
+	struct kp_svc_stat *st = kp_svc_stat(svc_id);
+
+	if (st)
+		st->conns += 1;
+}
+
+/* A packet of a flow (TC, or an unconnected UDP socket's datagram with len 0: a socket hook
+ * sees no payload), toward the backend or a reply back from it. */
+static __always_inline void kp_svc_packet(__u32 svc_id, bool reply, __u32 len)
+{
+	struct kp_svc_stat *st = kp_svc_stat(svc_id);
+
+	if (!st)
+		return;
+	if (reply) {
+		st->reply_packets += 1;
+		st->reply_bytes += len;
+	} else {
+		st->packets += 1;
+		st->bytes += len;
+	}
+}
+
+enum kp_svc_refusal { KP_SVC_REFUSED, KP_SVC_DROPPED, KP_SVC_DENIED };
+
+static __always_inline void kp_svc_refusal(__u32 svc_id, enum kp_svc_refusal why)
+{
+	struct kp_svc_stat *st = kp_svc_stat(svc_id);
+
+	if (!st)
+		return;
+	if (why == KP_SVC_DROPPED)
+		st->dropped += 1;
+	else if (why == KP_SVC_DENIED)
+		st->denied += 1;
+	else
+		st->refused += 1;
 }
 
 #endif

@@ -7,12 +7,15 @@ writer diffs against what it wrote (rebuilt from the maps by restore()).
 
 Order, so that no lookup sees a range without the exceptions it needs: ClusterIP rows are
 written before new ranges are added (a foreign ClusterIP is never dropped for an instant), and
-removed ranges go before the ClusterIP rows they covered.
+removed ranges go before the ClusterIP rows they covered. The agent writes the additions before
+the frontends and the removals after them (`CidrChanges`), so a ClusterIP that answers on its
+ports also refuses the ports it does not have, from its first connection to its last.
 """
 from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from ..desired import ServiceCIDRSet
 from . import layout as L
@@ -27,6 +30,14 @@ def _cidr_key(cidr: str) -> L.CidrKey:
     net = ipaddress.ip_network(cidr)
     addr = str(net.network_address)
     return L.CidrKey(prefixlen=L.prefix_bits(addr, net.prefixlen), addr=L.ip16(addr))
+
+
+@dataclass(frozen=True)
+class CidrChanges:
+    """One sync's ServiceCIDR work: the ranges wanted and the ClusterIP rows to set (KP_CIP_*)
+    or remove (None)."""
+    cidrs: frozenset[str]
+    actions: Mapping[str, int | None]
 
 
 class CidrWriter:
@@ -44,32 +55,43 @@ class CidrWriter:
     def row_counts(self) -> dict[str, int]:
         return {"clusterip": len(self.cluster_ips), "servicecidr": len(self.cidrs)}
 
-    def apply(self, want: ServiceCIDRSet, res: ApplyResult) -> bool:
-        """Writes the whole difference (full syncs); failures go into `res`. True when all
-        was written."""
+    def whole(self, want: ServiceCIDRSet) -> CidrChanges:
+        """What a full sync writes: every ClusterIP row, and the removal of those not wanted."""
         actions: dict[str, str | None] = dict.fromkeys(want.foreign_ips, "pass")
         actions.update((ip, "reject") for ip in want.cluster_ips)
         gone = dict.fromkeys(self.cluster_ips.keys() - actions.keys())
-        return self.apply_changes(want.cidrs, {**actions, **gone}, res)
+        return self.changes(want.cidrs, {**actions, **gone})
 
-    def apply_changes(self, cidrs: frozenset[str], wanted: Mapping[str, str | None],
-                      res: ApplyResult) -> bool:
-        """Writes the ranges and the rows of the ClusterIPs in `wanted` ("reject", "pass", or
-        None: no longer allocated), the others untouched: a partial sync costs what changed.
-        True when all was written (else the caller retries with a full apply)."""
-        actions = {ip: ACTIONS[a] for ip, a in wanted.items()}
-        puts = sorted(ip for ip, a in actions.items()
+    def changes(self, cidrs: frozenset[str], wanted: Mapping[str, str | None]) -> CidrChanges:
+        """The ranges, and the rows of the ClusterIPs in `wanted` ("reject", "pass", or None: no
+        longer allocated), the others untouched: a partial sync costs what changed."""
+        return CidrChanges(cidrs, {ip: ACTIONS[a] for ip, a in wanted.items()})
+
+    def apply(self, want: ServiceCIDRSet, res: ApplyResult) -> bool:
+        """Both phases of `whole(want)` at once; True when all was written."""
+        ch = self.whole(want)
+        return self.write_additions(ch, res) & self.write_removals(ch, res)
+
+    def write_additions(self, ch: CidrChanges, res: ApplyResult) -> bool:
+        """ClusterIP rows put, then new ranges (before the frontends are written). Failures go
+        into `res`; True when all was written (else the caller retries with a full apply)."""
+        puts = sorted(ip for ip, a in ch.actions.items()
                       if a is not None and self.cluster_ips.get(ip) != a)
         complete = True
-        for ip in () if self._put_ips_batched(puts, actions, res) else puts:
+        for ip in () if self._put_ips_batched(puts, ch.actions, res) else puts:
             complete &= self._try(res, f"ClusterIP {ip}",
-                                  lambda ip=ip: self._put_ip(ip, actions[ip]))
+                                  lambda ip=ip: self._put_ip(ip, ch.actions[ip]))
         # A range added while one of its ClusterIP rows is missing would drop that address.
-        for cidr in sorted(cidrs - self.cidrs) if complete else ():
+        for cidr in sorted(ch.cidrs - self.cidrs) if complete else ():
             complete &= self._try(res, f"ServiceCIDR {cidr}", lambda c=cidr: self._put_cidr(c))
-        for cidr in sorted(self.cidrs - cidrs):
+        return complete
+
+    def write_removals(self, ch: CidrChanges, res: ApplyResult) -> bool:
+        """Ranges gone, then the ClusterIP rows no longer allocated (after the frontends)."""
+        complete = True
+        for cidr in sorted(self.cidrs - ch.cidrs):
             complete &= self._try(res, f"ServiceCIDR {cidr}", lambda c=cidr: self._delete_cidr(c))
-        for ip in sorted(ip for ip, a in actions.items() if a is None and ip in self.cluster_ips):
+        for ip in sorted(ip for ip, a in ch.actions.items() if a is None and ip in self.cluster_ips):
             complete &= self._try(res, f"ClusterIP {ip}", lambda ip=ip: self._delete_ip(ip))
         return complete
 

@@ -31,3 +31,4 @@ class MapSizes:
     srcrange: int = _default_size("srcrange")  # loadBalancerSourceRanges (LPM trie)
     extaddr: int = _default_size("extaddr")    # addresses of scope-EXT frontends (TC filter)
     extbe: int = _default_size("extbe")        # their local backends (TC filter)
+    svcstat: int = _default_size("svcstat")    # per-Service counters (per-CPU, rows as used)

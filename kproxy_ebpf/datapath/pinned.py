@@ -131,13 +131,12 @@ class PinnedMap:
     def items(self) -> Iterator[tuple]:
         """Every (key, value). Hash maps are read in batches (one syscall per 1024 entries);
         a kernel or map type without batch support falls back to key-by-key reads."""
-        if not self.spec.percpu:
-            try:
-                yield from self._items_batched()
-                return
-            except libbpf.BpfError as exc:
-                if exc.errno not in (errno.EINVAL, ENOTSUPP, errno.EOPNOTSUPP):
-                    raise
+        try:
+            yield from self._items_batched()
+            return
+        except libbpf.BpfError as exc:
+            if exc.errno not in (errno.EINVAL, ENOTSUPP, errno.EOPNOTSUPP):
+                raise
         for key in self.keys():
             value = self.get(key)
             if value is not None:       # deleted since the snapshot
@@ -179,15 +178,18 @@ class PinnedMap:
 
     def _items_batched(self) -> list[tuple]:
         # Collected first: a caller deleting while we yield would disturb the bucket walk.
+        # A per-CPU map's row holds a value per possible CPU, each 8-byte aligned (every
+        # per-CPU value in kproxy.h is a multiple of 8 bytes): the row type of get().
+        row = type(self._new_value())
         out: list[tuple] = []
         keys = (self.spec.key * self._BATCH)()
-        values = (self.spec.value * self._BATCH)()
+        values = (row * self._BATCH)()
         token, nxt = None, self._token()
         while True:
             n, done = libbpf.map_lookup_batch(self.fd, token, nxt, keys, values)
-            ks, vs = ctypes.sizeof(self.spec.key), ctypes.sizeof(self.spec.value)
+            ks, vs = ctypes.sizeof(self.spec.key), ctypes.sizeof(row)
             out.extend((self.spec.key.from_buffer_copy(keys, i * ks),
-                        self.spec.value.from_buffer_copy(values, i * vs)) for i in range(n))
+                        row.from_buffer_copy(values, i * vs)) for i in range(n))
             if done:
                 return out
             token, nxt = nxt, self._token()

@@ -42,8 +42,8 @@ FORMAT = 1                # bump when the entry's shape changes
 DEFAULT_DIR = "/var/cache/kproxy-ebpf/programs"
 
 # enum bpf_map_type values for the KP_MAPS types (include/uapi/linux/bpf.h)
-MAP_TYPES = {"hash": 1, "array": 2, "percpu_array": 6, "lru_hash": 9, "lpm_trie": 11,
-             "sk_storage": 24}
+MAP_TYPES = {"hash": 1, "array": 2, "percpu_hash": 5, "percpu_array": 6, "lru_hash": 9,
+             "lpm_trie": 11, "sk_storage": 24}
 # enum bpf_prog_type, for the names progload.Program uses (bcc's BPF.<NAME>)
 PROG_TYPES = {"SCHED_CLS": 3, "CGROUP_SOCK_ADDR": 18}
 

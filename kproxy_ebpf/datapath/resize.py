@@ -35,8 +35,10 @@ def aside(bpffs_dir: Path, name: str) -> Path:
 # Maps whose rows name each other's (slots name backends and service ids, range and filter rows
 # name frontends): one of them made anew makes all of them anew, so the old programs keep a
 # consistent set until the switch, and the writer never meets a half-adopted one (its restore
-# would collect the rows whose frontend it cannot find, from under the old programs).
-TOGETHER = (frozenset({"svc", "backend", "meta", "srcrange", "extaddr", "extbe"}),
+# would collect the rows whose frontend it cannot find, from under the old programs). The
+# per-Service counters are keyed by service id, which a new meta map hands out afresh: they
+# start from zero with it (a counter reset, as after a restart of kube-proxy).
+TOGETHER = (frozenset({"svc", "backend", "meta", "srcrange", "extaddr", "extbe", "svcstat"}),
             frozenset({"clusterip", "servicecidr"}))
 
 

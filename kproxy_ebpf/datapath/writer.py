@@ -77,6 +77,9 @@ class MapWriter:
         self.plan = Planner(self.src is not None, self.ext_addrs is not None,
                             self.ext_locals is not None)
         self.held = Ledger()
+        # Service ids freed since take_freed_svc_ids(): their per-Service counter rows
+        # (kp_svcstat, svc_counters.py) go after the sync.
+        self._freed_svc_ids: list[int] = []
 
     @property
     def programmed(self) -> Mapping[FrontendKey, Programmed]:
@@ -115,11 +118,13 @@ class MapWriter:
 
     # -- apply -----------------------------------------------------------------------------
     def apply(self, desired: Mapping[FrontendKey, Frontend],
-              candidates: Iterable[FrontendKey] | None = None) -> ApplyResult:
+              candidates: Iterable[FrontendKey] | None = None,
+              res: ApplyResult | None = None) -> ApplyResult:
         """Makes the maps hold `desired`. With `candidates`, only those keys are examined
         (the frontends of services that changed); without, everything is diffed. Only
-        `desired[k]` and `k in desired` are read for the keys examined."""
-        res = ApplyResult()
+        `desired[k]` and `k in desired` are read for the keys examined. Reported into `res`
+        (a new ApplyResult without) and returned."""
+        res = ApplyResult() if res is None else res
         keys = sorted(set(self.held.frontends) | set(desired) if candidates is None
                       else set(candidates))
         if not self._fits_batch(desired, keys):
@@ -381,11 +386,21 @@ class MapWriter:
                 continue
             writes.drop(self.meta, L.U32(sid))
             held.svc_ids.release(spn)
+            self._freed_svc_ids.append(sid)
             held.named.pop(spn, None)
             held.svc_refs.pop(spn, None)
             if res:
                 res.writes += 1
         held.svc_unref = set()
+
+    def take_freed_svc_ids(self) -> list[int]:
+        """The service ids freed since the last call."""
+        freed, self._freed_svc_ids = self._freed_svc_ids, []
+        return freed
+
+    def svc_ids_held(self) -> set[int]:
+        """Every service id some frontend holds now."""
+        return {sid for _, sid in self.held.svc_ids}
 
     def row_counts(self) -> dict[str, int]:
         """Rows the writer keeps in each map it owns (without iterating the kernel maps)."""

@@ -1,11 +1,13 @@
 """`kproxy-ebpf trace` against where a probe actually lands, in a lab cluster running kproxy:
 a ClusterIP, a ClientIP affinity Service, internalTrafficPolicy Local with and without a local
-endpoint, a NodePort from outside (TC), and a Service without endpoints. The command runs as
-an operator runs it: inside node1's namespace, on node1's pins."""
+endpoint, a NodePort from outside (TC), and a Service without endpoints; and `watch` following
+a scale-up. The commands run as an operator runs them: inside node1's namespace, on node1's
+pins."""
 from __future__ import annotations
 
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from kubernetes import client
@@ -149,3 +151,32 @@ def test_a_service_without_endpoints_is_refused(cluster, core):
         assert trace(cluster, "10.96.255.254:80")["verdict"] == "unreachable"
     finally:
         core.delete_namespaced_service("tr-none", "default")
+
+
+def test_watch_streams_a_new_service_and_its_scale_up(cluster, core, tmp_path):
+    node = cluster.lab.node("node1")
+    argv = [sys.executable, "-m", "kproxy_ebpf.cli", "watch", "--bpffs-dir", node.bpffs,
+            "--service", "default/tr-watch", "--interval", "0.2", "--duration", "15"]
+    out_path, err_path = tmp_path / "out", tmp_path / "err"
+    with ThreadPoolExecutor(1) as pool, out_path.open("w") as out, err_path.open("w") as err:
+        # Not a terminal: one line per change (the first poll is the baseline, told on stderr).
+        running = pool.submit(cluster.lab.exec, "node/node1", argv, stdout=out, stderr=err,
+                              timeout=60)
+        try:
+            wait_until(lambda: "watching" in err_path.read_text(), 20, "the watch to start")
+            ip = service(core, "tr-watch", "tr-w").spec.cluster_ip
+            wait_until(lambda: trace(cluster, f"{ip}:80")["verdict"] == "refused", 20,
+                       "the Service without endpoints programmed")
+            cluster.create_pod("tr-w1", "node2", labels={"app": "tr-w"})
+            pod = f"{cluster.lab.pod('tr-w1').ip}:8080"
+            wait_until(lambda: served_by(cluster, ip) == {"tr-w1"}, 20, "the new endpoint")
+        finally:
+            done = running.result()
+            core.delete_namespaced_service("tr-watch", "default")
+            cluster.delete_pod("tr-w1")
+    assert done.returncode == 0, err_path.read_text()
+    assert "watching 0 frontends of default/tr-watch" in err_path.read_text()
+    lines = [ln.split(" ", 1)[1] for ln in out_path.read_text().splitlines()]
+    assert lines[0] == f"+ default/tr-watch:http ClusterIP {ip}:80/TCP reject backends: none", lines
+    assert any(ln.startswith(f"~ default/tr-watch:http ClusterIP {ip}:80/TCP verdict reject "
+                             f"-> forward, +{pod} (ready)") for ln in lines[1:]), lines

@@ -25,7 +25,7 @@ def test_json_and_yaml_carry_the_same_rows(monkeypatch):
 def test_every_listing_command_offers_yaml():
     for name in ("services", "stats", "status"):
         out = CliRunner().invoke(cli.main, [name, "--help"]).output
-        assert "table|json|yaml" in out, name
+        assert "table|wide|json|yaml" in out, name
     for group, name in (("maps", "list"), ("maps", "dump"), ("ct", "list")):
         out = CliRunner().invoke(cli.main, [group, name, "--help"]).output
-        assert "table|json|yaml" in out, (group, name)
+        assert "table|wide|json|yaml" in out, (group, name)

@@ -84,7 +84,7 @@ class Harness:
                           metrics_bind_address="")  # never loaded: the writer gets fake maps
         self.agent = Agent(cfg)
         self.maps = {name: FakeMap(spec, max_entries=100_000) for name, spec in L.MAPS.items()
-                     if name in ("svc", "backend", "meta", "clusterip", "servicecidr")}
+                     if name in ("svc", "backend", "meta", "clusterip", "servicecidr", "svcstat")}
         self.agent.datapath.maps = self.maps
         self.agent.writer = MapWriter(self.maps)
         self.agent.cidrs = CidrWriter(self.maps)
@@ -114,8 +114,8 @@ class Harness:
             counts["problem_evals"] += 1
             return real_problems(state, key)
 
-        def apply(writer, desired, candidates=None):
-            return real_apply(writer, CountingTable(desired, counts), candidates)
+        def apply(writer, desired, candidates=None, res=None):
+            return real_apply(writer, CountingTable(desired, counts), candidates, res)
 
         monkeypatch.setattr(state_mod, "service_frontends", service_frontends)
         monkeypatch.setattr(state_mod.ProxyState, "_problems_of", problems_of)
@@ -227,16 +227,16 @@ def test_a_full_map_is_retried_by_time_not_on_every_sync(monkeypatch, caplog):
     candidates: list[set] = []
     real_apply = MapWriter.apply
 
-    def apply(writer, desired, keys=None):
+    def apply(writer, desired, keys=None, res=None):
         candidates.append(None if keys is None else set(keys))
-        return real_apply(writer, desired, keys)
+        return real_apply(writer, desired, keys, res)
     monkeypatch.setattr(MapWriter, "apply", apply)
     h = Harness.__new__(Harness)
     h.agent = Agent(AgentConfig(hostname_override=NODE, cgroup="/nonexistent/kproxy-unit",
                                 bpffs_dir="/nonexistent/kproxy-unit"))
     h.maps = {name: FakeMap(spec, max_entries=5 * 4 if name == "svc" else 1000)
               for name, spec in L.MAPS.items()
-              if name in ("svc", "backend", "meta", "clusterip", "servicecidr")}
+              if name in ("svc", "backend", "meta", "clusterip", "servicecidr", "svcstat")}
     h.agent.datapath.maps = h.maps
     h.agent.writer = MapWriter(h.maps)
     h.agent.cidrs = CidrWriter(h.maps)
@@ -355,3 +355,24 @@ def test_the_gc_pause_ends_by_time_when_no_sync_comes(monkeypatch):
     finally:
         gc.unfreeze()
         gc.enable()
+
+
+def test_a_clusterip_row_outlives_its_frontends(monkeypatch):
+    """A new Service's kp_cip row is written before its frontend and a deleted one's removed
+    after it: a probe on a port the Service lacks is refused whenever another port answers
+    (CI once saw EHOSTUNREACH in the window between the two writes)."""
+    h = Harness(3, monkeypatch)
+    order: list[str] = []
+    for name in ("svc", "clusterip"):
+        m = h.maps[name]
+        for op in ("put", "delete"):
+            real = getattr(m, op)
+            monkeypatch.setattr(m, op, lambda *a, _r=real, _w=f"{op} {name}", **kw:
+                                (order.append(_w), _r(*a, **kw))[1])
+    h.measure(CHANGES["service added"])
+    assert "put clusterip" in order and "put svc" in order
+    assert order.index("put clusterip") < order.index("put svc")
+    order.clear()
+    h.measure(lambda a: a.sink.delete("Service", "ns", "svc-1"))
+    assert "delete clusterip" in order and "delete svc" in order
+    assert order.index("delete svc") < order.index("delete clusterip")

@@ -1,0 +1,102 @@
+"""Per-Service counters (kp_svcstat, bpf/lib/stats.h): read and summed over CPUs, joined with
+the service port names of kp_meta, and kept tidy.
+
+The programs create a service port's row at its first event; this side deletes rows whose
+svc_id was freed (after each sync) or is held by no frontend (after a restart or a drift
+check: a row a program created for an id a moment before it was freed), so an id handed out
+again starts from zero.
+"""
+from __future__ import annotations
+
+import dataclasses
+import errno
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+
+from . import layout as L
+from .pinned import PinnedMap
+
+
+@dataclass(frozen=True)
+class ServiceCounters:
+    """One service port's counters (kproxy.h struct kp_svc_stat), over every CPU."""
+    conns: int = 0
+    packets: int = 0
+    bytes: int = 0
+    reply_packets: int = 0
+    reply_bytes: int = 0
+    refused: int = 0
+    dropped: int = 0
+    denied: int = 0
+
+    @classmethod
+    def summed(cls, per_cpu: Iterable) -> ServiceCounters:
+        names = [f.name for f in dataclasses.fields(cls)]
+        totals = dict.fromkeys(names, 0)
+        for value in per_cpu:
+            for name in names:
+                totals[name] += getattr(value, name)
+        return cls(**totals)
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class ServicePortId:
+    """Who a row counts for, from kp_meta: the labels of its metrics."""
+    namespace: str
+    name: str
+    port: str          # the port's name ("" for a single unnamed port)
+    protocol: str
+
+    @property
+    def text(self) -> str:
+        base = f"{self.namespace}/{self.name}"
+        return f"{base}:{self.port}" if self.port else base
+
+
+def read(m: PinnedMap) -> dict[int, ServiceCounters]:
+    """Every row, by svc_id."""
+    return {key.value: ServiceCounters.summed(value) for key, value in m.items()}
+
+
+def _cstr(raw: bytes) -> str:
+    return raw.decode(errors="replace")
+
+
+def port_id(meta) -> ServicePortId:
+    proto = L.PROTO_BY_NUM.get(meta.proto)
+    return ServicePortId(_cstr(meta.namespace), _cstr(meta.name), _cstr(meta.port_name),
+                         proto.value if proto else str(meta.proto))
+
+
+def by_service(maps: Mapping[str, PinnedMap]) -> list[tuple[ServicePortId, ServiceCounters]]:
+    """The counters of every named service port (one without traffic yet reads zero), sorted
+    by name. A row whose id has no name (freed a moment ago) is left out."""
+    counts = read(maps["svcstat"])
+    names = {key.value: port_id(meta) for key, meta in maps["meta"].items()}
+    rows = [(who, counts.get(sid, ServiceCounters())) for sid, who in names.items()]
+    rows.sort(key=lambda r: (r[0].namespace, r[0].name, r[0].port, r[0].protocol))
+    return rows
+
+
+def forget(m: PinnedMap, ids: Iterable[int]) -> None:
+    """Deletes the rows of freed ids (rows never created are skipped)."""
+    keys = [L.U32(i) for i in ids]
+    if not keys:
+        return
+    try:
+        m.delete_batch(keys)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+        for key in keys:        # a kernel without batch deletes for this map type
+            m.delete(key)
+
+
+def sweep(m: PinnedMap, held: Collection[int]) -> int:
+    """Deletes rows of ids no frontend holds; returns how many."""
+    stale = [key.value for key in m.keys() if key.value not in held]
+    forget(m, stale)
+    return len(stale)
