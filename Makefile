@@ -20,7 +20,7 @@ IMAGE ?= localhost/kproxy-ebpf:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pypro
 
 .PHONY: setup apt venv headers k8s test unit fuzz soak faults datapath integration lab-e2e conformance demo lab-down \
         lint clean image image-apt apt-install chart-test kind-apt kind-tools kind-up kind-down e2e \
-        bench scale bench-tools layout
+        bench scale bench-tools layout dashboard
 
 setup: apt venv headers k8s
 
@@ -175,6 +175,11 @@ lint: $(VENV)/.installed headers
 # fails while the committed table is stale.
 layout: venv
 	$(PY) tools/layoutgen.py
+
+# charts/kproxy-ebpf/dashboards/kproxy-ebpf.json from tools/dashboard.py's panel list;
+# tests/chart/test_dashboard.py fails while the committed file is stale.
+dashboard: $(VENV)/.installed
+	$(PY) tools/dashboard.py
 
 lab-down: venv
 	$(KP) lab down

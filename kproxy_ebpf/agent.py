@@ -20,6 +20,7 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from . import health, httpserve
@@ -33,6 +34,7 @@ from .datapath.stale_sockets import Outcome, StaleSockets
 from .datapath.tc import TcDatapath
 from .datapath.writer import ApplyResult, MapWriter
 from .client_sources import ClientSources
+from .desired import Frontend, FrontendKey
 from .established import Established
 from .kube.sources import ApiSource, ManifestSource
 from .metrics import Metrics
@@ -42,6 +44,7 @@ from .proxy.no_local import NoLocalEndpoints
 from .proxy.state import ProxyState
 from .reporting import Reporter
 from .runner import Runner, Schedule
+from .self_check import CheckInput, SelfCheck
 from .service_health import ServiceHealthServers
 from .socket_sweep import SocketSweep
 from .state_sink import StateSink
@@ -58,6 +61,8 @@ class Agent:
         self.metrics = Metrics()
         self.health = health.ProxyHealth(cfg.health_timeout)
         self.health.on_response = self.metrics.health_response
+        self._desired: Mapping[FrontendKey, Frontend] = {}   # the last sync's frontends
+        self.health.checkz = SelfCheck(self._check_input, self._drift_found)
         self.state = ProxyState(Node(cfg.node_name), **cfg.planning)
         self.datapath = SockDatapath(Path(cfg.bpffs_dir), Path(cfg.cgroup), cfg.map_sizes,
                                  Path(cfg.program_cache) if cfg.program_cache else None)
@@ -344,6 +349,7 @@ class Agent:
             # recomputes only the changed ones; after a failure (say, compute() itself raised
             # half-way) every Service is recomputed.
             changes = self.state.compute(full=plan.recompute)
+            self._desired = changes.frontends
             self.no_local.update(changes.frontends,
                                  None if full or plan.recompute else changes.changed_keys)
             checks = self.state.health_checks() if full or changes.changed_services else None
@@ -414,6 +420,23 @@ class Agent:
         if full or first:
             release_heap()      # the first LIST's JSON, or a relist's: a few ms at 10k Services
         return result.ok
+
+    def _check_input(self) -> CheckInput:
+        """/checkz's view, taken between syncs: the last computed frontends and the maps."""
+        with self._sync_lock:
+            synced = self.policy.synced_once and self.writer is not None
+            return CheckInput(node=self.cfg.node_name, desired=self._desired,
+                              kernel=reader.services(self.datapath.maps) if synced else [],
+                              hooks=reader.hooks(Path(self.cfg.bpffs_dir)) if synced else [],
+                              hooks_expected=self.cfg.socket_lb, synced=synced,
+                              unprogrammed=len(self.policy.retry))
+
+    def _drift_found(self) -> None:
+        log.warning("self-check: the maps differ from what this agent wrote (changed behind "
+                    "its back); the next sync re-reads them and rewrites the difference")
+        with self._sync_lock:
+            self.policy.drift_found()
+        self.runner.run()
 
     def _record(self, full: bool, elapsed: float, desired: int, result: ApplyResult) -> None:
         """Metrics and the log line of one sync."""

@@ -5,7 +5,8 @@ reconcile"). Here the question is answered exactly: the cluster is listed once t
 agent's own list code (or its manifests read), with the agent's own configuration (--config),
 the same policy code the agent runs computes the desired frontends (both scopes: the socket
 hooks' rows and, with northSouth, the TC path's), and they are compared with what the pinned
-maps hold, source ranges included. Every difference is one line.
+maps hold, source ranges included; so are the ServiceCIDR rows (each allocated ClusterIP's
+reject or pass row, the ranges). Every difference is one line.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 from .config import AgentConfig
 from .datapath import layout as L
-from .desired import Frontend, FrontendKey
+from .desired import Frontend, FrontendKey, ServiceCIDRSet
 from .model import Node, hostport
 from .proxy.state import ProxyState
 
@@ -70,10 +71,29 @@ def compare(desired: Mapping[FrontendKey, Frontend], kernel: list[dict]) -> list
 
 
 def desired_for(cfg: AgentConfig) -> Mapping[FrontendKey, Frontend]:
-    """The frontends the agent configured by `cfg` should hold: from its manifests, or from
-    one list of its API server (its kubeconfig and master, its node name)."""
+    """The frontends the agent configured by `cfg` should hold."""
+    return wanted_for(cfg)[0]
+
+
+def wanted_for(cfg: AgentConfig) -> tuple[Mapping[FrontendKey, Frontend], ServiceCIDRSet | None]:
+    """The frontends the agent configured by `cfg` should hold, and its ServiceCIDR rows (None
+    when it enforces none: manifests, or an API server without ServiceCIDRs): from its
+    manifests, or from one list of its API server (its kubeconfig and master, its node name)."""
     if cfg.manifests:
-        return desired_from_manifests(cfg.manifests, cfg.node_name, **cfg.planning)
+        return desired_from_manifests(cfg.manifests, cfg.node_name, **cfg.planning), None
+    return _from_api(cfg, lambda api: wanted_from_api(api, cfg.node_name, **cfg.planning))
+
+
+def list_nodes(cfg: AgentConfig) -> list:
+    """The cluster's Nodes (V1Node), for check --all-nodes."""
+    from kubernetes import client
+
+    return _from_api(cfg, lambda api: client.CoreV1Api(api).list_node().items)
+
+
+def _from_api(cfg: AgentConfig, fn):
+    """fn(api client) with the agent's kubeconfig and master; any failure to reach the API
+    server is ApiUnreachable (a sentence, not the client library's traceback)."""
     import urllib3
     from kubernetes.client.exceptions import ApiException
 
@@ -81,7 +101,7 @@ def desired_for(cfg: AgentConfig) -> Mapping[FrontendKey, Frontend]:
 
     api = make_api_client(kubeconfig=cfg.kubeconfig, master=cfg.master)
     try:
-        return desired_from_api(api, cfg.node_name, **cfg.planning)
+        return fn(api)
     except urllib3.exceptions.MaxRetryError as exc:
         raise ApiUnreachable(api.configuration.host, str(exc.reason or exc)) from exc
     except (urllib3.exceptions.HTTPError, OSError) as exc:
@@ -102,13 +122,38 @@ class ApiUnreachable(RuntimeError):
             "underlay address, not at the host's 127.0.0.1).")
 
 
-def desired_from_api(api_client, node_name: str, **planning) -> Mapping[FrontendKey, Frontend]:
+def wanted_from_api(api_client, node_name: str, **planning
+                    ) -> tuple[Mapping[FrontendKey, Frontend], ServiceCIDRSet | None]:
     """Lists the cluster once, as the agent's sources do (kube/: paginated, same selectors,
-    same conversion), and computes the desired frontends with the agent's policy code."""
-    from .kube.sources import list_cluster
+    same conversion), and computes the desired frontends and ServiceCIDR rows with the
+    agent's policy code."""
+    from .kube.sources import list_cluster, list_service_cidrs
 
     node, services, slices, _ = list_cluster(api_client, node_name)
-    return _desired(node or Node(node_name), services, slices, **planning)
+    cidrs = list_service_cidrs(api_client)
+    state = ProxyState(node or Node(node_name), **planning)
+    state.load(services, slices)
+    for sc in cidrs or ():
+        state.upsert_service_cidr(sc)
+    return state.compute(full=True).frontends, (None if cidrs is None else state.service_cidr_set())
+
+
+def compare_cidrs(want: ServiceCIDRSet, cluster_ips: Mapping[str, str],
+                  cidrs: set[str]) -> list[Drift]:
+    """The allocated ClusterIPs' rows (ip -> "reject" | "pass") and the ranges the maps hold
+    (CidrWriter.restore()'s view) against `want`."""
+    wanted = {**dict.fromkeys(want.foreign_ips, "pass"), **dict.fromkeys(want.cluster_ips, "reject")}
+    drifts = [Drift("missing", f"ClusterIP {ip}", f"no {a} row")
+              for ip, a in sorted(wanted.items()) if ip not in cluster_ips]
+    drifts += [Drift("different", f"ClusterIP {ip}", f"kernel {cluster_ips[ip]} != cluster {a}")
+               for ip, a in sorted(wanted.items()) if cluster_ips.get(ip, a) != a]
+    drifts += [Drift("stale", f"ClusterIP {ip}", "not allocated in the cluster")
+               for ip in sorted(cluster_ips.keys() - wanted.keys())]
+    drifts += [Drift("missing", f"ServiceCIDR {c}", "range not enforced")
+               for c in sorted(want.cidrs - cidrs)]
+    drifts += [Drift("stale", f"ServiceCIDR {c}", "no such ServiceCIDR in the cluster")
+               for c in sorted(cidrs - want.cidrs)]
+    return drifts
 
 
 def desired_from_manifests(paths: list[str], node_name: str,

@@ -482,7 +482,15 @@ def status(bpffs_dir: str, output: str, healthz: str) -> None:
 @click.option("--master", help="API server address, overriding the kubeconfig's.")
 @click.option("--hostname-override", help="This node's name (default: the host name).")
 @click.option("--manifests", multiple=True, help="Compare with these YAML files instead.")
-def check(config_file, **flags) -> None:
+@click.option("--all-nodes", is_flag=True,
+              help="Ask every node's agent for its own check (its health port, /checkz): one "
+                   "row per node.")
+@click.option("--healthz-port", type=click.IntRange(1, 65535),
+              help="The agents' health port for --all-nodes [the configured healthzBindAddress's, "
+                   "10256].")
+@click.option("-o", "--output", type=click.Choice(["table", "wide", "json", "yaml"]),
+              default="table", show_default=True, help="For --all-nodes.")
+def check(config_file, all_nodes: bool, healthz_port: int | None, output: str, **flags) -> None:
     """Compare the datapath with what the cluster says; exit 1 on any difference."""
     from . import check as chk
     from .config import ConfigError, load
@@ -491,14 +499,42 @@ def check(config_file, **flags) -> None:
 
     try:
         cfg = load(config_file, overrides=flags)
-        desired = chk.desired_for(cfg)
+        if all_nodes:
+            _check_all_nodes(cfg, healthz_port, output)
+        desired, cidrs = chk.wanted_for(cfg)
     except (ConfigError, KubeConfigError, chk.ApiUnreachable) as exc:
         raise click.ClickException(str(exc)) from exc
-    drifts = chk.compare(desired, reader.services(_open_maps(cfg.bpffs_dir)))
+    maps = _open_maps(cfg.bpffs_dir)
+    drifts = chk.compare(desired, reader.services(maps))
+    if cidrs is not None and "clusterip" in maps:
+        from .datapath.cidr_writer import CIP_PASS, CIP_REJECT, CidrWriter
+
+        held = CidrWriter(maps)
+        held.restore()
+        names = {CIP_PASS: "pass", CIP_REJECT: "reject"}
+        drifts += chk.compare_cidrs(cidrs, {ip: names.get(a, str(a))
+                                            for ip, a in held.cluster_ips.items()}, held.cidrs)
     for d in drifts:
         click.echo(str(d))
-    click.echo(f"{len(desired)} frontends expected, {len(drifts)} differences")
+    rows = f", {len(cidrs.cluster_ips) + len(cidrs.foreign_ips)} ClusterIPs" if cidrs else ""
+    click.echo(f"{len(desired)} frontends{rows} expected, {len(drifts)} differences")
     sys.exit(1 if drifts else 0)
+
+
+def _check_all_nodes(cfg, port: int | None, output: str) -> None:
+    """check --all-nodes: exits 0 when every node is clean, else 1."""
+    from . import check_nodes
+    from .check import list_nodes
+
+    port = port or int(cfg.healthz_bind_address.rpartition(":")[2] or 10256)
+    reports = check_nodes.ask_all(
+        [(n.metadata.name, check_nodes.node_address(n)) for n in list_nodes(cfg)], port)
+    if not _structured([r.as_dict() for r in reports], output):
+        _table(*check_nodes.table(reports))
+        for r in reports:
+            for line in (r.check or {}).get("drift", []):
+                click.echo(f"{r.node}: {line}")
+    sys.exit(0 if all(r.clean for r in reports) else 1)
 
 
 @main.group()

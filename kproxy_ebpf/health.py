@@ -47,6 +47,7 @@ class ProxyHealth:
         # None until the Node is seen: kube-proxy's NodeEligible() is false without a Node.
         self.node_eligible: bool | None = None
         self.on_response: Callable[[str, int], None] | None = None   # (path, code): metrics
+        self.checkz: Callable[[], dict] | None = None    # /checkz: the agent's drift check
         # Frontends waiting for room (kproxy's own; in the body only while there are some).
         self.unprogrammed: tuple[int, list[str]] = (0, [])
 
@@ -105,6 +106,10 @@ def serve(health: ProxyHealth, address: str) -> httpserve.LocalHTTPServer:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
             path = self.path.split("?")[0]
+            if path == "/checkz" and health.checkz is not None:
+                # The agent's own drift check (self_check.py), for `check --all-nodes`.
+                json_response(self, 200, health.checkz())
+                return
             if path not in ("/healthz", "/livez"):
                 self.send_error(404)
                 return

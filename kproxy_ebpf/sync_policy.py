@@ -115,6 +115,11 @@ class SyncPolicy:
         """A sync ran to its end (with or without write errors)."""
         self.synced_once = True
 
+    def drift_found(self) -> None:
+        """The maps differ from what was written (a self-check saw it): the next sync re-reads
+        them and diffs everything, without recomputing the Services."""
+        self.force_full = self.recheck_kernel = True
+
     def failed(self) -> None:
         """A sync raised: whatever the writer did not finish is redone by a full sync, from
         the maps and every Service (the changes compute() handed over are not lost)."""

@@ -594,6 +594,8 @@ def list_function(api_client: Any, resource: str, *, node_name: str | None = Non
         fn = client.CoreV1Api(api_client).list_service_for_all_namespaces
     elif resource == "endpointslices":
         fn = client.DiscoveryV1Api(api_client).list_endpoint_slice_for_all_namespaces
+    elif resource == "servicecidrs":
+        fn = client.NetworkingV1Api(api_client).list_service_cidr
     elif resource == "node":
         if not node_name:
             raise ValueError("the node reflector needs node_name")

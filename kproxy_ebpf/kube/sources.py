@@ -82,6 +82,22 @@ def list_cluster(api_client: Any, node_name: str
     return (nodes[0] if nodes else None), out[Kind.SERVICE], out[Kind.ENDPOINT_SLICE], bad
 
 
+def list_service_cidrs(api_client: Any) -> list | None:
+    """The ServiceCIDRs, listed once; None where the API server does not serve them (before
+    Kubernetes 1.33, or without RBAC for them), as the agent then enforces none."""
+    from kubernetes.client.exceptions import ApiException
+
+    from .reflector import list_once
+
+    try:
+        listed = list_once(api_client, "servicecidrs", transform=_listed(Kind.SERVICE_CIDR))
+    except ApiException as exc:
+        if exc.status in (403, 404):
+            return None
+        raise
+    return [obj for _, obj, _ in listed if obj is not None]
+
+
 def _listed(kind: Kind) -> Callable[[dict], tuple[tuple[str, str], Any, list[Rejection]]]:
     """The reflector's LIST transform: (key, model object or None, rejections) of one listed
     object, made while its page is at hand, so the JSON of a whole LIST is never held."""

@@ -26,6 +26,15 @@ def make_service(c: Cluster, name: str, app: str, udp: bool = False) -> str:
     return client.CoreV1Api(c.api()).create_namespaced_service("default", body).spec.cluster_ip
 
 
+def http_service(core: client.CoreV1Api, name: str, app: str, **spec) -> client.V1Service:
+    """Service default/<name> selecting app=<app>, port http 80 -> 8080/TCP; `spec`: more of
+    its spec (type, policies, ...)."""
+    body = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+            "spec": {"selector": {"app": app}, "ports": [
+                {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}], **spec}}
+    return core.create_namespaced_service("default", body)
+
+
 def delete_service(c: Cluster, name: str) -> None:
     client.CoreV1Api(c.api()).delete_namespaced_service(name, "default")
 
@@ -47,11 +56,16 @@ def seen_from_outside(c: Cluster, ip: str, port: int, udp: bool = False,
             for ln in lines}
 
 
-def services_on(c: Cluster, node: str) -> list[dict]:
+def services_on(c: Cluster, node: str, counters: bool = False) -> list[dict]:
+    """`services -o json` on `node`; the rows' traffic counters (which move with every probe)
+    only when asked for, so that two listings compare as the programmed state."""
     out = c.lab.exec(f"node/{node}", [sys.executable, "-m", "kproxy_ebpf.cli", "services",
                                       "--bpffs-dir", c.lab.node(node).bpffs, "-o", "json"],
                      capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)
+    rows = json.loads(out.stdout)
+    for r in rows if not counters else ():
+        r.pop("counters", None)
+    return rows
 
 
 def metric(c: Cluster, node: str, name: str, labels: str = "") -> float:

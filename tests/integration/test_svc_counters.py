@@ -14,7 +14,7 @@ from kproxy_ebpf.lab.cluster import Cluster
 from kproxy_ebpf.lab.probe import is_reply
 
 from ..support import lab_cluster, wait_until
-from .lab_services import seen_from_outside, served_by, services_on
+from .lab_services import http_service as service, seen_from_outside, served_by, services_on
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 
@@ -35,17 +35,11 @@ def core(cluster):
     return client.CoreV1Api(cluster.api())
 
 
-def service(core, name: str, app: str, **spec) -> client.V1Service:
-    body = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
-            "spec": {"selector": {"app": app}, "ports": [
-                {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}], **spec}}
-    return core.create_namespaced_service("default", body)
-
-
 def counters(c: Cluster, name: str, node: str = "node1") -> dict[str, int]:
     """The service port's counters as `services -o json` on `node` shows them (every frontend
     of a service port carries the same)."""
-    rows = [r for r in services_on(c, node) if r["service"] == f"default/{name}:http"]
+    rows = [r for r in services_on(c, node, counters=True)
+            if r["service"] == f"default/{name}:http"]
     assert rows, f"default/{name} is not programmed on {node}"
     assert all(r["counters"] == rows[0]["counters"] for r in rows)
     return rows[0]["counters"]

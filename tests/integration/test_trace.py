@@ -1,22 +1,28 @@
 """`kproxy-ebpf trace` against where a probe actually lands, in a lab cluster running kproxy:
 a ClusterIP, a ClientIP affinity Service, internalTrafficPolicy Local with and without a local
-endpoint, a NodePort from outside (TC), and a Service without endpoints; and `watch` following
-a scale-up. The commands run as an operator runs them: inside node1's namespace, on node1's
-pins."""
+endpoint, a NodePort from outside (TC), and a Service without endpoints; `watch` following
+a scale-up; `check --all-nodes` finding a row deleted behind one node's agent. The commands
+run as an operator runs them: inside node1's namespace, on node1's pins."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from kubernetes import client
 
+from kproxy_ebpf.datapath import layout as L
+from kproxy_ebpf.datapath.pinned import PinnedMap
+from kproxy_ebpf.datapath.sock_hooks import SOCK_HOOKS
 from kproxy_ebpf.lab.cluster import Cluster
 from kproxy_ebpf.lab.probe import is_reply
+from kproxy_ebpf.model import Protocol
 
 from ..support import lab_cluster, wait_until
-from .lab_services import seen_from_outside, served_by
+from .lab_services import http_service as service, seen_from_outside, served_by
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 
@@ -36,13 +42,6 @@ def cluster():
 @pytest.fixture
 def core(cluster):
     return client.CoreV1Api(cluster.api())
-
-
-def service(core, name: str, app: str, **spec) -> client.V1Service:
-    body = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
-            "spec": {"selector": {"app": app}, "ports": [
-                {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}], **spec}}
-    return core.create_namespaced_service("default", body)
 
 
 def trace(c: Cluster, target: str, *args: str) -> dict:
@@ -165,8 +164,8 @@ def test_watch_streams_a_new_service_and_its_scale_up(cluster, core, tmp_path):
         try:
             wait_until(lambda: "watching" in err_path.read_text(), 20, "the watch to start")
             ip = service(core, "tr-watch", "tr-w").spec.cluster_ip
-            wait_until(lambda: trace(cluster, f"{ip}:80")["verdict"] == "refused", 20,
-                       "the Service without endpoints programmed")
+            wait_until(lambda: "reject backends: none" in out_path.read_text(), 20,
+                       "the watch to show the Service without endpoints")
             cluster.create_pod("tr-w1", "node2", labels={"app": "tr-w"})
             pod = f"{cluster.lab.pod('tr-w1').ip}:8080"
             wait_until(lambda: served_by(cluster, ip) == {"tr-w1"}, 20, "the new endpoint")
@@ -180,3 +179,67 @@ def test_watch_streams_a_new_service_and_its_scale_up(cluster, core, tmp_path):
     assert lines[0] == f"+ default/tr-watch:http ClusterIP {ip}:80/TCP reject backends: none", lines
     assert any(ln.startswith(f"~ default/tr-watch:http ClusterIP {ip}:80/TCP verdict reject "
                              f"-> forward, +{pod} (ready)") for ln in lines[1:]), lines
+
+
+def check_all_nodes(c: Cluster) -> tuple[int, list[dict]]:
+    """`kproxy-ebpf lab exec --node node1 -- kproxy-ebpf check --all-nodes -o json`, as an
+    operator runs it (the node's kubeconfig comes with lab exec)."""
+    r = subprocess.run([sys.executable, "-m", "kproxy_ebpf.cli", "lab", "exec", "--lab",
+                        c.lab.name, "--node", "node1", "--", sys.executable, "-m",
+                        "kproxy_ebpf.cli", "check", "--all-nodes", "-o", "json"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode in (0, 1), r.stderr
+    return r.returncode, json.loads(r.stdout)
+
+
+def test_check_all_nodes_finds_a_row_deleted_behind_one_agent(cluster, core):
+    ip = service(core, "tr-chk", "tr").spec.cluster_ip
+    try:
+        wait_until(lambda: served_by(cluster, ip, count=20) == {"tr-a", "tr-b"}, 20, "both pods")
+        wait_until(lambda: check_all_nodes(cluster)[0] == 0, 30, "every node clean")
+        rc, rows = check_all_nodes(cluster)
+        assert [r["node"] for r in rows] == ["node1", "node2"]
+        assert all(r["healthz"] == 200 and r["check"]["hooksAttached"] == len(SOCK_HOOKS)
+                   for r in rows), rows
+        # node2's frontend row, deleted behind its agent's back.
+        pin = Path(cluster.lab.node("node2").bpffs) / L.MAPS["svc"].name
+        with PinnedMap(pin, L.MAPS["svc"]) as svc:
+            assert svc.delete(L.svc_key(ip, 80, Protocol.TCP))
+        rc, rows = check_all_nodes(cluster)
+        by_node = {r["node"]: r for r in rows}
+        assert rc == 1 and by_node["node1"]["clean"], rows
+        bad = by_node["node2"]
+        assert not bad["clean"] and bad["check"]["driftCount"] == 1, bad
+        assert any(line.startswith("missing") and f"{ip}:80/TCP" in line
+                   for line in bad["check"]["drift"]), bad
+        # The self-check made node2's agent re-read its maps: clean after its next sync.
+        wait_until(lambda: check_all_nodes(cluster)[0] == 0, 20, "node2 repaired")
+    finally:
+        core.delete_namespaced_service("tr-chk", "default")
+
+
+def test_check_compares_the_service_cidr_rows(cluster, core):
+    ip = service(core, "tr-cidr", "tr").spec.cluster_ip
+
+    def check() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "kproxy_ebpf.cli", "lab", "exec", "--lab",
+                               cluster.lab.name, "--node", "node1", "--", sys.executable, "-m",
+                               "kproxy_ebpf.cli", "check"], capture_output=True, text=True,
+                              timeout=60)
+    try:
+        wait_until(lambda: served_by(cluster, ip), 20, "the Service to answer")
+        wait_until(lambda: check().returncode == 0, 20, "node1 clean")
+        pin = Path(cluster.lab.node("node1").bpffs) / L.MAPS["clusterip"].name
+        with PinnedMap(pin, L.MAPS["clusterip"]) as cip:
+            row = cip.get(L.ip16(ip))
+            assert row is not None and cip.delete(L.ip16(ip))
+            try:
+                r = check()
+                assert r.returncode == 1, r.stdout + r.stderr
+                assert any(line.split()[:3] == ["missing", "ClusterIP", ip]
+                           for line in r.stdout.splitlines()), r.stdout
+            finally:
+                cip.put(L.ip16(ip), row)
+        assert check().returncode == 0
+    finally:
+        core.delete_namespaced_service("tr-cidr", "default")

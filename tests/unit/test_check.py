@@ -83,6 +83,8 @@ class FakeCluster:
                                for i in range(5)],
             "nodes": [{"metadata": {"name": "node-a"},
                        "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.1"}]}}],
+            "servicecidrs": [{"metadata": {"name": "kubernetes"},
+                              "spec": {"cidrs": ["10.96.0.0/16"]}}],
         }
 
     def _list(self, what: str, _preload_content=True, _continue=None, limit=None, **kw):
@@ -106,6 +108,9 @@ class FakeCluster:
 
             def list_node(self, **kw):
                 return cluster._list("nodes", **kw)
+
+            def list_service_cidr(self, **kw):
+                return cluster._list("servicecidrs", **kw)
         return Api()
 
 
@@ -118,6 +123,7 @@ def cluster(monkeypatch):
     fake.clients = []
     monkeypatch.setattr(kubernetes.client, "CoreV1Api", fake.api)
     monkeypatch.setattr(kubernetes.client, "DiscoveryV1Api", fake.api)
+    monkeypatch.setattr(kubernetes.client, "NetworkingV1Api", fake.api)
     monkeypatch.setattr(kube_client, "make_api_client",
                         lambda **kw: fake.clients.append(kw) or object())
     return fake
@@ -131,7 +137,7 @@ def test_check_lists_through_kube_with_pagination_and_the_agent_selectors(cluste
     pages = [(what, kw["_continue"]) for what, kw in cluster.calls]
     assert pages == [("services", None), ("services", "2"), ("services", "4"),
                      ("endpointslices", None), ("endpointslices", "2"), ("endpointslices", "4"),
-                     ("nodes", None)]
+                     ("nodes", None), ("servicecidrs", None)]
     by_what = dict(cluster.calls)
     assert "label_selector" not in by_what["services"]      # kube-proxy 1.36: every Service
     assert by_what["endpointslices"]["label_selector"] == SLICE_LABEL_SELECTOR
@@ -150,7 +156,8 @@ def test_check_honours_the_agent_config_file(cluster, tmp_path, monkeypatch):
     monkeypatch.setattr(reader, "services", lambda maps: [])
     result = CliRunner().invoke(cli.main, ["check", "--config", str(config)])
     assert result.exit_code == 1, result.output          # nothing programmed: 5 missing
-    assert "5 frontends expected, 5 differences" in result.output
+    # 5 frontends, and with them 5 ClusterIP rows and the range: none in the (empty) maps.
+    assert "5 frontends, 5 ClusterIPs expected, 5 differences" in result.output
     assert cluster.clients == [{"kubeconfig": "/etc/kproxy/kubeconfig", "master": "10.0.0.1:6443"}]
     assert ("nodes", "metadata.name=node-a") in [(w, kw.get("field_selector"))
                                                   for w, kw in cluster.calls]
@@ -206,3 +213,19 @@ def test_status_says_where_it_looked_for_the_agent(monkeypatch):
     assert result.exit_code == 0, result.output
     assert "agent: unreachable at http://127.0.0.1:1/healthz (" in result.output
     assert "run status there" in result.output
+
+
+def test_service_cidr_rows_are_compared_both_ways():
+    from kproxy_ebpf.check import compare_cidrs
+    from kproxy_ebpf.desired import ServiceCIDRSet
+
+    want = ServiceCIDRSet(cidrs=frozenset({"10.96.0.0/16", "fd00::/108"}),
+                          cluster_ips=frozenset({"10.96.0.1", "10.96.0.2"}),
+                          foreign_ips=frozenset({"10.96.0.9"}))
+    held = {"10.96.0.1": "reject", "10.96.0.9": "reject", "10.96.0.7": "reject"}
+    got = [str(d).split() for d in compare_cidrs(want, held, {"10.96.0.0/16", "10.97.0.0/24"})]
+    assert [(d[0], d[2]) for d in got] == [
+        ("missing", "10.96.0.2"), ("different", "10.96.0.9"), ("stale", "10.96.0.7"),
+        ("missing", "fd00::/108"), ("stale", "10.97.0.0/24")]
+    assert compare_cidrs(want, {"10.96.0.1": "reject", "10.96.0.2": "reject",
+                                "10.96.0.9": "pass"}, set(want.cidrs)) == []

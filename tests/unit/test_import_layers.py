@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("config", "metrics", "kubeproxy_names", "health", "httpserve", "runner", "service_health",
      "kubeproxy_cleanup", "sync_policy", "state_sink", "reporting", "process_tuning",
      "conntrack_sysctl", "established", "socket_sweep", "client_sources"),
-    ("check", "agent", "trace", "watch"),
+    ("check", "agent", "trace", "watch", "self_check", "check_nodes"),
     ("run_cli",),
     ("lab",),
     ("bench",),
