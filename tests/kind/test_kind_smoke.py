@@ -75,4 +75,9 @@ def test_kind_install_path_and_conformance_services(tmp_path):
     assert op["trace_rc"] == 0 and op["trace"]["verdict"] == "forward", op
     assert sorted(c.rsplit(":", 1)[0] for c in op["trace"]["candidates"]) == op["coredns"], op
     assert "VERDICT" in op["trace_text"] and "kp_svc" in op["trace_text"], op
+    # The DNS Service's traffic: CoreDNS is queried through it by every pod of the suite.
+    header = op["wide"].splitlines()[0] if op["wide_rc"] == 0 else ""
+    assert "CONNS" in header and "kube-system/kube-dns:dns" in op["wide"], op
+    assert op["all_nodes_rc"] == 0, op
+    assert len(op["all_nodes"]) >= 2 and all(n["clean"] for n in op["all_nodes"]), op
     assert not leftovers()

@@ -144,8 +144,9 @@ class Run:
 
 def operator_checks(cluster: str) -> dict:
     """What an operator runs in the agent pod on a real node (issue 27), with no flags:
-    `kubectl exec ds/kproxy-ebpf -- kproxy-ebpf services -o json` and `trace` of the cluster's
-    DNS Service, beside the CoreDNS endpoints the API lists."""
+    `kubectl exec ds/kproxy-ebpf -- kproxy-ebpf services -o json|wide` and `trace` of the
+    cluster's DNS Service, beside the CoreDNS endpoints the API lists, and `check --all-nodes`
+    (every node's agent asked over its health port)."""
     def kc(*argv: str) -> subprocess.CompletedProcess:
         return sh("hack/kind-env.sh", "kubectl", "--context", f"kind-{cluster}", *argv,
                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False)
@@ -161,7 +162,12 @@ def operator_checks(cluster: str) -> dict:
     services = kc(*agent, "services", "-o", "json")
     traced = kc(*agent, "trace", f"{dns}:53/UDP", "-o", "json")
     text = kc(*agent, "trace", f"{dns}:53/UDP", "--explain")
+    wide = kc(*agent, "services", "-o", "wide", "--service", "kube-system/kube-dns")
+    nodes = kc(*agent, "check", "--all-nodes", "-o", "json")
     return {"dns": dns, "coredns": coredns,
+            "wide_rc": wide.returncode, "wide": wide.stdout or wide.stderr,
+            "all_nodes_rc": nodes.returncode,
+            "all_nodes": json.loads(nodes.stdout) if nodes.stdout.startswith("[") else nodes.stderr,
             "services_rc": services.returncode,
             "dns_frontends": sum(1 for r in json.loads(services.stdout or "[]")
                                  if r.get("address") == dns),
