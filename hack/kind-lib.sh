@@ -22,7 +22,7 @@ SERVICE_SUBNET=10.96.0.0/16
 IP_FAMILY=${IP_FAMILY:-ipv4}
 POD_SUBNET6=fd00:10:244::/56
 SERVICE_SUBNET6=fd00:10:96::/112
-log() { echo "kind: $*" >&2; }
+log() { echo "kind: [+${SECONDS}s] $*" >&2; }  # steps with the time since the start
 die() { echo "kind: $*" >&2; exit 1; }
 case $IP_FAMILY in ipv4|dual) ;; *) die "IP_FAMILY=$IP_FAMILY: use ipv4 or dual" ;; esac
 

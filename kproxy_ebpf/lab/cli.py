@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Mapping
 
 import click
@@ -77,7 +78,9 @@ def up(lab_name: str, nodes: int, proxy: str, build: bool, agent: str, lb_pool: 
     """Bring up the control plane, the nodes, one proxy per node and the LB allocator."""
     c = _cluster(lab_name)
     try:
-        c.up(nodes=nodes, proxy=proxy, build=build, log=lambda m: click.echo(f"lab up: {m}"),
+        t0 = time.monotonic()           # each step with the time since the start
+        c.up(nodes=nodes, proxy=proxy, build=build,
+             log=lambda m: click.echo(f"lab up: [+{time.monotonic() - t0:.0f}s] {m}"),
              agent=agent, lb_pool=lb_pool, ip_family=ip_family)
     except LabError as exc:
         raise click.ClickException(str(exc)) from exc

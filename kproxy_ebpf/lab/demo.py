@@ -38,7 +38,9 @@ def _wait(pred: Callable[[], bool], timeout: float) -> bool:
 def run_demo(c: Cluster, keep: bool, echo: Callable[[str], None]) -> bool:
     ok = False
     try:
-        c.up(nodes=2, proxy="kproxy", log=lambda m: echo(f"lab up: {m}"))
+        t0 = time.monotonic()
+        c.up(nodes=2, proxy="kproxy",
+             log=lambda m: echo(f"lab up: [+{time.monotonic() - t0:.0f}s] {m}"))
         for name, node in (("web-1", "node1"), ("web-2", "node2")):
             p = c.create_pod(name, node, labels={"app": "web"})
             echo(f"pod {name} on {node}: {p.ip}")

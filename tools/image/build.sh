@@ -11,9 +11,10 @@ IMAGE=${IMAGE:-localhost/kproxy-ebpf:$(sed -n 's/^version = "\(.*\)"/\1/p' pypro
 NOFILE=$(ulimit -Hn)
 PODMAN=(podman --runtime runc)
 
+echo "image: [+${SECONDS}s] base image (mmdebstrap, cached after the first build)" >&2
 BASE=$(tools/image/base.sh)
 
-echo "image: podman build -> $IMAGE" >&2
+echo "image: [+${SECONDS}s] podman build -> $IMAGE" >&2
 # --network host: the RUN steps reach Debian's archive and PyPI as the host's own apt/pip do.
 # The host's CA bundle goes in as a build secret: pip in the build then trusts what the host's
 # pip trusts (e.g. a TLS-intercepting proxy); nothing of it stays in the image.
@@ -22,4 +23,5 @@ CA_BUNDLE=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 [[ -s $CA_BUNDLE ]] && secret=(--secret "id=ca-bundle,src=$CA_BUNDLE")
 "${PODMAN[@]}" build --quiet --network host --ulimit "nofile=$NOFILE:$NOFILE" "${secret[@]}" \
     --build-arg "BASE_IMAGE=$BASE" -t "$IMAGE" -f Dockerfile . >/dev/null
+echo "image: [+${SECONDS}s] built" >&2
 echo "$IMAGE"

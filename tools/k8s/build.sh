@@ -26,7 +26,7 @@ exec 9>"$CACHE/k8s/.build.lock"
 flock 9
 SET=${1:-lab}
 [[ $SET == lab || $SET == kind ]] || { echo "usage: build.sh [kind]" >&2; exit 2; }
-log() { echo "tools/k8s: $*" >&2; }
+log() { echo "tools/k8s: [+${SECONDS}s] $*" >&2; }  # steps with the time since the start
 have() { for b; do [[ -x $OUT/$b ]] || return 1; done; }
 # go mod download -json prints a JSON object; read one field with python (always present here).
 field() { python3 -c 'import json,sys; d=json.load(sys.stdin); print(d.get(sys.argv[1]) or (d.get("Origin") or {}).get(sys.argv[1]) or "")' "$1"; }

@@ -119,8 +119,12 @@ def outcomes(report: list[dict]) -> dict[str, Outcome]:
     return out
 
 
+STARTED = time.monotonic()
+
+
 def sh(*argv: str, env: dict | None = None, check: bool = True, **kw) -> subprocess.CompletedProcess:
-    print("+", " ".join(argv), file=sys.stderr, flush=True)
+    # Each step with the time since the start (kind-up and the suite take many minutes).
+    print(f"+ [+{time.monotonic() - STARTED:.0f}s]", " ".join(argv), file=sys.stderr, flush=True)
     return subprocess.run(argv, cwd=ROOT, env={**os.environ, **(env or {})}, check=check,
                           text=True, **kw)
 

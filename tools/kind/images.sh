@@ -18,7 +18,7 @@ NOFILE=$(ulimit -Hn)
 # podman's default nproc (4194304), and even this host's hard limit, fail with EPERM here.
 NPROC=32768
 REPO=localhost/kproxy-kind
-log() { echo "tools/kind: $*" >&2; }
+log() { echo "tools/kind: [+${SECONDS}s] $*" >&2; }  # steps with the time since the start
 
 BIN=$(tools/k8s/build.sh kind | tail -1)
 BASE=$(tools/image/base.sh)
