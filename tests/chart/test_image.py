@@ -24,7 +24,7 @@ HARNESS = ("lab", "bench")
 # The commands an operator runs on a node (their --help parses every option and imports nothing
 # more; `maps list` below runs a body for real).
 NODE_COMMANDS = ("run", "status", "services", "check", "maps list", "maps dump", "ct list",
-                 "stats", "cleanup", "trace")
+                 "stats", "cleanup", "trace", "watch")
 
 # Runs inside the image with its python: what is installed, what imports, what the CLI says.
 _PROBE = """
@@ -102,7 +102,7 @@ def test_the_node_commands_run_and_lab_and_bench_say_they_are_not_installed(prob
     listed = [line.split()[0] for line in text.partition("Commands:")[2].splitlines()
               if line.strip()]
     assert code == 0 and listed == ["check", "cleanup", "ct", "maps", "run", "services", "stats",
-                                    "status", "trace"]
+                                    "status", "trace", "watch"]
     code, text = probe["maps_list"]
     assert code == 1 and "no kproxy maps pinned under /tmp/none" in text
     for name in HARNESS:
