@@ -429,7 +429,9 @@ class Agent:
                               kernel=reader.services(self.datapath.maps) if synced else [],
                               hooks=reader.hooks(Path(self.cfg.bpffs_dir)) if synced else [],
                               hooks_expected=self.cfg.socket_lb, synced=synced,
-                              unprogrammed=len(self.policy.retry))
+                              unprogrammed=len(self.policy.retry),
+                              cidrs_written=self.cidrs.written() if synced else None,
+                              cidrs_held=self.cidrs.held() if synced else None)
 
     def _drift_found(self) -> None:
         log.warning("self-check: the maps differ from what this agent wrote (changed behind "

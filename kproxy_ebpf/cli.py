@@ -507,13 +507,9 @@ def check(config_file, all_nodes: bool, healthz_port: int | None, output: str, *
     maps = _open_maps(cfg.bpffs_dir)
     drifts = chk.compare(desired, reader.services(maps))
     if cidrs is not None and "clusterip" in maps:
-        from .datapath.cidr_writer import CIP_PASS, CIP_REJECT, CidrWriter
+        from .datapath.cidr_writer import CidrWriter
 
-        held = CidrWriter(maps)
-        held.restore()
-        names = {CIP_PASS: "pass", CIP_REJECT: "reject"}
-        drifts += chk.compare_cidrs(cidrs, {ip: names.get(a, str(a))
-                                            for ip, a in held.cluster_ips.items()}, held.cidrs)
+        drifts += chk.compare_cidrs(cidrs, *CidrWriter(maps).held())
     for d in drifts:
         click.echo(str(d))
     rows = f", {len(cidrs.cluster_ips) + len(cidrs.foreign_ips)} ClusterIPs" if cidrs else ""

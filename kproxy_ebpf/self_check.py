@@ -1,11 +1,12 @@
 """The agent's own drift check, served as /checkz on its health port for `check --all-nodes`.
 
 An agent compares the frontends it last computed (its view of the API) with what the pinned
-maps hold now (check.compare, the code `kproxy-ebpf check` runs), and looks at its socket hooks'
-pinned links. Drift found makes the agent re-read the maps and rewrite the difference at once
-(the periodic re-read would come only every few minutes), so a node is clean again after the
-next sync. The body holds names and counts only: no cluster objects beyond what `services`
-shows to anyone on the node.
+maps hold now (check.compare, the code `kproxy-ebpf check` runs), the ServiceCIDR rows it wrote
+with those the maps hold (check.compare_cidrs), and looks at its socket hooks' pinned links.
+Drift found makes the agent re-read the maps and rewrite the difference at once (the periodic
+re-read would come only every few minutes), so a node is clean again after the next sync.
+The body holds names and counts only: no cluster objects beyond what `services` shows to
+anyone on the node.
 
 Checks are not free (one walk of every map: ~1 s at 10,000 Services): one runs at a time, and a
 request within MIN_INTERVAL_S of the last check gets that check's answer.
@@ -14,8 +15,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+
+from .desired import ServiceCIDRSet
 
 MIN_INTERVAL_S = 1.0
 DRIFT_LINES = 50          # a node with more says how many and shows the first ones
@@ -31,12 +34,18 @@ class CheckInput:
     hooks_expected: bool             # socketLB: the socket hooks must be attached
     synced: bool                     # a sync has run to its end
     unprogrammed: int = 0            # frontends a write left behind (a full map): known
+    # The ServiceCIDR rows as the agent wrote them (its CidrWriter's bookkeeping) and as the
+    # maps hold them (ip -> "reject" | "pass", ranges); None: not compared.
+    cidrs_written: ServiceCIDRSet | None = None
+    cidrs_held: tuple[Mapping[str, str], set[str]] | None = None
 
 
 def evaluate(inp: CheckInput) -> dict:
-    from .check import compare
+    from .check import compare, compare_cidrs
 
     drifts = [str(d) for d in compare(inp.desired, inp.kernel)] if inp.synced else []
+    if inp.synced and inp.cidrs_written is not None and inp.cidrs_held is not None:
+        drifts += [str(d) for d in compare_cidrs(inp.cidrs_written, *inp.cidrs_held)]
     detached = [h["hook"] for h in inp.hooks if not h["pinned"]] if inp.hooks_expected else []
     problems = []
     if not inp.synced:

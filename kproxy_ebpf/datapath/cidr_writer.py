@@ -52,6 +52,22 @@ class CidrWriter:
         self.cidrs = {f"{L.ip_text(k.addr)}/{L.prefix_len(k.addr, k.prefixlen)}"
                       for k in self.cidr.keys()}
 
+    def written(self) -> ServiceCIDRSet:
+        """What this writer holds written, as the set it was asked for."""
+        return ServiceCIDRSet(cidrs=frozenset(self.cidrs),
+                              cluster_ips=frozenset(ip for ip, a in self.cluster_ips.items()
+                                                    if a == CIP_REJECT),
+                              foreign_ips=frozenset(ip for ip, a in self.cluster_ips.items()
+                                                    if a == CIP_PASS))
+
+    def held(self) -> tuple[dict[str, str], set[str]]:
+        """What the maps hold now (read afresh, the bookkeeping untouched): ClusterIP ->
+        "reject" | "pass", and the ranges."""
+        fresh = CidrWriter({"clusterip": self.cip, "servicecidr": self.cidr})
+        fresh.restore()
+        names = {CIP_REJECT: "reject", CIP_PASS: "pass"}
+        return ({ip: names.get(a, str(a)) for ip, a in fresh.cluster_ips.items()}, fresh.cidrs)
+
     def row_counts(self) -> dict[str, int]:
         return {"clusterip": len(self.cluster_ips), "servicecidr": len(self.cidrs)}
 

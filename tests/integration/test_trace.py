@@ -214,6 +214,15 @@ def test_check_all_nodes_finds_a_row_deleted_behind_one_agent(cluster, core):
                    for line in bad["check"]["drift"]), bad
         # The self-check made node2's agent re-read its maps: clean after its next sync.
         wait_until(lambda: check_all_nodes(cluster)[0] == 0, 20, "node2 repaired")
+        # The same for a ServiceCIDR row (the ClusterIP's own, which refuses its other ports).
+        pin = Path(cluster.lab.node("node2").bpffs) / L.MAPS["clusterip"].name
+        with PinnedMap(pin, L.MAPS["clusterip"]) as cip:
+            assert cip.delete(L.ip16(ip))
+        rc, rows = check_all_nodes(cluster)
+        bad = {r["node"]: r for r in rows}["node2"]
+        assert rc == 1 and any(line.split()[:3] == ["missing", "ClusterIP", ip]
+                               for line in bad["check"]["drift"]), bad
+        wait_until(lambda: check_all_nodes(cluster)[0] == 0, 20, "node2's ClusterIP row back")
     finally:
         core.delete_namespaced_service("tr-chk", "default")
 

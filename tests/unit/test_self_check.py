@@ -77,3 +77,24 @@ def test_all_nodes_reads_each_agents_answers():
     assert reports[3].problems == ["the Node has no address"]
     header, lines = check_nodes.table(reports)
     assert header[0] == "NODE" and lines[0][-1] == "ok" and lines[1][4] == 1
+
+
+def test_a_service_cidr_row_deleted_behind_the_writer_is_drift():
+    from kproxy_ebpf.datapath.cidr_writer import CidrWriter
+    from kproxy_ebpf.datapath.writer import ApplyResult
+    from kproxy_ebpf.desired import ServiceCIDRSet
+
+    from .fakemaps import fake_maps
+
+    maps = fake_maps(("clusterip", "servicecidr"))
+    w = CidrWriter(maps)
+    assert w.apply(ServiceCIDRSet(cidrs=frozenset({"10.96.0.0/16"}),
+                                  cluster_ips=frozenset({"10.96.0.10"}),
+                                  foreign_ips=frozenset({"10.96.0.11"})), ApplyResult())
+    row = [kernel_row("10.96.0.10", ["10.244.1.10"])]
+    clean = self_check.evaluate(inp(row, cidrs_written=w.written(), cidrs_held=w.held()))
+    assert clean["clean"], clean
+    maps["clusterip"].delete(L.ip16("10.96.0.11"))
+    got = self_check.evaluate(inp(row, cidrs_written=w.written(), cidrs_held=w.held()))
+    assert got["driftCount"] == 1 and got["drift"][0].split()[:3] == ["missing", "ClusterIP",
+                                                                     "10.96.0.11"], got
