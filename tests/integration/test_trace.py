@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from kproxy_ebpf.datapath.sock_hooks import SOCK_HOOKS
 from kproxy_ebpf.lab.cluster import Cluster
 from kproxy_ebpf.lab.probe import is_reply
 from kproxy_ebpf.model import Protocol
+from kproxy_ebpf.self_check import MIN_INTERVAL_S
 
 from ..support import lab_cluster, wait_until
 from .lab_services import http_service as service, seen_from_outside, served_by
@@ -205,6 +207,7 @@ def test_check_all_nodes_finds_a_row_deleted_behind_one_agent(cluster, core):
         pin = Path(cluster.lab.node("node2").bpffs) / L.MAPS["svc"].name
         with PinnedMap(pin, L.MAPS["svc"]) as svc:
             assert svc.delete(L.svc_key(ip, 80, Protocol.TCP))
+        time.sleep(MIN_INTERVAL_S)       # past the last check's answer, which agents reuse
         rc, rows = check_all_nodes(cluster)
         by_node = {r["node"]: r for r in rows}
         assert rc == 1 and by_node["node1"]["clean"], rows
@@ -218,6 +221,7 @@ def test_check_all_nodes_finds_a_row_deleted_behind_one_agent(cluster, core):
         pin = Path(cluster.lab.node("node2").bpffs) / L.MAPS["clusterip"].name
         with PinnedMap(pin, L.MAPS["clusterip"]) as cip:
             assert cip.delete(L.ip16(ip))
+        time.sleep(MIN_INTERVAL_S)
         rc, rows = check_all_nodes(cluster)
         bad = {r["node"]: r for r in rows}["node2"]
         assert rc == 1 and any(line.split()[:3] == ["missing", "ClusterIP", ip]
