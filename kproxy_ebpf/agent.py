@@ -431,13 +431,28 @@ class Agent:
                               hooks_expected=self.cfg.socket_lb, synced=synced,
                               unprogrammed=len(self.policy.retry),
                               cidrs_written=self.cidrs.written() if synced else None,
-                              cidrs_held=self.cidrs.held() if synced else None)
+                              cidrs_held=self.cidrs.held() if synced else None,
+                              tc_missing=self._tc_missing() if synced else ())
+
+    def _tc_missing(self) -> tuple[str, ...]:
+        if self.tc is None:
+            return ()
+        try:
+            return tuple(tc.missing_filters(self.tc.devices))
+        except Exception as exc:   # noqa: BLE001 - pyroute2's NetlinkError is no OSError
+            return (f"(the filters could not be listed: {exc})",)
 
     def _drift_found(self) -> None:
-        log.warning("self-check: the maps differ from what this agent wrote (changed behind "
-                    "its back); the next sync re-reads them and rewrites the difference")
+        log.warning("self-check: the datapath differs from what this agent set up (changed "
+                    "behind its back); the next sync re-reads the maps and rewrites the "
+                    "difference, missing TC filters are attached again")
         with self._sync_lock:
             self.policy.drift_found()
+            if self.tc is not None:
+                try:
+                    self.tc.reattach()
+                except Exception as exc:   # noqa: BLE001 - pyroute2's NetlinkError is no OSError
+                    log.error("could not attach the TC filters again: %s", exc)
         self.runner.run()
 
     def _record(self, full: bool, elapsed: float, desired: int, result: ApplyResult) -> None:

@@ -2,9 +2,10 @@
 
 An agent compares the frontends it last computed (its view of the API) with what the pinned
 maps hold now (check.compare, the code `kproxy-ebpf check` runs), the ServiceCIDR rows it wrote
-with those the maps hold (check.compare_cidrs), and looks at its socket hooks' pinned links.
-Drift found makes the agent re-read the maps and rewrite the difference at once (the periodic
-re-read would come only every few minutes), so a node is clean again after the next sync.
+with those the maps hold (check.compare_cidrs), and looks at its socket hooks' pinned links
+and its external devices' TC filters. Drift found makes the agent re-read the maps and rewrite
+the difference at once (the periodic re-read would come only every few minutes), and attach
+missing TC filters again, so a node is clean again after the next sync.
 The body holds names and counts only: no cluster objects beyond what `services` shows to
 anyone on the node.
 
@@ -38,6 +39,7 @@ class CheckInput:
     # maps hold them (ip -> "reject" | "pass", ranges); None: not compared.
     cidrs_written: ServiceCIDRSet | None = None
     cidrs_held: tuple[Mapping[str, str], set[str]] | None = None
+    tc_missing: tuple[str, ...] = ()   # the external devices' TC filters not attached
 
 
 def evaluate(inp: CheckInput) -> dict:
@@ -54,11 +56,14 @@ def evaluate(inp: CheckInput) -> dict:
         problems.append(f"{len(drifts)} frontends differ from the API")
     if detached:
         problems.append(f"hooks not attached: {', '.join(detached)}")
+    if inp.tc_missing:
+        problems.append(f"TC filters not attached: {', '.join(inp.tc_missing)}")
     return {"node": inp.node, "frontends": len(inp.desired) if inp.synced else None,
             "drift": drifts[:DRIFT_LINES], "driftCount": len(drifts),
             "unprogrammed": inp.unprogrammed,
             "hooksAttached": sum(1 for h in inp.hooks if h["pinned"]),
-            "hooksDetached": detached, "clean": not problems, "problems": problems,
+            "hooksDetached": detached, "tcMissing": list(inp.tc_missing),
+            "clean": not problems, "problems": problems,
             "checkedAt": time.time()}
 
 
@@ -81,6 +86,6 @@ class SelfCheck:
             self._last = (now, body)
         # Frontends that did not fit are retried by the agent already: more than those is
         # drift behind its back.
-        if body["driftCount"] > body["unprogrammed"]:
+        if body["driftCount"] > body["unprogrammed"] or body["tcMissing"]:
             self._on_drift()
         return body

@@ -144,6 +144,15 @@ class TcDatapath:
             self._upgrade.close()
             self._upgrade = None
 
+    def reattach(self) -> None:
+        """Attaches the external devices' filters again (replace-filter: those still there are
+        left as they are), for a self-check that found some missing."""
+        with _ipr() as ipr:
+            for dev in self.devices:
+                idx = ipr.link_lookup(ifname=dev)
+                if idx:
+                    self._attach_dev(ipr, idx[0], dev, EXT_PROGRAMS)
+
     def _attach_dev(self, ipr, index: int, dev: str, programs: dict[str, int]) -> None:
         _ensure_clsact(ipr, index)
         for prog, parent in programs.items():
@@ -213,6 +222,15 @@ def attached() -> list[tuple[str, str, str]]:
                     if name in PROGRAMS:
                         out.append((dev, where, name))
     return sorted(set(out))
+
+
+def missing_filters(devices: Iterable[str]) -> list[str]:
+    """The external devices' filters that are not attached ("eth0 ingress kp_from_outside"):
+    removed behind the agent (a `tc filter del`, a device made anew)."""
+    where = {INGRESS: "ingress", EGRESS: "egress"}
+    have = set(attached())
+    return [f"{dev} {where[parent]} {prog}" for dev in devices
+            for prog, parent in EXT_PROGRAMS.items() if (dev, where[parent], prog) not in have]
 
 
 def detach_all(programs: dict[str, int] = PROGRAMS) -> list[str]:

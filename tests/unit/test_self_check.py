@@ -98,3 +98,13 @@ def test_a_service_cidr_row_deleted_behind_the_writer_is_drift():
     got = self_check.evaluate(inp(row, cidrs_written=w.written(), cidrs_held=w.held()))
     assert got["driftCount"] == 1 and got["drift"][0].split()[:3] == ["missing", "ClusterIP",
                                                                      "10.96.0.11"], got
+
+
+def test_a_missing_tc_filter_is_a_problem_and_asks_for_a_repair():
+    row = [kernel_row("10.96.0.10", ["10.244.1.10"])]
+    asked = []
+    check = self_check.SelfCheck(lambda: inp(row, tc_missing=("eth0 ingress kp_from_outside",)),
+                                 lambda: asked.append(1))
+    body = check()
+    assert body["problems"] == ["TC filters not attached: eth0 ingress kp_from_outside"]
+    assert not body["clean"] and asked == [1]
