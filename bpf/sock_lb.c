@@ -179,6 +179,7 @@ static __always_inline int sock_xlate_fwd(struct bpf_sock_addr *ctx, bool v6, st
 {
 	struct kp_lb_req req = {};
 	struct kp_lb_res res = {};
+	struct kp_svc_stat *st;
 	int err;
 
 	kp_lb_request(&req, *addr, *port, (__u8)ctx->protocol, KP_SCOPE_SOCK,
@@ -197,12 +198,14 @@ static __always_inline int sock_xlate_fwd(struct bpf_sock_addr *ctx, bool v6, st
 	*addr = res.be.addr;
 	*port = res.be.port;
 	kp_count(KP_STAT_FORWARD);
-	/* An unconnected UDP socket's datagram is a packet; a new flow of it (no flow row
-	 * reused), like every connect(), a connection. */
-	if (unconnected_udp)
-		kp_svc_packet(res.svc_id, false, 0);
-	if (!unconnected_udp || !res.affinity_hit)
-		kp_svc_conn(res.svc_id);
+	/* One counter row lookup per forward: an unconnected UDP socket's datagram is a packet
+	 * (a socket hook sees no bytes), a new flow of it (no flow row reused), like every
+	 * connect(), a connection. */
+	st = kp_svc_stat(res.svc_id);
+	if (st) {
+		st->packets += unconnected_udp;
+		st->conns += !unconnected_udp || !res.affinity_hit;
+	}
 	return 1;
 }
 

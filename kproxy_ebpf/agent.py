@@ -424,15 +424,16 @@ class Agent:
     def _check_input(self) -> CheckInput:
         """/checkz's view, taken between syncs: the last computed frontends and the maps."""
         with self._sync_lock:
-            synced = self.policy.synced_once and self.writer is not None
+            if not self.policy.synced_once or self.writer is None:
+                return CheckInput(node=self.cfg.node_name, desired={}, kernel=[], hooks=[],
+                                  hooks_expected=self.cfg.socket_lb, synced=False)
             return CheckInput(node=self.cfg.node_name, desired=self._desired,
-                              kernel=reader.services(self.datapath.maps) if synced else [],
-                              hooks=reader.hooks(Path(self.cfg.bpffs_dir)) if synced else [],
-                              hooks_expected=self.cfg.socket_lb, synced=synced,
+                              kernel=reader.services(self.datapath.maps),
+                              hooks=reader.hooks(Path(self.cfg.bpffs_dir)),
+                              hooks_expected=self.cfg.socket_lb, synced=True,
                               unprogrammed=len(self.policy.retry),
-                              cidrs_written=self.cidrs.written() if synced else None,
-                              cidrs_held=self.cidrs.held() if synced else None,
-                              tc_missing=self._tc_missing() if synced else ())
+                              cidrs_written=self.cidrs.written(), cidrs_held=self.cidrs.held(),
+                              tc_missing=self._tc_missing())
 
     def _tc_missing(self) -> tuple[str, ...]:
         if self.tc is None:
@@ -442,13 +443,14 @@ class Agent:
         except Exception as exc:   # noqa: BLE001 - pyroute2's NetlinkError is no OSError
             return (f"(the filters could not be listed: {exc})",)
 
-    def _drift_found(self) -> None:
-        log.warning("self-check: the datapath differs from what this agent set up (changed "
-                    "behind its back); the next sync re-reads the maps and rewrites the "
-                    "difference, missing TC filters are attached again")
+    def _drift_found(self, body: dict) -> None:
+        """A self-check found the datapath changed behind this agent: the next sync re-reads
+        the maps and rewrites the difference; missing TC filters are attached again now."""
+        log.warning("self-check: %s; the next sync re-reads the maps and rewrites the "
+                    "difference", "; ".join(body["problems"]))
         with self._sync_lock:
             self.policy.drift_found()
-            if self.tc is not None:
+            if body["tcMissing"] and self.tc is not None:
                 try:
                     self.tc.reattach()
                 except Exception as exc:   # noqa: BLE001 - pyroute2's NetlinkError is no OSError

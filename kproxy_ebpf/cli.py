@@ -488,8 +488,7 @@ def status(bpffs_dir: str, output: str, healthz: str) -> None:
 @click.option("--healthz-port", type=click.IntRange(1, 65535),
               help="The agents' health port for --all-nodes [the configured healthzBindAddress's, "
                    "10256].")
-@click.option("-o", "--output", type=click.Choice(["table", "wide", "json", "yaml"]),
-              default="table", show_default=True, help="For --all-nodes.")
+@_output_option
 def check(config_file, all_nodes: bool, healthz_port: int | None, output: str, **flags) -> None:
     """Compare the datapath with what the cluster says; exit 1 on any difference."""
     from . import check as chk

@@ -69,9 +69,9 @@ def evaluate(inp: CheckInput) -> dict:
 
 class SelfCheck:
     """Runs `take()` (which gathers a CheckInput under the agent's sync lock), evaluates it,
-    and calls `on_drift()` when the maps differ, at most once per MIN_INTERVAL_S."""
+    and calls `on_drift(body)` when the datapath differs, at most once per MIN_INTERVAL_S."""
 
-    def __init__(self, take: Callable[[], CheckInput], on_drift: Callable[[], None],
+    def __init__(self, take: Callable[[], CheckInput], on_drift: Callable[[dict], None],
                  clock: Callable[[], float] = time.monotonic):
         self._take, self._on_drift, self._clock = take, on_drift, clock
         self._lock = threading.Lock()
@@ -87,5 +87,5 @@ class SelfCheck:
         # Frontends that did not fit are retried by the agent already: more than those is
         # drift behind its back.
         if body["driftCount"] > body["unprogrammed"] or body["tcMissing"]:
-            self._on_drift()
+            self._on_drift(body)
         return body

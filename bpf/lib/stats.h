@@ -42,8 +42,7 @@ static __always_inline void kp_svc_conn(__u32 svc_id)
 		st->conns += 1;
 }
 
-/* A packet of a flow (TC, or an unconnected UDP socket's datagram with len 0: a socket hook
- * sees no payload), toward the backend or a reply back from it. */
+/* A TC packet of a flow, toward the backend or a reply back from it. */
 static __always_inline void kp_svc_packet(__u32 svc_id, bool reply, __u32 len)
 {
 	struct kp_svc_stat *st = kp_svc_stat(svc_id);

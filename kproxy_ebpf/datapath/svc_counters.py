@@ -9,7 +9,6 @@ again starts from zero.
 from __future__ import annotations
 
 import dataclasses
-import errno
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -82,17 +81,10 @@ def by_service(maps: Mapping[str, PinnedMap]) -> list[tuple[ServicePortId, Servi
 
 
 def forget(m: PinnedMap, ids: Iterable[int]) -> None:
-    """Deletes the rows of freed ids (rows never created are skipped)."""
+    """Deletes the rows of freed ids (rows never created are skipped by delete_batch)."""
     keys = [L.U32(i) for i in ids]
-    if not keys:
-        return
-    try:
+    if keys:
         m.delete_batch(keys)
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
-            raise
-        for key in keys:        # a kernel without batch deletes for this map type
-            m.delete(key)
 
 
 def sweep(m: PinnedMap, held: Collection[int]) -> int:

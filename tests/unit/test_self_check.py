@@ -44,14 +44,14 @@ def test_drift_asks_for_one_reread_and_requests_share_a_check():
         taken.append(1)
         return inp([])
 
-    check = self_check.SelfCheck(take, lambda: asked.append(1), clock=lambda: now[0])
+    check = self_check.SelfCheck(take, lambda body: asked.append(1), clock=lambda: now[0])
     assert check()["driftCount"] == 1 and check()["driftCount"] == 1
     assert len(taken) == 1 and len(asked) == 1
     now[0] += self_check.MIN_INTERVAL_S
     check()
     assert len(taken) == 2
     # Frontends a full map left behind are the agent's to retry: no re-read for them.
-    quiet = self_check.SelfCheck(lambda: inp([], unprogrammed=1), lambda: asked.append(1))
+    quiet = self_check.SelfCheck(lambda: inp([], unprogrammed=1), lambda body: asked.append(1))
     quiet()
     assert len(asked) == 2
 
@@ -104,7 +104,7 @@ def test_a_missing_tc_filter_is_a_problem_and_asks_for_a_repair():
     row = [kernel_row("10.96.0.10", ["10.244.1.10"])]
     asked = []
     check = self_check.SelfCheck(lambda: inp(row, tc_missing=("eth0 ingress kp_from_outside",)),
-                                 lambda: asked.append(1))
+                                 lambda body: asked.append(1))
     body = check()
     assert body["problems"] == ["TC filters not attached: eth0 ingress kp_from_outside"]
     assert not body["clean"] and asked == [1]
