@@ -128,6 +128,14 @@ enum kp_tunables {
 	KP_PORT_NAME_LEN = 16,
 };
 
+enum kp_maglev {                /* Maglev tables (lib/maglev.h, kproxy_ebpf/maglev.py) */
+	/* Slots per kp_maglev row: a 960-byte value, which with the hash map's element header,
+	 * its key and the allocator's link fills a 1 KiB allocation exactly. */
+	KP_MAGLEV_ROW  = 478,
+	KP_MAGLEV_MAX  = 65521, /* the largest table: the largest prime a __u16 holds */
+	KP_MAGLEV_SEED = 0x6b70726f, /* the flow hash's seed: the same on every node */
+};
+
 /* ---- Keys and values ---------------------------------------------------------------------- */
 
 /* An address of either family, as every service-side row holds it: an IPv6 address as is, an
@@ -152,7 +160,9 @@ struct kp_svc_key {
 };
 
 struct kp_svc_val {
-	__u32 backend_id;       /* slot > 0: key into the backend map */
+	__u32 backend_id;       /* slot > 0: key into the backend map; slot 0: the frontend's
+				 * Maglev table (kp_maglev_key.table), 0 = none: pick at random.
+				 * Slot 0 always held 0 here, so older rows mean "random" */
 	__u32 svc_id;           /* slot 0: service-port id (affinity key, kp_svc_meta key) */
 	__u32 affinity_timeout; /* slot 0: seconds of ClientIP affinity, 0 = none */
 	__u16 count;            /* slot 0: number of backend slots */
@@ -162,7 +172,8 @@ struct kp_svc_val {
 	__u8  fe_flags;         /* slot 0: enum kp_fe_flags. Was padding, always written 0, which
 				 * reads as "no flag": rows of an older agent mean what they say,
 				 * so this field needed no version bump */
-	__u8  pad[2];
+	__u16 maglev_size;      /* slot 0 with a Maglev table: its entries (a prime); was
+				 * padding, always 0, as fe_flags */
 };
 
 /* Backends, keyed by a __u32 id allocated by the agent (0 is never used). Written once when
@@ -299,6 +310,23 @@ struct kp_nssrc_key {
 	__u8  pad[7];
 };
 
+/* Maglev tables (Eisenbud et al., NSDI 2016) of scope-EXT frontends: entry i of a table names
+ * the slot whose backend a flow hashing to i goes to. The agent builds each table from the
+ * backends' addresses alone (kproxy_ebpf/maglev.py), so every node with the same backends
+ * picks the same one for a flow: ECMP in front of the nodes may send its packets to any.
+ * A table is written once under a new id, before the slot 0 that names it, and deleted after
+ * the slot 0 that stopped naming it; a reader checks a row's tag after its read, because a
+ * freed element can be taken at once by another table's row. */
+struct kp_maglev_key {
+	__u32 table;      /* the table's id (slot 0's backend_id) */
+	__u32 row;        /* entries row * KP_MAGLEV_ROW .. + KP_MAGLEV_ROW - 1 */
+};
+
+struct kp_maglev_row {
+	__u32 table;      /* the key's table: a reader that finds another took a recycled row */
+	__u16 slot[KP_MAGLEV_ROW];  /* slot numbers 1..count of the frontend's slot 0 */
+};
+
 /* ---- The lookup interface of lib/lb.h (a request and its answer) ----------------------------
  * Context-free so every program type shares it; tests pass these through BPF_PROG_TEST_RUN. */
 enum kp_lb_verdict {
@@ -315,6 +343,9 @@ struct kp_lb_req {
 	__u64 client;           /* ClientIP affinity: the client's identity (netns cookie) */
 	__u64 flow;             /* unconnected UDP: the socket cookie; 0 = not such a flow */
 	__u64 now;              /* bpf_ktime_get_ns() */
+	__u32 hash;             /* the flow's hash (lib/maglev.h): a frontend with a Maglev
+				 * table picks by it instead of rnd */
+	__u32 pad;
 };
 
 struct kp_lb_res {
@@ -345,10 +376,12 @@ _Static_assert(sizeof(struct kp_cip_val) == 4, "kp_cip_val");
 _Static_assert(sizeof(struct kp_cidr_key) == 20, "kp_cidr_key");
 _Static_assert(sizeof(struct kp_srcrange_key) == 40, "kp_srcrange_key");
 _Static_assert(sizeof(struct kp_nssrc_key) == 16, "kp_nssrc_key");
+_Static_assert(sizeof(struct kp_maglev_key) == 8, "kp_maglev_key");
+_Static_assert(sizeof(struct kp_maglev_row) == 960, "kp_maglev_row");
 _Static_assert(KP_SRCRANGE_FE_BITS == 8 * (__builtin_offsetof(struct kp_srcrange_key, saddr) -
 					  __builtin_offsetof(struct kp_srcrange_key, fe_addr)),
 	       "KP_SRCRANGE_FE_BITS: the bits between prefixlen and saddr");
-_Static_assert(sizeof(struct kp_lb_req) == 56, "kp_lb_req");
+_Static_assert(sizeof(struct kp_lb_req) == 64, "kp_lb_req");
 _Static_assert(sizeof(struct kp_lb_res) == 36, "kp_lb_res");
 
 /* ---- North-south (TC): connection tracking and NAT ---------------------------------------
@@ -490,7 +523,8 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 40, "kp_tc_cfg");
 	X(nssrc,       kp_nssrc,    1, hash,         struct kp_nssrc_key,  struct kp_ip,         KP_NSSRC_SIZE,    0) \
 	X(nsmiss,      kp_nsmiss,   1, lru_hash,     __u64,                __u64,                KP_NSMISS_SIZE,   0) \
 	X(svcstat,     kp_svcstat,  1, percpu_hash,  __u32,                struct kp_svc_stat,   KP_SVCSTAT_SIZE,  KP_NO_PREALLOC) \
-	X(svczero,     kp_svczero,  1, array,        __u32,                struct kp_svc_stat,   1,                0)
+	X(svczero,     kp_svczero,  1, array,        __u32,                struct kp_svc_stat,   1,                0) \
+	X(maglev,      kp_maglev,   1, hash,         struct kp_maglev_key, struct kp_maglev_row, KP_MAGLEV_SIZE,   KP_NO_PREALLOC)
 
 #ifndef KP_SVC_SIZE
 #define KP_SVC_SIZE   262144  /* frontends plus one row per backend slot (10k x 10: 110k) */
@@ -541,6 +575,11 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 40, "kp_tc_cfg");
 #define KP_SVCSTAT_SIZE 16384 /* per-Service counters: a row per service port that saw traffic
 			       * (allocated as used: 64 bytes per row and possible CPU) */
 #endif
+#ifndef KP_MAGLEV_SIZE
+#define KP_MAGLEV_SIZE 16384  /* Maglev table rows (allocated as used, ~1 KiB each): a table of
+			       * 16381 entries takes 35, and a changed table is written beside
+			       * the old before the old goes */
+#endif
 #ifndef KP_SVCCIDR_SIZE
 #define KP_SVCCIDR_SIZE 256   /* ServiceCIDR ranges */
 #endif
@@ -550,7 +589,7 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 40, "kp_tc_cfg");
 #define KP_ENUMS(X) X(kp_scope) X(kp_action) X(kp_kind) X(kp_be_flags) X(kp_aff_type) \
 	X(kp_stat) X(kp_tunables) X(kp_lb_verdict) X(kp_meta_flags) X(kp_traffic_distribution) \
 	X(kp_cip_action) X(kp_ct_state) X(kp_ct_flags) X(kp_ct_life) X(kp_ct_timeouts) \
-	X(kp_fe_flags) X(kp_aff_client) X(kp_srcrange_bits)
+	X(kp_fe_flags) X(kp_aff_client) X(kp_srcrange_bits) X(kp_maglev)
 
 /* Structs that are no map's key or value but cross the kernel boundary (test runs). */
 #define KP_EXTRA_STRUCTS(X) X(kp_lb_req) X(kp_lb_res)

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import yaml
 
+from . import maglev
 from .datapath.map_sizes import MapSizes
+from .model import LBAlgorithm
 from .datapath.pod_devices import DEFAULT_GLOBS as DEFAULT_POD_GLOBS
 
 
@@ -57,6 +59,12 @@ class AgentConfig:
     devices: list[str] = field(default_factory=list)   # external devices; []: from the routes
     node_port_addresses: list[str] = field(default_factory=list)  # CIDRs or "primary"; []: primary
     snat_port_range: str = "61000-65535"  # above Linux's ephemeral range (32768-60999)
+    # How NodePort/ExternalIP/LB frontends pick a backend for a new flow from outside: random,
+    # or maglev (every node picks the same backend for a flow, for ECMP in front of the nodes;
+    # a table of maglevTableSize entries, a prime, at least 100 per backend). A Service's
+    # annotation kproxy-ebpf.io/lb-algorithm overrides it.
+    lb_algorithm: str = "random"
+    maglev_table_size: int = 16381
     # ExternalIPs outside these CIDRs are not programmed (CVE-2020-8554); None: all allowed.
     external_ip_allowlist: list[str] | None = None
     # false: no cgroup hooks; ClusterIPs are served per packet at TC on the pod-facing devices
@@ -89,7 +97,9 @@ class AgentConfig:
                 "node_port_addresses": tuple(self.node_port_addresses) if self.north_south
                 else None,
                 "external_ip_allowlist": None if self.external_ip_allowlist is None
-                else tuple(self.external_ip_allowlist)}
+                else tuple(self.external_ip_allowlist),
+                "lb_algorithm": LBAlgorithm(self.lb_algorithm),
+                "maglev_table_size": self.maglev_table_size}
 
     @property
     def snat_ports(self) -> tuple[int, int]:
@@ -113,6 +123,10 @@ class AgentConfig:
 
         errors = validate_node_port_addresses(self.node_port_addresses)
         errors += validate_cidrs(self.external_ip_allowlist or [], "externalIpAllowlist")
+        if self.lb_algorithm not in {a.value for a in LBAlgorithm}:
+            errors.append(f"lbAlgorithm must be random or maglev, not {self.lb_algorithm!r}")
+        if (why := maglev.validate_size(self.maglev_table_size)) is not None:
+            errors.append(why)
         if not self.socket_lb and not [g for g in self.pod_devices if g]:
             errors.append("socketLB false needs podDevices (the globs of the pod-facing devices)")
         if errors:
@@ -189,6 +203,12 @@ def _coerce(name: str, value: object) -> object:
                 "pod_devices"):
         return [str(v) for v in value] if isinstance(value, list) else [
             p for p in str(value).split(",") if p]
+    if name == "maglev_table_size":
+        try:
+            return int(str(value))
+        except ValueError:
+            raise ConfigError(f"maglevTableSize must be a whole number (a prime such as 16381), "
+                              f"not {value!r}") from None
     if name == "service_metrics_limit":
         try:
             n = int(str(value))

@@ -132,6 +132,9 @@ class Frontend:
     # ready). Their backend rows stay, so the TC path's flows to them keep their backend until
     # the endpoint stops serving, as kube-proxy keeps their conntrack entries.
     draining: tuple[Backend, ...] = ()
+    # Scope EXT: the entries of its Maglev table (a prime), so that every node picks the same
+    # backend for a flow; 0: a backend at random (proxy/external.py lb_algorithm).
+    maglev: int = 0
 
     @property
     def key(self) -> FrontendKey:

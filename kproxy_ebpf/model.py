@@ -48,6 +48,13 @@ class Kind(enum.StrEnum):
     SERVICE_CIDR = "ServiceCIDR"
 
 
+class LBAlgorithm(enum.StrEnum):
+    """How a frontend for traffic from outside the node picks a backend for a new flow
+    (annotation kproxy-ebpf.io/lb-algorithm, node default lbAlgorithm)."""
+    RANDOM = "random"      # uniformly at random, per node
+    MAGLEV = "maglev"      # by a Maglev table: every node picks the same backend for a flow
+
+
 class ServiceType(enum.StrEnum):
     CLUSTER_IP = "ClusterIP"
     NODE_PORT = "NodePort"
@@ -87,6 +94,8 @@ class Service:
     traffic_distribution: str | None = None
     proxy_name: str | None = None          # label service.kubernetes.io/service-proxy-name
     resource_version: str = ""
+    lb_algorithm: LBAlgorithm | None = None  # annotation kproxy-ebpf.io/lb-algorithm; None: the
+                                             # node's default
 
     @property
     def key(self) -> tuple[str, str]:

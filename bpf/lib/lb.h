@@ -18,6 +18,7 @@
 
 #include <uapi/linux/errno.h>
 #include "ip.h"
+#include "maglev.h"
 #include "maps.h"
 #include "stats.h"
 
@@ -161,7 +162,20 @@ static __always_inline __u64 kp_lb_affinity_key(const struct kp_lb_req *req,
 	return 0;
 }
 
-/* One attempt: read slot 0, then reuse the affinity backend or pick a slot at random.
+/* The slot a fresh pick takes: by the frontend's Maglev table when it has one (req->hash),
+ * at random otherwise. 0: the table's row vanished or belongs to another version (retry). */
+static __always_inline __u16 kp_lb_pick(const struct kp_lb_req *req, const struct kp_svc_val *svc,
+					__u32 rnd)
+{
+	__u16 slot;
+
+	if (!svc->backend_id)
+		return (rnd % svc->count) + 1;
+	slot = kp_maglev_slot(svc->backend_id, svc->maglev_size, req->hash);
+	return slot <= svc->count ? slot : 0;
+}
+
+/* One attempt: read slot 0, then reuse the affinity backend or pick a slot (kp_lb_pick).
  * Returns 1 when res holds a final verdict, 0 when the picked slot vanished (retry). */
 static __always_inline int kp_lb_attempt(const struct kp_lb_req *req, struct kp_lb_res *res,
 					 __u32 rnd, int first)
@@ -206,8 +220,8 @@ static __always_inline int kp_lb_attempt(const struct kp_lb_req *req, struct kp_
 			}
 		}
 	}
-	res->slot = (rnd % svc.count) + 1;
-	if (kp_lb_slot(&key, res->slot, res) != 0)
+	res->slot = kp_lb_pick(req, &svc, rnd);
+	if (res->slot == 0 || kp_lb_slot(&key, res->slot, res) != 0)
 		return 0;
 	if (timeout_ns) {
 		fresh.last_used = req->now;

@@ -5,6 +5,10 @@
  * kp_lb_res this program writes back. So the lookup, the slot-0 retry, affinity and a backend
  * miss are exercised on real maps and the real verifier, with the test choosing the random
  * numbers and the clock, and no socket anywhere.
+ *
+ * kp_lb_run_flow does the same for a flow from outside: a struct kp_ct_key (the packet's
+ * tuple) before the request, hashed as tc_lb.c hashes it (lib/maglev.h), so a test drives
+ * Maglev tables with real tuples; the result is followed by the hash.
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
@@ -22,6 +26,25 @@ int kp_lb_run(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	kp_lb_select(&req, &res);
 	if (bpf_skb_store_bytes(skb, KP_RUN_OFF + sizeof(req), &res, sizeof(res), 0) < 0)
+		return TC_ACT_SHOT;
+	return TC_ACT_OK;
+}
+
+int kp_lb_run_flow(struct __sk_buff *skb)
+{
+	struct kp_ct_key tuple = {};
+	struct kp_lb_req req = {};
+	struct kp_lb_res res = {};
+	__u32 off = KP_RUN_OFF + sizeof(tuple);
+
+	if (bpf_skb_load_bytes(skb, KP_RUN_OFF, &tuple, sizeof(tuple)) < 0 ||
+	    bpf_skb_load_bytes(skb, off, &req, sizeof(req)) < 0)
+		return TC_ACT_SHOT;
+	req.hash = kp_flow_hash(&tuple);
+	kp_lb_select(&req, &res);
+	off += sizeof(req);
+	if (bpf_skb_store_bytes(skb, off, &res, sizeof(res), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, off + sizeof(res), &req.hash, sizeof(req.hash), 0) < 0)
 		return TC_ACT_SHOT;
 	return TC_ACT_OK;
 }

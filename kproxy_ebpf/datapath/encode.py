@@ -14,7 +14,7 @@ import sys
 from ..desired import Frontend, ServicePortName
 from ..model import Protocol
 from . import layout as L
-from .programmed import BackendKey
+from .programmed import BackendKey, HeldTable
 
 _SVC_KEY = struct.Struct(L.MAPS["svc"].key_format)
 _SVC_VAL = struct.Struct(L.MAPS["svc"].value_format).pack
@@ -32,7 +32,7 @@ def slot_fields(head: L.SvcKey) -> tuple[bytes, int, int, int]:
 
 def slot_value(backend_id: int, be_flags: int) -> bytes:
     """A slot row 1..n: the backend it names and the endpoint's state for this frontend."""
-    return _SVC_VAL(backend_id, 0, 0, 0, 0, 0, be_flags, 0)
+    return _SVC_VAL(backend_id, 0, 0, 0, 0, 0, be_flags, 0, 0)
 
 
 def backend_row(b: BackendKey) -> bytes:
@@ -52,12 +52,15 @@ if L.G.STRUCTS["kp_backend"]["fields"][0] != ("addr", 0, "struct kp_ip"):
     raise ImportError("kp_backend no longer starts with its struct kp_ip addr: fix backend_row")
 
 
-def head_value(fe: Frontend, svc_id: int, count: int, ranges: bool) -> L.SvcVal:
+def head_value(fe: Frontend, svc_id: int, count: int, ranges: bool,
+               table: HeldTable | None = None) -> L.SvcVal:
     """Slot 0: the frontend's verdict, kind, affinity and slot count (`ranges`: it has
-    kp_srcrange rows the programs must check)."""
+    kp_srcrange rows the programs must check; `table`: the Maglev table it picks by)."""
     return L.SvcVal(svc_id=svc_id, affinity_timeout=fe.affinity_timeout, count=count,
                     action=L.ACTION_NUM[fe.action], kind=L.KIND_NUM[fe.kind],
-                    fe_flags=L.FE_F_SRC_RANGES if ranges else 0)
+                    fe_flags=L.FE_F_SRC_RANGES if ranges else 0,
+                    backend_id=table.table if table else 0,
+                    maglev_size=table.size if table else 0)
 
 
 def _cut(text: str, size: int) -> bytes:

@@ -32,3 +32,4 @@ class MapSizes:
     extaddr: int = _default_size("extaddr")    # addresses of scope-EXT frontends (TC filter)
     extbe: int = _default_size("extbe")        # their local backends (TC filter)
     svcstat: int = _default_size("svcstat")    # per-Service counters (per-CPU, rows as used)
+    maglev: int = _default_size("maglev")      # Maglev table rows (~1 KiB each, as used)

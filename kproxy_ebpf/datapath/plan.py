@@ -72,8 +72,24 @@ class Planner:
     """The diff, for a writer whose optional maps are there or not (the tests' fakes leave
     out the source-range trie and the TC filters)."""
 
-    def __init__(self, ranges: bool, ext_addrs: bool, ext_locals: bool) -> None:
+    def __init__(self, ranges: bool, ext_addrs: bool, ext_locals: bool,
+                 maglev: bool = False) -> None:
         self.has_ranges, self.has_ext_addrs, self.has_ext_locals = ranges, ext_addrs, ext_locals
+        self.has_maglev = maglev
+
+    def maglev(self, fe: Frontend) -> int:
+        """The entries of the Maglev table fe needs; 0: none (no backend to pick, or no
+        kp_maglev map)."""
+        if not self.has_maglev or fe.action is not Action.FORWARD or not fe.backends:
+            return 0
+        return fe.maglev
+
+    def table_held(self, prog: Programmed, fe: Frontend) -> bool:
+        """Whether slot 0 names the table fe needs, built for the slots as they are."""
+        size, held = self.maglev(fe), prog.maglev
+        if not size:
+            return held is None
+        return held is not None and held.size == size and held.order == prog.order()
 
     def ranges(self, fe: Frontend) -> frozenset[str]:
         """The source-range rows fe needs (none where the map is missing: a flag without
@@ -103,4 +119,4 @@ class Planner:
             fe.kind, fe.service, fe.action, fe.affinity_timeout) and p.live() == wanted \
             and p.count == len(wanted) and ledger.named.get(fe.service) == L.meta_view(fe.info) \
             and p.ranges == self.ranges(fe) and p.range_flag == bool(p.ranges) \
-            and p.drain == drained(fe)
+            and p.drain == drained(fe) and self.table_held(p, fe)

@@ -87,6 +87,16 @@ class SlotRows:
         return sum(b is not None for b in self._be)
 
 
+@dataclass(frozen=True, slots=True)
+class HeldTable:
+    """A frontend's Maglev table in kp_maglev (maglev_tables.py): its id (slot 0's
+    backend_id), entries, and the slot order it was built for; () when read back and not what
+    the slots give, so the next apply writes it anew. Table 0 holds no rows."""
+    table: int
+    size: int
+    order: tuple[BackendKey, ...]
+
+
 @dataclass(slots=True)
 class Programmed:
     """What the kernel holds for one frontend."""
@@ -101,6 +111,11 @@ class Programmed:
     addr_held: bool = False                         # EXT: its address's kp_extaddr row
     local_held: frozenset[str] = frozenset()        # EXT: its local backends' kp_extbe rows
     drain: frozenset[BackendKey] = frozenset()      # EXT: backend rows held for old flows
+    maglev: HeldTable | None = None                 # EXT: the Maglev table slot 0 names
+
+    def order(self) -> tuple[BackendKey, ...]:
+        """The backends of slots 1..count (those present)."""
+        return tuple(self.rows[s][0] for s in range(1, (self.count or 0) + 1) if s in self.rows)
 
     def live(self) -> dict[BackendKey, int]:
         """The backends lookups can reach, with their flags."""

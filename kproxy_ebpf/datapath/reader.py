@@ -64,6 +64,9 @@ def services(maps: Mapping[str, PinnedMap]) -> list[dict]:
             "affinity_timeout": val.affinity_timeout, "scope": key.scope,
             "policy": _policy(metas.get(val.svc_id)), "backends": [],
         }
+        if val.backend_id:
+            # Picks by a Maglev table (kp_maglev) of this many entries, not at random.
+            entry["maglev"] = val.maglev_size
         if val.fe_flags & L.FE_F_SRC_RANGES:
             # loadBalancerSourceRanges as enforced (kp_srcrange): the sources a new flow
             # from outside may come from.

@@ -38,7 +38,8 @@ def aside(bpffs_dir: Path, name: str) -> Path:
 # would collect the rows whose frontend it cannot find, from under the old programs). The
 # per-Service counters are keyed by service id, which a new meta map hands out afresh: they
 # start from zero with it (a counter reset, as after a restart of kube-proxy).
-TOGETHER = (frozenset({"svc", "backend", "meta", "srcrange", "extaddr", "extbe", "svcstat"}),
+TOGETHER = (frozenset({"svc", "backend", "meta", "srcrange", "extaddr", "extbe", "svcstat",
+                       "maglev"}),
             frozenset({"clusterip", "servicecidr"}))
 
 

@@ -12,8 +12,9 @@ from ..desired import Action, FrontendKey, FrontendKind, Scope, ServicePortName
 from ..model import IPFamily, Protocol
 from . import layout as L
 from .held_addrs import HeldAddrs
+from .maglev_tables import MaglevTables
 from .pinned import PinnedMap
-from .programmed import BackendKey, Ledger, Programmed
+from .programmed import BackendKey, HeldTable, Ledger, Programmed
 
 
 def _cstr(raw: bytes) -> str:
@@ -22,8 +23,10 @@ def _cstr(raw: bytes) -> str:
 
 
 def read_back(svc: PinnedMap, be: PinnedMap, meta: PinnedMap, src: PinnedMap | None,
-              ext_addrs: HeldAddrs | None, ext_locals: HeldAddrs | None) -> Ledger:
-    """The Ledger of what the maps hold (None: a map the writer does not have)."""
+              ext_addrs: HeldAddrs | None, ext_locals: HeldAddrs | None,
+              tables: MaglevTables | None = None) -> Ledger:
+    """The Ledger of what the maps hold (None: a map the writer does not have; `tables`
+    adopts the Maglev tables slot 0s name)."""
     led = Ledger()
     # Plain tuples (PinnedMap.unpacked): no ctypes object per row at 100,000 rows.
     names: dict[int, ServicePortName] = {}
@@ -55,16 +58,19 @@ def read_back(svc: PinnedMap, be: PinnedMap, meta: PinnedMap, src: PinnedMap | N
         heads[(ip, port, proto, scope)] = led.frontends[fkey] = prog
         return prog
 
-    for (ip, port, proto, scope, slot), (_, sid, affinity, count, action, kind, _,
-                                         fe_flags) in rows:
+    named_tables: list[tuple[Programmed, int, int]] = []
+    for (ip, port, proto, scope, slot), (table, sid, affinity, count, action, kind, _,
+                                         fe_flags, maglev_size) in rows:
         if slot == 0:
             prog = record(ip, port, proto, scope, Programmed(
                 kind=L.KIND_BY_NUM.get(kind, FrontendKind.CLUSTER_IP), service=None,
                 action=L.ACTION_BY_NUM.get(action, Action.REJECT), affinity=affinity,
                 count=count, range_flag=bool(fe_flags & L.FE_F_SRC_RANGES)))
             led.set_service(prog, names.get(sid))
+            if table:
+                named_tables.append((prog, table, maglev_size))
     refs = led.refs
-    for (ip, port, proto, scope, slot), (bid, *_, flags, _) in rows:
+    for (ip, port, proto, scope, slot), (bid, *_, flags, _, _) in rows:
         if slot == 0:
             continue
         prog = heads.get((ip, port, proto, scope)) or record(
@@ -80,6 +86,11 @@ def read_back(svc: PinnedMap, be: PinnedMap, meta: PinnedMap, src: PinnedMap | N
         prog.rows[slot] = (bkey, flags)       # Ledger.ref() inline: a fresh slot, per endpoint
         refs[bkey] += 1
         led.slot_rows += 1
+    if tables is not None:
+        tables.restore(named_tables)
+    else:
+        for prog, _, size in named_tables:     # no map to read: rewritten at once
+            prog.maglev = HeldTable(0, size, ())
     if src is not None:
         _restore_ranges(led, src)
     _restore_filters(led, ext_addrs, ext_locals)

@@ -53,7 +53,7 @@ FORMER_BASES = frozenset({"kp_svc4", "kp_be4", "kp_sknat4", "kp_sksvc4", "kp_cip
 
 # Maps whose rows come from the agent (the others the programs fill themselves).
 AGENT_FILLED = frozenset({"svc", "backend", "meta", "clusterip", "servicecidr", "tccfg",
-                          "srcrange", "extaddr", "extbe", "nssrc"})
+                          "srcrange", "extaddr", "extbe", "nssrc", "maglev"})
 
 
 @dataclass

@@ -42,10 +42,11 @@ from . import encode as E
 from . import layout as L
 from .batch import BatchedWrites, DirectWrites, Writes
 from .held_addrs import HeldAddrs
+from .maglev_tables import MaglevTables, row_count
 from .ids import IdsExhausted
 from .pinned import MapFull, PinnedMap
 from .plan import Planner, drained, slot_order, wanted_slots
-from .programmed import BackendKey, Ledger, Programmed
+from .programmed import BackendKey, HeldTable, Ledger, Programmed
 from .restore import read_back
 
 log = logging.getLogger(__name__)
@@ -74,8 +75,10 @@ class MapWriter:
         # The TC filters (None where the map is missing: tests' fakes).
         self.ext_addrs = HeldAddrs(maps["extaddr"]) if "extaddr" in maps else None
         self.ext_locals = HeldAddrs(maps["extbe"]) if "extbe" in maps else None
+        # Maglev tables of EXT frontends (None where the map is missing: tests' fakes).
+        self.tables = MaglevTables(maps["maglev"]) if "maglev" in maps else None
         self.plan = Planner(self.src is not None, self.ext_addrs is not None,
-                            self.ext_locals is not None)
+                            self.ext_locals is not None, self.tables is not None)
         self.held = Ledger()
         # Service ids freed since take_freed_svc_ids(): their per-Service counter rows
         # (kp_svcstat, svc_counters.py) go after the sync.
@@ -111,8 +114,10 @@ class MapWriter:
 
     def restore(self) -> int:
         """Rebuilds the bookkeeping from the maps; returns the number of frontends found."""
+        if self.tables is not None:
+            self.tables = MaglevTables(self.tables.map)
         self.held = read_back(self.svc, self.be, self.meta, self.src, self.ext_addrs,
-                              self.ext_locals)
+                              self.ext_locals, self.tables)
         self._gc(DirectWrites(self.svc))
         return len(self.held.frontends)
 
@@ -131,7 +136,8 @@ class MapWriter:
             self._apply_keys(desired, keys, res, DirectWrites(self.svc))
             return res
         filters = [f.map for f in (self.ext_addrs, self.ext_locals) if f is not None]
-        writes = BatchedWrites(self.svc, [self.be, self.meta],
+        tables = [self.tables.map] if self.tables is not None else []
+        writes = BatchedWrites(self.svc, [self.be, self.meta, *tables],
                                [m for m in (self.src, *filters) if m is not None])
         self._apply_keys(desired, keys, res, writes)
         # A failure here leaves the bookkeeping ahead of the kernel: the caller must
@@ -153,6 +159,9 @@ class MapWriter:
         if self.src is not None and used.get("srcrange", 0) + ranges > self.src.max_entries:
             return False
         ext = [desired[k] for k in keys if k.scope is Scope.EXT and k in desired]
+        if self.tables is not None and self.tables.rows + sum(
+                row_count(self.plan.maglev(fe)) for fe in ext) > self.tables.map.max_entries:
+            return False
         for f, name, need in ((self.ext_addrs, "extaddr", len(ext)),
                               (self.ext_locals, "extbe", sum(len(fe.backends) for fe in ext))):
             if f is not None and used.get(name, 0) + need > f.map.max_entries:
@@ -233,10 +242,14 @@ class MapWriter:
             prog.ranges = prog.ranges | {cidr}
             held.range_rows += 1
             res.writes += 1
+        old_table = prog.maglev
+        table = self._table(fe, prog, order, res, writes)    # before the slot 0 naming it
         # Only now may slot 0 announce the new count.
-        writes.head(head, E.head_value(fe, svc_id, len(order), bool(ranges)))
-        prog.range_flag = bool(ranges)
+        writes.head(head, E.head_value(fe, svc_id, len(order), bool(ranges), table))
+        prog.range_flag, prog.maglev = bool(ranges), table
         res.writes += 1
+        if old_table is not None and old_table is not table:  # after slot 0 let go
+            res.writes += self.tables.drop(old_table, writes)
         self._drop_ranges(key, prog, prog.ranges - ranges, res, writes)   # after the flag let go
         for addr in sorted(prog.local_held - local):   # after slot 0 let go
             self._release_local(prog, addr, res, writes)
@@ -249,6 +262,20 @@ class MapWriter:
             held.ref(prog, slot, None)
             res.writes += 1
         res.updated += 1
+
+    def _table(self, fe: Frontend, prog: Programmed, order: list[BackendKey], res: ApplyResult,
+               writes: Writes) -> HeldTable | None:
+        """The Maglev table fe's slot 0 is to name: the one held if it was built for these
+        slots at this size, else a new one, written here."""
+        size = self.plan.maglev(fe)
+        if not size:
+            return None
+        held, slots = prog.maglev, tuple(order)
+        if held is not None and held.size == size and held.order == slots:
+            return held
+        table = self.tables.write(size, slots, writes)
+        res.writes += row_count(size)
+        return table
 
     def _write_slots(self, prog: Programmed, fields: tuple, order: list[BackendKey],
                      wanted: dict[BackendKey, int], res: ApplyResult, writes: Writes) -> None:
@@ -312,6 +339,9 @@ class MapWriter:
         prog = held.frontends[key]
         writes.drop_head(L.frontend_svc_key(key))     # first: the frontend disappears at once
         prog.count = None
+        if prog.maglev is not None:
+            res.writes += self.tables.drop(prog.maglev, writes)
+            prog.maglev = None
         held.set_service(prog, None)
         res.writes += 1
         prog.range_flag = False
@@ -409,6 +439,8 @@ class MapWriter:
                   "backend": len(held.backend_ids), "meta": len(held.named)}
         if self.src is not None:
             counts["srcrange"] = held.range_rows
+        if self.tables is not None:
+            counts["maglev"] = self.tables.rows
         for f, name in ((self.ext_addrs, "extaddr"), (self.ext_locals, "extbe")):
             if f is not None:
                 counts[name] = len(f.refs)

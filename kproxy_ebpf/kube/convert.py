@@ -34,6 +34,7 @@ from ..model import (
     Endpoint,
     EndpointPort,
     EndpointSlice,
+    LBAlgorithm,
     LoadBalancerIngress,
     Node,
     Protocol,
@@ -53,6 +54,7 @@ LABEL_PROXY_NAME = "service.kubernetes.io/service-proxy-name"
 LABEL_HEADLESS = "service.kubernetes.io/headless"
 LABEL_ZONE = "topology.kubernetes.io/zone"
 ANNOTATION_TRIGGER_TIME = "endpoints.kubernetes.io/last-change-trigger-time"
+ANNOTATION_LB_ALGORITHM = "kproxy-ebpf.io/lb-algorithm"
 TAINT_TO_BE_DELETED = "ToBeDeletedByClusterAutoscaler"
 
 
@@ -293,8 +295,21 @@ def service_from_api(obj: Any) -> tuple[Service | None, list[Rejection]]:
         traffic_distribution=_str(spec.get("trafficDistribution")),
         proxy_name=labels.get(LABEL_PROXY_NAME),
         resource_version=_str(meta.get("resourceVersion")) or "",
+        lb_algorithm=_lb_algorithm(_dict(meta.get("annotations")), col),
     )
     return svc, col.items
+
+
+def _lb_algorithm(annotations: dict, col: _Collector) -> LBAlgorithm | None:
+    value = annotations.get(ANNOTATION_LB_ALGORITHM)
+    if value is None:
+        return None
+    try:
+        return LBAlgorithm(value)
+    except ValueError:
+        col.add("InvalidLBAlgorithm", f"annotation {ANNOTATION_LB_ALGORITHM}: {_short(value)} is "
+                f"neither maglev nor random; the node's default (lbAlgorithm) is used")
+        return None
 
 
 def _cluster_ips(spec: dict, col: _Collector) -> tuple[bool, tuple[str, ...]]:

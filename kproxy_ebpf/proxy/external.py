@@ -21,14 +21,20 @@ Service stay open, as in kube-proxy.
 
 Per family, as frontends.py: tc_lb.c translates IPv4 and IPv6 packets alike, each family's
 frontends with that family's endpoints and node addresses.
+
+A frontend picks a backend for a new flow at random, or by a Maglev table (Frontend.maglev,
+the table's size) when the Service's annotation kproxy-ebpf.io/lb-algorithm, or else the
+node's lbAlgorithm, says maglev: then every node with the same endpoints sends a flow to the
+same backend, which ECMP in front of the nodes needs.
 """
 from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Sequence
 
-from ..desired import Frontend, FrontendKey, FrontendKind, Problem, Scope
-from ..model import EndpointSlice, IPFamily, Node, Protocol, Service
+from .. import maglev
+from ..desired import Action, Frontend, FrontendKey, FrontendKind, Problem, Scope
+from ..model import EndpointSlice, IPFamily, LBAlgorithm, Node, Protocol, Service
 from .families import node_view, service_families, service_view
 from .frontends import draining, lb_source_ranges, port_plans, service_info, verdict
 
@@ -69,22 +75,27 @@ def validate_node_port_addresses(values: Iterable[str]) -> list[str]:
 def service_ext_frontends(svc: Service, slices: Iterable[EndpointSlice], node: Node, *,
                           node_port_addresses: Sequence[str] = (),
                           prefer_same_node: bool = True,
-                          problems: list[Problem] | None = None) -> list[Frontend]:
+                          problems: list[Problem] | None = None,
+                          lb_algorithm: LBAlgorithm = LBAlgorithm.RANDOM,
+                          maglev_table_size: int = maglev.DEFAULT_SIZE) -> list[Frontend]:
     """Scope-EXT frontends of one Service, in each of its families. Input problems are not
     reported here: the socket scope (service_frontends) reads the same fields and reports each
     once. What only this scope refuses (an SCTP port: tc_lb.c rewrites TCP and UDP; SCTP's
-    CRC32c covers the ports and no BPF helper recomputes it) goes into `problems`."""
+    CRC32c covers the ports and no BPF helper recomputes it) goes into `problems`.
+    `lb_algorithm` is the node's default, `maglev_table_size` its configured table size."""
     out: list[Frontend] = []
+    table = maglev_table_size if (svc.lb_algorithm or lb_algorithm) is LBAlgorithm.MAGLEV else 0
     for family in service_families(svc):
         out += _family_ext_frontends(service_view(svc, family), slices, node_view(node, family),
-                                     family, node_port_addresses, prefer_same_node, problems)
+                                     family, node_port_addresses, prefer_same_node, problems,
+                                     table)
     return out
 
 
 def _family_ext_frontends(svc: Service, slices: Iterable[EndpointSlice], node: Node,
                           family: IPFamily, node_port_addresses: Sequence[str],
-                          prefer_same_node: bool, problems: list[Problem] | None
-                          ) -> list[Frontend]:
+                          prefer_same_node: bool, problems: list[Problem] | None,
+                          table: int) -> list[Frontend]:
     ext_ips = svc.external_ips
     lb_ips = [ing.ip for ing in svc.load_balancer_ingress if ing.ip_mode != "Proxy"]
     np_ips = node_port_ips(node, node_port_addresses)
@@ -107,6 +118,15 @@ def _family_ext_frontends(svc: Service, slices: Iterable[EndpointSlice], node: N
         chosen = pe.local if svc.external_traffic_local else pe.cluster
         action, backends = verdict(pe, chosen, sp)
         drain = draining(plan, backends)
+        size = maglev.table_size(table, len(backends)) if table and action is Action.FORWARD \
+            else 0
+        if size and len(backends) * maglev.MIN_PER_BACKEND > size and problems is not None:
+            problems.append(Problem(
+                svc.namespace, svc.name, "Service", "MaglevTableTooSmall",
+                f"port {sp.name or '(unnamed)'} {sp.port}/{sp.protocol.value}: {len(backends)} "
+                f"endpoints for a Maglev table of at most {maglev.MAX_SIZE} entries leave each "
+                f"fewer than {maglev.MIN_PER_BACKEND}, so their shares of new flows differ by "
+                f"more than 1 %; flows are still balanced over all of them"))
         candidates = [(ip, sp.port, FrontendKind.EXTERNAL_IP) for ip in ext_ips]
         candidates += [(ip, sp.port, FrontendKind.LOAD_BALANCER) for ip in lb_ips]
         if sp.node_port and plan.node_port_ok:
@@ -117,7 +137,7 @@ def _family_ext_frontends(svc: Service, slices: Iterable[EndpointSlice], node: N
                           affinity_timeout=svc.session_affinity_timeout, scope=Scope.EXT,
                           info=info,
                           source_ranges=ranges if kind is FrontendKind.LOAD_BALANCER else (),
-                          draining=drain)
+                          draining=drain, maglev=size)
             out.setdefault(fe.key, fe)     # clashes are reported by the socket scope
     return list(out.values())
 

@@ -21,8 +21,9 @@ from collections.abc import Iterable, KeysView, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from .. import maglev
 from ..desired import Frontend, FrontendKey, Problem, Scope, ServiceCIDRSet, ServicePortName
-from ..model import EndpointSlice, IPFamily, Node, Service, ServiceCIDR
+from ..model import EndpointSlice, IPFamily, LBAlgorithm, Node, Service, ServiceCIDR
 from .endpoints import endpoints_by_port
 from .external import allow_external_ips, service_ext_frontends
 from .healthcheck import HealthCheck, health_check
@@ -74,8 +75,13 @@ class ProxyState:
 
     def __init__(self, node: Node | None = None, *, prefer_same_node: bool = True,
                  node_port_addresses: tuple[str, ...] | None = None,
-                 external_ip_allowlist: tuple[str, ...] | None = None) -> None:
+                 external_ip_allowlist: tuple[str, ...] | None = None,
+                 lb_algorithm: LBAlgorithm = LBAlgorithm.RANDOM,
+                 maglev_table_size: int = maglev.DEFAULT_SIZE) -> None:
         self.prefer_same_node = prefer_same_node
+        # How frontends for traffic from outside pick backends, unless a Service's annotation
+        # says otherwise (external.service_ext_frontends).
+        self.lb_algorithm, self.maglev_table_size = lb_algorithm, maglev_table_size
         # Not None: ExternalIPs outside these CIDRs are not programmed (CVE-2020-8554).
         self.external_ip_allowlist = external_ip_allowlist
         # Not None: also compute the frontends for traffic from outside the node (scope EXT,
@@ -350,7 +356,8 @@ class ProxyState:
                 if self.node_port_addresses is not None:
                     fronts += service_ext_frontends(
                         svc, slices, node, prefer_same_node=self.prefer_same_node,
-                        node_port_addresses=self.node_port_addresses, problems=probs)
+                        node_port_addresses=self.node_port_addresses, problems=probs,
+                        lb_algorithm=self.lb_algorithm, maglev_table_size=self.maglev_table_size)
             if self.external_ip_allowlist is not None:
                 fronts, refused = allow_external_ips(fronts, self.external_ip_allowlist)
                 probs = probs + refused

@@ -13,8 +13,9 @@ class FakeMap:
         self.rows: dict[bytes, bytes] = {}
         self.ops: list[tuple[str, bytes]] = []
         self.batches = 0
-        # Backend rows are written once per id and never modified (no torn reads, see writer).
-        self.immutable = spec.id == "backend"
+        # Backend and Maglev rows are written once per id and never modified (no torn reads,
+        # see writer and maglev_tables).
+        self.immutable = spec.id in ("backend", "maglev")
 
     def _k(self, key):
         return L.raw(key)
@@ -91,6 +92,33 @@ def consistent(maps) -> None:
             if ext_be is not None and key.scope == L.SCOPE_EXT and row.be_flags & L.F_LOCAL:
                 assert bytes(be_addr[row.backend_id]) in ext_be, \
                     f"slot {slot} of {L.key_tuple(key)}: its local backend has no kp_extbe row"
+    if "maglev" in maps:
+        consistent_tables(maps)
+
+
+def maglev_tables(maps) -> dict[int, list[int]]:
+    """Table id -> its entries (slot numbers), from the kp_maglev rows; every row's tag is
+    its key's table."""
+    rows: dict[int, dict[int, tuple]] = {}
+    for (table, row), (tag, *slots) in maps["maglev"].unpacked():
+        assert tag == table, f"kp_maglev row {table}/{row} tagged {tag}"
+        rows.setdefault(table, {})[row] = slots
+    return {t: [s for r in sorted(rs) for s in rs[r]] for t, rs in rows.items()}
+
+
+def consistent_tables(maps) -> None:
+    """A slot 0 naming a Maglev table finds all of its rows, and every entry a slot within
+    its count."""
+    tables = maglev_tables(maps)
+    for key, val in maps["svc"].items():
+        if key.slot or not val.backend_id:
+            continue
+        assert key.scope == L.SCOPE_EXT, f"{L.key_tuple(key)}: a table on a socket frontend"
+        entries = tables.get(val.backend_id, [])
+        assert len(entries) >= val.maglev_size, \
+            f"{L.key_tuple(key)}: table {val.backend_id} has {len(entries)} of {val.maglev_size}"
+        assert all(1 <= s <= val.count for s in entries[:val.maglev_size]), \
+            f"{L.key_tuple(key)}: table {val.backend_id} names a slot beyond {val.count}"
 
 
 def checked_maps(names=("svc", "backend", "meta"), max_entries=1000, **sizes) -> dict:

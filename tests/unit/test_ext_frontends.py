@@ -6,12 +6,13 @@ Same conventions as test_proxy_frontends.py: this node is "node-a" with addresse
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
 
 from kproxy_ebpf.desired import Action, FrontendKey, FrontendKind, Scope
-from kproxy_ebpf.model import (EndpointPort, LoadBalancerIngress, Node,
+from kproxy_ebpf.model import (EndpointPort, LBAlgorithm, LoadBalancerIngress, Node,
                                Protocol, ServicePort, ServiceType)
 from kproxy_ebpf.proxy.external import (node_port_ips, service_ext_frontends,
                                         validate_node_port_addresses)
@@ -200,3 +201,40 @@ def test_sctp_ports_get_no_ext_frontends_and_a_problem():
     assert FrontendKey("172.30.0.10", 3868, Protocol.SCTP) in changes.frontends
     assert [p.reason for p in changes.problems] == ["SCTPFromOutsideNotServed"]
     assert "3868/SCTP" in changes.problems[0].message
+
+
+# ---- Maglev (lb_algorithm) -----------------------------------------------------------------
+
+def maglev_sizes(service, slices=None, **kw):
+    fronts = service_ext_frontends(service, [slice_of(LOCAL_EP, REMOTE_EP)] if slices is None
+                                   else slices, NODE, **kw)
+    return {(f.port, f.kind): f.maglev for f in fronts}
+
+
+def test_maglev_by_annotation_or_node_default():
+    lb = svc(load_balancer_ingress=(LoadBalancerIngress("198.51.100.1"),))
+    assert set(maglev_sizes(lb).values()) == {0}                     # random by default
+    on = dataclasses.replace(lb, lb_algorithm=LBAlgorithm.MAGLEV)
+    assert maglev_sizes(on) == {(30080, K.NODE_PORT): 16381, (80, K.LOAD_BALANCER): 16381}
+    assert set(maglev_sizes(lb, lb_algorithm=LBAlgorithm.MAGLEV,
+                            maglev_table_size=4093).values()) == {4093}
+    off = dataclasses.replace(lb, lb_algorithm=LBAlgorithm.RANDOM)   # the Service opts out
+    assert set(maglev_sizes(off, lb_algorithm=LBAlgorithm.MAGLEV).values()) == {0}
+
+
+def test_maglev_table_grows_with_the_backends_and_no_backend_no_table():
+    on = svc(lb_algorithm=LBAlgorithm.MAGLEV)
+    many = sl(*(ep(f"10.0.2.{i}", "node-b") for i in range(1, 41)))
+    assert maglev_sizes(on, [many]) == {(30080, K.NODE_PORT): 40009}   # >= 1000 per backend
+    assert maglev_sizes(on, []) == {(30080, K.NODE_PORT): 0}          # REJECT: nothing to pick
+
+
+def test_maglev_past_its_largest_table_is_reported():
+    on = svc(lb_algorithm=LBAlgorithm.MAGLEV)
+    huge = [sl(*(ep(f"10.{1 + i // 250}.{i % 250}.1", "node-b") for i in range(k, k + 100)),
+               name=f"s{k}") for k in range(0, 700, 100)]
+    problems = []
+    fronts = service_ext_frontends(on, huge, NODE, problems=problems)
+    assert fronts[0].maglev == 65521
+    assert [p.reason for p in problems] == ["MaglevTableTooSmall"]
+    assert "700 endpoints" in problems[0].message

@@ -29,7 +29,7 @@ import kproxy_ebpf
 ROOT = Path(kproxy_ebpf.__file__).resolve().parent
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("kproxy_ebpf", "model"),
-    ("desired",),
+    ("desired", "maglev"),
     ("kube", "proxy", "datapath"),
     ("config", "metrics", "kubeproxy_names", "health", "httpserve", "runner", "service_health",
      "kubeproxy_cleanup", "sync_policy", "state_sink", "reporting", "process_tuning",

@@ -21,6 +21,7 @@ from kproxy_ebpf.kube.convert import (
 from kproxy_ebpf.model import (
     Endpoint,
     EndpointPort,
+    LBAlgorithm,
     LoadBalancerIngress,
     Node,
     Protocol,
@@ -31,7 +32,7 @@ from kproxy_ebpf.model import (
 
 
 def svc_obj(spec: dict[str, Any] | None = None, *, status: dict | None = None, labels: dict | None = None,
-        name: str = "web", namespace: str = "ns1") -> dict[str, Any]:
+        name: str = "web", namespace: str = "ns1", annotations: dict | None = None) -> dict[str, Any]:
     obj: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Service",
@@ -42,6 +43,8 @@ def svc_obj(spec: dict[str, Any] | None = None, *, status: dict | None = None, l
     }
     if labels is not None:
         obj["metadata"]["labels"] = labels
+    if annotations is not None:
+        obj["metadata"]["annotations"] = annotations
     if status is not None:
         obj["status"] = status
     return obj
@@ -126,6 +129,14 @@ SERVICE_CASES = [
     ("labels", svc_obj(labels={"service.kubernetes.io/service-proxy-name": "other",
                            "service.kubernetes.io/headless": ""}),
      dict(proxy_name="other"), []),
+    ("lb-algorithm maglev", svc_obj(annotations={"kproxy-ebpf.io/lb-algorithm": "maglev"}),
+     dict(lb_algorithm=LBAlgorithm.MAGLEV), []),
+    ("lb-algorithm random", svc_obj(annotations={"kproxy-ebpf.io/lb-algorithm": "random"}),
+     dict(lb_algorithm=LBAlgorithm.RANDOM), []),
+    ("no lb-algorithm: the node's", svc_obj(annotations={}), dict(lb_algorithm=None), []),
+    ("unknown lb-algorithm: the node's, reported",
+     svc_obj(annotations={"kproxy-ebpf.io/lb-algorithm": "ring-hash"}),
+     dict(lb_algorithm=None), ["InvalidLBAlgorithm"]),
     ("port 0 dropped, others kept", svc_obj({"ports": [{"name": "a", "port": 0}, {"name": "b", "port": 81}]}),
      dict(ports=(ServicePort("b", Protocol.TCP, 81),)), ["InvalidPort"]),
     ("port 70000 dropped", svc_obj({"ports": [{"name": "a", "port": 70000}, {"name": "b", "port": 81}]}),
