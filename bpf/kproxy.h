@@ -343,9 +343,6 @@ struct kp_lb_req {
 	__u64 client;           /* ClientIP affinity: the client's identity (netns cookie) */
 	__u64 flow;             /* unconnected UDP: the socket cookie; 0 = not such a flow */
 	__u64 now;              /* bpf_ktime_get_ns() */
-	__u32 hash;             /* the flow's hash (lib/maglev.h): a frontend with a Maglev
-				 * table picks by it instead of rnd */
-	__u32 pad;
 };
 
 struct kp_lb_res {
@@ -381,7 +378,7 @@ _Static_assert(sizeof(struct kp_maglev_row) == 960, "kp_maglev_row");
 _Static_assert(KP_SRCRANGE_FE_BITS == 8 * (__builtin_offsetof(struct kp_srcrange_key, saddr) -
 					  __builtin_offsetof(struct kp_srcrange_key, fe_addr)),
 	       "KP_SRCRANGE_FE_BITS: the bits between prefixlen and saddr");
-_Static_assert(sizeof(struct kp_lb_req) == 64, "kp_lb_req");
+_Static_assert(sizeof(struct kp_lb_req) == 56, "kp_lb_req");
 _Static_assert(sizeof(struct kp_lb_res) == 36, "kp_lb_res");
 
 /* ---- North-south (TC): connection tracking and NAT ---------------------------------------

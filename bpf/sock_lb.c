@@ -185,7 +185,7 @@ static __always_inline int sock_xlate_fwd(struct bpf_sock_addr *ctx, bool v6, st
 	kp_lb_request(&req, *addr, *port, (__u8)ctx->protocol, KP_SCOPE_SOCK,
 		      bpf_get_netns_cookie(ctx), unconnected_udp ? bpf_get_socket_cookie(ctx) : 0,
 		      bpf_ktime_get_ns());
-	kp_lb_select(&req, &res);
+	kp_lb_select(&req, &res, NULL);
 	if (res.verdict == KP_LB_NONE)
 		return kp_servicecidr_unmatched(req.key.addr);
 	/* Before the verdict, as on the TC path: kube-proxy's firewall runs before its reject. */

@@ -165,8 +165,7 @@ static __always_inline int kp_new_flow(struct kp_pkt *p, struct kp_ct_val *v,
 
 	kp_lb_request(&req, p->tuple.daddr, p->tuple.dport, p->tuple.proto, scope,
 		      kp_tc_client(&p->tuple.saddr), 0, now);
-	req.hash = kp_flow_hash(&p->tuple);
-	kp_lb_select(&req, &res);
+	kp_lb_select(&req, &res, &p->tuple);
 	if (res.verdict == KP_LB_NONE)
 		return 0;
 	/* Before the verdict: kube-proxy's firewall runs before its DNAT and no-endpoint reject. */

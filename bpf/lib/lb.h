@@ -162,28 +162,29 @@ static __always_inline __u64 kp_lb_affinity_key(const struct kp_lb_req *req,
 	return 0;
 }
 
-/* The slot a fresh pick takes: by the frontend's Maglev table when it has one (req->hash),
- * at random otherwise. 0: the table's row vanished or belongs to another version (retry). */
-static __always_inline __u16 kp_lb_pick(const struct kp_lb_req *req, const struct kp_svc_val *svc,
-					__u32 rnd)
+/* The slot a fresh pick takes: by the frontend's Maglev table when it has one and the caller
+ * named the flow (its hash, lib/maglev.h, computed only then), at random otherwise. 0: the
+ * table's row vanished or belongs to another version (retry). */
+static __always_inline __u16 kp_lb_pick(const struct kp_svc_val *svc, __u32 rnd,
+					const struct kp_ct_key *flow)
 {
 	__u16 slot;
 
-	if (!svc->backend_id)
+	if (!svc->backend_id || !flow)
 		return (rnd % svc->count) + 1;
-	slot = kp_maglev_slot(svc->backend_id, svc->maglev_size, req->hash);
+	slot = kp_maglev_slot(svc->backend_id, svc->maglev_size, kp_flow_hash(flow));
 	return slot <= svc->count ? slot : 0;
 }
 
 /* One attempt: read slot 0, then reuse the affinity backend or pick a slot (kp_lb_pick).
  * Returns 1 when res holds a final verdict, 0 when the picked slot vanished (retry). */
 static __always_inline int kp_lb_attempt(const struct kp_lb_req *req, struct kp_lb_res *res,
-					 __u32 rnd, int first)
+					 __u32 rnd, const struct kp_ct_key *flow, int first)
 {
+	/* Locals in the narrowest scope: the TC programs' stack is full, and clang shares the
+	 * slots of variables whose scopes do not overlap. */
 	struct kp_svc_key key = req->key;
 	struct kp_aff_key akey = {};
-	struct kp_aff_val fresh = {};
-	struct kp_aff_val aff;
 	struct kp_aff_val *row;
 	struct kp_svc_val svc;
 	struct kp_svc_val *head;
@@ -211,7 +212,8 @@ static __always_inline int kp_lb_attempt(const struct kp_lb_req *req, struct kp_
 	if (timeout_ns && first) {
 		row = kp_aff_lookup(&akey);
 		if (row) {
-			aff = *row;
+			struct kp_aff_val aff = *row;
+
 			if (kp_lb_from_affinity(&key, svc.count, &aff, timeout_ns, req->now, res) == 0) {
 				kp_aff_touch(&akey, &aff, req->now);
 				res->affinity_hit = 1;
@@ -220,10 +222,12 @@ static __always_inline int kp_lb_attempt(const struct kp_lb_req *req, struct kp_
 			}
 		}
 	}
-	res->slot = kp_lb_pick(req, &svc, rnd);
+	res->slot = kp_lb_pick(&svc, rnd, flow);
 	if (res->slot == 0 || kp_lb_slot(&key, res->slot, res) != 0)
 		return 0;
 	if (timeout_ns) {
+		struct kp_aff_val fresh = {};
+
 		fresh.last_used = req->now;
 		fresh.backend_id = res->backend_id;
 		fresh.slot = res->slot;
@@ -233,16 +237,20 @@ static __always_inline int kp_lb_attempt(const struct kp_lb_req *req, struct kp_
 	return 1;
 }
 
-/* Chooses a backend for req->key; see the file comment for the consistency argument. */
-static __always_inline void kp_lb_select(const struct kp_lb_req *req, struct kp_lb_res *res)
+/* Chooses a backend for req->key; see the file comment for the consistency argument. `flow`
+ * is the packet's tuple, for a frontend with a Maglev table (the TC path; the socket path's
+ * frontends have none and pass NULL). An argument rather than a field of the request: the TC
+ * programs' stack has no room to spare. */
+static __always_inline void kp_lb_select(const struct kp_lb_req *req, struct kp_lb_res *res,
+					 const struct kp_ct_key *flow)
 {
 	res->attempts = 1;
-	if (kp_lb_attempt(req, res, req->rnd[0], 1))
+	if (kp_lb_attempt(req, res, req->rnd[0], flow, 1))
 		goto out;
 	kp_count(KP_STAT_RETRY);
 	res->attempts = 2;
 	res->affinity_hit = 0;
-	if (kp_lb_attempt(req, res, req->rnd[1], 0))
+	if (kp_lb_attempt(req, res, req->rnd[1], flow, 0))
 		goto out;
 	res->verdict = KP_LB_MISS;
 out:

@@ -56,7 +56,8 @@ static __always_inline __u16 kp_maglev_slot(__u32 table, __u16 size, __u32 hash)
 {
 	struct kp_maglev_key key = {};
 	struct kp_maglev_row *row;
-	__u32 idx, off;
+	__u64 off;      /* 64 bits: a 32-bit one is checked in a zero-extended copy */
+	__u32 idx;
 	__u16 slot;
 
 	if (size == 0)
@@ -65,8 +66,12 @@ static __always_inline __u16 kp_maglev_slot(__u32 table, __u16 size, __u32 hash)
 	key.table = table;
 	key.row = idx / KP_MAGLEV_ROW;
 	off = idx % KP_MAGLEV_ROW;
-	if (off >= KP_MAGLEV_ROW)       /* for the verifier, which does not bound a modulo */
+	/* For the verifier, which does not bound a modulo: the empty asm before keeps clang from
+	 * proving the check redundant, the one after makes the access use the register checked. */
+	asm volatile("" : "+r"(off));
+	if (off >= KP_MAGLEV_ROW)
 		return 0;
+	asm volatile("" : "+r"(off));
 	row = kp_maglev.lookup(&key);
 	if (!row)
 		return 0;

@@ -24,7 +24,7 @@ int kp_lb_run(struct __sk_buff *skb)
 
 	if (bpf_skb_load_bytes(skb, KP_RUN_OFF, &req, sizeof(req)) < 0)
 		return TC_ACT_SHOT;
-	kp_lb_select(&req, &res);
+	kp_lb_select(&req, &res, NULL);
 	if (bpf_skb_store_bytes(skb, KP_RUN_OFF + sizeof(req), &res, sizeof(res), 0) < 0)
 		return TC_ACT_SHOT;
 	return TC_ACT_OK;
@@ -36,15 +36,16 @@ int kp_lb_run_flow(struct __sk_buff *skb)
 	struct kp_lb_req req = {};
 	struct kp_lb_res res = {};
 	__u32 off = KP_RUN_OFF + sizeof(tuple);
+	__u32 hash;
 
 	if (bpf_skb_load_bytes(skb, KP_RUN_OFF, &tuple, sizeof(tuple)) < 0 ||
 	    bpf_skb_load_bytes(skb, off, &req, sizeof(req)) < 0)
 		return TC_ACT_SHOT;
-	req.hash = kp_flow_hash(&tuple);
-	kp_lb_select(&req, &res);
+	hash = kp_flow_hash(&tuple);
+	kp_lb_select(&req, &res, &tuple);
 	off += sizeof(req);
 	if (bpf_skb_store_bytes(skb, off, &res, sizeof(res), 0) < 0 ||
-	    bpf_skb_store_bytes(skb, off + sizeof(res), &req.hash, sizeof(req.hash), 0) < 0)
+	    bpf_skb_store_bytes(skb, off + sizeof(res), &hash, sizeof(hash), 0) < 0)
 		return TC_ACT_SHOT;
 	return TC_ACT_OK;
 }
