@@ -342,14 +342,17 @@ def _netns_cookie(maps, ip: str, cgroup: str | None) -> int | None:
 @click.option("--from-outside", is_flag=True,
               help="A packet from outside the node (the TC path) instead of a connect from a "
                    "pod or the node (the socket hooks).")
+@click.option("--from-port", "source_port", type=click.IntRange(1, 65535), metavar="PORT",
+              help="The outside client's source port: names the backend a Maglev table gives "
+                   "that flow.")
 @click.option("--cgroup", envvar="KPROXY_CGROUP",
               help="The agent's hook cgroup, to find the pod with the --from address (its "
                    "ClientIP affinity row is keyed by its network namespace).")
 @click.option("--explain", is_flag=True, help="Say why at each step.")
 @_bpffs_option
 @_output_option
-def trace_cmd(target: str, source: str | None, from_outside: bool, cgroup: str | None,
-              explain: bool, bpffs_dir: str, output: str) -> None:
+def trace_cmd(target: str, source: str | None, from_outside: bool, source_port: int | None,
+              cgroup: str | None, explain: bool, bpffs_dir: str, output: str) -> None:
     """Every lookup the datapath would make for a connect or packet to ADDR:PORT, in order,
     from what the kernel holds: frontend, ServiceCIDR, source ranges, action, backends,
     affinity, conntrack; the verdict and the backend."""
@@ -360,7 +363,7 @@ def trace_cmd(target: str, source: str | None, from_outside: bool, cgroup: str |
     maps = _open_maps(bpffs_dir)
     scope = Scope.EXT if from_outside else Scope.SOCK
     cookie = _netns_cookie(maps, source, cgroup) if source and not from_outside else None
-    t = trace(maps, ip, port, proto, scope, source, cookie)
+    t = trace(maps, ip, port, proto, scope, source, cookie, source_port=source_port)
     if _structured(t.to_json(), output):
         return
     click.echo(f"TRACE {t.frontend} ({'from outside: TC' if from_outside else 'socket hooks'}"

@@ -7,7 +7,9 @@ pod's or the node's own connect, the TC path for a packet from outside), the Ser
 when no frontend matches, the loadBalancerSourceRanges rows, the frontend's action, its slots
 and their backends, the affinity row that would pin this client, and for the TC path the
 conntrack rows of this client's flows. Where the datapath chooses at random (a new client's
-slot), the candidates are listed, as `iptables -L` lists the statistic rules.
+slot), the candidates are listed, as `iptables -L` lists the statistic rules; a frontend with a
+Maglev table chooses by the flow, and given the client's port, the trace names the entry and
+the backend that flow gets (on every node with the same backends).
 
 Read-only and decoded in Python; what it reads is what the programs read, through the same
 keys (datapath/layout.py), so a row missing or stale shows as the programs would meet it.
@@ -20,6 +22,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
+from . import maglev
 from .datapath import conntrack
 from .datapath import layout as L
 from .datapath.pinned import PinnedMap
@@ -67,9 +70,10 @@ def _scope_text(scope: Scope) -> str:
 
 def trace(maps: Mapping[str, PinnedMap], ip: str, port: int, proto: Protocol, scope: Scope,
           source: str | None = None, netns_cookie: int | None = None,
-          now_ns: int | None = None) -> Trace:
+          now_ns: int | None = None, source_port: int | None = None) -> Trace:
     """The lookups for (ip, port, proto) in `scope`, from client `source` (an address; for the
-    socket path its network namespace cookie, `netns_cookie`, keys ClientIP affinity)."""
+    socket path its network namespace cookie, `netns_cookie`, keys ClientIP affinity; from
+    outside, `source_port` names the flow a Maglev table picks by)."""
     now = time.clock_gettime_ns(time.CLOCK_MONOTONIC) if now_ns is None else now_ns
     t = Trace(frontend=f"{hostport(ip, port)}/{proto.value}", scope=scope.value, source=source)
     key = L.svc_key(ip, port, proto, 0, L.SCOPE_NUM[scope])
@@ -97,10 +101,14 @@ def trace(maps: Mapping[str, PinnedMap], ip: str, port: int, proto: Protocol, sc
     t.candidates = [b for b, _ in slots if b]
     t.add("backends", ", ".join(f"{i}) {b or '<missing>'} ({state})"
                                 for i, (b, state) in enumerate(slots, 1)),
-          f"a new client gets one of these {head.count} slots at random (slot 1..count)")
+          f"a new client gets one of these {head.count} slots "
+          + ("by the flow's entry in the Maglev table" if head.backend_id
+             else "at random (slot 1..count)"))
     t.verdict = Verdict.FORWARD
     if head.affinity_timeout:
         _affinity(t, maps, head, ip, scope, source, netns_cookie, slots, now)
+    if head.backend_id and t.chosen is None:
+        _maglev(t, maps, head, port, proto, source, source_port, slots)
     if scope is Scope.EXT and source and "ct" in maps:
         _flows(t, maps, source)
     if t.chosen is None and len(t.candidates) == 1:
@@ -216,6 +224,31 @@ def _affinity(t: Trace, maps, head, ip: str, scope: Scope, source: str | None,
     age = (now - row.last_used) / 1e9
     t.add("affinity", f"slot {row.slot} -> {t.chosen}, used {age:.0f}s ago",
           "ClientIP affinity pins this client to that backend while the row is fresh")
+
+
+def _maglev(t: Trace, maps, head, port: int, proto: Protocol, source: str | None,
+            source_port: int | None, slots) -> None:
+    """The entry of the frontend's Maglev table a flow from source:source_port takes."""
+    table, size = head.backend_id, head.maglev_size
+    if source is None or source_port is None:
+        t.add("maglev", f"table {table}, {size} entries",
+              "a new flow takes the slot of the entry its hash picks (client address and port, "
+              "frontend port, protocol), the same on every node with these backends; give "
+              "--from and --from-port to see one flow's")
+        return
+    h = maglev.flow_hash(source, source_port, port, L.PROTO_NUM[proto])
+    entry = h % size
+    row_size = L.const("KP_MAGLEV_ROW")
+    row = maps["maglev"].get(L.STRUCTS["kp_maglev_key"](table=table, row=entry // row_size)) \
+        if "maglev" in maps else None
+    slot = row.slot[entry % row_size] if row is not None and row.table == table else 0
+    if not 1 <= slot <= len(slots) or slots[slot - 1][0] is None:
+        t.add("maglev", f"table {table}: entry {entry} missing",
+              "the lookup reads slot 0 again, then refuses (a table being replaced)")
+        return
+    t.chosen = slots[slot - 1][0]
+    t.add("maglev", f"flow hash {h:#010x} -> entry {entry} of {size} -> slot {slot} -> "
+          f"{t.chosen}", "every node with these backends sends this flow there")
 
 
 def _flows(t: Trace, maps, source: str) -> None:

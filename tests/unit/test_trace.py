@@ -76,3 +76,21 @@ def test_a_fresh_affinity_row_names_the_backend():
 def test_tc_client_is_the_programs_identity():
     # tc_lb.c kp_tc_client: an IPv4 address's __be32 word with bit 63 set.
     assert tc_client("192.0.2.7") == (1 << 63) | int.from_bytes(bytes([192, 0, 2, 7]), "little")
+
+
+def test_a_maglev_frontend_names_the_backend_of_a_flow():
+    from kproxy_ebpf import maglev
+
+    np_ = dataclasses.replace(fe("192.168.0.1", 30080, ("10.244.1.5", "10.244.2.6", "10.244.2.7"),
+                                 kind=FrontendKind.NODE_PORT, scope=Scope.EXT), maglev=251)
+    maps = {n: FakeMap(L.MAPS[n]) for n in ("svc", "backend", "meta", "maglev")}
+    assert MapWriter(maps).apply({np_.key: np_}).ok
+    t = trace(maps, "192.168.0.1", 30080, TCP, Scope.EXT, "203.0.113.9")
+    assert t.chosen is None and "give --from and --from-port" in t.steps[-1].why
+    ips = sorted(b.ip for b in np_.backends)
+    for sport in (40000, 40001, 51234):
+        t = trace(maps, "192.168.0.1", 30080, TCP, Scope.EXT, "203.0.113.9", source_port=sport)
+        entry = maglev.flow_hash("203.0.113.9", sport, 30080, 6) % 251
+        want = ips[maglev.build([(ip, 8080) for ip in ips], 251)[entry]]
+        assert t.chosen == f"{want}:8080", t.steps
+        assert t.steps[-1].step == "maglev" and f"entry {entry} of 251" in t.steps[-1].found
