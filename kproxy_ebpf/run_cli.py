@@ -45,6 +45,12 @@ DEFAULT_BPFFS = "/sys/fs/bpf/kproxy"
 @click.option("--pod-devices", multiple=True,
               help="Globs of the pod-facing devices for --socket-lb=false [veth*,cali*,lxc*,kpv*].")
 @click.option("--snat-port-range", help="SNAT source ports for remote backends [61000-65535].")
+@click.option("--lb-algorithm", type=click.Choice(["random", "maglev"]),
+              help="How frontends for traffic from outside pick a backend for a new flow "
+                   "[random]; maglev: every node picks the same one (a Service's annotation "
+                   "kproxy-ebpf.io/lb-algorithm overrides it).")
+@click.option("--maglev-table-size", type=int,
+              help="Entries of a Maglev table, a prime; grown to 1000 per backend [16381].")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 def run(config_file, **flags) -> None:
     """Run the agent: watch the cluster and program this node's datapath."""

@@ -84,6 +84,11 @@ FIGURES = (
            ("M9", "bpf_ns", "kp_from_outside", "ns"), "lower"),
     Figure("m9_bpf_out", "M9 kp_to_outside per packet (bpf_stats)", "ns",
            ("M9", "bpf_ns", "kp_to_outside", "ns"), "lower"),
+    # How evenly M9's new connections spread over node2's pods (random, or Maglev's table)
+    Figure("m9_spread_p", "M9 NodePort spread chi-square p", "", ("M9", "spread", "p_value"),
+           "higher"),
+    Figure("m9_spread_dev", "M9 NodePort max deviation from uniform", "",
+           ("M9", "spread", "max_deviation"), "lower"),
     Figure("m10_p", "M10 spread chi-square p", "", ("M10", "p_value"), "higher"),
     Figure("m10_dev", "M10 max deviation from uniform", "", ("M10", "max_deviation"), "lower"),
     # M10's lookup cost as N grows: the kernel's run time per program run (bench/bpfcost.py)

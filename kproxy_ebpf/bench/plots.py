@@ -27,7 +27,8 @@ PLOTS = (
 M9_BARS = (("m9_pps", "UDP packets forwarded/s"), ("m9_softirq", "softirq ns per packet"),
            ("m9_rr_rate", "TCP keepalive req/s"), ("m9_crr_rate", "TCP new conn/s"))
 STYLE = {"direct": "k", "iptables": "tab:red", "iptables-legacy": "tab:purple",
-         "nftables": "tab:orange", "kproxy": "tab:blue", "kproxy-tc": "tab:green"}
+         "nftables": "tab:orange", "kproxy": "tab:blue", "kproxy-tc": "tab:green",
+         "kproxy-maglev": "tab:purple"}
 LOG_Y = {"m5_change", "m6_cold", "m7_cpu"}
 # Line labels where a plot has several figures and their labels' last word is not enough.
 SHORT = {"m10_connect4": "kp_connect4, Service", "m10_connect4_miss": "kp_connect4, pod IP",

@@ -11,7 +11,8 @@ from pathlib import Path
 from . import goals
 
 RESULTS_DIR = Path("bench/results")
-MODE_ORDER = ("direct", "iptables", "iptables-legacy", "nftables", "kproxy", "kproxy-tc")
+MODE_ORDER = ("direct", "iptables", "iptables-legacy", "nftables", "kproxy", "kproxy-tc",
+              "kproxy-maglev")
 
 
 def _cell(v) -> str:
@@ -88,7 +89,8 @@ def render_markdown(doc: dict, plots: list[str]) -> str:
            "and ratio below comes from that one run. Metric definitions and goals: "
            "shared/research/performance.md section 10. Latencies are medians over repeated "
            "runs of each percentile; kproxy = socket LB (ours), kproxy-tc = ClusterIP per "
-           "packet at TC (`--socket-lb=false`; its ratios are the tc/ columns). M9 = "
+           "packet at TC (`--socket-lb=false`; its ratios are the tc/ columns), kproxy-maglev = "
+           "kproxy with NodePort flows picked by Maglev tables (`--lb-algorithm=maglev`). M9 = "
            "NodePort from the lab's external client to node1, backends on node2 (node1 "
            "forwards and SNATs); its direct is the same hops with no NAT. ours/iptables is "
            "against kube-proxy iptables on the nft backend where it has the figure, else on "

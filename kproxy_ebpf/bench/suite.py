@@ -33,12 +33,19 @@ from .loadgen import ProxyDied
 from .procstat import CpuSample, cpu_between, ns_per_packet, read_proc_stat
 from .testbed import KPROXY_ARGS, KPROXY_MODES, M5_SERVICE, MIN_SYNC_S, TARGET, Testbed
 
-ALL_MODES = ("direct", "iptables", "iptables-legacy", "nftables", "kproxy", "kproxy-tc")
+ALL_MODES = ("direct", "iptables", "iptables-legacy", "nftables", "kproxy", "kproxy-tc",
+             "kproxy-maglev")
 # iptables-legacy: kube-proxy iptables mode on the legacy xtables binaries (`iptables` mode
 # uses the host's default, nft here). The full run has both, since the nft backend does not
 # finish at 10,000 x 10; the quick run leaves legacy out to stay under 5 minutes.
-DEFAULT_MODES = ("direct", "iptables", "iptables-legacy", "nftables", "kproxy", "kproxy-tc")
-QUICK_MODES = ("direct", "iptables", "nftables", "kproxy", "kproxy-tc")
+DEFAULT_MODES = ("direct", "iptables", "iptables-legacy", "nftables", "kproxy", "kproxy-tc",
+                 "kproxy-maglev")
+QUICK_MODES = ("direct", "iptables", "nftables", "kproxy", "kproxy-tc", "kproxy-maglev")
+# kproxy-maglev differs from kproxy only in how flows from outside pick a backend: its cold
+# start (the tables are built then) and M9 (the NodePort path, with its spread) are measured;
+# the ClusterIP figures would repeat kproxy's (the socket hooks hold no table).
+NORTH_SOUTH_ONLY = {"kproxy-maglev": "M6 and M9 only: the socket path (M1-M5, M7, M8, M10) "
+                                     "is kproxy's, Maglev changes the NodePort path alone"}
 NOT_SELECTED = {"iptables-legacy": "not run (left out of --quick; add it with --modes)"}
 # A full run with both iptables backends measures the nft one's cold start (M6) only: the issue
 # asks for both backends where the nft one finishes at the sizes asked, and it does not at
@@ -190,6 +197,9 @@ class ModeRun:
         try:
             if self.mode in self.cfg.cold_only:
                 self.out["cold_start_only"] = COLD_ONLY_WHY
+                return self.out
+            if self.mode in NORTH_SOUTH_ONLY:
+                self.nodeport_from_outside()
                 return self.out
             if self.mode.startswith("iptables"):
                 placed = self.tb.place_target_late(self.cfg.iptables_tail,
@@ -496,6 +506,8 @@ class ModeRun:
                   "connect_us": _us(stats.median_of_runs([r["connect_ns"] for r in crr])),
                   "crr_txn_us": _us(stats.median_of_runs([r["txn_ns"] for r in crr])),
                   "backends": stats.merge_counts(r["backends"] for r in crr)}
+            if not self.direct:      # over node2's pods, as M10 over the target's
+                m9["spread"] = stats.spread(m9["backends"], tb.np_set)
             kinds = {"crr": crr}
             if self.largest:
                 rr = [client.run("rr", addrs[:1], tcp, duration=cfg.m9_seconds)
@@ -615,6 +627,9 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
     for m, why in NO_M9.items():
         if doc["results"].get(m):
             doc["not_run"][f"M9 {m}"] = why
+    for m, why in NORTH_SOUTH_ONLY.items():
+        if doc["results"].get(m):
+            doc["not_run"][f"{m} M1-M5, M7, M8, M10"] = why
     for m in cfg.cold_only:
         if doc["results"].get(m):
             doc["not_run"][f"{m} M1-M5, M7-M10"] = COLD_ONLY_WHY

@@ -41,11 +41,13 @@ CLIENT_POD = "kpbench-client"
 # first half); the latest of 25 sat past 90 % of the chain in 6 of 6 syncs tried at N=1000,
 # and M1/M2 measure through that one (Testbed.place_target_late).
 LATE_COPIES = 24
-PROXY_MODES = ("iptables", "iptables-legacy", "nftables", "kproxy", "kproxy-tc")
-KPROXY_MODES = ("kproxy", "kproxy-tc")
+PROXY_MODES = ("iptables", "iptables-legacy", "nftables", "kproxy", "kproxy-tc", "kproxy-maglev")
+KPROXY_MODES = ("kproxy", "kproxy-tc", "kproxy-maglev")
 # kproxy-tc: the agent with socket LB off, ClusterIP served per packet at TC (issue 8's
-# interface: `run --socket-lb BOOLEAN`, config key socketLB).
-KPROXY_ARGS = {"kproxy": [], "kproxy-tc": ["--socket-lb=false"]}
+# interface: `run --socket-lb BOOLEAN`, config key socketLB). kproxy-maglev: NodePort flows
+# from outside picked by Maglev tables instead of at random (lbAlgorithm).
+KPROXY_ARGS = {"kproxy": [], "kproxy-tc": ["--socket-lb=false"],
+               "kproxy-maglev": ["--lb-algorithm=maglev"]}
 # The bench mode -> kube-proxy's own mode name (iptables-legacy is kube-proxy iptables mode
 # running the legacy xtables binaries instead of the host's default nft-based ones).
 KUBE_PROXY_MODE = {"iptables": "iptables", "iptables-legacy": "iptables", "nftables": "nftables"}
@@ -57,7 +59,7 @@ METRICS_PORT = 10249
 # default), kproxy's default (config.py). M5 spaces its changes by more than this, so each
 # change is measured alone rather than waiting out the rate limit of the one before.
 MIN_SYNC_S = {"iptables": 1.0, "iptables-legacy": 1.0, "nftables": 1.0, "kproxy": 0.2,
-              "kproxy-tc": 0.2}
+              "kproxy-tc": 0.2, "kproxy-maglev": 0.2}
 
 
 def backend_name(i: int) -> str:

@@ -145,3 +145,30 @@ def test_run_flag_socket_lb_rejects_nonsense(tmp_path):
 
     out = CliRunner().invoke(main, ["run", "--cgroup", str(tmp_path), "--socket-lb=maybe"])
     assert out.exit_code == 2 and "socket-lb" in out.output
+
+
+def test_lb_algorithm_and_maglev_table_size(tmp_path, cgroup2):
+    from kproxy_ebpf.model import LBAlgorithm
+
+    f = tmp_path / "c.yaml"
+    f.write_text("lbAlgorithm: maglev\nmaglevTableSize: 4093\n")
+    cfg = load(str(f), env={})
+    cfg.cgroup = cgroup2
+    cfg.validate()
+    assert cfg.planning["lb_algorithm"] is LBAlgorithm.MAGLEV
+    assert cfg.planning["maglev_table_size"] == 4093
+    assert load(None, env={}).planning["lb_algorithm"] is LBAlgorithm.RANDOM
+
+
+@pytest.mark.parametrize("text,why", [("lbAlgorithm: ring\n", "lbAlgorithm must be random or "
+                                       "maglev"),
+                                      ("maglevTableSize: 16384\n", "must be a prime"),
+                                      ("maglevTableSize: 131071\n", "between 251 and 65521"),
+                                      ("maglevTableSize: big\n", "a whole number")])
+def test_bad_lb_settings_say_what_to_write(tmp_path, cgroup2, text, why):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=why):
+        cfg = load(str(f), env={})
+        cfg.cgroup = cgroup2
+        cfg.validate()
