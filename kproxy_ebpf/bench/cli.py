@@ -15,7 +15,7 @@ import click
 from .suite import ALL_MODES
 
 LOCK_PATH = "/run/lock/kproxy-ebpf-tests.lock"
-MAX_N = 30000
+MAX_N = 50000
 
 
 def _ints(text: str | None) -> list[int] | None:

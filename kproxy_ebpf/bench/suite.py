@@ -325,6 +325,9 @@ class ModeRun:
                     2) for k in ("p50", "p99")},
                 "rate_ratio": round(stats.median(o["rate"] / d["rate"] for o, d in zip(one, floor, strict=True)
                                                  if d["rate"]), 4),
+                # each pair's ratio: the spread the M2 goal's margin is judged against
+                "rate_ratio_runs": [round(o["rate"] / d["rate"], 4)
+                                    for o, d in zip(one, floor, strict=True) if d["rate"]],
                 "failed": sum(r["failed"] for r in floor)}
         self.out["M2"] = {
             "rate_1": round(stats.median(r["rate"] for r in one), 1),
