@@ -236,8 +236,8 @@ def render_scale_markdown(doc: dict, plot: str | None) -> str:
            "all modes from one run, each in a fresh lab. CPU counts the proxy's children "
            f"(source: cgroup cpu.stat). Idle window: {cfg.get('idle_seconds')} s.", ""]
     out += env_lines(doc.get("environment", {}))
-    out += [f"- {m}: {doc['results'][m]['did_not_finish']}" for m in modes
-            if doc["results"][m].get("did_not_finish")]
+    out += [f"- {m}: {doc['results'][m][why]}" for m in modes
+            for why in ("did_not_finish", "per_change_skipped") if doc["results"][m].get(why)]
     out += ["", "| figure | " + " | ".join(modes) + " | kproxy/nftables | kproxy/iptables |",
             "|---" * (len(modes) + 3) + "|"]
     for key, label, unit in goals.scale_keys(doc):
