@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .config import AgentConfig
 from .datapath import layout as L
-from .desired import Frontend, FrontendKey, ServiceCIDRSet
+from .desired import Action, Frontend, FrontendKey, ServiceCIDRSet
 from .model import Node, hostport
 from .proxy.state import ProxyState
 
@@ -39,7 +39,9 @@ def _wanted(fe: Frontend) -> dict:
     return {"service": str(fe.service), "type": fe.kind.value, "action": fe.action.value,
             "affinity_timeout": fe.affinity_timeout,
             "backends": sorted(hostport(b.ip, b.port) for b in fe.backends),
-            "source_ranges": sorted(fe.source_ranges)}
+            "source_ranges": sorted(fe.source_ranges),
+            # the writer gives a frontend a table only when it has a backend to pick
+            "maglev": fe.maglev if fe.action is Action.FORWARD and fe.backends else 0}
 
 
 def _held(entry: dict) -> dict:
@@ -47,13 +49,14 @@ def _held(entry: dict) -> dict:
             "affinity_timeout": entry["affinity_timeout"],
             "backends": sorted(hostport(str(b.get('address')), b.get('port'))
                                for b in entry["backends"]),
-            "source_ranges": sorted(entry.get("source_ranges", []))}
+            "source_ranges": sorted(entry.get("source_ranges", [])),
+            "maglev": entry.get("maglev", 0)}
 
 
 def compare(desired: Mapping[FrontendKey, Frontend], kernel: list[dict]) -> list[Drift]:
     """desired: ProxyState frontends of both scopes by key; kernel: reader.services(). Each
-    frontend's service, type, verdict, affinity, backends and (LoadBalancer IPs from outside)
-    enforced source ranges."""
+    frontend's service, type, verdict, affinity, backends, (LoadBalancer IPs from outside)
+    enforced source ranges and (from outside) the size of its Maglev table."""
     held = {(e["address"], e["port"], e["protocol"], e["scope"]): e for e in kernel}
     drifts = []
     for fkey, fe in sorted(desired.items()):

@@ -55,6 +55,19 @@ def test_the_tc_paths_rows_and_their_source_ranges_are_compared_too():
     assert (d.what, d.frontend) == ("missing", "192.0.2.7:80/TCP (from outside)")
 
 
+def test_a_frontend_without_its_maglev_table_is_drift():
+    import dataclasses
+
+    from kproxy_ebpf.desired import FrontendKind, Scope
+
+    np_ = dataclasses.replace(fe("192.0.2.7", backends=["10.244.1.10"],
+                                 kind=FrontendKind.NODE_PORT, scope=Scope.EXT), maglev=16381)
+    row = {**held("192.0.2.7", ["10.244.1.10"]), "type": "NodePort", "scope": 1}
+    assert compare({np_.key: np_}, [{**row, "maglev": 16381}]) == []
+    [d] = compare({np_.key: np_}, [row])
+    assert d.what == "different" and "maglev: kernel 0 != cluster 16381" in d.detail
+
+
 # -- the cluster side: the agent's list code and the agent's configuration ------------------------
 
 class FakeResponse:
