@@ -40,3 +40,39 @@ def test_a_window_without_changes_is_an_error_not_a_division_by_zero():
         per_change_cpu([Sub(0.1, 0, 1.0, 0)], [Sub(0.1, 0, 1.0, 0)])
     with pytest.raises(ValueError):
         per_change_cpu([], [Sub(0.1, 0, 1.0, 1)])
+
+
+def test_the_cold_start_meters_from_before_the_processes_exist(monkeypatch):
+    """The agents are stopped, so no pid is there to meter: the nodes' cgroups are read
+    before the start (a run once died here on the missing pid)."""
+    from kproxy_ebpf.bench import scale
+    from kproxy_ebpf.bench.procstat import CpuSample
+
+    class Meter:
+        def __init__(self, cpu):
+            self.cpu = cpu
+
+        def sample(self):
+            return CpuSample(10.0, 2.0, self.cpu)
+
+    class FakeTestbed:
+        filled, pids = 20000, {}
+
+        def stop_proxy(self):
+            self.pids = {}
+
+        def start_proxy(self, mode):
+            self.pids = {"node1": 1, "node2": 2}
+
+        def meter_cgroup_usage(self, node):
+            return 100.0
+
+        def meter(self, node):
+            return Meter(103.0 if node == "node1" else 105.0)     # 3 s and 5 s of CPU
+
+    run = object.__new__(scale.ScaleRun)
+    run.tb, run.mode, run.log = FakeTestbed(), "kproxy", lambda _: None
+    monkeypatch.setattr(scale.time, "monotonic", lambda: 0.0)
+    monkeypatch.setattr(run, "_caught_up", lambda since: 2.5, raising=False)
+    out = run._cold_start()
+    assert out["wall_s"] == 2.5 and out["cpu_s_mean"] == pytest.approx(4.0)
