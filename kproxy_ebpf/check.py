@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .config import AgentConfig
 from .datapath import layout as L
-from .desired import Action, Frontend, FrontendKey, ServiceCIDRSet
+from .desired import Frontend, FrontendKey, ServiceCIDRSet
 from .model import Node, hostport
 from .proxy.state import ProxyState
 
@@ -40,8 +40,7 @@ def _wanted(fe: Frontend) -> dict:
             "affinity_timeout": fe.affinity_timeout,
             "backends": sorted(hostport(b.ip, b.port) for b in fe.backends),
             "source_ranges": sorted(fe.source_ranges),
-            # the writer gives a frontend a table only when it has a backend to pick
-            "maglev": fe.maglev if fe.action is Action.FORWARD and fe.backends else 0}
+            "maglev": fe.maglev}          # proxy/external.py plans a table for FORWARD only
 
 
 def _held(entry: dict) -> dict:

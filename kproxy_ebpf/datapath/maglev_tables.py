@@ -23,6 +23,9 @@ from .pinned import PinnedMap
 from .programmed import BackendKey, HeldTable, Programmed
 
 ROW = L.const("KP_MAGLEV_ROW")
+# maglev.py is pure (below datapath/ in the layers) and spells the header's constants itself.
+if (maglev.MAX_SIZE, maglev.SEED) != (L.const("KP_MAGLEV_MAX"), L.const("KP_MAGLEV_SEED")):
+    raise ImportError("maglev.py's MAX_SIZE or SEED no longer match bpf/kproxy.h's kp_maglev")
 _KEY = struct.Struct(L.MAPS["maglev"].key_format)
 _VALUE = struct.Struct(L.MAPS["maglev"].value_format)
 MAX_ID = 2**31

@@ -89,7 +89,7 @@ class Planner:
         size, held = self.maglev(fe), prog.maglev
         if not size:
             return held is None
-        return held is not None and held.size == size and held.order == prog.order()
+        return held is not None and held.built_for(size, prog.order())
 
     def ranges(self, fe: Frontend) -> frozenset[str]:
         """The source-range rows fe needs (none where the map is missing: a flag without

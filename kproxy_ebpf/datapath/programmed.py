@@ -96,6 +96,9 @@ class HeldTable:
     size: int
     order: tuple[BackendKey, ...]
 
+    def built_for(self, size: int, order: tuple[BackendKey, ...]) -> bool:
+        return self.size == size and self.order == order
+
 
 @dataclass(slots=True)
 class Programmed:

@@ -14,7 +14,7 @@ from . import layout as L
 from .held_addrs import HeldAddrs
 from .maglev_tables import MaglevTables
 from .pinned import PinnedMap
-from .programmed import BackendKey, HeldTable, Ledger, Programmed
+from .programmed import BackendKey, Ledger, Programmed
 
 
 def _cstr(raw: bytes) -> str:
@@ -88,9 +88,6 @@ def read_back(svc: PinnedMap, be: PinnedMap, meta: PinnedMap, src: PinnedMap | N
         led.slot_rows += 1
     if tables is not None:
         tables.restore(named_tables)
-    else:
-        for prog, _, size in named_tables:     # no map to read: rewritten at once
-            prog.maglev = HeldTable(0, size, ())
     if src is not None:
         _restore_ranges(led, src)
     _restore_filters(led, ext_addrs, ext_locals)

@@ -271,7 +271,7 @@ class MapWriter:
         if not size:
             return None
         held, slots = prog.maglev, tuple(order)
-        if held is not None and held.size == size and held.order == slots:
+        if held is not None and held.built_for(size, slots):
             return held
         table = self.tables.write(size, slots, writes)
         res.writes += row_count(size)
