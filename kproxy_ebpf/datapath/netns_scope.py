@@ -8,8 +8,8 @@ the agent's own (host-network pods), and the namespaces a container runtime pins
 its own cgroup (fixed when it was created) is one of the tree's: that is what the kernel checked
 before running our hook, and what stale_sockets.py checks before touching it.
 
-in_netns() runs a function in a thread that entered a namespace, so the agent's own threads never
-change theirs (setns(CLONE_NEWNET) changes the calling thread only).
+in_netns() and in_each_netns() run a function in a thread that entered a namespace, so the
+agent's own threads never change theirs (setns(CLONE_NEWNET) changes the calling thread only).
 """
 from __future__ import annotations
 
@@ -110,14 +110,36 @@ def in_thread(fn: Callable[[], T], label: str) -> T:
     return box["value"]              # type: ignore[return-value]
 
 
+def _enter(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _setns(fd)
+    finally:
+        os.close(fd)
+
+
 def in_netns(path: str, fn: Callable[[], T]) -> T:
     """fn() in a new thread that entered the network namespace at `path`."""
     def body() -> T:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            _setns(fd)
-        finally:
-            os.close(fd)
+        _enter(path)
         return fn()
+
+    return in_thread(body, "netns")
+
+
+def in_each_netns(paths: Iterable[str], fn: Callable[[str], None]) -> list[tuple[str, OSError]]:
+    """fn(path) in each network namespace in turn, from one new thread that enters them one
+    after the other (a thread per namespace cost more than a search in most of them).
+    Returns the namespaces skipped and why: gone with their pod, or not ours to enter (an
+    OSError from fn skips its namespace too)."""
+    def body() -> list[tuple[str, OSError]]:
+        skipped = []
+        for path in paths:
+            try:
+                _enter(path)
+                fn(path)
+            except OSError as exc:
+                skipped.append((path, exc))
+        return skipped
 
     return in_thread(body, "netns")

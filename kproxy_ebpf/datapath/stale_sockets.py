@@ -43,6 +43,7 @@ Serves = Callable[[FrontendKey, BackendKey], bool]
 _SKSVC = struct.Struct("!16s16sHHI")   # kp_sksvc_val (svc_id in host order: unused here)
 _PROTOS = {socket.IPPROTO_TCP: (Protocol.TCP, sockdiag.CONNECTED_TCP),
            socket.IPPROTO_UDP: (Protocol.UDP, sockdiag.CONNECTED_UDP)}
+_BOTH = (socket.AF_INET, socket.AF_INET6)
 
 
 class Outcome(enum.StrEnum):
@@ -111,13 +112,11 @@ class StaleSockets:
         t0 = time.monotonic()
         where = netns_scope.scope(self.cgroup_root, self.netns_dirs)
         res = Reaped(namespaces=len(where.netns))
-        for path in where.netns:
-            try:
-                netns_scope.in_netns(path, lambda: self._reap_here(serves, peers,
-                                                                   where.cgroup_ids, res))
-            except OSError as exc:
-                # The namespace went away with its pod, or it is not one we may enter.
-                log.debug("stale sockets: skipped %s: %s", path, exc)
+        skipped = netns_scope.in_each_netns(
+            where.netns, lambda path: self._reap_here(serves, peers, where.cgroup_ids, res))
+        for path, exc in skipped:
+            # The namespace went away with its pod, or it is not one we may enter.
+            log.debug("stale sockets: skipped %s: %s", path, exc)
         res.seconds = time.monotonic() - t0
         return res
 
@@ -126,7 +125,7 @@ class StaleSockets:
         with sockdiag.SockDiag() as diag:
             for proto_num, (proto, states) in _PROTOS.items():
                 storage = self._storage if proto is Protocol.TCP else None
-                for family in (socket.AF_INET, socket.AF_INET6):
+                for family in _families(diag, proto_num, states, peers, ours):
                     for sock in diag.sockets(family, proto_num, states, storage):
                         if sock.cgroup_id not in ours:
                             continue
@@ -172,6 +171,24 @@ class StaleSockets:
                         L.ip_text(sock.peer), sock.dport, exc.strerror)
             return Outcome.FAILED
         return Outcome.DESTROYED
+
+
+def _families(diag: sockdiag.SockDiag, proto_num: int, states: int, peers: set[Peer] | None,
+              ours: frozenset[int]) -> tuple[int, ...]:
+    """The families whose sockets of this protocol are read. A search of every socket: both.
+    A search for some backends: those that can hold a socket to one (an IPv4 backend also
+    from an IPv6 socket, IPv4-mapped). For TCP, whose dump walks the kernel's whole TCP hash
+    once per family and namespace (SockDiag.tcp_sockets), only the families where one walk
+    for both found a socket of ours to one of them: nearly always none."""
+    if peers is None:
+        return _BOTH
+    mine = [p for p in peers if p[2] == proto_num]
+    if not mine:
+        return ()
+    if proto_num != socket.IPPROTO_TCP:
+        return _BOTH if any(L.ip_is4(p[0]) for p in mine) else (socket.AF_INET6,)
+    return tuple(sorted({s.family for s in diag.tcp_sockets(states)
+                         if s.cgroup_id in ours and (s.peer, s.dport, proto_num) in peers}))
 
 
 def _key(addr16: bytes, port: int, proto: Protocol) -> FrontendKey:

@@ -3,9 +3,11 @@ messages it reads and writes (datapath/sockdiag.py), built by hand as the kernel
 (uapi/linux/inet_diag.h). The kernel side is tested in tests/integration/test_stale_sockets.py."""
 from __future__ import annotations
 
+import dataclasses
 import errno
 import socket
 import struct
+import threading
 
 import pytest
 
@@ -16,6 +18,15 @@ from kproxy_ebpf.desired import FrontendKey, Scope
 from kproxy_ebpf.model import Protocol
 
 from .fakemaps import FakeMap
+
+REAL_IN_EACH_NETNS = netns_scope.in_each_netns
+
+
+def each_netns(paths, fn):
+    """in_each_netns without entering anything: the tests' sockets are FakeDiag's."""
+    for path in paths:
+        fn(path)
+    return []
 
 OURS, OTHER = 1001, 2002          # cgroup ids
 SVC, BE, BE2 = "10.96.0.10", "10.244.1.5", "10.244.1.6"
@@ -113,8 +124,16 @@ class FakeDiag:
     def __exit__(self, *exc):
         pass
 
+    dumps: list[tuple[int, int]] = []       # (protocol, family) of each v2 dump
+
     def sockets(self, family, protocol, states, storage_map=None):
+        FakeDiag.dumps.append((protocol, family))
         return [s for s in self.sockets_by_proto.get(protocol, []) if s.family == family]
+
+    def tcp_sockets(self, states):
+        FakeDiag.dumps.append((socket.IPPROTO_TCP, 0))
+        return [dataclasses.replace(s, storage=None)
+                for s in self.sockets_by_proto.get(socket.IPPROTO_TCP, [])]
 
     def destroy(self, sock):
         if FakeDiag.fail is not None:
@@ -125,10 +144,11 @@ class FakeDiag:
 @pytest.fixture
 def diag(monkeypatch):
     FakeDiag.sockets_by_proto, FakeDiag.destroyed, FakeDiag.fail = {}, [], None
+    FakeDiag.dumps = []
     monkeypatch.setattr(sockdiag, "SockDiag", FakeDiag)
     monkeypatch.setattr(netns_scope, "scope",
                         lambda root, dirs: netns_scope.Scope(frozenset({OURS}), ("/ns/a",)))
-    monkeypatch.setattr(netns_scope, "in_netns", lambda path, fn: fn())
+    monkeypatch.setattr(netns_scope, "in_each_netns", each_netns)
     return FakeDiag
 
 
@@ -221,10 +241,51 @@ def test_a_kernel_without_destroy_counts_the_stale_sockets_it_cannot_end(diag):
 
 
 def test_a_namespace_that_went_away_is_skipped(diag, monkeypatch):
-    def gone(path, fn):
+    def gone(path):
         raise FileNotFoundError(errno.ENOENT, "gone", path)
-    monkeypatch.setattr(netns_scope, "in_netns", gone)
-    assert reaper(sknat_with()).reap(nobody_serves).counts == {}
+    monkeypatch.setattr(netns_scope, "_enter", gone)
+    monkeypatch.setattr(netns_scope, "in_each_netns", REAL_IN_EACH_NETNS)
+    diag.sockets_by_proto = {socket.IPPROTO_UDP: [udp_sock(1)]}
+    assert reaper(sknat_with((1, BE, 5353, SVC, 53))).reap(nobody_serves).counts == {}
+    assert diag.dumps == []
+
+
+def test_a_search_for_removed_backends_walks_the_tcp_hash_once_unless_a_socket_is_found(diag):
+    """The TCP dump of a family walks the kernel's whole hash: a search for some backends
+    reads that family's sockets (with their storage rows) only where the one walk for
+    both families found a socket of ours to one of them."""
+    tcp = tcp_sock(1)
+    diag.sockets_by_proto = {socket.IPPROTO_TCP: [tcp], socket.IPPROTO_UDP: [udp_sock(2)]}
+    elsewhere = {peer_of((BE2, 8080, Protocol.TCP))}
+    reaper(sknat_with()).reap(nobody_serves, elsewhere)
+    assert diag.dumps == [(socket.IPPROTO_TCP, 0)] and diag.destroyed == []
+    diag.dumps = []
+    reaper(sknat_with()).reap(nobody_serves, {peer_of((BE, 8080, Protocol.TCP))})
+    assert diag.dumps == [(socket.IPPROTO_TCP, 0), (socket.IPPROTO_TCP, socket.AF_INET)]
+    assert diag.destroyed == [tcp]
+
+
+def test_a_search_for_udp_backends_reads_the_families_that_can_hold_one(diag):
+    """An IPv4 backend can be the peer of an IPv6 socket (IPv4-mapped), an IPv6 one of an
+    IPv6 socket only; TCP is not read at all."""
+    reaper(sknat_with()).reap(nobody_serves, {peer_of(("fd00::5", 53, Protocol.UDP))})
+    assert diag.dumps == [(socket.IPPROTO_UDP, socket.AF_INET6)]
+    diag.dumps = []
+    reaper(sknat_with()).reap(nobody_serves, {peer_of((BE, 53, Protocol.UDP))})
+    assert diag.dumps == [(socket.IPPROTO_UDP, socket.AF_INET),
+                          (socket.IPPROTO_UDP, socket.AF_INET6)]
+
+
+def test_every_namespace_is_searched_from_one_thread(monkeypatch):
+    entered, threads = [], set()
+    monkeypatch.setattr(netns_scope, "_enter", entered.append)
+    skipped = netns_scope.in_each_netns(
+        ["/ns/a", "/ns/b", "/ns/c"],
+        lambda path: threads.add(threading.get_ident()) if path != "/ns/b"
+        else (_ for _ in ()).throw(OSError(errno.EPERM, "no")))
+    assert entered == ["/ns/a", "/ns/b", "/ns/c"] and len(threads) == 1
+    assert threading.get_ident() not in threads
+    assert [(p, e.errno) for p, e in skipped] == [("/ns/b", errno.EPERM)]
 
 
 def test_the_cgroup_tree_and_the_namespaces_are_found(tmp_path):
