@@ -82,6 +82,10 @@ class _TestLock:
 @click.option("--scale-change-window", type=click.FloatRange(1), default=60.0, show_default=True,
               help="Scale run: seconds the single changes are spread over (and the idle "
                    "reference window before them).")
+@click.option("--scale-bitmap-allocator", is_flag=True,
+              help="Scale run: the lab API server allocates ClusterIPs with 1.33's bitmap "
+                   "(it emulates 1.33), whose fill is linear; 1.36's lists every IPAddress per "
+                   "allocation, ~70 minutes of fill to 50,000.")
 @click.option("--soak", type=click.FloatRange(0.5), default=None,
               help="The churn soak of issue 26 for this many minutes instead of the benchmark "
                    "(writes bench/results/reliability.md).")
@@ -103,7 +107,7 @@ class _TestLock:
               show_default=True, help="The lab's family: every measured address IPv6 with "
                                       "ipv6 (M9 then runs for the baselines only).")
 def bench(quick, modes, sizes, repeats, m5_changes, cold_timeout, scale, idle, scale_n, scale_change_ns,
-          scale_changes, scale_change_window, soak, soak_services, faults, fault_outage,
+          scale_changes, scale_change_window, scale_bitmap_allocator, soak, soak_services, faults, fault_outage,
           lab_name, tools_dir, out_dir,
           no_readme, no_pin, ip_family) -> None:
     """Benchmark kproxy against kube-proxy iptables/nftables and the direct path, in the lab."""
@@ -148,7 +152,7 @@ def bench(quick, modes, sizes, repeats, m5_changes, cold_timeout, scale, idle, s
                               change_ns=tuple(n for n in _ints(scale_change_ns) or ()
                                               if n <= scale_n),
                               changes=scale_changes, change_window=scale_change_window,
-                              tools_dir=tools_dir,
+                              bitmap_ip_allocator=scale_bitmap_allocator, tools_dir=tools_dir,
                               modes=_modes(modes) or None)
             doc = run_scale(cfg, _log)
             paths = report.write_scale(doc, out, readme)

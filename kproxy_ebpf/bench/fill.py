@@ -63,6 +63,11 @@ def service_obj(name: str, ports: Sequence[tuple] = (("", SERVICE_PORT, TARGET_P
                                 "targetPort": p[2], "protocol": _proto(p)} for p in ports]}}
 
 
+def service_cidr_obj(name: str, cidrs: Sequence[str]) -> dict:
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+            "metadata": {"name": name}, "spec": {"cidrs": list(cidrs)}}
+
+
 def slice_obj(service: str, addresses: Sequence[str],
               ports: Sequence[tuple] = (("", TARGET_PORT),),
               name: str | None = None) -> dict:

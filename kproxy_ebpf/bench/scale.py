@@ -55,6 +55,9 @@ class ScaleConfig:
     sub_windows: int = 8
     catch_up_timeout: float = 600.0
     lab_name: str = "bench-scale"
+    # The lab API server's ClusterIP allocator: 1.33's bitmap instead of 1.36's, whose fill
+    # is quadratic in N (lab/controlplane.py ControlPlane); the proxies are the same.
+    bitmap_ip_allocator: bool = False
     tools_dir: str = "build/bench"
     modes: list[str] | None = None
     all_modes: tuple[str, ...] = field(default=("kproxy", "nftables", "iptables",
@@ -70,7 +73,8 @@ class ScaleRun:
     def __init__(self, cfg: ScaleConfig, mode: str, log: Callable[[str], None]):
         self.cfg, self.mode, self.log = cfg, mode, log
         self.tb = Testbed(cfg.lab_name, cfg.tools_dir, endpoints=cfg.endpoints, live=2,
-                          proxy_nodes=NODES, log=log, max_services=cfg.n)
+                          proxy_nodes=NODES, log=log, max_services=cfg.n,
+                          bitmap_ip_allocator=cfg.bitmap_ip_allocator)
         self.out: dict = {"per_change": {}}
         self._t_fill: float | None = None          # when the fill began (monotonic)
         if mode == "kproxy":

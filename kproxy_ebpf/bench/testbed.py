@@ -122,6 +122,7 @@ class Testbed:
     pin: bool = True
     log: Callable[[str], None] = print
     ip_family: str = "ipv4"            # the lab's (`lab up --ip-family`): ipv4 or ipv6
+    bitmap_ip_allocator: bool = False  # lab/controlplane.py ControlPlane
     cluster: Cluster | None = None
     api: RawApi | None = None
     tools: dict = field(default_factory=dict)
@@ -148,7 +149,7 @@ class Testbed:
             self.log(f"removing a leftover lab {self.lab_name}")
             self.cluster.down()
         self.cluster.up(nodes=self.nodes, proxy="none", log=lambda m: self.log(f"lab: {m}"),
-                        ip_family=self.ip_family)
+                        ip_family=self.ip_family, bitmap_ip_allocator=self.bitmap_ip_allocator)
         try:
             self._populate()
         except BaseException:
@@ -159,6 +160,11 @@ class Testbed:
         lab = self.cluster.lab
         self.api = RawApi(self.cluster.info.admin_kubeconfig)
         fill.ensure_namespace(self.api)
+        if self.bitmap_ip_allocator:
+            # What 1.36's allocator would have made: the proxies see the same ServiceCIDR.
+            cidrs = self.cluster.cp.service_cidr.split(",")
+            self.api.create("/apis/networking.k8s.io/v1/servicecidrs",
+                            fill.service_cidr_obj("kubernetes", cidrs))
         client_cpu, server_cpu = (0, 1) if self.pin and (os.cpu_count() or 1) > 1 else (None, None)
         lab.create_pod(CLIENT_POD, "node1", ports=(), echo=False)
         # Short-lived connections by the thousand: the widest port range, so a run never

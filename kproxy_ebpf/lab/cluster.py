@@ -86,9 +86,9 @@ class Cluster:
     # -- up / down -----------------------------------------------------------------------------
     def up(self, nodes: int = 2, proxy: str = "kproxy", build: bool = False,
            log=lambda msg: None, agent: str = "process", lb_pool: str | None = None,
-           ip_family: str = "ipv4") -> None:
+           ip_family: str = "ipv4", bitmap_ip_allocator: bool = False) -> None:
         """lb_pool: the LoadBalancer allocator's range; by default one of the lab's primary
-        family (lballoc.DEFAULT_POOL, DEFAULT_POOL6)."""
+        family (lballoc.DEFAULT_POOL, DEFAULT_POOL6). bitmap_ip_allocator: see ControlPlane."""
         if proxy not in PROXIES:
             raise LabError(f"--proxy must be one of {', '.join(PROXIES)}")
         if agent not in AGENTS or (agent == "image" and proxy != "kproxy"):
@@ -102,7 +102,7 @@ class Cluster:
             log(f"network: {nodes} nodes, external client, {'/'.join(fams)}")
             self.lab.up(nodes=nodes, external=True, families=fams)
             log("control plane: etcd, kube-apiserver, kube-controller-manager")
-            self._control_plane(bin_dir, proxy, agent, lb_pool)
+            self._control_plane(bin_dir, proxy, agent, lb_pool, bitmap_ip_allocator)
             log(f"LoadBalancer allocator: pool {lb_pool}, routed from the external client "
                 "via node1")
             self.start_lb_allocator()
@@ -125,7 +125,7 @@ class Cluster:
             raise
 
     def _control_plane(self, bin_dir: Path, proxy: str, agent: str = "process",
-                       lb_pool: str = DEFAULT_POOL) -> None:
+                       lb_pool: str = DEFAULT_POOL, bitmap_ip_allocator: bool = False) -> None:
         # The relay listens on the API server's own port, so the `kubernetes` Service's
         # endpoint (advertise address : secure port) is reachable from lab nodes too.
         port = free_ports(1)[0]
@@ -134,7 +134,8 @@ class Cluster:
         cp = ControlPlane(self.cp_dir, bin_dir, api_port=port,
                           lab_server=f"https://{CONTROL_PLANE_IP}:{port}",
                           advertise_address=plans[0].control_plane,
-                          service_cidr=",".join(p.service_cidr for p in plans))
+                          service_cidr=",".join(p.service_cidr for p in plans),
+                          bitmap_ip_allocator=bitmap_ip_allocator)
         self.cp = cp
         try:
             cp.start()
