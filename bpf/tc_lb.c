@@ -332,8 +332,10 @@ static __always_inline int kp_reply(struct __sk_buff *skb, struct kp_pkt *p, boo
 			kp_rnat.delete(&p->tuple);
 		return 0;
 	}
-	if (kp_rewrite(skb, p, false, orig.daddr, orig.dport) < 0 ||
-	    (want_snat && kp_rewrite(skb, p, true, orig.saddr, orig.sport) < 0))
+	/* From the frontend; to the client, who is already the destination without SNAT. */
+	if (want_snat ? kp_rewrite(skb, p, &orig.daddr, orig.dport, &orig.saddr, orig.sport) < 0
+		      : kp_rewrite(skb, p, &orig.daddr, orig.dport, &p->tuple.daddr,
+				   p->tuple.dport) < 0)
 		return -1;
 	kp_ct_track(&orig, row, &v, p->tcp_flags, true, now);
 	kp_count(KP_STAT_TC_REPLY);
@@ -427,13 +429,14 @@ static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 	kp_ct_track(&p.tuple, row, &v, p.tcp_flags, false, now);
 	kp_svc_packet(v.svc_id, false, skb->len);
 
-	if (kp_rewrite(skb, &p, true, v.be_addr, v.be_port) < 0)
-		return TC_ACT_SHOT;
-	if (!(kp_ct_flags(v.life) & KP_CT_F_SNAT))
-		return TC_ACT_OK;        /* routing takes it to the backend (a pod's: local or not) */
-	/* A remote EXT backend, or a pod's hairpin (it must see the node as its peer, or it
-	 * would answer itself directly). */
-	if (kp_rewrite(skb, &p, false, v.nat_addr, v.nat_port) < 0)
+	/* SNAT for a remote EXT backend, or a pod's hairpin (it must see the node as its peer,
+	 * or it would answer itself directly). */
+	if (!(kp_ct_flags(v.life) & KP_CT_F_SNAT)) {
+		if (kp_rewrite(skb, &p, &p.tuple.saddr, p.tuple.sport, &v.be_addr, v.be_port) < 0)
+			return TC_ACT_SHOT;
+		return TC_ACT_OK;    /* routing takes it to the backend (a pod's: local or not) */
+	}
+	if (kp_rewrite(skb, &p, &v.nat_addr, v.nat_port, &v.be_addr, v.be_port) < 0)
 		return TC_ACT_SHOT;
 	if (kp_redirect(skb, &p) < 0) {
 		kp_count(KP_STAT_TC_FIB_FAIL);
