@@ -223,7 +223,9 @@ def make_agent() -> tuple[Agent, ApiSource, dict[str, Reflector]]:
     from kproxy_ebpf.datapath.layout import MAPS
     if WRITER == "maps":
         from kproxy_ebpf.datapath.writer import MapWriter
-        agent.datapath.maps = {n: MemoryMap(MAPS[n]) for n in ("svc", "backend", "meta")}
+        # Every map the writer and the sync touch (per-socket storage has no rows to hold).
+        agent.datapath.maps = {n: MemoryMap(spec) for n, spec in MAPS.items()
+                               if not spec.per_socket}
         agent.writer = MapWriter(agent.datapath.maps)
     else:
         agent.writer = NullWriter()

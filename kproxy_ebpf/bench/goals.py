@@ -15,9 +15,13 @@ GOAL_N = 10000          # the goals' reference size ("at 10k svc")
 MET, MISSED, NOT_MEASURED = "met", "missed", "not measured"
 
 
-def _get(d: dict | None, *path):
+def _get(d, *path):
+    """d[path...]; an int step indexes a list (an interval's ends)."""
     for key in path:
-        if not isinstance(d, dict) or key not in d:
+        if isinstance(key, int):
+            if not isinstance(d, list) or not -len(d) <= key < len(d):
+                return None
+        elif not isinstance(d, dict) or key not in d:
             return None
         d = d[key]
     return d
@@ -48,6 +52,13 @@ FIGURES = (
     Figure("m1_txn_p50", "M1 connect+request p50", "us", ("M1", "txn_us", "p50"), "lower"),
     Figure("m1_txn_p99", "M1 connect+request p99", "us", ("M1", "txn_us", "p99"), "lower"),
     Figure("m2_rate_1", "M2 new conn/s, 1 client", "conn/s", ("M2", "rate_1"), "higher"),
+    # the median of the interleaved pairs' ratios and its 95 % interval (stats.median_ci)
+    Figure("m2_paired_ratio", "M2 new conn/s over interleaved direct", "x",
+           ("M1", "paired_direct", "rate_ratio"), "higher"),
+    Figure("m2_paired_lo", "M2 over interleaved direct, 95 % interval low", "x",
+           ("M1", "paired_direct", "rate_ratio_ci", 0), "higher"),
+    Figure("m2_paired_hi", "M2 over interleaved direct, 95 % interval high", "x",
+           ("M1", "paired_direct", "rate_ratio_ci", 1), "higher"),
     Figure("m2_rate_2", "M2 new conn/s, 2 clients", "conn/s", ("M2", "rate_2"), "higher"),
     # A connect or reply that times out (1 s) stalls a 1.5 s run: the rates above are only
     # comparable where this row is 0.
@@ -256,18 +267,27 @@ def _m1_flat(doc):
 
 
 def _m2_direct(doc, mode: str = OURS, floor: float = 0.98):
-    """>= floor x direct: on the interleaved pairs where they exist (as M1), with each pair's
-    ratio shown as the spread the margin is judged against."""
+    """>= floor x direct: the median ratio of the interleaved pairs where they exist (as M1),
+    judged only when its own 95 % interval (stats.median_ci) is narrower than the margin
+    around 1.0 (each side within 1 - floor); a wider one is a miss for want of a decidable
+    figure, stated as such."""
+    margin = 1 - floor
+
     def one(n):
         pair = _paired(doc, n, "M1", "paired_direct", "rate_ratio", mode=mode)
         runs = _paired(doc, n, "M1", "paired_direct", "rate_ratio_runs", mode=mode) or []
+        ci = _paired(doc, n, "M1", "paired_direct", "rate_ratio_ci", mode=mode)
         r = ratio(value(doc, mode, n, "m2_rate_1"), value(doc, "direct", n, "m2_rate_1"))
         apart = f"{mode}/direct {_fmt(r)}x" if r is not None else None
-        if pair is not None:
-            spread = f", pairs {_fmt(min(runs))}..{_fmt(max(runs))}" if runs else ""
-            return pair >= floor, (f"interleaved {_fmt(pair)}x{spread}"
-                                   + (f" ({apart})" if apart else ""))
-        return (None, "missing") if r is None else (r >= floor, apart)
+        if pair is None:
+            return (None, "missing") if r is None else (r >= floor, apart)
+        text = f"interleaved {_fmt(pair)}x over {len(runs)} pairs"
+        if not ci:
+            return False, text + " (too few pairs for a 95 % interval of the median)"
+        text += f", 95 % interval {_fmt(ci[0])}..{_fmt(ci[1])}"
+        if max(pair - ci[0], ci[1] - pair) > margin:
+            return False, text + f": wider than the {margin:.0%} margin, not decidable"
+        return pair >= floor, text
     return _all_sizes(doc, one)
 
 

@@ -25,6 +25,23 @@ def median(values: Iterable[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
+def median_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free confidence interval of the median: the order statistics k and
+    n+1-k, k the largest rank whose binomial(n, 1/2) tails leave at least `level` between
+    them (the sign test's interval; no assumption about the runs' distribution). None when
+    there are too few values for that level (n < 6 at 95 %)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    k = 0
+    for j in range(1, n // 2 + 1):
+        # P(X < j) for X ~ Binomial(n, 1/2): the chance the median lies below the j-th value
+        tail = sum(math.comb(n, i) for i in range(j)) / 2 ** n
+        if 1 - 2 * tail < level:
+            break
+        k = j
+    return (ordered[k - 1], ordered[n - k]) if k else None
+
+
 def median_of_runs(runs: Sequence[Mapping[str, float]],
                    keys: Sequence[str] = PERCENTILE_KEYS) -> dict[str, float]:
     """Each key's median over runs (performance.md: report each percentile as the median of

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from kproxy_ebpf.bench import goals, report
+from kproxy_ebpf.bench import goals, report, stats
 
 
 def _mode(connect_p50, connect_p99, rate, m5=None, m6=None, rss=None, churn_mcpu=None,
@@ -306,3 +306,24 @@ def test_markdown_says_where_the_iptables_target_sat_and_which_copy_was_measured
             "KUBE-SERVICES") in md
     # a run from before the copies: the target's position alone
     assert "the target's rule sat at position 4 of 107 in KUBE-SERVICES (kube-proxy" in md
+
+
+def test_m2_against_direct_is_judged_only_when_its_interval_is_narrower_than_the_margin():
+    doc = make_doc()
+
+    def pairs(ratios):
+        for n in ("100", "10000"):
+            doc["results"]["kproxy"][n]["M1"]["paired_direct"] = {
+                "connect_us": {"p50": 20.0, "p99": 30.0}, "added_us": {"p50": 0.5, "p99": 1.0},
+                "rate_ratio": stats.median(ratios), "rate_ratio_runs": ratios,
+                "rate_ratio_ci": list(stats.median_ci(ratios) or []) or None}
+        return by_goal(goals.evaluate(doc), "0.98x direct new")
+
+    tight = [0.985, 0.99, 0.99, 0.995, 1.0, 1.0, 1.0, 1.0, 1.0, 1.005, 1.01, 1.01, 1.0, 0.995, 1.0]
+    row = pairs(tight)
+    assert row["status"] == "met" and "over 15 pairs, 95 % interval 0.99..1.00" in row["measured"]
+    wide = [0.88, 0.9, 0.92, 0.95, 0.99, 1.0, 1.0, 1.0, 1.01, 1.02, 1.04, 1.05, 1.06, 1.08, 1.1]
+    row = pairs(wide)                   # median 1.0, but the interval 0.95..1.05
+    assert row["status"] == "missed" and "not decidable" in row["measured"]
+    row = pairs([1.0, 0.99, 1.01, 1.0, 1.0])
+    assert row["status"] == "missed" and "too few pairs" in row["measured"]

@@ -88,3 +88,12 @@ def test_cpu_between_prefers_cgroup():
     assert c["cpu_s_proc"] == 1.0
     c = cpu_between(CpuSample(0.0, 1.0, None), CpuSample(2.0, 2.0, None))
     assert c["cpu_s"] == 1.0 and c["source"] == "proc"
+
+
+def test_median_ci_is_the_sign_tests_interval():
+    # n=15: the 4th and 12th values hold the median with 96.5 % (Binomial(15, 1/2) tails of
+    # 1.76 % each); n=20: the 6th and 15th (95.9 %); five values cannot give 95 % at all.
+    assert stats.median_ci(list(range(15, 0, -1))) == (4, 12)
+    assert stats.median_ci(list(range(1, 21))) == (6, 15)
+    assert stats.median_ci([1, 2, 3, 4, 5]) is None
+    assert stats.median_ci([0.9, 0.95, 1.0, 1.02, 0.97, 0.99], level=0.9) == (0.9, 1.02)
