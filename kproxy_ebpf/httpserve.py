@@ -56,12 +56,18 @@ def serve(address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
 
 
 def metrics_handler(registry) -> type[BaseHTTPRequestHandler]:
-    """/metrics in the Prometheus text format (what prometheus_client's own server sends)."""
+    """/metrics in the Prometheus text format (what prometheus_client's own server sends).
+    `?name[]=a&name[]=b` answers those metric families only, as prometheus_client's server
+    does: the per-Service families (8 series per service port) are collected only when asked
+    for, so a probe of one gauge does not pay for a page that grows with the Services."""
+    from urllib.parse import parse_qs, urlsplit
+
     from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
-            data = generate_latest(registry)
+            names = parse_qs(urlsplit(self.path).query).get("name[]")
+            data = generate_latest(registry.restricted_registry(names) if names else registry)
             self.send_response(200)
             self.send_header("Content-Type", CONTENT_TYPE_LATEST)
             self.send_header("Content-Length", str(len(data)))

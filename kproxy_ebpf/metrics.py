@@ -247,19 +247,43 @@ class Metrics:
         self.registry.register(_ApiCollector(read))
 
 
-class _ChangesCollector(Collector):
+class _Families(Collector):
+    """A collector whose families are known without reading anything: describe() names them,
+    so the registry knows which collector a `name[]` query needs and collects no other (the
+    per-Service one reads a map and builds 8 series per service port)."""
+
+    def _families(self) -> tuple:
+        raise NotImplementedError
+
+    def _fill(self, *families) -> None:
+        raise NotImplementedError
+
+    def describe(self):
+        return list(self._families())
+
+    def collect(self):
+        families = self._families()
+        self._fill(*families)
+        return families
+
+
+class _ChangesCollector(_Families):
     def __init__(self, read: Callable[[], tuple[int, int]]):
         self._read = read
 
-    def collect(self):
-        services, slices = self._read()
-        yield CounterMetricFamily(P + "sync_proxy_rules_service_changes",
-                                  "Service changes seen (adds, updates, deletes).", services)
-        yield CounterMetricFamily(P + "sync_proxy_rules_endpoint_changes",
-                                  "EndpointSlice changes seen (adds, updates, deletes).", slices)
+    def _families(self):
+        return (CounterMetricFamily(P + "sync_proxy_rules_service_changes",
+                                    "Service changes seen (adds, updates, deletes)."),
+                CounterMetricFamily(P + "sync_proxy_rules_endpoint_changes",
+                                    "EndpointSlice changes seen (adds, updates, deletes)."))
+
+    def _fill(self, services, slices):
+        n_services, n_slices = self._read()
+        services.add_metric([], n_services)
+        slices.add_metric([], n_slices)
 
 
-class _ServiceCollector(Collector):
+class _ServiceCollector(_Families):
     """kproxy_service_*: 8 series per service port (connections; packets and bytes each way;
     refusals by reason), bounded by `limit` service ports."""
 
@@ -269,26 +293,30 @@ class _ServiceCollector(Collector):
                  limit: int):
         self._read, self._limit = read, limit
 
-    def collect(self):
+    def _families(self):
         labels = self.LABELS
-        conns = CounterMetricFamily(
-            P + "service_connections", "Connections the datapath balanced to the service "
-            "port's backends: connect()s, new flows of unconnected UDP sockets, new TC flows.",
-            labels=labels)
-        packets = CounterMetricFamily(
-            P + "service_packets", "Packets of the service port's flows, by direction "
-            "(to_backend: TC packets and unconnected UDP datagrams; reply: TC replies).",
-            labels=[*labels, "direction"])
-        nbytes = CounterMetricFamily(
-            P + "service_bytes", "Bytes of those packets on the TC path (a socket hook sees "
-            "no payload), by direction.", labels=[*labels, "direction"])
-        refusals = CounterMetricFamily(
-            P + "service_refusals", "Connections and packets refused, by reason: "
-            "no_endpoints (refused), no_local_endpoints (dropped: a Local traffic policy), "
-            "source_range (loadBalancerSourceRanges).", labels=[*labels, "reason"])
-        omitted = GaugeMetricFamily(
-            P + "service_metrics_omitted", "Service ports past serviceMetricsLimit, without "
-            "kproxy_service_* series (`kproxy-ebpf services -o wide` shows them all).")
+        return (
+            CounterMetricFamily(
+                P + "service_connections", "Connections the datapath balanced to the service "
+                "port's backends: connect()s, new flows of unconnected UDP sockets, new TC "
+                "flows.", labels=labels),
+            CounterMetricFamily(
+                P + "service_packets", "Packets of the service port's flows, by direction "
+                "(to_backend: TC packets and unconnected UDP datagrams; reply: TC replies).",
+                labels=[*labels, "direction"]),
+            CounterMetricFamily(
+                P + "service_bytes", "Bytes of those packets on the TC path (a socket hook "
+                "sees no payload), by direction.", labels=[*labels, "direction"]),
+            CounterMetricFamily(
+                P + "service_refusals", "Connections and packets refused, by reason: "
+                "no_endpoints (refused), no_local_endpoints (dropped: a Local traffic policy), "
+                "source_range (loadBalancerSourceRanges).", labels=[*labels, "reason"]),
+            GaugeMetricFamily(
+                P + "service_metrics_omitted", "Service ports past serviceMetricsLimit, "
+                "without kproxy_service_* series (`kproxy-ebpf services -o wide` shows them "
+                "all)."))
+
+    def _fill(self, conns, packets, nbytes, refusals, omitted):
         try:
             rows = self._read()
         except OSError:
@@ -304,41 +332,43 @@ class _ServiceCollector(Collector):
                               ("source_range", c.denied)):
                 refusals.add_metric([*ids, reason], n)
         omitted.add_metric([], max(0, len(rows) - self._limit))
-        yield from (conns, packets, nbytes, refusals, omitted)
 
 
-class _ApiCollector(Collector):
+class _ApiCollector(_Families):
     def __init__(self, read: Callable[[], dict[str, ApiCounters]]):
         self._read = read
 
-    def collect(self):
-        relists = CounterMetricFamily(P + "api_relists", "Relists after 410 Gone.",
-                                      labels=["resource"])
-        restarts = CounterMetricFamily(P + "api_watch_restarts",
-                                       "Lists or watches retried after an error.",
-                                       labels=["resource"])
-        stalls = CounterMetricFamily(P + "api_watch_stalls",
-                                     "Watches that stopped delivering without closing (no event "
-                                     "or bookmark for watchProgressTimeout), re-established.",
-                                     labels=["resource"])
-        synced = GaugeMetricFamily(P + "api_synced", "1 once the resource was listed.",
-                                   labels=["resource"])
+    def _families(self):
+        return (CounterMetricFamily(P + "api_relists", "Relists after 410 Gone.",
+                                    labels=["resource"]),
+                CounterMetricFamily(P + "api_watch_restarts",
+                                    "Lists or watches retried after an error.",
+                                    labels=["resource"]),
+                CounterMetricFamily(P + "api_watch_stalls",
+                                    "Watches that stopped delivering without closing (no event "
+                                    "or bookmark for watchProgressTimeout), re-established.",
+                                    labels=["resource"]),
+                GaugeMetricFamily(P + "api_synced", "1 once the resource was listed.",
+                                  labels=["resource"]))
+
+    def _fill(self, relists, restarts, stalls, synced):
         for resource, c in sorted(self._read().items()):
             relists.add_metric([resource], c.relists)
             restarts.add_metric([resource], c.restarts)
             stalls.add_metric([resource], c.stalls)
             synced.add_metric([resource], 1 if c.synced else 0)
-        yield from (relists, restarts, stalls, synced)
 
 
-class _DatapathCollector(Collector):
+class _DatapathCollector(_Families):
     def __init__(self, read: Callable[[], dict[str, int]]):
         self._read = read
 
-    def collect(self):
-        fam = CounterMetricFamily(P + "datapath_events", "Socket-hook decisions, by event.",
-                                  labels=["event"])
-        up = GaugeMetricFamily(P + "datapath_readable", "1 if the stats map could be read.")
+    def _families(self):
+        return (CounterMetricFamily(P + "datapath_events", "Socket-hook decisions, by event.",
+                                    labels=["event"]),
+                GaugeMetricFamily(P + "datapath_readable", "1 if the stats map could be read."))
+
+    def _fill(self, fam, up):
         try:
             values = self._read()
             up.add_metric([], 1)
@@ -347,5 +377,3 @@ class _DatapathCollector(Collector):
             up.add_metric([], 0)
         for event, value in sorted(values.items()):
             fam.add_metric([event], value)
-        yield fam
-        yield up

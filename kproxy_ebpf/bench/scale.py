@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 
 from . import fill
 from .procstat import CpuSample, cpu_between
-from .testbed import M5_SERVICE, MIN_SYNC_S, Testbed, metric
+from .testbed import M5_SERVICE, MIN_SYNC_S, PROGRAMMED_METRICS, Testbed, metric
 
 LAST = "kpbench-last"
 MIB = 1024 * 1024
@@ -89,7 +89,8 @@ class ScaleRun:
         has no such counter (0): the median over sub-windows stands in for it there."""
         if not self.mode.startswith("kproxy"):
             return dict.fromkeys(NODES, 0.0)
-        return {node: metric(self.tb.metrics(node), "kproxy_sync_full_cpu_seconds_total")
+        name = "kproxy_sync_full_cpu_seconds_total"
+        return {node: metric(self.tb.metrics(node, (name,)), name)
                 for node in NODES}
 
     def _cpu(self, a: dict, b: dict) -> dict:
@@ -116,7 +117,7 @@ class ScaleRun:
             return False
         if self.mode == "kproxy":
             return True
-        return metric(self.tb.metrics(node),
+        return metric(self.tb.metrics(node, PROGRAMMED_METRICS),
                       "kubeproxy_sync_proxy_rules_last_timestamp_seconds") > since_wall
 
     def run(self) -> dict:

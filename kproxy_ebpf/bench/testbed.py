@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +54,11 @@ KUBE_PROXY_MODE = {"iptables": "iptables", "iptables-legacy": "iptables", "nftab
 LEGACY_TOOLS = ("iptables", "iptables-save", "iptables-restore",
                 "ip6tables", "ip6tables-save", "ip6tables-restore")
 METRICS_PORT = 10249
+# What programmed() reads (kproxy's, then kube-proxy's).
+PROGRAMMED_METRICS = ("kproxy_backends", "kproxy_service_changes_pending",
+                      "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+                      "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+                      "kubeproxy_sync_proxy_rules_service_changes_pending")
 # Each proxy's minimum time between two syncs in the lab: kube-proxy's from the lab's
 # KubeProxyConfiguration (lab/cluster.py: iptables/nftables minSyncPeriod 1s, kube-proxy's own
 # default), kproxy's default (config.py). M5 spaces its changes by more than this, so each
@@ -418,10 +423,15 @@ class Testbed:
             self.cluster.lab.exec(f"node/{node.name}", ["conntrack", "-F"],
                                   capture_output=True, timeout=60)
 
-    def metrics(self, node: str = "node1") -> dict[str, float]:
-        """The proxy's /metrics, fetched from inside the node's namespace."""
+    def metrics(self, node: str = "node1", names: Sequence[str] = ()) -> dict[str, float]:
+        """The proxy's /metrics, fetched from inside the node's namespace; `names` asks for
+        those families only (kproxy's `name[]` filter: its whole page grows with the Services,
+        8 series per service port, and the waits below poll every 50-100 ms; kube-proxy
+        ignores the query)."""
+        query = "?" + "&".join(f"name[]={n}" for n in names) if names else ""
+
         def get() -> str:
-            with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics",
+            with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics{query}",
                                         timeout=2) as r:
                 return r.read().decode()
 
@@ -447,7 +457,7 @@ class Testbed:
         covers all N x E (+ live) endpoints with nothing pending; kube-proxy has finished a
         sync (its first sync runs only once its informers have listed everything)."""
         try:
-            m = self.metrics(node)
+            m = self.metrics(node, PROGRAMMED_METRICS)
         except OSError:
             return False
         if self.mode in KPROXY_MODES:
