@@ -19,6 +19,13 @@ class ApiError(RuntimeError):
         self.status = status
 
 
+def _etcd_timeout(r) -> bool:
+    """An etcd write that timed out under load: the ClusterIP allocator reports it as 422
+    Invalid ("failed to allocate IP: etcdserver: request timed out"), though the request was
+    fine; kube-proxy nftables at 40,000 Services held the lab's 2 cores long enough."""
+    return r.status == 422 and b"etcdserver: request timed out" in r.data
+
+
 class RawApi:
     def __init__(self, kubeconfig: str, pool_size: int = 32):
         from kubernetes import client, config
@@ -48,7 +55,7 @@ class RawApi:
                 continue
             if r.status < 300:
                 return json.loads(r.data) if r.data else {}
-            if r.status in (429, 500, 503, 504) and attempt < retries:
+            if attempt < retries and (r.status in (429, 500, 503, 504) or _etcd_timeout(r)):
                 time.sleep(0.2 * (attempt + 1))
                 continue
             raise ApiError(method, path, r.status, r.data.decode(errors="replace"))

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 
 from . import fill
 from .procstat import CpuSample, cpu_between
+from .rawapi import ApiError
 from .testbed import M5_SERVICE, MIN_SYNC_S, PROGRAMMED_METRICS, Testbed, metric
 
 LAST = "kpbench-last"
@@ -123,9 +124,12 @@ class ScaleRun:
     def run(self) -> dict:
         try:
             return self._run()
-        except CatchUpTimeout as e:
+        except (CatchUpTimeout, ApiError) as e:
+            # A mode that cannot finish is a result, not the end of the run: the modes
+            # before it keep theirs.
             self.log(str(e))
-            self.out["did_not_finish"] = f"{e}; at {self.tb.filled} services"
+            why = str(e) if isinstance(e, CatchUpTimeout) else f"the API server failed: {e}"
+            self.out["did_not_finish"] = f"{why}; at {self.tb.filled} services"
             if self._t_fill is not None:    # a lower bound of its time to the last answer
                 self.out["did_not_finish_after_s"] = round(time.monotonic() - self._t_fill, 1)
             return self.out
