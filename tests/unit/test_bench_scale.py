@@ -76,3 +76,26 @@ def test_the_cold_start_meters_from_before_the_processes_exist(monkeypatch):
     monkeypatch.setattr(run, "_caught_up", lambda since: 2.5, raising=False)
     out = run._cold_start()
     assert out["wall_s"] == 2.5 and out["cpu_s_mean"] == pytest.approx(4.0)
+
+
+def test_a_mode_the_api_server_fails_is_recorded_and_the_run_goes_on(monkeypatch):
+    from kproxy_ebpf.bench import scale
+    from kproxy_ebpf.bench.rawapi import ApiError
+
+    class Testbed:
+        filled = 39000
+
+        def __init__(self, *a, **k):
+            pass
+
+    def fail(self):
+        self._t_fill = 0.0
+        raise ApiError("POST", "/api/v1/namespaces/kpbench/services", 422,
+                       "failed to allocate IP: etcdserver: request timed out")
+
+    monkeypatch.setattr(scale, "Testbed", Testbed)
+    monkeypatch.setattr(scale.ScaleRun, "_run", fail)
+    out = scale.ScaleRun(scale.ScaleConfig(n=50000), "nftables", lambda m: None).run()
+    assert out["did_not_finish"].startswith("the API server failed: POST")
+    assert out["did_not_finish"].endswith("at 39000 services")
+    assert out["did_not_finish_after_s"] >= 0
