@@ -210,6 +210,22 @@ class MemoryMap:
         return [(self.spec.key.from_buffer_copy(k), self.spec.value.from_buffer_copy(v))
                 for k, v in self.rows.items()]
 
+    def unpacked(self):
+        """As PinnedMap.unpacked(): what restore() reads on a full sync's map re-read."""
+        import struct
+        kf, vf = struct.Struct(self.spec.key_format), struct.Struct(self.spec.value_format)
+        return [(kf.unpack(k), vf.unpack(v)) for k, v in self.rows.items()]
+
+    def raw_items(self):
+        return list(self.rows.items())
+
+    def keys(self):
+        return [self.spec.key.from_buffer_copy(k) for k in self.rows]
+
+    def get(self, key):
+        v = self.rows.get(self.raw(key))
+        return None if v is None else self.spec.value.from_buffer_copy(v)
+
 
 WRITER = "null"
 
