@@ -55,6 +55,8 @@ _REQ_V1_TAIL = struct.Struct("=II")          # states, dbs
 _MSG_HEAD = struct.Struct("=BBBB")           # family, state, timer, retrans
 _MSG_SIZE = _MSG_HEAD.size + _SOCKID.size + _SOCKID_TAIL.size + 20
 _NLA = struct.Struct("=HH")
+# A dump's socket id: no addresses or ports, no cookie (INET_DIAG_NOCOOKIE).
+_ANY_SOCKID = _SOCKID.pack(0, 0, b"", b"") + _SOCKID_TAIL.pack(0, 0xFFFFFFFF, 0xFFFFFFFF)
 
 
 class SockDiagError(OSError):
@@ -128,7 +130,7 @@ def request(family: int, protocol: int, states: int, sock: DiagSocket | None = N
             map_fds: Sequence[int] = ()) -> bytes:
     """inet_diag_req_v2 (with `sock`'s id for a request about one socket) and attributes."""
     if sock is None:
-        sockid = _SOCKID.pack(0, 0, b"", b"") + _SOCKID_TAIL.pack(0, 0xFFFFFFFF, 0xFFFFFFFF)
+        sockid = _ANY_SOCKID
     else:
         sockid = (_SOCKID.pack(sock.sport, sock.dport, sock.src, sock.dst)
                   + _SOCKID_TAIL.pack(sock.ifindex, sock.cookie & 0xFFFFFFFF, sock.cookie >> 32))
@@ -201,9 +203,8 @@ class SockDiag:
         names one family, so two walks; this v1 request (inet_diag_req, TCPDIAG_GETSOCK)
         asks for both in one (the kernel's compat dump, family AF_UNSPEC). Its replies
         carry the cgroup id like any other."""
-        sockid = _SOCKID.pack(0, 0, b"", b"") + _SOCKID_TAIL.pack(0, 0xFFFFFFFF, 0xFFFFFFFF)
         seq = self._send(TCPDIAG_GETSOCK, NLM_F_REQUEST | NLM_F_DUMP,
-                         _REQ_V1_HEAD.pack(0, 0, 0, 0) + sockid + _REQ_V1_TAIL.pack(states, 0))
+                         _REQ_V1_HEAD.pack(0, 0, 0, 0) + _ANY_SOCKID + _REQ_V1_TAIL.pack(states, 0))
         return [parse_msg(payload, socket.IPPROTO_TCP) for kind, payload in self._replies(seq)
                 if kind == TCPDIAG_GETSOCK]
 
