@@ -211,10 +211,11 @@ class MemoryMap:
                 for k, v in self.rows.items()]
 
     def unpacked(self):
-        """As PinnedMap.unpacked(): what restore() reads on a full sync's map re-read."""
-        import struct
-        kf, vf = struct.Struct(self.spec.key_format), struct.Struct(self.spec.value_format)
-        return [(kf.unpack(k), vf.unpack(v)) for k, v in self.rows.items()]
+        """As PinnedMap.unpacked(): what restore() reads on a full sync's map re-read, packed
+        as the kernel's batches are."""
+        from kproxy_ebpf.datapath.pinned import UnpackedRows
+        return UnpackedRows(self.spec.key_format, self.spec.value_format,
+                            [(b"".join(self.rows), b"".join(self.rows.values()))])
 
     def raw_items(self):
         return list(self.rows.items())

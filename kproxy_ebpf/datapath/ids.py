@@ -54,6 +54,10 @@ class IdAllocator:
         """The key holding id_ (O(n): for tests and tools, not the write path)."""
         return next((k for k, i in self._by_key.items() if i == id_), None)
 
+    def by_id(self) -> dict[int, Hashable]:
+        """Every bound id with its key: a new dict, for one bulk question by id (restore)."""
+        return {i: k for k, i in self._by_key.items()}
+
     @property
     def free(self) -> int:
         return self.max_id - len(self._by_key)

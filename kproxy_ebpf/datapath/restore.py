@@ -24,44 +24,53 @@ def _cstr(raw: bytes) -> str:
 
 def read_back(svc: PinnedMap, be: PinnedMap, meta: PinnedMap, src: PinnedMap | None,
               ext_addrs: HeldAddrs | None, ext_locals: HeldAddrs | None,
-              tables: MaglevTables | None = None) -> Ledger:
+              tables: MaglevTables | None = None, previous: Ledger | None = None) -> Ledger:
     """The Ledger of what the maps hold (None: a map the writer does not have; `tables`
-    adopts the Maglev tables slot 0s name)."""
+    adopts the Maglev tables slot 0s name). A row that says what `previous` (the Ledger
+    being replaced) says is recorded with previous's own key objects: a periodic re-read at
+    50,000 Services otherwise kept a second copy of every backend's address text and key
+    (~60 MiB) beside the model's."""
     led = Ledger()
+    same = _Canon(previous)
     # Plain tuples (PinnedMap.unpacked): no ctypes object per row at 100,000 rows.
     names: dict[int, ServicePortName] = {}
     for (sid,), (ns, name, port_name, proto, *view) in meta.unpacked():
-        spn = ServicePortName(_cstr(ns), _cstr(name), _cstr(port_name),
-                              L.PROTO_BY_NUM.get(proto, Protocol.TCP))
+        spn = same.service(sid, _cstr(ns), _cstr(name), _cstr(port_name),
+                           L.PROTO_BY_NUM.get(proto, Protocol.TCP))
         names[sid] = spn
         led.named[spn] = tuple(view)
     led.svc_ids.restore_all((spn, sid) for sid, spn in names.items())
     ports: dict[int, int] = {}
 
-    def addr(ip: bytes, port: int, proto: int) -> BackendKey:
+    def host(port: int) -> int:
         if port not in ports:
             ports[port] = L.port_host(port)
-        return (L.ip_text(ip), ports[port], L.PROTO_BY_NUM.get(proto, Protocol.TCP))
+        return ports[port]
+
+    def addr(ip: bytes, port: int, proto: int) -> BackendKey:
+        return (L.ip_text(ip), host(port), L.PROTO_BY_NUM.get(proto, Protocol.TCP))
 
     backends: dict[int, BackendKey] = {}
     for (bid,), (ip, port, proto) in be.unpacked():
-        backends[bid] = addr(ip, port, proto)
+        backends[bid] = same.backend(bid, ip, host(port), proto) or addr(ip, port, proto)
     led.backend_ids.restore_all((bkey, bid) for bid, bkey in backends.items())
     # Both scopes (sockets, and packets from outside the node) are this writer's; rows of
-    # a scope it does not know belong to some other writer and are left alone.
-    rows = [(k, v) for k, v in svc.unpacked() if k[3] in L.SCOPE_BY_NUM]
+    # a scope it does not know belong to some other writer and are left alone. Read twice,
+    # slot 0s first, from the packed rows.
+    rows = svc.unpacked()
+    ours = L.SCOPE_BY_NUM
     heads: dict[tuple, Programmed] = {}     # a frontend's (ip, port, proto, scope) as stored
 
     def record(ip: bytes, port: int, proto: int, scope: int, prog: Programmed) -> Programmed:
-        fkey = FrontendKey(*addr(ip, port, proto), L.SCOPE_BY_NUM[scope],
-                           IPFamily.IPV4 if L.ip_is4(ip) else IPFamily.IPV6)
+        fkey = same.frontend(FrontendKey(*addr(ip, port, proto), L.SCOPE_BY_NUM[scope],
+                                         IPFamily.IPV4 if L.ip_is4(ip) else IPFamily.IPV6))
         heads[(ip, port, proto, scope)] = led.frontends[fkey] = prog
         return prog
 
     named_tables: list[tuple[Programmed, int, int]] = []
     for (ip, port, proto, scope, slot), (table, sid, affinity, count, action, kind, _,
                                          fe_flags, maglev_size) in rows:
-        if slot == 0:
+        if slot == 0 and scope in ours:
             prog = record(ip, port, proto, scope, Programmed(
                 kind=L.KIND_BY_NUM.get(kind, FrontendKind.CLUSTER_IP), service=None,
                 action=L.ACTION_BY_NUM.get(action, Action.REJECT), affinity=affinity,
@@ -71,7 +80,7 @@ def read_back(svc: PinnedMap, be: PinnedMap, meta: PinnedMap, src: PinnedMap | N
                 named_tables.append((prog, table, maglev_size))
     refs = led.refs
     for (ip, port, proto, scope, slot), (bid, *_, flags, _, _) in rows:
-        if slot == 0:
+        if slot == 0 or scope not in ours:
             continue
         prog = heads.get((ip, port, proto, scope)) or record(
             ip, port, proto, scope,
@@ -96,6 +105,36 @@ def read_back(svc: PinnedMap, be: PinnedMap, meta: PinnedMap, src: PinnedMap | N
     led.unref = led.backend_ids.keys() - led.refs.keys()
     led.svc_unref = led.svc_ids.keys() - led.svc_refs.keys()
     return led
+
+
+class _Canon:
+    """The key objects of the Ledger a re-read replaces, found by the ids and values the maps
+    hold; every answer is None (or the new object itself) on a first restore."""
+
+    def __init__(self, previous: Ledger | None) -> None:
+        self._backends = previous.backend_ids.by_id() if previous is not None else {}
+        self._services = previous.svc_ids.by_id() if previous is not None else {}
+        self._frontends = {k: k for k in previous.frontends} if previous is not None else {}
+
+    def backend(self, bid: int, ip: bytes, port: int, proto: int) -> BackendKey | None:
+        """previous's key for backend id `bid` when it names the address (`port` in host
+        order) this row holds."""
+        old = self._backends.get(bid)
+        if (old is not None and old[1] == port and L.PROTO_NUM[old[2]] == proto
+                and L.ip_bytes(old[0]) == ip):
+            return old
+        return None
+
+    def service(self, sid: int, ns: str, name: str, port: str,
+                proto: Protocol) -> ServicePortName:
+        old = self._services.get(sid)
+        if (old is not None and old.namespace == ns and old.name == name and old.port == port
+                and old.protocol is proto):
+            return old
+        return ServicePortName(ns, name, port, proto)
+
+    def frontend(self, key: FrontendKey) -> FrontendKey:
+        return self._frontends.get(key, key)
 
 
 def _restore_ranges(led: Ledger, src: PinnedMap) -> None:

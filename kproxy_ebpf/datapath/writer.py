@@ -117,7 +117,7 @@ class MapWriter:
         if self.tables is not None:
             self.tables = MaglevTables(self.tables.map)
         self.held = read_back(self.svc, self.be, self.meta, self.src, self.ext_addrs,
-                              self.ext_locals, self.tables)
+                              self.ext_locals, self.tables, previous=self.held)
         self._gc(DirectWrites(self.svc))
         return len(self.held.frontends)
 
