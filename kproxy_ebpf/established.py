@@ -14,7 +14,7 @@ until they idle out.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from .datapath.programmed import BackendKey
 from .datapath.writer import MapWriter
@@ -36,6 +36,12 @@ class Established:
         # frontend, and MapWriter.serves() rebuilds the frontend's slot table per question.
         self._live: dict[FrontendKey, frozenset[BackendKey]] = {}
 
+    def picks(self, key: FrontendKey) -> frozenset[BackendKey]:
+        """The backends lookups of `key` can pick now, not cached: settle() asks once for every
+        frontend of a full sync, and 50,000 cached sets were ~36 MiB for the sync's length."""
+        live = self._live.get(key)
+        return live if live is not None else self.writer.backends_of(key)
+
     def keeps(self, key: FrontendKey, backend: BackendKey) -> bool:
         live = self._live.get(key)
         if live is None:
@@ -54,18 +60,25 @@ class Established:
         return (backend[0], backend[1]) in serving
 
 
-Snapshot = dict[FrontendKey, frozenset[BackendKey]]   # per frontend, backends before a write
+# Per frontend, the backends its sockets may be talking to before a write.
+Snapshot = dict[FrontendKey, Collection[BackendKey]]
 
 
 class KeptBackends:
     """Per scope-SOCK frontend, the backends that sockets made through it may still be
-    talking to: those lookups could pick at some point and that have kept their connections
-    since. A backend that left the slots but still serves (a pod shutting down) stays here, so
-    the sync where it stops serving finds its sockets. Only what this agent saw: after a
-    restart, the first sync (and every full one) searches every socket."""
+    talking to: those lookups can pick now (the writer's slots) and those that left the slots
+    but kept their connections since (a pod shutting down, still serving), so the sync where
+    it stops serving finds its sockets. Only the second kind is remembered here, for the few
+    frontends that have one: a copy of every frontend's slots was ~36 MiB at 50,000
+    Services. Only what this agent saw: after a restart, the first sync (and every full one)
+    searches every socket."""
 
     def __init__(self) -> None:
         self._held: dict[FrontendKey, frozenset[BackendKey]] = {}
+
+    def __len__(self) -> int:
+        """Frontends with a backend remembered beyond their slots."""
+        return len(self._held)
 
     def before(self, writer: MapWriter, keys: Iterable[FrontendKey] | None) -> Snapshot:
         """Taken before a sync writes the frontends among `keys` (None: all)."""
@@ -73,17 +86,18 @@ class KeptBackends:
         held = self._held
         mine = held.keys() if keys is None else [k for k in keys if k in held]
         for k in mine:
-            out[k] = out.get(k, frozenset()) | held[k]
+            out[k] = frozenset(out.get(k, ())) | held[k]
         return out
 
-    def settle(self, before: Snapshot,
-               keeps: Callable[[FrontendKey, BackendKey], bool]) -> set[BackendKey]:
-        """After the write: keeps what still may keep its sockets, returns the backends
-        that lost them (through some frontend)."""
+    def settle(self, before: Snapshot, now: Established) -> set[BackendKey]:
+        """After the write: remembers the backends outside the slots that still keep their
+        sockets, returns the backends that lost them (through some frontend)."""
         lost: set[BackendKey] = set()
         for key, backends in before.items():
-            stay = frozenset(b for b in backends if keeps(key, b))
-            lost |= backends - stay
+            live = now.picks(key)
+            left = [b for b in backends if b not in live]
+            stay = frozenset(b for b in left if now.keeps(key, b))
+            lost.update(b for b in left if b not in stay)
             if stay:
                 self._held[key] = stay
             else:

@@ -35,7 +35,7 @@ class SocketSweep:
         return self.kept.before(writer, keys)
 
     def after(self, before: Snapshot, keeps: Established, full: bool) -> None:
-        gone = {peer_of(be) for be in self.kept.settle(before, keeps.keeps)}
+        gone = {peer_of(be) for be in self.kept.settle(before, keeps)}
         every = self._every or full
         if not gone and not every:
             return

@@ -59,6 +59,10 @@ class SlotRows:
             self._flags.extend(bytes(grow))
         self._be[slot - 1], self._flags[slot - 1] = row
 
+    def backends(self, count: int) -> tuple[BackendKey, ...]:
+        """The backends of slots 1..count that hold a row, in slot order."""
+        return tuple(b for b in self._be[:count] if b is not None)
+
     def above(self, count: int) -> list[int]:
         """The slots above `count` that hold a row, in order."""
         be = self._be
@@ -118,7 +122,7 @@ class Programmed:
 
     def order(self) -> tuple[BackendKey, ...]:
         """The backends of slots 1..count (those present)."""
-        return tuple(self.rows[s][0] for s in range(1, (self.count or 0) + 1) if s in self.rows)
+        return self.rows.backends(self.count or 0)
 
     def live(self) -> dict[BackendKey, int]:
         """The backends lookups can reach, with their flags."""

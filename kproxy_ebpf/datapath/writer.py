@@ -105,11 +105,12 @@ class MapWriter:
         return frozenset(prog.live()) if prog is not None else frozenset()
 
     def sock_backends(self, keys: Iterable[FrontendKey] | None = None
-                      ) -> dict[FrontendKey, frozenset[BackendKey]]:
+                      ) -> dict[FrontendKey, tuple[BackendKey, ...]]:
         """The backends lookups of the scope-SOCK frontends among `keys` (None: all) can pick
-        now: what a socket connected through them may be talking to."""
+        now: what a socket connected through them may be talking to. Tuples, not sets: a full
+        sync holds one per frontend while it writes."""
         held = self.held.frontends
-        return {k: frozenset(prog.live()) for k in (held if keys is None else keys)
+        return {k: prog.order() for k in (held if keys is None else keys)
                 if k.scope is Scope.SOCK and (prog := held.get(k)) is not None}
 
     def restore(self) -> int:

@@ -69,10 +69,13 @@ def test_a_draining_backend_is_remembered_until_it_stops_serving():
         changes = state.compute()
         before = kept.before(writer, changes.recomputed_keys)
         assert writer.apply(changes.frontends, changes.changed_keys).ok
-        return kept.settle(before, Established(writer, changes.frontends, state, lock).keeps)
+        return kept.settle(before, Established(writer, changes.frontends, state, lock))
 
     assert sync(ep(READY, "node-b"), ep(DRAINING, "node-b")) == set()
+    assert len(kept) == 0, "backends in the slots are the writer's to tell, not copied"
     assert sync(ep(READY, "node-b"),
                 ep(DRAINING, "node-b", ready=False, serving=True, terminating=True)) == set()
+    assert len(kept) == 1
     assert sync(ep(READY, "node-b")) == {(DRAINING, 8080, TCP)}
+    assert len(kept) == 0
     assert sync(ep(READY, "node-b")) == set()
