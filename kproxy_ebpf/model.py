@@ -111,8 +111,10 @@ class EndpointPort:
 
 class Endpoint(NamedTuple):
     """One endpoints[] entry. A NamedTuple: 100,000 are made per LIST at 10k Services x 10,
-    and a frozen dataclass's __init__ (one object.__setattr__ per field) cost 3x as much."""
-    addresses: tuple[str, ...]
+    and a frozen dataclass's __init__ (one object.__setattr__ per field) cost 3x as much.
+    Only the first address is kept: kube-proxy uses addresses[0] alone (and the API allows one
+    address per endpoint today), and a 1-tuple per endpoint was 24 MiB at 50,000 Services."""
+    address: str | None                # endpoints[].addresses[0]; None: the list is empty
     ready: bool | None = None          # None: unset
     serving: bool | None = None
     terminating: bool | None = None

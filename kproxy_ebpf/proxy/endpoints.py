@@ -72,9 +72,9 @@ def endpoints_by_port(slices: Iterable[EndpointSlice], node_name: str,
             bucket = merged.setdefault((sport.name, sport.protocol), {})
             port = sport.port
             for ep in sl.endpoints:
-                if not ep.addresses:
+                ip = ep.address                 # kube-proxy uses only the first address
+                if not ip:
                     continue
-                ip = ep.addresses[0]            # kube-proxy uses only the first address
                 local = named and ep.node_name == node_name
                 seen = bucket.get((ip, port))
                 if seen is not None and (seen.local or not local):

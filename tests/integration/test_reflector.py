@@ -261,7 +261,7 @@ def test_endpointslices_list_then_watch(apiserver, reflector_api, namespace, run
     eps, rejections = slice_from_api(store.get(namespace, "web-1"))
     assert rejections == []
     assert eps.service_name == "web" and eps.address_type == "IPv4"
-    assert [e.addresses for e in eps.endpoints] == [("10.0.1.1",), ("10.0.1.3",)]
+    assert [e.address for e in eps.endpoints] == ["10.0.1.1", "10.0.1.3"]
     assert all(e.ready is True and e.serving is None and e.terminating is None for e in eps.endpoints)
     assert (r.relists, r.handler_errors) == (0, 0)
 

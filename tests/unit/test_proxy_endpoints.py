@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kproxy_ebpf.model import Endpoint, EndpointPort, Protocol
+from kproxy_ebpf.model import EndpointPort, Protocol
 from kproxy_ebpf.proxy.endpoints import endpoints_by_port
 
 from ..builders import ep, sl
@@ -61,8 +61,6 @@ def test_ignored_input(slices):
 
 
 @pytest.mark.parametrize("slices, want", [
-    pytest.param([sl(Endpoint(addresses=("10.0.1.1", "10.0.1.2")))],
-                 {("", TCP): [("10.0.1.1", 8080, False)]}, id="only-first-address-is-used"),
     pytest.param([sl(ep("fd00::1"), family="IPv6", name="v6"), sl(ep("10.0.1.1"), name="v4")],
                  {("", TCP): [("10.0.1.1", 8080, False)]},
                  id="ipv6-slice-ignored-next-to-ipv4-slice"),
