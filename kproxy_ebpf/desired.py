@@ -87,12 +87,12 @@ class ServicePortName:
 
 class Backend(NamedTuple):
     """One endpoint a frontend forwards to; ordered and compared field by field. A NamedTuple
-    for its construction cost, as model.Endpoint."""
+    for its construction cost, as model.Endpoint. Only what the datapath and the stale-socket
+    rule read: one is held per endpoint and frontend (500,000 at 50,000 Services x 10)."""
     ip: str
     port: int
     protocol: Protocol
-    node_name: str | None = None
-    local: bool = False
+    local: bool = False                # on this node (the endpoint's nodeName is ours)
     ready: bool = True
     serving: bool = True
     terminating: bool = False

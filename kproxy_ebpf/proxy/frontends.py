@@ -170,7 +170,7 @@ def _backends(eps: Iterable[EndpointInfo], sp: ServicePort) -> tuple[Backend, ..
     # the port's, so this is Backend's full order, without its generated __lt__ per compare.
     # Positional arguments and a list: this runs once per endpoint and port of every Service.
     proto = sp.protocol
-    out = [Backend(e.ip, e.port, proto, e.node_name, e.local, e.ready, e.serving, e.terminating)
+    out = [Backend(e.ip, e.port, proto, e.local, e.ready, e.serving, e.terminating)
            for e in eps]
     out.sort(key=_backend_order)
     return tuple(out)

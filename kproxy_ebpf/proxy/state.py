@@ -90,7 +90,9 @@ class ProxyState:
         self._node = node
         self._services: dict[ServiceKey, Service] = {}
         self._slices: dict[SliceKey, EndpointSlice] = {}
-        self._slices_by_svc: dict[ServiceKey, set[str]] = {}
+        # A Service's slice names, sorted: a tuple, as most Services have one slice (a set of
+        # one was 216 bytes, 10 MiB at 50,000 Services).
+        self._slices_by_svc: dict[ServiceKey, tuple[str, ...]] = {}
         self._dirty: set[ServiceKey] = set()
         self._all_dirty = False
         # kube-proxy's change trackers, for its sync_proxy_rules_{service,endpoint}_changes_*
@@ -199,7 +201,10 @@ class ProxyState:
         if old is not None:
             dirtied |= self._unindex(old)
         if sl.service_name is not None:
-            self._slices_by_svc.setdefault((sl.namespace, sl.service_name), set()).add(sl.name)
+            key = (sl.namespace, sl.service_name)
+            names = self._slices_by_svc.get(key, ())
+            if sl.name not in names:
+                self._slices_by_svc[key] = tuple(sorted((*names, sl.name)))
             self._endpoints_change((sl.namespace, sl.service_name))
             dirtied = True
         if dirtied:
@@ -217,10 +222,12 @@ class ProxyState:
         if sl.service_name is None:
             return False
         key = (sl.namespace, sl.service_name)
-        names = self._slices_by_svc.get(key)
-        if names is not None:
-            names.discard(sl.name)
-            if not names:
+        names = self._slices_by_svc.get(key, ())
+        if sl.name in names:
+            left = tuple(n for n in names if n != sl.name)
+            if left:
+                self._slices_by_svc[key] = left
+            else:
                 del self._slices_by_svc[key]
         self._endpoints_change(key)
         return True
@@ -261,8 +268,8 @@ class ProxyState:
 
     def slices_of(self, namespace: str, name: str) -> list[EndpointSlice]:
         """The slices labelled for a Service, in slice-name order."""
-        names = self._slices_by_svc.get((namespace, name), ())
-        return [self._slices[(namespace, n)] for n in sorted(names)]
+        return [self._slices[(namespace, n)]
+                for n in self._slices_by_svc.get((namespace, name), ())]
 
     def port_endpoints(self, namespace: str, name: str) -> dict[ServicePortName, PortEndpoints]:
         """Cluster/Local endpoint sets per port (for the TC path and health checks)."""

@@ -118,8 +118,8 @@ def test_clusterip_forward_with_target_port_from_slice():
                                                             Action.FORWARD)
     assert f.service == ServicePortName("ns", "svc", "", TCP)
     assert f.affinity_timeout == 10800
-    assert [(b.ip, b.port, b.protocol, b.local, b.node_name) for b in f.backends] == [
-        ("10.0.2.1", 8080, TCP, True, "node-a"), ("10.0.2.2", 8080, TCP, False, "node-b")]
+    assert [(b.ip, b.port, b.protocol, b.local) for b in f.backends] == [
+        ("10.0.2.1", 8080, TCP, True), ("10.0.2.2", 8080, TCP, False)]
     assert list(f.backends) == sorted(f.backends)
 
 
