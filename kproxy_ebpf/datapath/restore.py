@@ -8,6 +8,8 @@ Ledger's unref sets name them).
 """
 from __future__ import annotations
 
+from collections import Counter
+
 from ..desired import Action, FrontendKey, FrontendKind, Scope, ServicePortName
 from ..model import IPFamily, Protocol
 from . import layout as L
@@ -78,7 +80,7 @@ def read_back(svc: PinnedMap, be: PinnedMap, meta: PinnedMap, src: PinnedMap | N
             led.set_service(prog, names.get(sid))
             if table:
                 named_tables.append((prog, table, maglev_size))
-    refs = led.refs
+    refs: Counter[BackendKey] = Counter()
     for (ip, port, proto, scope, slot), (bid, *_, flags, _, _) in rows:
         if slot == 0 or scope not in ours:
             continue
@@ -102,7 +104,8 @@ def read_back(svc: PinnedMap, be: PinnedMap, meta: PinnedMap, src: PinnedMap | N
     _restore_filters(led, ext_addrs, ext_locals)
     # Anything unreferenced (a crash between writes) is garbage now: only those are
     # candidates (a set difference, not a look at each of 100,000 backends).
-    led.unref = led.backend_ids.keys() - led.refs.keys()
+    led.refs.load(led.backend_ids.keys(), refs)
+    led.unref = led.refs.unnamed()
     led.svc_unref = led.svc_ids.keys() - led.svc_refs.keys()
     return led
 

@@ -207,6 +207,7 @@ class MapWriter:
         except BaseException:
             ids.release(b)
             raise
+        self.held.refs.taken(b)
         self.held.unref.add(b)      # freed again at the end of apply if no slot names it
         res.writes += 1
         return bid
@@ -294,12 +295,12 @@ class MapWriter:
                 writes.slot(pack_key(*fields, slot), slot_value(bid, row[1]))
                 # the bookkeeping of Ledger.ref(prog, slot, row), inline: this runs per endpoint
                 if old is not None:
-                    refs[old[0]] -= 1
+                    refs.add(old[0], -1)
                     unref.add(old[0])
                 else:
                     held.slot_rows += 1
                 rows[slot] = row
-                refs[bkey] += 1
+                refs.add(bkey)
                 res.writes += 1
 
     def _fill_slots(self, prog: Programmed, fields: tuple, order: list[BackendKey],
@@ -316,12 +317,14 @@ class MapWriter:
         be_rows: list[bytes] = []
         keys: list[bytes] = []
         values: list[bytes] = []
+        fresh: set[BackendKey] = set()      # given an id here
         try:
             for slot, bkey in enumerate(order, start=1):
                 bid = get(bkey)
                 if bid is None:
                     row = E.backend_row(bkey)
                     bid = acquire(bkey)
+                    fresh.add(bkey)
                     be_keys.append(E.backend_id_key(bid))
                     be_rows.append(row)
                 keys.append(pack_key(addr, port, proto, scope, slot))
@@ -331,7 +334,15 @@ class MapWriter:
             writes.rows(self.be, be_keys, be_rows)
             writes.slots(keys, values)
             prog.rows.fill(done, bytes(wanted[b] for b in done))
-            held.refs.update(done)
+            # A backend given its id here is named by this one slot (a count of 1 is not
+            # stored, RefCounts); one that had an id gains a row.
+            add = held.refs.add
+            for b in done:
+                if b not in fresh:
+                    add(b)
+            for b in fresh.difference(done):     # an id no slot came to name: garbage
+                held.refs.taken(b)
+                held.unref.add(b)
             held.slot_rows += len(done)
             res.writes += len(be_keys) + len(done)
 
@@ -368,9 +379,9 @@ class MapWriter:
         for b in sorted(want - prog.drain):
             if held.backend_ids.get(b) is None:
                 self._new_backend(b, res, writes)
-            held.refs[b] += 1
+            held.refs.add(b)
         for b in prog.drain - want:
-            held.refs[b] -= 1
+            held.refs.add(b, -1)
             held.unref.add(b)
         prog.drain = want
 
@@ -403,11 +414,11 @@ class MapWriter:
         held = self.held
         for bkey in held.unref:
             bid = held.backend_ids.get(bkey)
-            if bid is None or held.refs.get(bkey, 0) > 0:
+            if bid is None or held.refs.count(bkey) > 0:
                 continue
             writes.drop(self.be, E.backend_id_key(bid))
             held.backend_ids.release(bkey)
-            held.refs.pop(bkey, None)
+            held.refs.freed(bkey)
             if res:
                 res.writes += 1
         held.unref = set()

@@ -360,3 +360,43 @@ def test_a_reread_trusts_the_maps_over_the_replaced_ledger(maps):
     res = w.apply(table(fe(backends=["10.244.1.10"])))
     assert res.ok and res.writes > 0
     assert set(slots_of(maps).values()) >= {"10.244.1.10"}
+
+
+def _named(w: MapWriter) -> dict:
+    """Rows naming each backend, counted from the bookkeeping's slots and drain holds."""
+    from collections import Counter
+    n: Counter = Counter()
+    for prog in w.programmed.values():
+        n.update(prog.order())
+        n.update(prog.drain)
+    return n
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_reference_counts_follow_the_slots_through_changes_and_a_restore(maps, monkeypatch, batched):
+    """RefCounts stores only the counts other than 1: through fills (bulk and one by one),
+    shrinking, sharing and deletes, every backend with an id counts exactly the slots that
+    name it, and those named by none are freed with their rows."""
+    import kproxy_ebpf.datapath.writer as W
+
+    if not batched:
+        monkeypatch.setattr(W, "BATCH_MIN", 10**9)
+    rnd = random.Random(7)
+    w = MapWriter(maps)
+    desired = _mixed_table()
+    for step in range(12):
+        assert w.apply(desired).ok
+        named = _named(w)
+        assert {k: w.held.refs.count(k) for k in w.backend_ids.keys()} == dict(named)
+        assert set(w.backend_ids.keys()) == set(named), "no id without a row naming it"
+        assert len(maps["backend"].rows) == len(named)
+        if step == 6:
+            w.restore()
+            assert {k: w.held.refs.count(k) for k in w.backend_ids.keys()} == dict(_named(w))
+        for key in rnd.sample(sorted(desired), 8):
+            f = desired.pop(key)
+            if rnd.random() < 0.7:
+                bs = sorted(set(f.backends[: rnd.randrange(len(f.backends) + 1)])
+                            | {Backend(f"10.244.9.{rnd.randrange(6)}", 8080, TCP)})
+                f = fe(ip=f.ip, port=f.port, name=f.service.name, backends=bs)
+                desired[f.key] = f
