@@ -103,7 +103,7 @@ def read_back(svc: PinnedMap, be: PinnedMap, meta: PinnedMap, src: PinnedMap | N
         _restore_ranges(led, src)
     _restore_filters(led, ext_addrs, ext_locals)
     # Anything unreferenced (a crash between writes) is garbage now: only those are
-    # candidates (a set difference, not a look at each of 100,000 backends).
+    # candidates (RefCounts keeps the count-0 ones apart: no look at each of 100,000).
     led.refs.load(led.backend_ids.keys(), refs)
     led.unref = led.refs.unnamed()
     led.svc_unref = led.svc_ids.keys() - led.svc_refs.keys()

@@ -102,7 +102,7 @@ class MapWriter:
     def backends_of(self, key: FrontendKey) -> frozenset[BackendKey]:
         """The backends a lookup of frontend `key` (either scope) can pick now."""
         prog = self.held.frontends.get(key)
-        return frozenset(prog.live()) if prog is not None else frozenset()
+        return frozenset(prog.order()) if prog is not None else frozenset()
 
     def sock_backends(self, keys: Iterable[FrontendKey] | None = None
                       ) -> dict[FrontendKey, tuple[BackendKey, ...]]:
