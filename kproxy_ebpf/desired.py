@@ -85,21 +85,62 @@ class ServicePortName:
         return f"{base}:{self.port}" if self.port else base
 
 
+BackendKey = tuple[str, int, Protocol]      # (ip, port, protocol): a backend row's identity
+
+
+class BackendState(enum.IntFlag):
+    """An endpoint's conditions as a frontend holds them (Backend.state)."""
+    LOCAL = 1              # on this node (the endpoint's nodeName is ours)
+    READY = 2
+    SERVING = 4
+    TERMINATING = 8
+
+
+_LOCAL, _READY, _SERVING, _TERMINATING = (int(f) for f in BackendState)
+
+
 class Backend(NamedTuple):
-    """One endpoint a frontend forwards to; ordered and compared field by field. A NamedTuple
-    for its construction cost, as model.Endpoint. Only what the datapath and the stale-socket
-    rule read: one is held per endpoint and frontend (500,000 at 50,000 Services x 10)."""
-    ip: str
-    port: int
-    protocol: Protocol
-    local: bool = False                # on this node (the endpoint's nodeName is ours)
-    ready: bool = True
-    serving: bool = True
-    terminating: bool = False
+    """One endpoint a frontend forwards to; ordered by its key. One is held per endpoint and
+    frontend (500,000 at 50,000 Services x 10), so it is two fields: the key tuple, which the
+    writer keeps as the same object for its ids and slot rows (no copy per endpoint), and the
+    conditions as a plain int (small ints are shared; an IntFlag member per row is not).
+    Build one with Backend.of."""
+    key: BackendKey
+    state: int = _READY | _SERVING           # BackendState bits
+
+    @classmethod
+    def of(cls, ip: str, port: int, protocol: Protocol, local: bool = False,
+           ready: bool = True, serving: bool = True, terminating: bool = False) -> Backend:
+        return cls((ip, port, protocol), (_LOCAL if local else 0) | (_READY if ready else 0)
+                   | (_SERVING if serving else 0) | (_TERMINATING if terminating else 0))
 
     @property
-    def key(self) -> tuple[str, int, Protocol]:
-        return (self.ip, self.port, self.protocol)
+    def ip(self) -> str:
+        return self.key[0]
+
+    @property
+    def port(self) -> int:
+        return self.key[1]
+
+    @property
+    def protocol(self) -> Protocol:
+        return self.key[2]
+
+    @property
+    def local(self) -> bool:
+        return bool(self.state & _LOCAL)
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.state & _READY)
+
+    @property
+    def serving(self) -> bool:
+        return bool(self.state & _SERVING)
+
+    @property
+    def terminating(self) -> bool:
+        return bool(self.state & _TERMINATING)
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,7 @@ def fe(ip: str = "10.96.0.10", port: int = 80, backends: Iterable[str | Backend]
     """A TCP frontend of `service` (default/<name>:http unless given); backends are addresses
     (target port 8080) or Backends, kept sorted as the proxy hands them to the writer."""
     service = service or ServicePortName("default", name, "http", TCP)
-    bs = tuple(sorted(Backend(b, 8080, TCP) if isinstance(b, str) else b for b in backends))
+    bs = tuple(sorted(Backend.of(b, 8080, TCP) if isinstance(b, str) else b for b in backends))
     return Frontend(ip, port, TCP, kind, service, action, bs, affinity, scope,
                     source_ranges=tuple(ranges))
 

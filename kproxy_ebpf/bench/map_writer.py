@@ -30,7 +30,7 @@ def table(services: int, endpoints: int) -> dict:
     out = {}
     for i in range(services):
         ip = f"10.{96 + i // 65536}.{(i // 256) % 256}.{i % 256}"
-        bs = tuple(Backend(f"10.{128 + (i * endpoints + j) // 65536}."
+        bs = tuple(Backend.of(f"10.{128 + (i * endpoints + j) // 65536}."
                            f"{((i * endpoints + j) // 256) % 256}.{(i * endpoints + j) % 256}",
                            8080, Protocol.TCP) for j in range(endpoints))
         fe = Frontend(ip, 80, Protocol.TCP, FrontendKind.CLUSTER_IP,

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..desired import Action, Backend, Frontend, FrontendKey, Scope
+from ..desired import Action, Backend, BackendState, Frontend, FrontendKey, Scope
 from ..model import Protocol
 from . import layout as L
 from .programmed import BackendKey, Ledger, Programmed
 
-# be_flags of each (local, terminating, ready): L.backend_flags without a call per endpoint.
-_FLAGS = {(loc, term, ready): L.backend_flags(Backend("", 0, Protocol.TCP, local=loc,
-                                                      terminating=term, ready=ready))
-          for loc in (False, True) for term in (False, True) for ready in (False, True)}
+# be_flags of each Backend.state: L.backend_flags without a call per endpoint.
+_FLAGS = tuple(L.backend_flags(Backend(("", 0, Protocol.TCP), state))
+               for state in range(max(BackendState) * 2))
 
 
 def stable_slots(old: list[BackendKey], wanted: Iterable[BackendKey]) -> list[BackendKey]:
@@ -42,21 +41,16 @@ def stable_slots(old: list[BackendKey], wanted: Iterable[BackendKey]) -> list[Ba
 
 def drained(fe: Frontend) -> frozenset[BackendKey]:
     """The backend rows fe holds for the flows of endpoints that left its slots."""
-    return frozenset((b.ip, b.port, b.protocol) for b in fe.draining)
+    return frozenset(b.key for b in fe.draining)
 
 
 def wanted_slots(fe: Frontend) -> dict[BackendKey, int]:
-    """The backends the frontend's slots must name, each with its be_flags."""
+    """The backends the frontend's slots must name, each with its be_flags. The keys are the
+    Backends' own key objects, which the writer then holds (no copy per endpoint)."""
     if fe.action is not Action.FORWARD:
         return {}
-    # Backend.key and L.backend_flags inline (this runs per endpoint); a flag that is not
-    # a bool misses the table and takes the function.
-    get = _FLAGS.get
-    out = {(b.ip, b.port, b.protocol): get((b.local, b.terminating, b.ready))
-           for b in fe.backends}
-    if None in out.values():
-        out = {b.key: L.backend_flags(b) for b in fe.backends}
-    return out
+    flags = _FLAGS
+    return {b.key: flags[b.state] for b in fe.backends}
 
 
 def slot_order(prog: Programmed, wanted: dict[BackendKey, int]) -> list[BackendKey]:

@@ -11,12 +11,10 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..desired import Action, FrontendKey, FrontendKind, ServicePortName
-from ..model import Protocol
+from ..desired import Action, BackendKey, FrontendKey, FrontendKind, ServicePortName
 from .ids import IdAllocator
 from .layout import MetaView
 
-BackendKey = tuple[str, int, Protocol]
 Slot = tuple[BackendKey, int]            # the backend a slot names, and its be_flags
 
 MAX_ID = 2**31

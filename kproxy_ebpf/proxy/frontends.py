@@ -24,8 +24,8 @@ import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..desired import (Action, Backend, Frontend, FrontendKey, FrontendKind, Problem, ServiceInfo,
-                       ServicePortName)
+from ..desired import (Action, Backend, BackendKey, Frontend, FrontendKey, FrontendKind, Problem,
+                       ServiceInfo, ServicePortName)
 from ..model import (EndpointSlice, IPFamily, LoadBalancerIngress, Node, Service, ServicePort,
                      ServiceType, hostport)
 from .endpoints import EndpointInfo, endpoints_by_port
@@ -161,17 +161,17 @@ def service_port_endpoints(svc: Service, slices: Iterable[EndpointSlice], node: 
     return {p.name: p.endpoints for p in plans}
 
 
-def _backend_order(b: Backend) -> tuple[str, int]:
-    return b.ip, b.port
+def _backend_order(b: Backend) -> BackendKey:
+    return b.key
 
 
 def _backends(eps: Iterable[EndpointInfo], sp: ServicePort) -> tuple[Backend, ...]:
     # (ip, port) is unique within a port's endpoints (endpoints_by_port) and the protocol is
-    # the port's, so this is Backend's full order, without its generated __lt__ per compare.
+    # the port's, so the key is Backend's full order.
     # Positional arguments and a list: this runs once per endpoint and port of every Service.
     proto = sp.protocol
-    out = [Backend(e.ip, e.port, proto, e.local, e.ready, e.serving, e.terminating)
-           for e in eps]
+    of = Backend.of
+    out = [of(e.ip, e.port, proto, e.local, e.ready, e.serving, e.terminating) for e in eps]
     out.sort(key=_backend_order)
     return tuple(out)
 

@@ -76,7 +76,7 @@ def run(fd: int, fam: Family, port: int, rnd=(0, 0), client=0, flow=0, now=None,
 
 
 def frontend(fam: Family, port: int, ips=(), action=Action.FORWARD, affinity=0) -> Frontend:
-    bs = tuple(Backend(ip, 8080, TCP) for ip in ips)
+    bs = tuple(Backend.of(ip, 8080, TCP) for ip in ips)
     return Frontend(fam.vip, port, TCP, FrontendKind.CLUSTER_IP,
                     ServicePortName("t", f"svc{port}", "", TCP), action, bs, affinity)
 

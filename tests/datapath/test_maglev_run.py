@@ -75,7 +75,7 @@ def nodes():
 
 
 def frontend(ips, size: int) -> Frontend:
-    bs = tuple(sorted(Backend(ip, 8080, TCP) for ip in ips))
+    bs = tuple(sorted(Backend.of(ip, 8080, TCP) for ip in ips))
     return Frontend(*NODE_PORT, TCP, FrontendKind.NODE_PORT,
                     ServicePortName("t", "np", "", TCP), Action.FORWARD, bs,
                     scope=Scope.EXT, maglev=size)

@@ -25,7 +25,7 @@ REMOTE, LOCAL, REJECT, DROP, HAIRPIN, DNS = 80, 81, 82, 83, 84, 53
 
 
 def cip(port, backends, action=Action.FORWARD, proto=TCP) -> Frontend:
-    bs = tuple(Backend(ip, 8080, proto, local=local) for ip, local in backends)
+    bs = tuple(Backend.of(ip, 8080, proto, local=local) for ip, local in backends)
     return Frontend(VIP, port, proto, FrontendKind.CLUSTER_IP,
                     ServicePortName("t", f"cip{port}", "", proto), action, bs, 0, Scope.SOCK)
 

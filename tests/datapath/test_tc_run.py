@@ -30,7 +30,7 @@ NP_REMOTE, NP_LOCAL, NP_REJECT, NP_DROP, NP_UDP = 30080, 30081, 30082, 30083, 30
 
 
 def ext(a: Addrs, port, backends, action=Action.FORWARD, proto=TCP, affinity=0) -> Frontend:
-    bs = tuple(Backend(ip, 8080, proto, local=local) for ip, local in backends)
+    bs = tuple(Backend.of(ip, 8080, proto, local=local) for ip, local in backends)
     return Frontend(a.node, port, proto, FrontendKind.NODE_PORT,
                     ServicePortName("t", f"np{port}", "", proto), action, bs, affinity, Scope.EXT)
 
@@ -128,7 +128,7 @@ def test_a_snat_reply_is_translated_with_no_frontend_on_the_snat_address(harness
     eip = fam.eip
     run = ExtRun(harness, fam, [Frontend(eip, 80, TCP, FrontendKind.EXTERNAL_IP,
                                          ServicePortName("t", "eip", "", TCP), Action.FORWARD,
-                                         (Backend(fam.remote_be, 8080, TCP),), 0, Scope.EXT)])
+                                         (Backend.of(fam.remote_be, 8080, TCP),), 0, Scope.EXT)])
     try:
         assert [L.ip_text(k) for k in run.maps["extaddr"].keys()] == [eip]
         _, out = run.ingress(packet(fam.client, 40020, eip, 80))
@@ -612,7 +612,7 @@ def test_purge_removes_flows_of_a_backend_that_left_their_frontend(tc):
 # -- loadBalancerSourceRanges ---------------------------------------------------------------------
 
 def lb(a: Addrs, backends, ranges, action=Action.FORWARD) -> Frontend:
-    bs = tuple(Backend(ip, 8080, TCP, local=local) for ip, local in backends)
+    bs = tuple(Backend.of(ip, 8080, TCP, local=local) for ip, local in backends)
     return Frontend(a.lb_ip, 80, TCP, FrontendKind.LOAD_BALANCER,
                     ServicePortName("t", "lb", "", TCP), action, bs, 0, Scope.EXT,
                     source_ranges=tuple(ranges))

@@ -175,8 +175,8 @@ def test_restore_drops_slots_above_the_count(maps):
 
 def test_a_backend_shared_with_different_states_is_not_rewritten_forever(maps):
     shared = "10.244.1.10"
-    a = fe(backends=[Backend(shared, 8080, TCP, ready=True)], name="a")
-    b = fe("10.96.0.11", backends=[Backend(shared, 8080, TCP, ready=False, terminating=True)], name="b")
+    a = fe(backends=[Backend.of(shared, 8080, TCP, ready=True)], name="a")
+    b = fe("10.96.0.11", backends=[Backend.of(shared, 8080, TCP, ready=False, terminating=True)], name="b")
     w = MapWriter(maps)
     w.apply(table(a, b))
     assert w.apply(table(a, b)).writes == 0
@@ -185,8 +185,8 @@ def test_a_backend_shared_with_different_states_is_not_rewritten_forever(maps):
 
 def test_readiness_changes_rewrite_only_that_frontends_slot(maps):
     """Endpoint state lives in the frontend's slot row; the shared backend row never changes."""
-    ready = Backend("10.244.1.10", 8080, TCP, ready=True)
-    terminating = Backend("10.244.1.10", 8080, TCP, ready=False, terminating=True)
+    ready = Backend.of("10.244.1.10", 8080, TCP, ready=True)
+    terminating = Backend.of("10.244.1.10", 8080, TCP, ready=False, terminating=True)
     a = fe(backends=[ready])
     b = fe(ip="10.96.0.11", name="b", backends=[ready])
     w = MapWriter(maps)
@@ -263,7 +263,7 @@ def _mixed_table():
     """Frontends sharing some backends, in every endpoint state, with odd ports."""
     desired = {}
     for i in range(40):
-        bs = [Backend(f"10.244.{i % 3}.{(i * 7 + j) % 50}", 8080 + (j % 2), TCP,
+        bs = [Backend.of(f"10.244.{i % 3}.{(i * 7 + j) % 50}", 8080 + (j % 2), TCP,
                       local=bool(j & 1), terminating=bool(j & 2), ready=not j & 4)
               for j in range(i % 9)]
         f = fe(ip=f"10.96.4.{i}", port=80 + i, name=f"m{i}", backends=bs, affinity=i % 3,
@@ -397,6 +397,6 @@ def test_reference_counts_follow_the_slots_through_changes_and_a_restore(maps, m
             f = desired.pop(key)
             if rnd.random() < 0.7:
                 bs = sorted(set(f.backends[: rnd.randrange(len(f.backends) + 1)])
-                            | {Backend(f"10.244.9.{rnd.randrange(6)}", 8080, TCP)})
+                            | {Backend.of(f"10.244.9.{rnd.randrange(6)}", 8080, TCP)})
                 f = fe(ip=f.ip, port=f.port, name=f.service.name, backends=bs)
                 desired[f.key] = f

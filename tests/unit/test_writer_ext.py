@@ -93,7 +93,7 @@ def ext_maps(extaddr_entries=1000):
 
 
 def ext_fe(ip, port, backends=("10.244.2.10",), local=()):
-    return builders.fe(ip, port, [Backend(b, 8080, TCP, local=b in local) for b in backends],
+    return builders.fe(ip, port, [Backend.of(b, 8080, TCP, local=b in local) for b in backends],
                        kind=FrontendKind.NODE_PORT, service=SPN, scope=Scope.EXT)
 
 
@@ -169,7 +169,7 @@ def test_local_backends_of_ext_frontends_hold_their_rows_and_remote_ones_none():
     a = ext_fe("10.250.0.11", 30080, ["10.244.1.10", "10.244.1.11", "10.244.2.10"],
                local=("10.244.1.10", "10.244.1.11"))
     b = ext_fe("10.250.0.11", 30081, ["10.244.1.10"], local=("10.244.1.10",))
-    sock = dataclasses.replace(fe(["10.244.1.12"]), backends=(Backend("10.244.1.12", 8080, TCP,
+    sock = dataclasses.replace(fe(["10.244.1.12"]), backends=(Backend.of("10.244.1.12", 8080, TCP,
                                                                       local=True),))
     assert w.apply(table(a, b, sock)).ok
     assert addrs(maps, "extbe") == ["10.244.1.10", "10.244.1.11"]
@@ -212,7 +212,7 @@ def test_draining_backends_keep_their_rows_until_they_stop_serving(maps):
     """Frontend.draining: the backend row (and id) of a serving endpoint that left the slots
     stays, so tc_lb.c keeps the flows to it; it goes when the endpoint is no longer listed."""
     w = MapWriter(maps)
-    a, b = Backend("10.244.1.5", 8080, TCP), Backend("10.244.2.6", 8080, TCP)
+    a, b = Backend.of("10.244.1.5", 8080, TCP), Backend.of("10.244.2.6", 8080, TCP)
     both = fe((a, b), scope=Scope.EXT)
     assert w.apply(table(both)).ok
     bid = {L.ip_str(v.addr): k.value for k, v in maps["backend"].items()}

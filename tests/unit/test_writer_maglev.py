@@ -12,7 +12,7 @@ from kproxy_ebpf import maglev
 from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.datapath.maglev_tables import ROW, row_count
 from kproxy_ebpf.datapath.writer import MapWriter
-from kproxy_ebpf.desired import Action, FrontendKind, Scope, ServicePortName
+from kproxy_ebpf.desired import Action, BackendState, FrontendKind, Scope, ServicePortName
 from kproxy_ebpf.model import Protocol
 
 from .. import builders
@@ -98,7 +98,7 @@ def test_a_readiness_flip_keeps_the_table(maps):
     w.apply(table(fes))
     tid = head(maps).backend_id
     flipped = dataclasses.replace(fes, backends=tuple(
-        b._replace(terminating=True) if i == 0 else b for i, b in enumerate(fes.backends)))
+        b._replace(state=b.state | BackendState.TERMINATING) if i == 0 else b for i, b in enumerate(fes.backends)))
     maps["maglev"].ops.clear()
     assert w.apply(table(flipped)).ok
     assert head(maps).backend_id == tid and not maps["maglev"].ops
