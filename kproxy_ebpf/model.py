@@ -109,19 +109,64 @@ class EndpointPort:
     port: int | None          # None or 0: unset (ignored)
 
 
+# Endpoint.conditions: ready, serving and terminating, each two bits: 0 unset, 1 false, 2 true.
+TRISTATE = {None: 0, False: 1, True: 2}
+_FROM_TRI = (None, False, True, None)
+READY_SHIFT, SERVING_SHIFT, TERMINATING_SHIFT = 0, 2, 4
+
+
+def conditions(ready: bool | None = None, serving: bool | None = None,
+               terminating: bool | None = None) -> int:
+    """Endpoint.conditions of the three conditions (None: unset)."""
+    tri = TRISTATE
+    return (tri[ready] << READY_SHIFT | tri[serving] << SERVING_SHIFT
+            | tri[terminating] << TERMINATING_SHIFT)
+
+
+class EndpointHints(NamedTuple):
+    zones: tuple[str, ...] = ()        # hints.forZones[].name
+    nodes: tuple[str, ...] = ()        # hints.forNodes[].name
+
+
 class Endpoint(NamedTuple):
     """One endpoints[] entry. A NamedTuple: 100,000 are made per LIST at 10k Services x 10,
     and a frozen dataclass's __init__ (one object.__setattr__ per field) cost 3x as much.
-    Only the first address is kept: kube-proxy uses addresses[0] alone (and the API allows one
-    address per endpoint today), and a 1-tuple per endpoint was 24 MiB at 50,000 Services."""
+    Five fields, one held per endpoint (500,000 at 50,000 Services): only the first address,
+    which kube-proxy uses alone (the API allows one per endpoint today); the three conditions
+    in one small int; the hints, rare, in one field. Build one with Endpoint.of."""
     address: str | None                # endpoints[].addresses[0]; None: the list is empty
-    ready: bool | None = None          # None: unset
-    serving: bool | None = None
-    terminating: bool | None = None
+    conditions: int = 0                # conditions(ready, serving, terminating)
     node_name: str | None = None
     zone: str | None = None
-    hint_zones: tuple[str, ...] = ()   # hints.forZones[].name
-    hint_nodes: tuple[str, ...] = ()   # hints.forNodes[].name
+    hints: EndpointHints | None = None
+
+    @classmethod
+    def of(cls, address: str | None, ready: bool | None = None, serving: bool | None = None,
+           terminating: bool | None = None, node_name: str | None = None,
+           zone: str | None = None, hint_zones: tuple[str, ...] = (),
+           hint_nodes: tuple[str, ...] = ()) -> Endpoint:
+        hints = EndpointHints(hint_zones, hint_nodes) if hint_zones or hint_nodes else None
+        return cls(address, conditions(ready, serving, terminating), node_name, zone, hints)
+
+    @property
+    def ready(self) -> bool | None:
+        return _FROM_TRI[self.conditions >> READY_SHIFT & 3]
+
+    @property
+    def serving(self) -> bool | None:
+        return _FROM_TRI[self.conditions >> SERVING_SHIFT & 3]
+
+    @property
+    def terminating(self) -> bool | None:
+        return _FROM_TRI[self.conditions >> TERMINATING_SHIFT & 3]
+
+    @property
+    def hint_zones(self) -> tuple[str, ...]:
+        return self.hints.zones if self.hints is not None else ()
+
+    @property
+    def hint_nodes(self) -> tuple[str, ...]:
+        return self.hints.nodes if self.hints is not None else ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ def svc(name: str = "svc", ip: str | Iterable[str] = CLUSTER_IP, *, ns: str = "n
 def ep(ip: str | None, node: str | None = None, **fields) -> Endpoint:
     """One endpoint on `node`; a falsy `ip` makes one without addresses. Conditions unset
     unless given (ready=..., serving=..., terminating=...)."""
-    return Endpoint(ip or None, node_name=node, **fields)
+    return Endpoint.of(ip or None, node_name=node, **fields)
 
 
 def sl(*eps: Endpoint, name: str = "s1", svc: str | None = "svc", ns: str = "ns",

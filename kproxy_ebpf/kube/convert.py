@@ -31,6 +31,10 @@ from datetime import datetime
 from typing import Any
 
 from ..model import (
+    READY_SHIFT,
+    SERVING_SHIFT,
+    TERMINATING_SHIFT,
+    TRISTATE,
     Endpoint,
     EndpointPort,
     EndpointSlice,
@@ -577,7 +581,7 @@ def _endpoints(raw: Any, address_type: str, col: _Collector) -> tuple[Endpoint, 
         return ()
     out: list[Endpoint] = []
     parse = _SLICE_PARSE.get(address_type)
-    intern = sys.intern
+    intern, tri = sys.intern, TRISTATE
     for i, entry in enumerate(_list(raw)):
         if type(entry) is dict and entry.get("hints") is None:
             addresses, cond = entry.get("addresses"), entry.get("conditions")
@@ -592,7 +596,8 @@ def _endpoints(raw: Any, address_type: str, col: _Collector) -> tuple[Endpoint, 
                                                and not _endpoint_ip_refused(addr)))):
                     node, zone = entry.get("nodeName"), entry.get("zone")
                     out.append(Endpoint(
-                        addr, ready, serving, terminating,
+                        addr, (tri[ready] << READY_SHIFT | tri[serving] << SERVING_SHIFT
+                              | tri[terminating] << TERMINATING_SHIFT),
                         intern(node) if type(node) is str and node else None,
                         intern(zone) if type(zone) is str and zone else None))
                     continue
@@ -636,7 +641,7 @@ def _endpoint(where: str, entry: Any, address_type: str, col: _Collector) -> End
         addresses = canonical
     conditions = _dict(entry.get("conditions"))
     hints = _dict(entry.get("hints"))
-    return Endpoint(
+    return Endpoint.of(
         address=addresses[0] if addresses else None,
         ready=_condition(conditions, "ready", where, col),
         serving=_condition(conditions, "serving", where, col),

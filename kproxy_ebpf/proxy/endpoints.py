@@ -14,7 +14,8 @@ from collections.abc import Iterable
 from operator import attrgetter
 from typing import NamedTuple
 
-from ..model import EndpointSlice, IPFamily, Protocol
+from ..model import (READY_SHIFT, SERVING_SHIFT, TERMINATING_SHIFT, TRISTATE, EndpointSlice,
+                     IPFamily, Protocol)
 
 #: (service port name, protocol); an unnamed port is "".
 PortKey = tuple[str, Protocol]
@@ -41,6 +42,17 @@ class EndpointInfo(NamedTuple):
 
 
 _NONE: frozenset[str] = frozenset()
+
+
+def _defaulted(tri: int, shift: int, unset: bool) -> bool:
+    value = (tri >> shift) & 3
+    return unset if value == TRISTATE[None] else value == TRISTATE[True]
+
+
+# Endpoint.conditions -> (ready, serving, terminating) with kube-proxy's defaults: an unset
+# ready or serving counts as true, an unset terminating as false.
+_DEFAULTED = tuple((_defaulted(c, READY_SHIFT, True), _defaulted(c, SERVING_SHIFT, True),
+                    _defaulted(c, TERMINATING_SHIFT, False)) for c in range(64))
 _IP_PORT = attrgetter("ip", "port")
 
 
@@ -59,7 +71,7 @@ def endpoints_by_port(slices: Iterable[EndpointSlice], node_name: str,
     over a remote one, otherwise the first one seen stays. Each list is sorted by (ip, port).
     """
     merged: dict[PortKey, dict[tuple[str, int], EndpointInfo]] = {}
-    named = bool(node_name)
+    named, defaulted = bool(node_name), _DEFAULTED
     for sl in sorted(slices, key=lambda s: (s.namespace, s.name)):
         # A slice labelled service.kubernetes.io/headless is outside kube-proxy's informer
         # (its label selector, cmd/kube-proxy/app/server.go): its endpoints do not count.
@@ -81,13 +93,12 @@ def endpoints_by_port(slices: Iterable[EndpointSlice], node_name: str,
                     continue
                 # Positional (this runs per endpoint and port), in field order: ip, port,
                 # ready, serving, terminating, node_name, zone, hint_zones, hint_nodes, local.
+                ready, serving, terminating = defaulted[ep.conditions]
+                hints = ep.hints
                 bucket[(ip, port)] = EndpointInfo(
-                    ip, port,
-                    ep.ready is None or ep.ready, ep.serving is None or ep.serving,
-                    ep.terminating is not None and ep.terminating,
-                    ep.node_name, ep.zone,
-                    frozenset(ep.hint_zones) if ep.hint_zones else _NONE,
-                    frozenset(ep.hint_nodes) if ep.hint_nodes else _NONE,
+                    ip, port, ready, serving, terminating, ep.node_name, ep.zone,
+                    frozenset(hints.zones) if hints and hints.zones else _NONE,
+                    frozenset(hints.nodes) if hints and hints.nodes else _NONE,
                     local,
                 )
     return {pk: tuple(sorted(b.values(), key=_IP_PORT))

@@ -130,7 +130,7 @@ def service(name: str, ip: str, *ports: tuple[str, str, int], affinity: int = 0,
 def endpoints(lab: Lab, svc: str, pods: list[str], *ports: tuple[str, str, int],
               ready: bool = True, serving: bool = True, terminating: bool = False,
               slice_name: str | None = None, fam: Fam = V4) -> EndpointSlice:
-    eps = tuple(Endpoint(fam.ip(lab, p), ready=ready, serving=serving,
+    eps = tuple(Endpoint.of(fam.ip(lab, p), ready=ready, serving=serving,
                          terminating=terminating, node_name=lab.pod(p).node) for p in pods)
     return EndpointSlice("default", slice_name or f"{svc}-{6 if fam.v6 else 1}", svc, fam.family,
                          tuple(EndpointPort(n, Protocol(p), port) for n, p, port in ports), eps)

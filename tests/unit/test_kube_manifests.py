@@ -54,7 +54,7 @@ def test_multi_document_file(tmp_path):
     assert len(slices) == 1
     assert slices[0].service_name == "web"
     assert slices[0].ports == (EndpointPort("http", Protocol.TCP, 8080),)
-    assert slices[0].endpoints == (Endpoint("10.0.1.5", ready=True, node_name="node-a"),)
+    assert slices[0].endpoints == (Endpoint.of("10.0.1.5", ready=True, node_name="node-a"),)
 
 
 def test_directory_reads_yaml_and_yml_in_name_order(tmp_path):

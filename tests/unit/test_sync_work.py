@@ -51,7 +51,7 @@ def endpoint_slice(i: int, ready: tuple[bool, ...] = (True, True, True)) -> Endp
     return EndpointSlice(
         namespace="ns", name=f"svc-{i}-abc", service_name=f"svc-{i}",
         ports=(EndpointPort("http", TCP, 8080),),
-        endpoints=tuple(Endpoint(f"10.{i >> 8 & 255}.{i & 255}.{e + 1}", ready=r,
+        endpoints=tuple(Endpoint.of(f"10.{i >> 8 & 255}.{i & 255}.{e + 1}", ready=r,
                                  node_name="node-b") for e, r in enumerate(ready)))
 
 
