@@ -25,7 +25,7 @@ from pathlib import Path
 
 from . import health, httpserve
 from .config import AgentConfig
-from .datapath import conntrack, reader, svc_counters, tc
+from .datapath import conntrack, downgrade, reader, svc_counters, tc
 from .datapath.cidr_writer import CidrWriter
 from . import conntrack_sysctl
 from .datapath.netns_sources import NetnsSources
@@ -291,10 +291,21 @@ class Agent:
         if self.reporter.events:
             self.reporter.events.stop()
         with self._sync_lock:          # never close map fds under a sync still writing
+            self._write_previous_layouts()
             self.datapath.close()
             self.svc_health.close()
             if self.tc is not None:
                 self.tc.close()
+
+    def _write_previous_layouts(self) -> None:
+        """The previous release's copy of the maps this one re-laid out (datapath/downgrade.py):
+        a rollback then starts with their rows."""
+        try:
+            downgrade.write_previous(Path(self.cfg.bpffs_dir))
+        except OSError as exc:             # libbpf.BpfError among them
+            log.warning("could not write the previous release's maps (%s): a rollback to it "
+                        "starts them empty, and its LoadBalancer source ranges drop new flows "
+                        "from outside until its first sync", exc)
 
     def run_until_signalled(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -4,6 +4,7 @@ node1 (`agents`) and tc_lb.c under BPF_PROG_TEST_RUN (`harness`, tcrun.py)."""
 from __future__ import annotations
 
 import contextlib
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,27 @@ def lab():
         for pod, node in PODS.items():
             lab.create_pod(pod, node, ports=PORTS)
         yield lab
+
+
+ROOT = Path(__file__).resolve().parents[2]
+# The previous release for the upgrade and rollback tests: the last commit before
+# kp_srcrange_v3 (the scope in its key) and kp_nssrc/kp_nsmiss.
+UPGRADE_FROM = "d691322"
+
+
+@pytest.fixture(scope="module")
+def old_tree(tmp_path_factory):
+    """A checkout of UPGRADE_FROM, removed after the module."""
+    path = tmp_path_factory.mktemp("upgrade") / "old"
+    r = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path),
+                        UPGRADE_FROM], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"commit {UPGRADE_FROM} is not in this clone (a shallow one?): {r.stderr}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)],
+                       check=False)
 
 
 @pytest.fixture
