@@ -67,7 +67,14 @@ class ScaleConfig:
 
 class CatchUpTimeout(Exception):
     """The proxy did not program what was written within catch_up_timeout: recorded as
-    "did not finish" for that mode (kube-proxy iptables on the nft backend at 10k x 10)."""
+    "did not finish" for that mode (kube-proxy iptables on the nft backend at 10k x 10;
+    kube-proxy nftables' last Service at 50k x 10). `after_s`, when known: the fill's time
+    until the wait gave up, without the pauses that measure single changes, a lower bound
+    of the mode's time to the last answer."""
+
+    def __init__(self, message: str, after_s: float | None = None):
+        super().__init__(message)
+        self.after_s = after_s
 
 
 class ScaleRun:
@@ -130,8 +137,11 @@ class ScaleRun:
             self.log(str(e))
             why = str(e) if isinstance(e, CatchUpTimeout) else f"the API server failed: {e}"
             self.out["did_not_finish"] = f"{why}; at {self.tb.filled} services"
-            if self._t_fill is not None:    # a lower bound of its time to the last answer
-                self.out["did_not_finish_after_s"] = round(time.monotonic() - self._t_fill, 1)
+            after = getattr(e, "after_s", None)
+            if after is None and self._t_fill is not None:
+                after = time.monotonic() - self._t_fill
+            if after is not None:           # a lower bound of its time to the last answer
+                self.out["did_not_finish_after_s"] = round(after, 1)
             return self.out
 
     def _run(self) -> dict:
@@ -162,7 +172,10 @@ class ScaleRun:
                             LAST, [tb.pods[n] for n in tb.target_set]))
                         seen = w.result()
                     if not seen.get("ok"):
-                        raise RuntimeError(f"{self.mode}: the last Service never answered")
+                        raise CatchUpTimeout(
+                            f"{self.mode}: the last Service did not answer within "
+                            f"{cfg.catch_up_timeout:.0f}s of its slice's write",
+                            after_s=fill_wall + time.time() - seg_wall)
                     # fill time so far, without the per-change pauses between segments
                     self.out["last_answer_s"] = round(
                         fill_wall + seen["seen_realtime_ns"] / 1e9 - seg_wall, 2)

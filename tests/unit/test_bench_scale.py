@@ -99,3 +99,26 @@ def test_a_mode_the_api_server_fails_is_recorded_and_the_run_goes_on(monkeypatch
     assert out["did_not_finish"].startswith("the API server failed: POST")
     assert out["did_not_finish"].endswith("at 39000 services")
     assert out["did_not_finish_after_s"] >= 0
+
+
+def test_a_last_service_that_never_answers_bounds_the_mode_by_its_fill(monkeypatch):
+    """kube-proxy nftables at 50k x 10 did not answer within the wait: a result (the run goes
+    on to write its report), bounded below by the fill's time, not the run's."""
+    from kproxy_ebpf.bench import scale
+
+    class Testbed:
+        filled = 50000
+
+        def __init__(self, *a, **k):
+            pass
+
+    def no_answer(self):
+        self._t_fill = -5000.0                       # per-change windows included: not used
+        raise scale.CatchUpTimeout("nftables: the last Service did not answer within 600s "
+                                   "of its slice's write", after_s=1108.26)
+
+    monkeypatch.setattr(scale, "Testbed", Testbed)
+    monkeypatch.setattr(scale.ScaleRun, "_run", no_answer)
+    out = scale.ScaleRun(scale.ScaleConfig(n=50000), "nftables", lambda m: None).run()
+    assert out["did_not_finish"].startswith("nftables: the last Service did not answer")
+    assert out["did_not_finish_after_s"] == 1108.3
