@@ -4,9 +4,11 @@ Conventions: this node is "node-a"; pods are 10.0.<node>.<n>; slices belong to n
 """
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
-from kproxy_ebpf.model import EndpointPort, Protocol
+from kproxy_ebpf.model import Endpoint, EndpointPort, Protocol
 from kproxy_ebpf.proxy.endpoints import endpoints_by_port
 
 from ..builders import ep, sl
@@ -38,6 +40,20 @@ def flat(result):
 def test_condition_defaults(cond, want):
     (e,), = endpoints_by_port([sl(ep("10.0.1.1", **cond))], NODE).values()
     assert (e.ready, e.serving, e.terminating) == want
+
+
+def test_an_endpoint_keeps_each_condition_unset_true_or_false_and_its_hints():
+    """model.Endpoint packs the three conditions into one int: every combination reads back."""
+    values = (None, False, True)
+    seen = set()
+    for r, s, t in itertools.product(values, values, values):
+        e = Endpoint.of("10.0.1.1", ready=r, serving=s, terminating=t)
+        assert (e.ready, e.serving, e.terminating) == (r, s, t)
+        seen.add(e.conditions)
+    assert len(seen) == 27
+    hinted = Endpoint.of("10.0.1.1", hint_zones=("z1",), hint_nodes=("node-a",))
+    assert (hinted.hint_zones, hinted.hint_nodes) == (("z1",), ("node-a",))
+    assert Endpoint.of("10.0.1.1").hints is None and Endpoint.of("10.0.1.1").hint_zones == ()
 
 
 # -- what is ignored ----------------------------------------------------------------------------
