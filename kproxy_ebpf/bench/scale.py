@@ -117,7 +117,7 @@ class ScaleRun:
             if all(self._node_done(node, since_wall) for node in NODES):
                 return time.monotonic()
             time.sleep(0.1)
-        raise CatchUpTimeout(f"{self.mode} did not catch up within "
+        raise CatchUpTimeout("did not catch up within "
                              f"{self.cfg.catch_up_timeout:.0f}s")
 
     def _node_done(self, node: str, since_wall: float) -> bool:
@@ -134,7 +134,7 @@ class ScaleRun:
         except (CatchUpTimeout, ApiError) as e:
             # A mode that cannot finish is a result, not the end of the run: the modes
             # before it keep theirs.
-            self.log(str(e))
+            self.log(f"{self.mode}: {e}")       # the report names the mode itself
             why = str(e) if isinstance(e, CatchUpTimeout) else f"the API server failed: {e}"
             self.out["did_not_finish"] = f"{why}; at {self.tb.filled} services"
             after = getattr(e, "after_s", None)
@@ -173,7 +173,7 @@ class ScaleRun:
                         seen = w.result()
                     if not seen.get("ok"):
                         raise CatchUpTimeout(
-                            f"{self.mode}: the last Service did not answer within "
+                            "the last Service did not answer within "
                             f"{cfg.catch_up_timeout:.0f}s of its slice's write",
                             after_s=fill_wall + time.time() - seg_wall)
                     # fill time so far, without the per-change pauses between segments

@@ -114,11 +114,11 @@ def test_a_last_service_that_never_answers_bounds_the_mode_by_its_fill(monkeypat
 
     def no_answer(self):
         self._t_fill = -5000.0                       # per-change windows included: not used
-        raise scale.CatchUpTimeout("nftables: the last Service did not answer within 600s "
+        raise scale.CatchUpTimeout("the last Service did not answer within 600s "
                                    "of its slice's write", after_s=1108.26)
 
     monkeypatch.setattr(scale, "Testbed", Testbed)
     monkeypatch.setattr(scale.ScaleRun, "_run", no_answer)
     out = scale.ScaleRun(scale.ScaleConfig(n=50000), "nftables", lambda m: None).run()
-    assert out["did_not_finish"].startswith("nftables: the last Service did not answer")
+    assert out["did_not_finish"].startswith("the last Service did not answer")
     assert out["did_not_finish_after_s"] == 1108.3
