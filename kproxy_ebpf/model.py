@@ -110,17 +110,17 @@ class EndpointPort:
 
 
 # Endpoint.conditions: ready, serving and terminating, each two bits: 0 unset, 1 false, 2 true.
-TRISTATE = {None: 0, False: 1, True: 2}
+_TRISTATE = {None: 0, False: 1, True: 2}
 _FROM_TRI = (None, False, True, None)
-READY_SHIFT, SERVING_SHIFT, TERMINATING_SHIFT = 0, 2, 4
+_READY_SHIFT, _SERVING_SHIFT, _TERMINATING_SHIFT = 0, 2, 4
 
 
 def conditions(ready: bool | None = None, serving: bool | None = None,
                terminating: bool | None = None) -> int:
     """Endpoint.conditions of the three conditions (None: unset)."""
-    tri = TRISTATE
-    return (tri[ready] << READY_SHIFT | tri[serving] << SERVING_SHIFT
-            | tri[terminating] << TERMINATING_SHIFT)
+    tri = _TRISTATE
+    return (tri[ready] << _READY_SHIFT | tri[serving] << _SERVING_SHIFT
+            | tri[terminating] << _TERMINATING_SHIFT)
 
 
 class EndpointHints(NamedTuple):
@@ -150,15 +150,15 @@ class Endpoint(NamedTuple):
 
     @property
     def ready(self) -> bool | None:
-        return _FROM_TRI[self.conditions >> READY_SHIFT & 3]
+        return _FROM_TRI[self.conditions >> _READY_SHIFT & 3]
 
     @property
     def serving(self) -> bool | None:
-        return _FROM_TRI[self.conditions >> SERVING_SHIFT & 3]
+        return _FROM_TRI[self.conditions >> _SERVING_SHIFT & 3]
 
     @property
     def terminating(self) -> bool | None:
-        return _FROM_TRI[self.conditions >> TERMINATING_SHIFT & 3]
+        return _FROM_TRI[self.conditions >> _TERMINATING_SHIFT & 3]
 
     @property
     def hint_zones(self) -> tuple[str, ...]:

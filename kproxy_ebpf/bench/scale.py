@@ -137,7 +137,7 @@ class ScaleRun:
             self.log(f"{self.mode}: {e}")       # the report names the mode itself
             why = str(e) if isinstance(e, CatchUpTimeout) else f"the API server failed: {e}"
             self.out["did_not_finish"] = f"{why}; at {self.tb.filled} services"
-            after = getattr(e, "after_s", None)
+            after = e.after_s if isinstance(e, CatchUpTimeout) else None
             if after is None and self._t_fill is not None:
                 after = time.monotonic() - self._t_fill
             if after is not None:           # a lower bound of its time to the last answer

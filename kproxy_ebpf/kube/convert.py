@@ -31,10 +31,6 @@ from datetime import datetime
 from typing import Any
 
 from ..model import (
-    READY_SHIFT,
-    SERVING_SHIFT,
-    TERMINATING_SHIFT,
-    TRISTATE,
     Endpoint,
     EndpointPort,
     EndpointSlice,
@@ -46,6 +42,7 @@ from ..model import (
     ServiceCIDR,
     ServicePort,
     ServiceType,
+    conditions,
     family_of,
 )
 
@@ -581,7 +578,7 @@ def _endpoints(raw: Any, address_type: str, col: _Collector) -> tuple[Endpoint, 
         return ()
     out: list[Endpoint] = []
     parse = _SLICE_PARSE.get(address_type)
-    intern, tri = sys.intern, TRISTATE
+    intern = sys.intern
     for i, entry in enumerate(_list(raw)):
         if type(entry) is dict and entry.get("hints") is None:
             addresses, cond = entry.get("addresses"), entry.get("conditions")
@@ -596,8 +593,7 @@ def _endpoints(raw: Any, address_type: str, col: _Collector) -> tuple[Endpoint, 
                                                and not _endpoint_ip_refused(addr)))):
                     node, zone = entry.get("nodeName"), entry.get("zone")
                     out.append(Endpoint(
-                        addr, (tri[ready] << READY_SHIFT | tri[serving] << SERVING_SHIFT
-                              | tri[terminating] << TERMINATING_SHIFT),
+                        addr, conditions(ready, serving, terminating),
                         intern(node) if type(node) is str and node else None,
                         intern(zone) if type(zone) is str and zone else None))
                     continue

@@ -14,8 +14,7 @@ from collections.abc import Iterable
 from operator import attrgetter
 from typing import NamedTuple
 
-from ..model import (READY_SHIFT, SERVING_SHIFT, TERMINATING_SHIFT, TRISTATE, EndpointSlice,
-                     IPFamily, Protocol)
+from ..model import Endpoint, EndpointSlice, IPFamily, Protocol
 
 #: (service port name, protocol); an unnamed port is "".
 PortKey = tuple[str, Protocol]
@@ -44,15 +43,11 @@ class EndpointInfo(NamedTuple):
 _NONE: frozenset[str] = frozenset()
 
 
-def _defaulted(tri: int, shift: int, unset: bool) -> bool:
-    value = (tri >> shift) & 3
-    return unset if value == TRISTATE[None] else value == TRISTATE[True]
-
-
-# Endpoint.conditions -> (ready, serving, terminating) with kube-proxy's defaults: an unset
-# ready or serving counts as true, an unset terminating as false.
-_DEFAULTED = tuple((_defaulted(c, READY_SHIFT, True), _defaulted(c, SERVING_SHIFT, True),
-                    _defaulted(c, TERMINATING_SHIFT, False)) for c in range(64))
+# Endpoint.conditions -> (ready, serving, terminating) with kube-proxy's defaults, read through
+# the model's own decoding: an unset ready or serving counts as true, an unset terminating as
+# false.
+_DEFAULTED = tuple((e.ready is not False, e.serving is not False, e.terminating is True)
+                   for e in (Endpoint(None, c) for c in range(64)))
 _IP_PORT = attrgetter("ip", "port")
 
 
