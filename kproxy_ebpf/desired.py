@@ -12,8 +12,9 @@ scope tells them apart.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 from .model import IPFamily, Protocol, family_of, hostport
 
@@ -99,20 +100,24 @@ class BackendState(enum.IntFlag):
 _LOCAL, _READY, _SERVING, _TERMINATING = (int(f) for f in BackendState)
 
 
+def backend_state(local: bool = False, ready: bool = True, serving: bool = True,
+                  terminating: bool = False) -> int:
+    """The BackendState bits of an endpoint's conditions, as a plain int."""
+    return ((_LOCAL if local else 0) | (_READY if ready else 0) | (_SERVING if serving else 0)
+            | (_TERMINATING if terminating else 0))
+
+
 class Backend(NamedTuple):
-    """One endpoint a frontend forwards to; ordered by its key. One is held per endpoint and
-    frontend (500,000 at 50,000 Services x 10), so it is two fields: the key tuple, which the
-    writer keeps as the same object for its ids and slot rows (no copy per endpoint), and the
-    conditions as a plain int (small ints are shared; an IntFlag member per row is not).
-    Build one with Backend.of."""
+    """One endpoint a frontend forwards to; ordered by its key. A frontend does not hold these
+    (see Backends): they are made when its backends are read one by one. Build one with
+    Backend.of."""
     key: BackendKey
     state: int = _READY | _SERVING           # BackendState bits
 
     @classmethod
     def of(cls, ip: str, port: int, protocol: Protocol, local: bool = False,
            ready: bool = True, serving: bool = True, terminating: bool = False) -> Backend:
-        return cls((ip, port, protocol), (_LOCAL if local else 0) | (_READY if ready else 0)
-                   | (_SERVING if serving else 0) | (_TERMINATING if terminating else 0))
+        return cls((ip, port, protocol), backend_state(local, ready, serving, terminating))
 
     @property
     def ip(self) -> str:
@@ -143,6 +148,78 @@ class Backend(NamedTuple):
         return bool(self.state & _TERMINATING)
 
 
+class Backends(Sequence[Backend]):
+    """A frontend's backends, in the order given (key order, as proxy/ makes them): the key
+    tuples and one BackendState byte each.
+
+    There is one per endpoint and frontend (500,000 at 50,000 Services x 10), so they are not
+    kept as Backend records (64 bytes each): the keys are the objects the writer then holds for
+    its ids and slot rows (no copy per endpoint) and the states one byte each. Reading one,
+    by index or by iteration, makes its Backend. Immutable; equal to a tuple of the same
+    Backends, so that a test can write either."""
+    __slots__ = ("keys", "states")
+    keys: tuple[BackendKey, ...]
+    states: bytes
+
+    def __init__(self, keys: tuple[BackendKey, ...] = (), states: bytes = b"") -> None:
+        if len(keys) != len(states):
+            raise ValueError(f"{len(keys)} backend keys but {len(states)} states")
+        object.__setattr__(self, "keys", keys)
+        object.__setattr__(self, "states", states)
+
+    @classmethod
+    def of(cls, backends: Iterable[Backend]) -> Backends:
+        """From Backend records, in their order."""
+        if isinstance(backends, Backends):
+            return backends
+        bs = tuple(backends)
+        return cls(tuple(b.key for b in bs), bytes(b.state for b in bs))
+
+    @classmethod
+    def in_key_order(cls, keys: Iterable[BackendKey], states: Iterable[int]) -> Backends:
+        """From parallel keys and states, put in key order."""
+        pairs = sorted(zip(keys, states, strict=True))
+        return cls(tuple(k for k, _ in pairs), bytes(s for _, s in pairs))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("Backends is immutable")
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @overload
+    def __getitem__(self, i: int) -> Backend: ...
+    @overload
+    def __getitem__(self, i: slice) -> Backends: ...
+
+    def __getitem__(self, i: int | slice) -> Backend | Backends:
+        if isinstance(i, slice):
+            return Backends(self.keys[i], self.states[i])
+        return Backend(self.keys[i], self.states[i])
+
+    def __iter__(self) -> Iterator[Backend]:
+        return map(Backend, self.keys, self.states)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Backends):
+            return self.keys == other.keys and self.states == other.states
+        if isinstance(other, tuple):
+            return tuple(self) == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))        # as the equal tuple's
+
+    def __repr__(self) -> str:
+        return f"Backends({list(self)!r})"
+
+    def __reduce__(self) -> tuple:
+        return (Backends, (self.keys, self.states))
+
+
+NO_BACKENDS = Backends()
+
+
 @dataclass(frozen=True, slots=True)
 class ServiceInfo:
     """Service-wide settings shown by the CLI next to each frontend (kp_svc_meta), including
@@ -162,7 +239,7 @@ class Frontend:
     kind: FrontendKind
     service: ServicePortName
     action: Action
-    backends: tuple[Backend, ...] = ()     # sorted; empty unless action is FORWARD
+    backends: Backends = NO_BACKENDS       # sorted; empty unless action is FORWARD
     affinity_timeout: int = 0              # seconds of ClientIP affinity; 0: none
     scope: Scope = Scope.SOCK
     info: ServiceInfo = ServiceInfo()
@@ -172,10 +249,16 @@ class Frontend:
     # Scope EXT: serving endpoints the slots do not name (a pod shutting down while others are
     # ready). Their backend rows stay, so the TC path's flows to them keep their backend until
     # the endpoint stops serving, as kube-proxy keeps their conntrack entries.
-    draining: tuple[Backend, ...] = ()
+    draining: Backends = NO_BACKENDS
     # Scope EXT: the entries of its Maglev table (a prime), so that every node picks the same
     # backend for a flow; 0: a backend at random (proxy/external.py lb_algorithm).
     maglev: int = 0
+
+    def __post_init__(self) -> None:
+        if type(self.backends) is not Backends:         # Backend records (tests, tools)
+            object.__setattr__(self, "backends", Backends.of(self.backends))
+        if type(self.draining) is not Backends:
+            object.__setattr__(self, "draining", Backends.of(self.draining))
 
     @property
     def key(self) -> FrontendKey:

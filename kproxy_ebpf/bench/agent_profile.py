@@ -162,8 +162,8 @@ class NullWriter:
     def restore(self) -> int:
         return len(self.frontends)
 
-    def apply(self, desired, candidates=None) -> ApplyResult:
-        res = ApplyResult()
+    def apply(self, desired, candidates=None, res=None) -> ApplyResult:
+        res = ApplyResult() if res is None else res
         keys = set(self.frontends) | set(desired) if candidates is None else set(candidates)
         for k in keys:
             if k in desired:
@@ -179,6 +179,12 @@ class NullWriter:
 
     def stats(self) -> dict[str, int]:
         return {"frontends": len(self.frontends), "backends": 0, "service_ports": 0}
+
+    def take_freed_svc_ids(self) -> list[int]:
+        return []
+
+    def svc_ids_held(self) -> set[int]:
+        return set()
 
     def row_counts(self) -> dict[str, int]:
         return {}

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..desired import Action, Backend, BackendState, Frontend, FrontendKey, Scope
+from ..desired import Action, Backend, Frontend, FrontendKey, Scope
 from ..model import Protocol
 from . import layout as L
 from .programmed import BackendKey, Ledger, Programmed
 
-# be_flags of each Backend.state: L.backend_flags without a call per endpoint.
-_FLAGS = tuple(L.backend_flags(Backend(("", 0, Protocol.TCP), state))
-               for state in range(max(BackendState) * 2))
+# be_flags of each Backend.state, as a bytes.translate table: a frontend's state bytes become
+# its slots' flags in one call, not one per endpoint (bytes() refuses a flag above 255).
+_FLAGS = bytes(L.backend_flags(Backend(("", 0, Protocol.TCP), state)) for state in range(256))
 
 
 def stable_slots(old: list[BackendKey], wanted: Iterable[BackendKey]) -> list[BackendKey]:
@@ -49,8 +49,8 @@ def wanted_slots(fe: Frontend) -> dict[BackendKey, int]:
     Backends' own key objects, which the writer then holds (no copy per endpoint)."""
     if fe.action is not Action.FORWARD:
         return {}
-    flags = _FLAGS
-    return {b.key: flags[b.state] for b in fe.backends}
+    bs = fe.backends
+    return dict(zip(bs.keys, bs.states.translate(_FLAGS), strict=True))
 
 
 def slot_order(prog: Programmed, wanted: dict[BackendKey, int]) -> list[BackendKey]:

@@ -24,8 +24,8 @@ import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..desired import (Action, Backend, BackendKey, Frontend, FrontendKey, FrontendKind, Problem,
-                       ServiceInfo, ServicePortName)
+from ..desired import (NO_BACKENDS, Action, Backends, Frontend, FrontendKey, FrontendKind,
+                       Problem, ServiceInfo, ServicePortName, backend_state)
 from ..model import (EndpointSlice, IPFamily, LoadBalancerIngress, Node, Service, ServicePort,
                      ServiceType, hostport)
 from .endpoints import EndpointInfo, endpoints_by_port
@@ -161,35 +161,29 @@ def service_port_endpoints(svc: Service, slices: Iterable[EndpointSlice], node: 
     return {p.name: p.endpoints for p in plans}
 
 
-def _backend_order(b: Backend) -> BackendKey:
-    return b.key
+def _backends(eps: Iterable[EndpointInfo], sp: ServicePort) -> Backends:
+    # Runs once per endpoint and port of every Service: positional calls, no record per
+    # endpoint (see Backends).
+    proto, state = sp.protocol, backend_state
+    eps = tuple(eps)
+    return Backends.in_key_order([(e.ip, e.port, proto) for e in eps],
+                                 [state(e.local, e.ready, e.serving, e.terminating) for e in eps])
 
 
-def _backends(eps: Iterable[EndpointInfo], sp: ServicePort) -> tuple[Backend, ...]:
-    # (ip, port) is unique within a port's endpoints (endpoints_by_port) and the protocol is
-    # the port's, so the key is Backend's full order.
-    # Positional arguments and a list: this runs once per endpoint and port of every Service.
-    proto = sp.protocol
-    of = Backend.of
-    out = [of(e.ip, e.port, proto, e.local, e.ready, e.serving, e.terminating) for e in eps]
-    out.sort(key=_backend_order)
-    return tuple(out)
-
-
-def draining(plan: ServicePortPlan, backends: tuple[Backend, ...]) -> tuple[Backend, ...]:
+def draining(plan: ServicePortPlan, backends: Backends) -> Backends:
     """The serving endpoints of the port that `backends` leave out."""
     named = {(b.ip, b.port) for b in backends}
     left = [e for e in plan.serving if (e.ip, e.port) not in named]
-    return _backends(left, plan.port) if left else ()
+    return _backends(left, plan.port) if left else NO_BACKENDS
 
 
 def verdict(pe: PortEndpoints, chosen: tuple[EndpointInfo, ...], sp: ServicePort
-            ) -> tuple[Action, tuple[Backend, ...]]:
+            ) -> tuple[Action, Backends]:
     """What a frontend of port sp does with the endpoint set `chosen` (semantics 1.5)."""
     if not pe.has_any:
-        return Action.REJECT, ()
+        return Action.REJECT, NO_BACKENDS
     if not chosen:
-        return Action.DROP, ()
+        return Action.DROP, NO_BACKENDS
     return Action.FORWARD, _backends(chosen, sp)
 
 
