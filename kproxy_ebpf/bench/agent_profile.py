@@ -252,6 +252,8 @@ def make_agent() -> tuple[Agent, ApiSource, dict[str, Reflector]]:
         agent.writer = MapWriter(agent.datapath.maps)
     else:
         agent.writer = NullWriter()
+    # The null writer frees no service id: the counters map the sync deletes from stays empty.
+    agent.datapath.maps.setdefault("svcstat", MemoryMap(MAPS["svcstat"]))
     cidr_maps = {n: MemoryMap(MAPS[n]) for n in ("clusterip", "servicecidr")}
     agent.datapath.maps.update(cidr_maps)
     agent.cidrs = CidrWriter(cidr_maps)
