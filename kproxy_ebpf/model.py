@@ -10,8 +10,10 @@ port names), so the defaults live in one place: proxy/endpoints.py.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from itertools import repeat, starmap
+from typing import Any, NamedTuple, overload
 
 
 class Protocol(enum.StrEnum):
@@ -169,6 +171,114 @@ class Endpoint(NamedTuple):
         return self.hints.nodes if self.hints is not None else ()
 
 
+EndpointRow = tuple[str | None, int, str | None, str | None, EndpointHints | None]
+
+
+def _column(values: Sequence[Any]) -> tuple | None:
+    """A column of Endpoints; None when every value is None (zones, hints: most slices)."""
+    return None if all(v is None for v in values) else tuple(values)
+
+
+class Endpoints(Sequence[Endpoint]):
+    """A slice's endpoints, column by column: their addresses, one conditions byte each, and
+    their node names, zones and hints (None for a column that is all None).
+
+    One Endpoint record per endpoint (500,000 at 50,000 Services x 10, 80 bytes each) is what
+    this saves: per endpoint a column holds a pointer to a shared string, or nothing. rows()
+    gives the fields to the per-endpoint loops; reading one by index or iteration makes its
+    Endpoint. Immutable; equal to a tuple of the same Endpoints, so a test can write either.
+    Build one with Endpoints.of (records) or Endpoints.from_columns."""
+    __slots__ = ("addresses", "conditions", "node_names", "zones", "hints")
+    addresses: tuple[str | None, ...]
+    conditions: bytes
+    node_names: tuple[str | None, ...] | None
+    zones: tuple[str | None, ...] | None
+    hints: tuple[EndpointHints | None, ...] | None
+
+    def __init__(self, addresses: tuple[str | None, ...] = (), conditions: bytes = b"",
+                 node_names: tuple | None = None, zones: tuple | None = None,
+                 hints: tuple | None = None) -> None:
+        n = len(addresses)
+        for name, col in (("conditions", conditions), ("node_names", node_names),
+                          ("zones", zones), ("hints", hints)):
+            if col is not None and len(col) != n:
+                raise ValueError(f"{n} endpoint addresses but {len(col)} {name}")
+        set_ = object.__setattr__
+        set_(self, "addresses", addresses)
+        set_(self, "conditions", conditions)
+        set_(self, "node_names", node_names)
+        set_(self, "zones", zones)
+        set_(self, "hints", hints)
+
+    @classmethod
+    def from_columns(cls, addresses: Sequence[str | None], conditions: Sequence[int],
+                     node_names: Sequence[str | None], zones: Sequence[str | None],
+                     hints: Sequence[EndpointHints | None]) -> Endpoints:
+        return cls(tuple(addresses), bytes(conditions), _column(node_names), _column(zones),
+                   _column(hints))
+
+    @classmethod
+    def of(cls, endpoints: Iterable[Endpoint]) -> Endpoints:
+        """From Endpoint records, in their order."""
+        if isinstance(endpoints, Endpoints):
+            return endpoints
+        eps = tuple(endpoints)
+        if not eps:
+            return NO_ENDPOINTS
+        addresses, conds, nodes, zones, hints = zip(*eps, strict=True)
+        return cls.from_columns(addresses, conds, nodes, zones, hints)
+
+    def rows(self) -> Iterator[EndpointRow]:
+        """(address, conditions, node_name, zone, hints) of each endpoint, with no record."""
+        n = len(self.addresses)
+        return zip(self.addresses, self.conditions,
+                   self.node_names or repeat(None, n), self.zones or repeat(None, n),
+                   self.hints or repeat(None, n), strict=True)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("Endpoints is immutable")
+
+    def __len__(self) -> int:
+        return len(self.addresses)
+
+    @overload
+    def __getitem__(self, i: int) -> Endpoint: ...
+    @overload
+    def __getitem__(self, i: slice) -> Endpoints: ...
+
+    def __getitem__(self, i: int | slice) -> Endpoint | Endpoints:
+        if isinstance(i, slice):
+            return Endpoints.of(list(self)[i])
+        cols = (self.node_names, self.zones, self.hints)
+        return Endpoint(self.addresses[i], self.conditions[i],
+                        *(c[i] if c is not None else None for c in cols))
+
+    def __iter__(self) -> Iterator[Endpoint]:
+        return starmap(Endpoint, self.rows())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Endpoints):
+            return (self.addresses, self.conditions, self.node_names, self.zones,
+                    self.hints) == (other.addresses, other.conditions, other.node_names,
+                                    other.zones, other.hints)
+        if isinstance(other, tuple):
+            return tuple(self) == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))        # as the equal tuple's
+
+    def __repr__(self) -> str:
+        return f"Endpoints({list(self)!r})"
+
+    def __reduce__(self) -> tuple:
+        return (Endpoints, (self.addresses, self.conditions, self.node_names, self.zones,
+                            self.hints))
+
+
+NO_ENDPOINTS = Endpoints()
+
+
 @dataclass(frozen=True, slots=True)
 class EndpointSlice:
     namespace: str
@@ -176,7 +286,7 @@ class EndpointSlice:
     service_name: str | None           # label kubernetes.io/service-name; None: unset
     address_type: str = "IPv4"         # "IPv4", "IPv6" or "FQDN"
     ports: tuple[EndpointPort, ...] = ()
-    endpoints: tuple[Endpoint, ...] = ()
+    endpoints: Endpoints = NO_ENDPOINTS
     resource_version: str = ""
     # label service.kubernetes.io/headless present: the slice belongs to a headless Service (or
     # was marked so by hand), and kube-proxy's EndpointSlice informer never sees it.
@@ -184,6 +294,10 @@ class EndpointSlice:
     # annotation endpoints.kubernetes.io/last-change-trigger-time (epoch seconds): when the
     # change this slice carries began (a pod or Service change), for programming latency.
     trigger_time: float | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if type(self.endpoints) is not Endpoints:       # Endpoint records (tests, manifests)
+            object.__setattr__(self, "endpoints", Endpoints.of(self.endpoints))
 
     @property
     def key(self) -> tuple[str, str]:

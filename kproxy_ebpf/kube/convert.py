@@ -31,8 +31,11 @@ from datetime import datetime
 from typing import Any
 
 from ..model import (
+    NO_ENDPOINTS,
     Endpoint,
+    EndpointHints,
     EndpointPort,
+    Endpoints,
     EndpointSlice,
     LBAlgorithm,
     LoadBalancerIngress,
@@ -568,15 +571,20 @@ def _interned(value: Any) -> str | None:
     return sys.intern(value) if isinstance(value, str) and value else None
 
 
-def _endpoints(raw: Any, address_type: str, col: _Collector) -> tuple[Endpoint, ...]:
+def _endpoints(raw: Any, address_type: str, col: _Collector) -> Endpoints:
     """The endpoints of a slice. This runs per endpoint of every slice (100,000 at 10k
     Services x 10), so an entry shaped as the API server writes it (one address, boolean or
-    unset conditions, no hints) takes a short path; any other entry goes through _endpoint(),
-    which checks and reports field by field. Both give the same Endpoint."""
+    unset conditions, no hints) takes a short path straight into the columns (no Endpoint
+    record); any other entry goes through _endpoint(), which checks and reports field by
+    field. Both give the same fields."""
     if raw is not None and not isinstance(raw, list):
         col.add("InvalidEndpoint", f"endpoints is not a list: {_short(raw)}")
-        return ()
-    out: list[Endpoint] = []
+        return NO_ENDPOINTS
+    addrs: list[str | None] = []
+    conds: list[int] = []
+    nodes: list[str | None] = []
+    zones: list[str | None] = []
+    hints: list[EndpointHints | None] = []
     parse = _SLICE_PARSE.get(address_type)
     intern = sys.intern
     for i, entry in enumerate(_list(raw)):
@@ -592,15 +600,19 @@ def _endpoints(raw: Any, address_type: str, col: _Collector) -> tuple[Endpoint, 
                         and (parse is None or ((addr := parse(addr)) is not None
                                                and not _endpoint_ip_refused(addr)))):
                     node, zone = entry.get("nodeName"), entry.get("zone")
-                    out.append(Endpoint(
-                        addr, conditions(ready, serving, terminating),
-                        intern(node) if type(node) is str and node else None,
-                        intern(zone) if type(zone) is str and zone else None))
+                    addrs.append(addr)
+                    conds.append(conditions(ready, serving, terminating))
+                    nodes.append(intern(node) if type(node) is str and node else None)
+                    zones.append(intern(zone) if type(zone) is str and zone else None)
+                    hints.append(None)
                     continue
         ep = _endpoint(f"endpoints[{i}]", entry, address_type, col)
         if ep is not None:
-            out.append(ep)
-    return tuple(out)
+            for column, value in zip((addrs, conds, nodes, zones, hints), ep, strict=True):
+                column.append(value)
+    if not addrs:
+        return NO_ENDPOINTS
+    return Endpoints.from_columns(addrs, conds, nodes, zones, hints)
 
 
 # The address parser of each slice addressType the datapath programs (FQDN slices are not).

@@ -78,20 +78,19 @@ def endpoints_by_port(slices: Iterable[EndpointSlice], node_name: str,
             assert sport.port is not None
             bucket = merged.setdefault((sport.name, sport.protocol), {})
             port = sport.port
-            for ep in sl.endpoints:
-                ip = ep.address                 # kube-proxy uses only the first address
-                if not ip:
+            # The slice's columns, not Endpoint records (Endpoints.rows).
+            for ip, conds, ep_node, zone, hints in sl.endpoints.rows():
+                if not ip:                      # kube-proxy uses only the first address
                     continue
-                local = named and ep.node_name == node_name
+                local = named and ep_node == node_name
                 seen = bucket.get((ip, port))
                 if seen is not None and (seen.local or not local):
                     continue
                 # Positional (this runs per endpoint and port), in field order: ip, port,
                 # ready, serving, terminating, node_name, zone, hint_zones, hint_nodes, local.
-                ready, serving, terminating = defaulted[ep.conditions]
-                hints = ep.hints
+                ready, serving, terminating = defaulted[conds]
                 bucket[(ip, port)] = EndpointInfo(
-                    ip, port, ready, serving, terminating, ep.node_name, ep.zone,
+                    ip, port, ready, serving, terminating, ep_node, zone,
                     frozenset(hints.zones) if hints and hints.zones else _NONE,
                     frozenset(hints.nodes) if hints and hints.nodes else _NONE,
                     local,
