@@ -12,11 +12,11 @@ scope tells them apart.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple, overload
 
-from .model import IPFamily, Protocol, family_of, hostport
+from .model import Columns, IPFamily, Protocol, family_of, hostport
 
 
 class FrontendKind(enum.StrEnum):
@@ -148,15 +148,14 @@ class Backend(NamedTuple):
         return bool(self.state & _TERMINATING)
 
 
-class Backends(Sequence[Backend]):
+class Backends(Columns[Backend]):
     """A frontend's backends, in the order given (key order, as proxy/ makes them): the key
     tuples and one BackendState byte each.
 
     There is one per endpoint and frontend (500,000 at 50,000 Services x 10), so they are not
     kept as Backend records (64 bytes each): the keys are the objects the writer then holds for
     its ids and slot rows (no copy per endpoint) and the states one byte each. Reading one,
-    by index or by iteration, makes its Backend. Immutable; equal to a tuple of the same
-    Backends, so that a test can write either."""
+    by index or by iteration, makes its Backend."""
     __slots__ = ("keys", "states")
     keys: tuple[BackendKey, ...]
     states: bytes
@@ -181,12 +180,6 @@ class Backends(Sequence[Backend]):
         pairs = sorted(zip(keys, states, strict=True))
         return cls(tuple(k for k, _ in pairs), bytes(s for _, s in pairs))
 
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError("Backends is immutable")
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
     @overload
     def __getitem__(self, i: int) -> Backend: ...
     @overload
@@ -199,22 +192,6 @@ class Backends(Sequence[Backend]):
 
     def __iter__(self) -> Iterator[Backend]:
         return map(Backend, self.keys, self.states)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Backends):
-            return self.keys == other.keys and self.states == other.states
-        if isinstance(other, tuple):
-            return tuple(self) == other
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(tuple(self))        # as the equal tuple's
-
-    def __repr__(self) -> str:
-        return f"Backends({list(self)!r})"
-
-    def __reduce__(self) -> tuple:
-        return (Backends, (self.keys, self.states))
 
 
 NO_BACKENDS = Backends()

@@ -13,7 +13,7 @@ import enum
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat, starmap
-from typing import Any, NamedTuple, overload
+from typing import Any, NamedTuple, TypeVar, overload
 
 
 class Protocol(enum.StrEnum):
@@ -171,6 +171,43 @@ class Endpoint(NamedTuple):
         return self.hints.nodes if self.hints is not None else ()
 
 
+_Row = TypeVar("_Row")
+
+
+class Columns(Sequence[_Row]):
+    """An immutable sequence of records kept column by column (Endpoints, desired.Backends):
+    where one record per endpoint would be held, a column holds a pointer or a byte. A
+    subclass names its columns in __slots__, in its constructor's order, the first one as
+    long as the sequence, and makes a record in __getitem__ and __iter__. Equal to a tuple of
+    the same records (and hashed as it), so that a test can write either."""
+    __slots__ = ()
+
+    def _columns(self) -> tuple:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __len__(self) -> int:
+        return len(getattr(self, self.__slots__[0]))
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is type(self):
+            return self._columns() == other._columns()      # type: ignore[union-attr]
+        if isinstance(other, tuple):
+            return tuple(self) == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))        # as the equal tuple's
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self)!r})"
+
+    def __reduce__(self) -> tuple:
+        return (type(self), self._columns())
+
+
 EndpointRow = tuple[str | None, int, str | None, str | None, EndpointHints | None]
 
 
@@ -179,15 +216,14 @@ def _column(values: Sequence[Any]) -> tuple | None:
     return None if all(v is None for v in values) else tuple(values)
 
 
-class Endpoints(Sequence[Endpoint]):
+class Endpoints(Columns[Endpoint]):
     """A slice's endpoints, column by column: their addresses, one conditions byte each, and
     their node names, zones and hints (None for a column that is all None).
 
     One Endpoint record per endpoint (500,000 at 50,000 Services x 10, 80 bytes each) is what
     this saves: per endpoint a column holds a pointer to a shared string, or nothing. rows()
     gives the fields to the per-endpoint loops; reading one by index or iteration makes its
-    Endpoint. Immutable; equal to a tuple of the same Endpoints, so a test can write either.
-    Build one with Endpoints.of (records) or Endpoints.from_columns."""
+    Endpoint. Build one with Endpoints.of (records) or Endpoints.from_columns."""
     __slots__ = ("addresses", "conditions", "node_names", "zones", "hints")
     addresses: tuple[str | None, ...]
     conditions: bytes
@@ -235,12 +271,6 @@ class Endpoints(Sequence[Endpoint]):
                    self.node_names or repeat(None, n), self.zones or repeat(None, n),
                    self.hints or repeat(None, n), strict=True)
 
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError("Endpoints is immutable")
-
-    def __len__(self) -> int:
-        return len(self.addresses)
-
     @overload
     def __getitem__(self, i: int) -> Endpoint: ...
     @overload
@@ -255,25 +285,6 @@ class Endpoints(Sequence[Endpoint]):
 
     def __iter__(self) -> Iterator[Endpoint]:
         return starmap(Endpoint, self.rows())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Endpoints):
-            return (self.addresses, self.conditions, self.node_names, self.zones,
-                    self.hints) == (other.addresses, other.conditions, other.node_names,
-                                    other.zones, other.hints)
-        if isinstance(other, tuple):
-            return tuple(self) == other
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(tuple(self))        # as the equal tuple's
-
-    def __repr__(self) -> str:
-        return f"Endpoints({list(self)!r})"
-
-    def __reduce__(self) -> tuple:
-        return (Endpoints, (self.addresses, self.conditions, self.node_names, self.zones,
-                            self.hints))
 
 
 NO_ENDPOINTS = Endpoints()
