@@ -211,9 +211,9 @@ class Columns(Sequence[_Row]):
 EndpointRow = tuple[str | None, int, str | None, str | None, EndpointHints | None]
 
 
-def _column(values: Sequence[Any]) -> tuple | None:
+def _column(values: Sequence[Any] | None) -> tuple | None:
     """A column of Endpoints; None when every value is None (zones, hints: most slices)."""
-    return None if all(v is None for v in values) else tuple(values)
+    return None if values is None or all(v is None for v in values) else tuple(values)
 
 
 class Endpoints(Columns[Endpoint]):
@@ -223,7 +223,7 @@ class Endpoints(Columns[Endpoint]):
     One Endpoint record per endpoint (500,000 at 50,000 Services x 10, 80 bytes each) is what
     this saves: per endpoint a column holds a pointer to a shared string, or nothing. rows()
     gives the fields to the per-endpoint loops; reading one by index or iteration makes its
-    Endpoint. Build one with Endpoints.of (records) or Endpoints.from_columns."""
+    Endpoint. Build one from its columns or with Endpoints.of (records)."""
     __slots__ = ("addresses", "conditions", "node_names", "zones", "hints")
     addresses: tuple[str | None, ...]
     conditions: bytes
@@ -231,9 +231,13 @@ class Endpoints(Columns[Endpoint]):
     zones: tuple[str | None, ...] | None
     hints: tuple[EndpointHints | None, ...] | None
 
-    def __init__(self, addresses: tuple[str | None, ...] = (), conditions: bytes = b"",
-                 node_names: tuple | None = None, zones: tuple | None = None,
-                 hints: tuple | None = None) -> None:
+    def __init__(self, addresses: Sequence[str | None] = (), conditions: Sequence[int] = b"",
+                 node_names: Sequence[str | None] | None = None,
+                 zones: Sequence[str | None] | None = None,
+                 hints: Sequence[EndpointHints | None] | None = None) -> None:
+        # Every way in (convert's lists, records, pickling) comes through here, so a column
+        # of nothing but None is always None and equal Endpoints have equal columns.
+        addresses, conditions = tuple(addresses), bytes(conditions)
         n = len(addresses)
         for name, col in (("conditions", conditions), ("node_names", node_names),
                           ("zones", zones), ("hints", hints)):
@@ -242,16 +246,9 @@ class Endpoints(Columns[Endpoint]):
         set_ = object.__setattr__
         set_(self, "addresses", addresses)
         set_(self, "conditions", conditions)
-        set_(self, "node_names", node_names)
-        set_(self, "zones", zones)
-        set_(self, "hints", hints)
-
-    @classmethod
-    def from_columns(cls, addresses: Sequence[str | None], conditions: Sequence[int],
-                     node_names: Sequence[str | None], zones: Sequence[str | None],
-                     hints: Sequence[EndpointHints | None]) -> Endpoints:
-        return cls(tuple(addresses), bytes(conditions), _column(node_names), _column(zones),
-                   _column(hints))
+        set_(self, "node_names", _column(node_names))
+        set_(self, "zones", _column(zones))
+        set_(self, "hints", _column(hints))
 
     @classmethod
     def of(cls, endpoints: Iterable[Endpoint]) -> Endpoints:
@@ -261,8 +258,7 @@ class Endpoints(Columns[Endpoint]):
         eps = tuple(endpoints)
         if not eps:
             return NO_ENDPOINTS
-        addresses, conds, nodes, zones, hints = zip(*eps, strict=True)
-        return cls.from_columns(addresses, conds, nodes, zones, hints)
+        return cls(*zip(*eps, strict=True))
 
     def rows(self) -> Iterator[EndpointRow]:
         """(address, conditions, node_name, zone, hints) of each endpoint, with no record."""

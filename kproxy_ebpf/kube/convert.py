@@ -612,7 +612,7 @@ def _endpoints(raw: Any, address_type: str, col: _Collector) -> Endpoints:
                 column.append(value)
     if not addrs:
         return NO_ENDPOINTS
-    return Endpoints.from_columns(addrs, conds, nodes, zones, hints)
+    return Endpoints(addrs, conds, nodes, zones, hints)
 
 
 # The address parser of each slice addressType the datapath programs (FQDN slices are not).

@@ -172,7 +172,7 @@ def _backends(eps: Iterable[EndpointInfo], sp: ServicePort) -> Backends:
 
 def draining(plan: ServicePortPlan, backends: Backends) -> Backends:
     """The serving endpoints of the port that `backends` leave out."""
-    named = {(b.ip, b.port) for b in backends}
+    named = {(ip, port) for ip, port, _ in backends.keys}
     left = [e for e in plan.serving if (e.ip, e.port) not in named]
     return _backends(left, plan.port) if left else NO_BACKENDS
 

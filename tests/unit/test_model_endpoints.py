@@ -66,3 +66,11 @@ def test_converted_slice_mixes_short_and_checked_paths_in_order():
     sl, rejections = slice_from_api(obj)
     assert rejections == []
     assert sl is not None and sl.endpoints == (A, B, C)
+
+
+def test_columns_given_directly_are_normalised_as_from_records():
+    """A column of nothing but None is dropped however the Endpoints is built, so equal
+    endpoints always have equal columns."""
+    direct = Endpoints(["10.0.0.3"], [C.conditions], [None], [None], [None])
+    assert direct.node_names is None and direct.zones is None and direct.hints is None
+    assert direct == Endpoints.of([C]) and direct.addresses == ("10.0.0.3",)
