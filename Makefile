@@ -20,7 +20,7 @@ IMAGE ?= localhost/kproxy-ebpf:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pypro
 
 .PHONY: setup apt venv headers k8s test unit fuzz soak faults datapath integration lab-e2e conformance demo lab-down \
         lint clean image image-apt apt-install chart-test kind-apt kind-tools kind-up kind-down e2e \
-        bench scale bench-tools layout dashboard
+        bench scale change-cost bench-tools layout dashboard
 
 setup: apt venv headers k8s
 
@@ -148,6 +148,12 @@ bench: setup bench-tools
 
 scale: setup bench-tools
 	$(KP) bench --scale --tools-dir $(BENCH_BUILD) $(ARGS)
+
+# CPU per endpoint change of node1's proxy, kproxy beside kube-proxy nftables, at N = 100,
+# 1,000, 10,000 with 5 and 100 pods on the node, changes paced and in bursts (issue 42);
+# writes bench/results/change-cost-latest.{json,md}.
+change-cost: setup bench-tools
+	$(KP) bench --change-cost --tools-dir $(BENCH_BUILD) $(ARGS)
 
 # The churn soak (issue 26; not in CI, `make test` runs two minutes of it): 1000 Services under
 # churn and probes for MINUTES, written to bench/results/reliability.md; exit 1 on a wrong

@@ -126,6 +126,9 @@ enum kp_tunables {
 	KP_TOUCH_MS = 100,
 	KP_NAME_LEN = 64,
 	KP_PORT_NAME_LEN = 16,
+	/* A kp_skwhere row's last connect is rewritten only once it is this old: a client that
+	 * connects often writes once a second, not on every connect. */
+	KP_WHERE_REFRESH_MS = 1000,
 };
 
 enum kp_maglev {                /* Maglev tables (lib/maglev.h, kproxy_ebpf/maglev.py) */
@@ -213,6 +216,26 @@ struct kp_sksvc_val {
 	__u32  svc_id;
 };
 
+/* Where the sockets connected to a backend live (kp_skwhere, LRU): one row per backend and
+ * network namespace that a connect() sent a socket from, with the cgroup of the process that
+ * connected. The agent's stale-socket search starts here, so a backend that leaves costs a
+ * look into the namespaces that hold sockets to it, and nothing when none does
+ * (datapath/sock_where.py). The programs only write it. */
+struct kp_skwhere_key {
+	struct kp_ip addr; /* backend address */
+	__be16 port;      /* backend port */
+	__u8   proto;
+	__u8   family;    /* the socket's: 4 (AF_INET) or 6 (AF_INET6, an IPv4 backend mapped) */
+	__u8   pad[4];
+	__u64  netns;     /* bpf_get_netns_cookie() of the socket */
+};
+
+struct kp_skwhere_val {
+	__u64 cgroup;     /* cgroup v2 id of the process that connected (its socket's, nearly
+			   * always; the agent re-checks with the socket's own) */
+	__u64 last;       /* bpf_ktime_get_ns() of a recent connect (KP_WHERE_REFRESH_MS) */
+};
+
 /* Session affinity (kp_aff) and unconnected-UDP flows (kp_flow): two LRU maps of the same
  * layout, so a burst of short-lived DNS sockets never evicts a client's affinity. */
 struct kp_aff_key {
@@ -245,14 +268,22 @@ struct kp_svc_meta {
 	__u8  pad[2];
 };
 
-/* Per-Service counters (kp_svcstat, a per-CPU hash keyed by svc_id; lib/stats.h): what the
- * datapath did for each service port, summed over CPUs by the agent for its metrics and
- * `services -o wide`. The first event of a service port creates its row (from kp_svczero: a
- * zero struct this size on the TC programs' stack would not fit beside their tuples); the
- * agent deletes it when it frees the svc_id (svc_counters.py), and sweeps rows of ids it does
- * not hold, so an id handed out again starts from zero. Counters only: no program reads them
+/* Per-Service counters (kp_svcstat, a per-CPU hash keyed by svc_id and the frontends' scope;
+ * lib/stats.h): what the datapath did for each service port, for the node's own sockets
+ * (ClusterIP, and the other frontends reached from the node) apart from packets from outside
+ * (NodePort, ExternalIP, LB IP), summed over CPUs by the agent for its metrics (per service
+ * port) and `services -o wide` (per scope). The first event of a service port creates its row
+ * (from kp_svczero: a zero struct this size on the TC programs' stack would not fit beside
+ * their tuples); the agent deletes it when it frees the svc_id (svc_counters.py), and sweeps
+ * rows of ids it does not hold, so an id handed out again starts from zero. Counters only: no program reads them
  * to decide anything. A new kp_meta (layout bump or resize) hands the ids out afresh, so this
  * map is made anew with it (datapath/resize.py TOGETHER). */
+struct kp_svcstat_key {
+	__u32 svc_id;
+	__u8  scope;      /* enum kp_scope of the frontend that carried it */
+	__u8  pad[3];
+};
+
 struct kp_svc_stat {
 	__u64 conns;        /* connections balanced: a connect(), an unconnected UDP socket's
 			     * new flow, a new TC flow */
@@ -355,7 +386,7 @@ struct kp_lb_res {
 	__u8  affinity_hit;
 	__u8  be_flags;         /* the slot's enum kp_be_flags (TC: KP_BE_F_LOCAL decides SNAT) */
 	__u8  fe_flags;         /* slot 0's enum kp_fe_flags, from the same copy as the verdict */
-	__u8  pad;
+	__u8  scope;            /* the request's enum kp_scope (which counters the event is on) */
 };
 
 _Static_assert(sizeof(struct kp_ip) == 16, "kp_ip");
@@ -365,6 +396,9 @@ _Static_assert(sizeof(struct kp_backend) == 20, "kp_backend");
 _Static_assert(sizeof(struct kp_sknat_key) == 32, "kp_sknat_key");
 _Static_assert(sizeof(struct kp_sknat_val) == 24, "kp_sknat_val");
 _Static_assert(sizeof(struct kp_sksvc_val) == 40, "kp_sksvc_val");
+_Static_assert(sizeof(struct kp_skwhere_key) == 32, "kp_skwhere_key");
+_Static_assert(sizeof(struct kp_skwhere_val) == 16, "kp_skwhere_val");
+_Static_assert(sizeof(struct kp_svcstat_key) == 8, "kp_svcstat_key");
 _Static_assert(sizeof(struct kp_aff_key) == 16, "kp_aff_key");
 _Static_assert(sizeof(struct kp_aff_val) == 16, "kp_aff_val");
 _Static_assert(sizeof(struct kp_svc_meta) == 152, "kp_svc_meta");
@@ -504,6 +538,7 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 40, "kp_tc_cfg");
 	X(backend,     kp_be,       3, hash,         __u32,                struct kp_backend,    KP_BE_SIZE,       0) \
 	X(sknat,       kp_sknat,    2, lru_hash,     struct kp_sknat_key,  struct kp_sknat_val,  KP_SKNAT_SIZE,    0) \
 	X(sksvc,       kp_sksvc,    2, sk_storage,   int,                  struct kp_sksvc_val,  KP_SKSVC_SIZE,    KP_NO_PREALLOC) \
+	X(skwhere,     kp_skwhere,  1, lru_hash,     struct kp_skwhere_key, struct kp_skwhere_val, KP_SKWHERE_SIZE, 0) \
 	X(affinity,    kp_aff,      2, lru_hash,     struct kp_aff_key,    struct kp_aff_val,    KP_AFF_SIZE,      0) \
 	X(flow,        kp_flow,     2, lru_hash,     struct kp_aff_key,    struct kp_aff_val,    KP_FLOW_SIZE,     0) \
 	X(meta,        kp_meta,     2, hash,         __u32,                struct kp_svc_meta,   KP_META_SIZE,     0) \
@@ -519,7 +554,7 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 40, "kp_tc_cfg");
 	X(extbe,       kp_extbe,    2, hash,         struct kp_ip,         __u32,                KP_EXTBE_SIZE,    0) \
 	X(nssrc,       kp_nssrc,    1, hash,         struct kp_nssrc_key,  struct kp_ip,         KP_NSSRC_SIZE,    0) \
 	X(nsmiss,      kp_nsmiss,   1, lru_hash,     __u64,                __u64,                KP_NSMISS_SIZE,   0) \
-	X(svcstat,     kp_svcstat,  1, percpu_hash,  __u32,                struct kp_svc_stat,   KP_SVCSTAT_SIZE,  KP_NO_PREALLOC) \
+	X(svcstat,     kp_svcstat,  2, percpu_hash,  struct kp_svcstat_key, struct kp_svc_stat, KP_SVCSTAT_SIZE,  KP_NO_PREALLOC) \
 	X(svczero,     kp_svczero,  1, array,        __u32,                struct kp_svc_stat,   1,                0) \
 	X(maglev,      kp_maglev,   1, hash,         struct kp_maglev_key, struct kp_maglev_row, KP_MAGLEV_SIZE,   KP_NO_PREALLOC)
 
@@ -534,6 +569,10 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 40, "kp_tc_cfg");
 #endif
 #ifndef KP_SKSVC_SIZE
 #define KP_SKSVC_SIZE 0       /* socket storage: no size, one row per socket, freed with it */
+#endif
+#ifndef KP_SKWHERE_SIZE
+#define KP_SKWHERE_SIZE 65536 /* (backend, client network namespace) pairs with a connected
+			       * socket (LRU) */
 #endif
 #ifndef KP_AFF_SIZE
 #define KP_AFF_SIZE    65536   /* ClientIP affinity (LRU) */

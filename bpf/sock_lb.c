@@ -97,6 +97,35 @@ static __always_inline void sock_remember(struct bpf_sock_addr *ctx, const struc
 	kp_sknat.update(&rkey, &rval);
 }
 
+/* Notes that a socket of network namespace `netns` is connected to the chosen backend
+ * (kp_skwhere), for the agent's stale-socket search. A connected socket only: an unconnected
+ * UDP socket picks its backend anew for every flow. Written when the row is missing or
+ * KP_WHERE_REFRESH_MS old, so a client that connects all the time costs one lookup per
+ * connect, and two containers of a pod connecting by turns do not rewrite it each time. */
+static __always_inline void sock_note_where(const struct kp_lb_res *res, bool v6, __u64 netns,
+					    __u64 now)
+{
+	struct kp_skwhere_key key = {};
+	struct kp_skwhere_val val = {};
+	struct kp_skwhere_val old;
+	struct kp_skwhere_val *row;
+
+	key.addr = res->be.addr;
+	key.port = res->be.port;
+	key.proto = res->be.proto;
+	key.family = v6 ? 6 : 4;
+	key.netns = netns;
+	row = kp_skwhere.lookup(&key);
+	if (row) {
+		old = *row;
+		if (now - old.last < KP_WHERE_REFRESH_MS * 1000000ULL)
+			return;
+	}
+	val.cgroup = bpf_get_current_cgroup_id();
+	val.last = now;
+	kp_skwhere.update(&key, &val);
+}
+
 /* The address the socket's traffic to frontend fe leaves from: the one it asks for (a sendmsg
  * with IP_PKTINFO) or is bound to (also a UDP socket connected before, which the kernel bound to
  * its route's source), else the one the agent learnt for its network namespace (kp_nssrc; the
@@ -161,12 +190,12 @@ static __always_inline int sock_source_allows(struct bpf_sock_addr *ctx, bool v6
 			kp_nsmiss.update(&netns, &now);
 		}
 		kp_count(KP_STAT_SRC_UNKNOWN);
-		kp_svc_refusal(res->svc_id, KP_SVC_DENIED);
+		kp_svc_refusal(res->svc_id, KP_SCOPE_SOCK, KP_SVC_DENIED);
 		return -EPERM;
 	}
 	if (!kp_srcrange_allows(fe, fe_flags, src)) {
 		kp_count(KP_STAT_SRC_DENY);
-		kp_svc_refusal(res->svc_id, KP_SVC_DENIED);
+		kp_svc_refusal(res->svc_id, KP_SCOPE_SOCK, KP_SVC_DENIED);
 		return -EPERM;
 	}
 	return 0;
@@ -195,13 +224,15 @@ static __always_inline int sock_xlate_fwd(struct bpf_sock_addr *ctx, bool v6, st
 	if (res.verdict != KP_LB_FORWARD)
 		return kp_lb_refusal(&res, KP_LB_PATH_SOCK);
 	sock_remember(ctx, &res, addr, *port);
+	if (!unconnected_udp)
+		sock_note_where(&res, v6, req.client, req.now);
 	*addr = res.be.addr;
 	*port = res.be.port;
 	kp_count(KP_STAT_FORWARD);
 	/* One counter row lookup per forward: an unconnected UDP socket's datagram is a packet
 	 * (a socket hook sees no bytes), a new flow of it (no flow row reused), like every
 	 * connect(), a connection. */
-	st = kp_svc_stat(res.svc_id);
+	st = kp_svc_stat(res.svc_id, KP_SCOPE_SOCK);
 	if (st) {
 		st->packets += unconnected_udp;
 		st->conns += !unconnected_udp || !res.affinity_hit;

@@ -171,7 +171,7 @@ static __always_inline int kp_new_flow(struct kp_pkt *p, struct kp_ct_val *v,
 	/* Before the verdict: kube-proxy's firewall runs before its DNAT and no-endpoint reject. */
 	if (!kp_srcrange_allows(&req.key, res.fe_flags, p->tuple.saddr)) {
 		kp_count(KP_STAT_TC_SRC_DROP);
-		kp_svc_refusal(res.svc_id, KP_SVC_DENIED);
+		kp_svc_refusal(res.svc_id, scope, KP_SVC_DENIED);
 		*answer = KP_ANSWER_DROP;
 		return -1;
 	}
@@ -213,7 +213,7 @@ static __always_inline int kp_new_flow(struct kp_pkt *p, struct kp_ct_val *v,
 		kp_rnat.update(&rkey, &p->tuple);
 	}
 	kp_count(KP_STAT_TC_FORWARD);
-	kp_svc_conn(res.svc_id);
+	kp_svc_conn(res.svc_id, scope);
 	return 1;
 }
 
@@ -339,7 +339,8 @@ static __always_inline int kp_reply(struct __sk_buff *skb, struct kp_pkt *p, boo
 		return -1;
 	kp_ct_track(&orig, row, &v, p->tcp_flags, true, now);
 	kp_count(KP_STAT_TC_REPLY);
-	kp_svc_packet(v.svc_id, true, skb->len);
+	kp_svc_packet(v.svc_id, kp_ct_flags(v.life) & KP_CT_F_POD ? KP_SCOPE_SOCK : KP_SCOPE_EXT,
+		      true, skb->len);
 	return 1;
 }
 
@@ -427,7 +428,7 @@ static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 			return kp_answer(skb, &p, answer);
 	}
 	kp_ct_track(&p.tuple, row, &v, p.tcp_flags, false, now);
-	kp_svc_packet(v.svc_id, false, skb->len);
+	kp_svc_packet(v.svc_id, scope, false, skb->len);
 
 	/* SNAT for a remote EXT backend, or a pod's hairpin (it must see the node as its peer,
 	 * or it would answer itself directly). */

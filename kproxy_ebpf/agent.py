@@ -27,19 +27,22 @@ from . import health, httpserve
 from .config import AgentConfig
 from .datapath import conntrack, downgrade, reader, svc_counters, tc
 from .datapath.cidr_writer import CidrWriter
+from .datapath.drift import DriftCheck
 from . import conntrack_sysctl
 from .datapath.netns_sources import NetnsSources
 from .datapath.sock_hooks import AGENT_FILLED, SockDatapath
 from .datapath.stale_sockets import Outcome, StaleSockets
 from .datapath.tc import TcDatapath
-from .datapath.writer import ApplyResult, MapWriter
+from .datapath.apply_result import ApplyResult
+from .datapath.writer import MapWriter
 from .client_sources import ClientSources
 from .desired import Frontend, FrontendKey
+from .drift_watch import DriftWatch
 from .established import Established
 from .kube.sources import ApiSource, ManifestSource
 from .metrics import Metrics
 from .model import Node
-from .process_tuning import GcPause, limit_malloc_arenas, release_heap
+from .process_tuning import FullCollections, GcPause, limit_malloc_arenas, release_heap
 from .proxy.no_local import NoLocalEndpoints
 from .proxy.state import ProxyState
 from .reporting import Reporter
@@ -48,7 +51,7 @@ from .self_check import CheckInput, SelfCheck
 from .service_health import ServiceHealthServers
 from .socket_sweep import SocketSweep
 from .state_sink import StateSink
-from .sync_policy import SyncPlan, SyncPolicy
+from .sync_policy import KERNEL_CHECK_EVERY, SyncPlan, SyncPolicy
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +92,7 @@ class Agent:
         self._attach_pending = False
         self._sync_lock = threading.Lock()
         self.gc_pause = GcPause()             # from start() until the first sync
+        self.full_collections = FullCollections.install()
         self.runner = Runner(self._sync, Schedule(cfg.min_sync_period, cfg.sync_period))
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -139,9 +143,10 @@ class Agent:
         self.metrics.zero_series([m.spec.name for mid, m in self.datapath.maps.items()
                                   if mid in AGENT_FILLED], [o.value for o in Outcome])
         if self.cfg.socket_lb:
-            self.sweep = SocketSweep(StaleSockets.of(self.datapath.maps, self.cfg.cgroup,
-                                                     reset_tcp=self.cfg.stale_sockets_tcp),
-                                     self.metrics)
+            stale = StaleSockets.of(self.datapath.maps, self.cfg.cgroup,
+                                    reset_tcp=self.cfg.stale_sockets_tcp)
+            self.sweep = SocketSweep(stale, self.metrics,
+                                     new_where=self.datapath.made_beside_adopted("skwhere"))
             self.client_sources = ClientSources(
                 NetnsSources.of(self.datapath.maps, self.cfg.cgroup), self.metrics)
             self.client_sources.start(self._stop)
@@ -161,6 +166,9 @@ class Agent:
                                     self.cfg.service_metrics_limit)
         self._serve()
         threading.Thread(target=self._start_runner, name="wait-synced", daemon=True).start()
+        DriftWatch(DriftCheck(self.writer, self.cidrs), self._sync_lock, self.metrics,
+                   self._kernel_drift, self._sweep_service_counters).start(
+            self.cfg.sync_period * KERNEL_CHECK_EVERY, self._stop)
 
     def pause_gc(self) -> None:
         """No cyclic GC until the first sync is done (or GC_PAUSE_MAX has passed)."""
@@ -370,12 +378,9 @@ class Agent:
             cidr_input = (self.state.service_cidr_set() if plan.cidrs_all
                           else self.state.service_cidr_changes())
         if plan.reread:
-            cpu0 = time.thread_time()
             self.writer.restore()
             self.cidrs.restore()
             self._sweep_service_counters()
-            self.metrics.drift_checks.inc()
-            self.metrics.drift_check_cpu.inc(time.thread_time() - cpu0)
         keys = None if full else changes.changed_keys | plan.retry
         sockets = (self.sweep.before(self.writer, None if full else
                                      changes.recomputed_keys | keys)
@@ -392,7 +397,7 @@ class Agent:
         self._forget_service_counters(self.writer.take_freed_svc_ids())
         established = Established(self.writer, changes.frontends, self.state, self._lock)
         if self.sweep is not None and sockets is not None:
-            self.sweep.after(sockets, established, full)
+            self.sweep.after(sockets, established, full, self.writer.holds)
         cidrs_done &= self.cidrs.write_removals(cidr_changes, result)
         self.policy.cidrs_written(cidrs_done)
         if self.policy.applied(plan, result.failed, bool(result.full_maps),
@@ -430,6 +435,7 @@ class Agent:
             self.gc_pause.resume()   # the node is programmed: the cold start is over
         if full or first:
             release_heap()      # the first LIST's JSON, or a relist's: a few ms at 10k Services
+        self.full_collections.settle()
         return result.ok
 
     def _check_input(self) -> CheckInput:
@@ -453,6 +459,12 @@ class Agent:
             return tuple(tc.missing_filters(self.tc.devices))
         except Exception as exc:   # noqa: BLE001 - pyroute2's NetlinkError is no OSError
             return (f"(the filters could not be listed: {exc})",)
+
+    def _kernel_drift(self, drift: list[str]) -> None:
+        """The drift check found the maps changed behind this agent (drift_watch.py)."""
+        with self._sync_lock:
+            self.policy.drift_found()
+        self.runner.run()
 
     def _drift_found(self, body: dict) -> None:
         """A self-check found the datapath changed behind this agent: the next sync re-reads

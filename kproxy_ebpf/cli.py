@@ -14,7 +14,9 @@ from pathlib import Path
 import click
 
 from . import __version__
+from .cli_names import namespace_option, service_ref
 from .datapath import svc_counters
+from .desired import Scope
 from .model import Protocol, hostport
 from .run_cli import DEFAULT_BPFFS, run
 
@@ -24,10 +26,15 @@ def _bpffs_option(f):
                         show_default=True, help="The agent's bpffs directory (pinned maps).")(f)
 
 
-def _output_option(f):
-    # kubectl's set: wide is the table with more columns (where a command has more to show).
-    return click.option("-o", "--output", type=click.Choice(["table", "wide", "json", "yaml"]),
-                        default="table", show_default=True)(f)
+def _output_option(f=None, *, wide: bool = False, name: bool = False):
+    """-o as kubectl's: json and yaml everywhere, wide only where the table has more columns
+    to show and name only where rows have names (elsewhere they are refused, not ignored)."""
+    choices = ["table", *(["wide"] if wide else []), "json", "yaml", *(["name"] if name else [])]
+    text = ("Output format: table" + (", wide (the table with more columns)" if wide else "")
+            + ", json, yaml" + (", name (one name a line, for scripts)" if name else "") + ".")
+    option = click.option("-o", "--output", type=click.Choice(choices), default="table",
+                          show_default=True, help=text)
+    return option(f) if f is not None else option
 
 
 def _table(header: tuple, lines: list[tuple]) -> None:
@@ -92,6 +99,16 @@ class _LazyGroup(click.Group):
         lazy = [n for n, mod in self.LAZY.items() if self._installed(mod)]
         return sorted(set(super().list_commands(ctx)) | set(lazy))
 
+    def resolve_command(self, ctx, args):
+        """click's, with a suggestion for a mistyped command (`service` -> `services`)."""
+        if (args and not args[0].startswith("-") and args[0] not in self.LAZY
+                and args[0] not in self.list_commands(ctx)):
+            from .cli_names import suggestion
+
+            ctx.fail(f'No such command "{args[0]}".'
+                     + suggestion(args[0], self.list_commands(ctx)))
+        return super().resolve_command(ctx, args)
+
     def get_command(self, ctx, name):
         if name in self.LAZY and name not in self.commands:
             import importlib
@@ -130,22 +147,44 @@ def _policy_text(p: dict, allowed: list[str] | None = None) -> str:
     return ",".join(x for x in parts if x) or "-"
 
 
-@main.command()
-@_bpffs_option
-@_output_option
-@click.option("--service", "service_filter", metavar="NS/NAME",
-              help="Only this service (any of its ports).")
-def services(bpffs_dir: str, output: str, service_filter: str | None) -> None:
-    """Every frontend in the maps: address, port, protocol, type, backends and their state."""
+def _service_rows(maps, service: str | None) -> list[dict]:
+    """reader.services, each row saying whom its frontend serves ("from": the node's own
+    sockets, or packets from outside), limited to `service` (NS/NAME: an error when it has no
+    frontend)."""
+    from .cli_names import require_service
     from .datapath import reader
 
-    maps = _open_maps(bpffs_dir)
     rows = reader.services(maps)
-    if service_filter:
-        rows = [r for r in rows if r["service"].split(":")[0] == service_filter]
+    for r in rows:
+        r["from"] = "outside" if r["scope"] else "node"
+    if service:
+        require_service(service, {r["service"].split(":")[0] for r in rows})
+        rows = [r for r in rows if r["service"].split(":")[0] == service]
+    return rows
+
+
+@main.command()
+@_bpffs_option
+@_output_option(wide=True, name=True)
+@click.option("--service", "service_filter", metavar="[NS/]NAME",
+              help="Only this Service (any of its ports).")
+@namespace_option
+def services(bpffs_dir: str, output: str, service_filter: str | None,
+             namespace: str | None) -> None:
+    """Every frontend in the maps: address, port, protocol, type, whom it serves (the node's
+    own sockets or packets from outside), backends and their state. -o wide adds each
+    Service port's counters, one total over its frontends."""
+    service = service_ref(service_filter, namespace)
+    maps = _open_maps(bpffs_dir)
+    rows = _service_rows(maps, service)
     counts = svc_counters.read(maps["svcstat"]) if "svcstat" in maps else {}
-    for r in rows:      # a service port's, shared by its frontends (ClusterIP, NodePort, ...)
-        r["counters"] = counts.get(r["service_id"], svc_counters.ServiceCounters()).as_dict()
+    for r in rows:      # the service port's for this frontend's scope, shared with its like
+        key = svc_counters.CounterKey(r["service_id"], Scope.EXT if r["scope"] else Scope.SOCK)
+        r["counters"] = counts.get(key, svc_counters.ServiceCounters()).as_dict()
+    if output == "name":             # each service port once, as kubectl's -o name
+        for name in dict.fromkeys(r["service"] for r in rows):
+            click.echo(name)
+        return
     if _structured(rows, output):
         return
     if not rows:
@@ -156,37 +195,48 @@ def services(bpffs_dir: str, output: str, service_filter: str | None) -> None:
 
 def _services_table(rows: list[dict], wide: bool) -> tuple[tuple, list[tuple]]:
     """`services`' header and lines (a frontend's further backends on lines of their own)."""
-    header = ("SERVICE", "TYPE", "FRONTEND", "ACTION", "AFFINITY", "POLICY",
+    header = ("SERVICE", "TYPE", "FRONTEND", "FROM", "ACTION", "AFFINITY", "POLICY",
               *(_COUNTER_COLUMNS if wide else ()), "BACKENDS")
     lines = []
-    shown: set[int] = set()
-    for r in rows:
+    scopes: dict[str, dict] = {}      # the counters of the service port's rows so far, by FROM
+    for i, r in enumerate(rows):
         backends = [_backend_text(b) for b in r["backends"]] or ["-"]
         aff = f"{r['affinity_timeout']}s" if r["affinity_timeout"] else "-"
-        extra: tuple = ()
-        if wide:     # on the service port's first frontend only: they are its, not the row's
-            extra = ("",) * len(_COUNTER_COLUMNS) if r["service_id"] in shown else \
-                _counter_cells(r["counters"])
-            shown.add(r["service_id"])
+        counters: tuple = ("",) * len(_COUNTER_COLUMNS) if wide else ()
         lines.append((r["service"], r["type"],
-                      f"{hostport(r['address'], r['port'])}/{r['protocol']}", r["action"], aff,
-                      _policy_text(r.get("policy", {}), r.get("source_ranges")), *extra,
-                      backends[0]))
+                      f"{hostport(r['address'], r['port'])}/{r['protocol']}", r["from"],
+                      r["action"], aff, _policy_text(r.get("policy", {}), r.get("source_ranges")),
+                      *counters, backends[0]))
         lines.extend(("",) * (len(header) - 1) + (b,) for b in backends[1:])
+        scopes.setdefault(r["from"], r["counters"])
+        last = i + 1 == len(rows) or rows[i + 1]["service_id"] != r["service_id"]
+        if wide and last:
+            # The counters are the service port's per scope (kp_svcstat keys by both): a line
+            # each after its (consecutive) frontends, saying whose they are.
+            for where, label in _SCOPE_LINES:
+                if where in scopes:
+                    lines.append((r["service"], label, "", where, "", "", "",
+                                  *_counter_cells(scopes[where]), ""))
+        if last:
+            scopes = {}
     return header, lines
+
+
+_SCOPE_LINES = (("node", "(all from the node)"), ("outside", "(all from outside)"))
 
 
 @main.command("watch")
 @_bpffs_option
-@click.option("--service", "service_filter", metavar="NS/NAME",
+@namespace_option
+@click.option("--service", "service_filter", metavar="[NS/]NAME",
               help="Only this service (any of its ports).")
 @click.option("--interval", type=click.FloatRange(0.05), default=1.0, show_default=True,
               help="Seconds between polls of the maps.")
 @click.option("--duration", type=click.FloatRange(0), default=None,
-              help="Stop after this many seconds (default: until Ctrl-C).")
+              help="Stop after this many seconds.  [default: until Ctrl-C]")
 @click.option("--plain", is_flag=True, help="One line per change even on a terminal.")
-def watch_command(bpffs_dir: str, service_filter: str | None, interval: float,
-                  duration: float | None, plain: bool) -> None:
+def watch_command(bpffs_dir: str, namespace: str | None, service_filter: str | None,
+                  interval: float, duration: float | None, plain: bool) -> None:
     """Frontends and backends changing live, as the agent writes them: the table redrawn in
     place on a terminal, one timestamped line per change otherwise (`kubectl scale` and
     watch the backends follow)."""
@@ -194,6 +244,15 @@ def watch_command(bpffs_dir: str, service_filter: str | None, interval: float,
 
     from . import watch
     from .datapath import reader
+
+    service_filter = service_ref(service_filter, namespace)
+    if service_filter:
+        # Not programmed: NotFound, as `kubectl get -w NAME`; a Service about to be created
+        # is watched without --service (its "+" line comes when it is programmed).
+        maps = _open_maps(bpffs_dir)
+        _service_rows(maps, service_filter)
+        for m in maps.values():
+            m.close()
 
     def read() -> watch.Snapshot:
         maps = _open_maps(bpffs_dir)        # afresh: an agent that swaps its maps is followed
@@ -264,11 +323,14 @@ def _fill(m) -> dict:
 
 @maps.command("list")
 @_bpffs_option
-@_output_option
+@_output_option(name=True)
 def maps_list(bpffs_dir: str, output: str) -> None:
     """Each map: name, entries, capacity."""
     rows = [{"map": name, "pin": m.spec.name, **_fill(m)}
             for name, m in _open_maps(bpffs_dir).items()]
+    if output == "name":
+        click.echo("\n".join(r["map"] for r in rows))
+        return
     if _structured(rows, output):
         return
     def cell(v) -> str:
@@ -426,11 +488,16 @@ def status(bpffs_dir: str, output: str, healthz: str) -> None:
 
     from .datapath import reader
 
+    from . import status_text
+    from .datapath import tc
+
     maps_ = _open_maps(bpffs_dir)
     hooks = reader.hooks(Path(bpffs_dir), cgroup_roots=STATUS_CGROUP_ROOTS)
     out = {"bpffs_dir": bpffs_dir, "hooks": hooks,
+           "tc": [{"device": d, "direction": w, "program": p} for d, w, p in tc.attached()],
            "maps": {k: _fill(m) for k, m in maps_.items()},
            "counters": reader.counters(maps_["stats"]),
+           "families": status_text.node_families(),
            "warnings": _attach_warnings(hooks)}
     if healthz:
         try:
@@ -448,10 +515,15 @@ def status(bpffs_dir: str, output: str, healthz: str) -> None:
         where = (f"prog {h['prog_id']} on cgroup {h['cgroup'] or '?'} (id {h['cgroup_id']})"
                  if h["pinned"] else "NOT ATTACHED")
         click.echo(f"  {h['hook']:<13} {where}")
+    for t in out["tc"] or [{"device": "-", "direction": "", "program": "no TC program in this "
+                                                                     "network namespace"}]:
+        click.echo(f"  tc {t['device']:<10} {t['direction']:<8} {t['program']}")
     for name, m in out["maps"].items():
         click.echo(f"  map {name:<9} {m['entries'] if m['entries'] is not None else '-':>7}"
                    f" / {m['max_entries'] if m['max_entries'] is not None else 'per socket'}")
-    click.echo("  counters: " + ", ".join(f"{k} {v}" for k, v in out["counters"].items()))
+    click.echo("  counters:")
+    for row in status_text.counter_rows(out["counters"]):
+        click.echo("    " + "".join(f"{c:<28}" for c in row).rstrip())
     for warning in out["warnings"]:
         click.echo(f"WARNING: {warning}")
     if "agent" in out:
@@ -462,8 +534,12 @@ def status(bpffs_dir: str, output: str, healthz: str) -> None:
                        "(in the lab: `kproxy-ebpf lab exec --node NODE -- kproxy-ebpf status "
                        "--bpffs-dir DIR`), or pass --healthz with its address ('' skips it)")
             return
-        state = {200: "healthy", 503: "UNHEALTHY"}.get(agent["status"], f"HTTP {agent['status']}")
-        click.echo(f"  agent: {state} {json.dumps(agent.get('healthz'))}")
+        if agent["status"] in (200, 503):
+            for line in status_text.health_sentences(agent["status"], agent.get("healthz") or {},
+                                                     out["families"]):
+                click.echo(f"  agent: {line}")
+        else:
+            click.echo(f"  agent: HTTP {agent['status']} from {healthz}")
         waiting = (agent.get("healthz") or {}).get("unprogrammed")
         if waiting:
             full = waiting.get("fullMaps") or []
@@ -480,10 +556,11 @@ def status(bpffs_dir: str, output: str, healthz: str) -> None:
               help="The agent's configuration file, read as `run` reads it (then KPROXY_* "
                    "variables, then these flags): its kubeconfig, master, hostnameOverride, "
                    "bpffsDir, manifests and preferSameNode are used.")
-@click.option("--bpffs-dir", help=f"The agent's bpffs directory [{DEFAULT_BPFFS}].")
-@click.option("--kubeconfig", help="Compare with this cluster (default: in-cluster, ~/.kube/config).")
+@click.option("--bpffs-dir", help=f"The agent's bpffs directory.  [default: {DEFAULT_BPFFS}]")
+@click.option("--kubeconfig", help="Compare with this cluster.  [default: in-cluster, then "
+                                   "~/.kube/config]")
 @click.option("--master", help="API server address, overriding the kubeconfig's.")
-@click.option("--hostname-override", help="This node's name (default: the host name).")
+@click.option("--hostname-override", help="This node's name.  [default: the host name]")
 @click.option("--manifests", multiple=True, help="Compare with these YAML files instead.")
 @click.option("--all-nodes", is_flag=True,
               help="Ask every node's agent for its own check (its health port, /checkz): one "
@@ -544,15 +621,21 @@ def ct() -> None:
 @ct.command("list")
 @_bpffs_option
 @_output_option
-@click.option("--service", "service_filter", metavar="NS/NAME",
+@click.option("--service", "service_filter", metavar="[NS/]NAME",
               help="Only flows of this service (any of its ports).")
-def ct_list(bpffs_dir: str, output: str, service_filter: str | None) -> None:
+@namespace_option
+def ct_list(bpffs_dir: str, output: str, service_filter: str | None,
+            namespace: str | None) -> None:
     """Every tracked flow: path, client, frontend, backend, SNAT, state and time left."""
     from .datapath import conntrack
 
-    rows = conntrack.entries(_open_maps(bpffs_dir))
-    if service_filter:
-        rows = [r for r in rows if (r["service"] or "").split(":")[0] == service_filter]
+    service = service_ref(service_filter, namespace)
+    maps = _open_maps(bpffs_dir)
+    if service:
+        _service_rows(maps, service)          # a Service with no frontend is an error
+    rows = conntrack.entries(maps)
+    if service:
+        rows = [r for r in rows if (r["service"] or "").split(":")[0] == service]
     if _structured(rows, output):
         return
     if not rows:

@@ -42,7 +42,7 @@ class AgentConfig:
     # root of the node; in the lab, the simulated node's cgroup), never by accident.
     cgroup: str | None = None
     min_sync_period: float = 0.2          # seconds between two syncs at the most often
-    sync_period: float = 30.0             # a sync at least this often; every 10th is full
+    sync_period: float = 30.0             # a sync at least this often; 10 of them: a drift check
     # A watch with neither an event nor a bookmark for this long is taken as dead and made
     # again (the API server sends a bookmark about every minute).
     watch_progress_timeout: float = 150.0

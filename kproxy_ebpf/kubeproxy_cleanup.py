@@ -42,10 +42,6 @@ IPTABLES_BACKENDS = [(fam, backend) for backend in ("legacy", "nft") for fam in 
 TABLES = ("nat", "filter", "mangle")
 
 
-class CleanupError(RuntimeError):
-    pass
-
-
 @dataclass
 class Report:
     removed: list[str] = field(default_factory=list)   # "iptables-nft nat KUBE-SERVICES", ...

@@ -81,16 +81,16 @@ class Metrics:
                                      "cache), miss (no entry: compiled), fallback (a bad entry: "
                                      "compiled), off.", ["result"], registry=r)
         self.drift_checks = Counter(P + "datapath_drift_checks_total",
-                                    "Re-reads of the maps to repair drift.", registry=r)
+                                    "Checks of the maps against what was written (drift).",
+                                    registry=r)
         self.drift_check_cpu = Counter(P + "datapath_drift_check_cpu_seconds_total",
-                                       "CPU time the sync thread spent re-reading the maps.",
+                                       "CPU time the drift checks took (their own thread).",
                                        registry=r)
-        # Every full sync's CPU (the periodic one every syncPeriod, re-reads included): the
-        # scale run takes it out of its per-change windows exactly.
+        # Periodic work's CPU (the syncPeriod ticks, full syncs, the drift checks): the
+        # benchmarks take it out of their per-change windows exactly.
         self.full_sync_cpu = Counter(P + "sync_full_cpu_seconds_total",
-                                     "CPU time the sync thread spent in full and periodic "
-                                     "syncs (the periodic ones between map re-reads are partial).",
-                                     registry=r)
+                                     "CPU time of periodic work: full syncs, the syncPeriod "
+                                     "ticks (partial) and the drift checks.", registry=r)
         self.programming = Histogram(
             P + "network_programming_duration_seconds",
             "From the change that triggered an EndpointSlice update (its last-change-trigger-"
@@ -146,13 +146,21 @@ class Metrics:
         self.stale_sockets = Counter(
             P + "stale_sockets_total",
             "Sockets the hooks had connected to a backend that left their Service, by protocol "
-            "and outcome: destroyed, gone (ended first), kept (TCP with staleSocketsTCP false), "
-            "unsupported (the kernel cannot destroy sockets), failed.",
+            "and outcome: moved (UDP: connected again to its Service, in place), destroyed "
+            "(TCP reset, UDP disconnected), gone (ended first), unsupported (the kernel cannot "
+            "destroy sockets), failed.",
             ["protocol", "outcome"], registry=r)
         self.stale_socket_scan = Histogram(
             P + "stale_socket_scan_duration_seconds",
-            "Time a search for stale sockets took (every network namespace of the node's "
-            "cgroup).", registry=r, buckets=SYNC_BUCKETS)
+            "Time a search for stale sockets took (the namespaces holding sockets to the "
+            "backends concerned).", registry=r, buckets=SYNC_BUCKETS)
+        self.stale_socket_namespaces = Counter(
+            P + "stale_socket_namespaces_total",
+            "Network namespaces the stale-socket searches looked into.", registry=r)
+        self.stale_socket_dumps = Counter(
+            P + "stale_socket_dumps_total",
+            "sock_diag dumps the stale-socket searches made (one per namespace, protocol and "
+            "socket family concerned).", registry=r)
         self.socket_destroy_supported = Gauge(
             P + "socket_destroy_supported",
             "1 if this kernel can destroy sockets (sock_diag SOCK_DESTROY), 0 if not.",

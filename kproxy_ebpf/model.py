@@ -78,6 +78,9 @@ class LoadBalancerIngress:
     ip_mode: str | None = None   # "VIP", "Proxy" or None (unset means VIP)
 
 
+ServiceKey = tuple[str, str]        # a Service's (namespace, name), everywhere it is a key
+
+
 @dataclass(frozen=True, slots=True)
 class Service:
     namespace: str

@@ -9,8 +9,10 @@ import ctypes.util
 import gc
 import logging
 import os
+import sys
 import threading
 import time
+from contextlib import contextmanager
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,86 @@ def resume_gc() -> float:
     gc.freeze()
     gc.enable()
     return time.thread_time() - cpu0
+
+
+@contextmanager
+def collector_paused():
+    """The cyclic GC off over a burst of short-lived allocations: the drift check's map
+    read-back makes millions of acyclic tuples that reference counting frees, and they would
+    otherwise trigger full collections of the whole heap, each holding the GIL while changes
+    wait (~0.5 s at 50,000 Services)."""
+    was = pause_gc()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+# While a background thread holds the GIL for seconds of Python, a thread that wants it back
+# waits up to the switch interval (5 ms by default) each time it gave it up, and a sync gives
+# it up at every syscall (a map write, a netlink message): dozens of waits per sync.
+BACKGROUND_SWITCH_S = 0.0005
+
+
+@contextmanager
+def sharing_the_gil():
+    """The interpreter's switch interval shortened while a background thread computes, so the
+    threads that serve changes get the GIL back within BACKGROUND_SWITCH_S."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(min(old, BACKGROUND_SWITCH_S))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(old)
+
+
+SLOW_FULL_GC_S = 0.05
+
+
+class FullCollections:
+    """Freezes what survives a slow full collection. The cold start's objects are frozen at
+    the first sync (resume_gc), but a cluster filled later through watch events leaves its
+    objects to the oldest generation, and every full collection then scans all of them: at
+    50,000 Services one held the GIL for ~0.5 s. After a full collection that took longer
+    than SLOW_FULL_GC_S, everything that survived it is live (the collection just removed the
+    garbage), so nothing is garbage when it is frozen; later full collections scan only what
+    came after. The price, as for the cold start's freeze: a cycle those objects form later
+    is never freed (the state's frozen dataclasses, tuples and strings form none).
+    The freeze itself runs in settle(), which the sync thread calls after each sync
+    (gc.freeze() inside the collector's own callback is not for us to risk)."""
+
+    _installed: FullCollections | None = None
+
+    def __init__(self) -> None:
+        self._t0 = 0.0
+        self.pending = False
+        self.frozen = 0
+
+    @classmethod
+    def install(cls) -> FullCollections:
+        """The process's one watcher (gc.callbacks is process-wide)."""
+        if cls._installed is None:
+            cls._installed = cls()
+            gc.callbacks.append(cls._installed._callback)
+        return cls._installed
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        elif time.perf_counter() - self._t0 > SLOW_FULL_GC_S:
+            self.pending = True
+
+    def settle(self) -> None:
+        if not self.pending:
+            return
+        self.pending = False
+        gc.freeze()
+        self.frozen += 1
+        log.info("a full collection was slow: what survived it is frozen (%d objects now "
+                 "never scanned)", gc.get_freeze_count())
 
 
 class GcPause:

@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import logging
 
-from .datapath.writer import ApplyResult
+from .datapath.apply_result import ApplyResult
 from .desired import Problem
 from .kube.convert import Rejection
 from .metrics import Metrics
+from .model import ServiceKey
 
 log = logging.getLogger(__name__)
 
 ERROR_LINES = 5             # write errors logged one by one per sync; the rest are counted
-
-ServiceKey = tuple[str, str]
 
 
 class Reporter:

@@ -16,42 +16,45 @@ DEFAULT_BPFFS = "/sys/fs/bpf/kproxy"
 @click.command()
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               help="YAML configuration file (camelCase keys, as kube-proxy's).")
-@click.option("--kubeconfig", help="Kubeconfig; default: in-cluster, then ~/.kube/config.")
+@click.option("--kubeconfig", help="Kubeconfig.  [default: in-cluster, then ~/.kube/config]")
 @click.option("--master", help="API server address, overriding the kubeconfig's.")
-@click.option("--hostname-override", help="This node's name (default: the host name).")
-@click.option("--bpffs-dir", help=f"Pin directory for maps and links [{DEFAULT_BPFFS}].")
+@click.option("--hostname-override", help="This node's name.  [default: the host name]")
+@click.option("--bpffs-dir", help=f"Pin directory for maps and links.  [default: {DEFAULT_BPFFS}]")
 @click.option("--program-cache",
-              help="Directory of compiled programs reused across restarts ('' disables) "
-                   "[/var/cache/kproxy-ebpf/programs].")
+              help="Directory of compiled programs reused across restarts ('' disables).  "
+                   "[default: /var/cache/kproxy-ebpf/programs]")
 @click.option("--cgroup", help="cgroup v2 directory the socket hooks attach to (required).")
-@click.option("--min-sync-period", help="Shortest time between two syncs, e.g. 200ms.")
-@click.option("--sync-period", help="Full resync period, e.g. 30s.")
+@click.option("--min-sync-period", help="Shortest time between two syncs, e.g. 200ms.  [default: 200ms]")
+@click.option("--sync-period", help="Longest time between two syncs, e.g. 30s; every 10th "
+                                    "brings a drift check.  [default: 30s]")
 @click.option("--healthz-bind-address", help="host:port of /healthz and /livez ('' disables).")
 @click.option("--metrics-bind-address", help="host:port of /metrics ('' disables).")
 @click.option("--manifests", multiple=True,
               help="Read Services/EndpointSlices from these YAML files or directories instead "
                    "of the API server (re-read when they change).")
-@click.option("--north-south/--no-north-south", default=None,
-              help="Serve NodePort/ExternalIP/LoadBalancer traffic from outside the node (TC).")
+@click.option("--north-south", type=click.BOOL, default=None,
+              help="Serve NodePort/ExternalIP/LoadBalancer traffic from outside the node at TC "
+                   "[true]; false leaves it to no one (--north-south=false).")
 @click.option("--devices", multiple=True,
-              help="External devices for the TC programs (default: from the routes).")
+              help="External devices for the TC programs.  [default: from the routes]")
 @click.option("--node-port-addresses", multiple=True,
-              help="CIDRs (or 'primary') whose node addresses serve NodePorts [primary].")
+              help="CIDRs (or 'primary') whose node addresses serve NodePorts.  [default: primary]")
 @click.option("--external-ip-allowlist", multiple=True,
-              help="Program only ExternalIPs inside these CIDRs (CVE-2020-8554) [all].")
+              help="Program only ExternalIPs inside these CIDRs (CVE-2020-8554).  [default: all]")
 @click.option("--socket-lb", type=click.BOOL, default=None,
-              help="Socket-level load balancing (cgroup hooks) [true]; false serves ClusterIPs "
+              help="Socket-level load balancing (cgroup hooks) [default: true]; false serves ClusterIPs "
                    "per packet at TC on the pod devices (--socket-lb=false).")
 @click.option("--pod-devices", multiple=True,
-              help="Globs of the pod-facing devices for --socket-lb=false [veth*,cali*,lxc*,kpv*].")
-@click.option("--snat-port-range", help="SNAT source ports for remote backends [61000-65535].")
+              help="Globs of the pod-facing devices for --socket-lb=false.  [default: veth*,cali*,lxc*,kpv*]")
+@click.option("--snat-port-range", help="SNAT source ports for remote backends.  [default: 61000-65535]")
 @click.option("--lb-algorithm", type=click.Choice(["random", "maglev"]),
               help="How frontends for traffic from outside pick a backend for a new flow "
                    "[random]; maglev: every node picks the same one (a Service's annotation "
                    "kproxy-ebpf.io/lb-algorithm overrides it).")
 @click.option("--maglev-table-size", type=int,
-              help="Entries of a Maglev table, a prime; grown to 1000 per backend [16381].")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
+              help="Entries of a Maglev table, a prime; grown to 1000 per backend.  [default: 16381]")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+              help="The agent's log level.  [default: info]")
 def run(config_file, **flags) -> None:
     """Run the agent: watch the cluster and program this node's datapath."""
     from .config import ConfigError, load

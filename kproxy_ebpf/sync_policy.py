@@ -10,12 +10,14 @@ A "full" sync was three things at once; here they are three decisions of one Syn
   10k Services x 10 endpoints);
 - recompute: the policy recomputes every Service, not only the changed ones.
 
-The runner's tick is a full diff only every KERNEL_CHECK_EVERY-th time, and then with a
-re-read; the ticks between are partial (at rest they find nothing to do), as kube-proxy's
-nftables proxier syncs partially on its syncPeriod and fully once an hour (v1.36
-pkg/proxy/util FullSyncPeriod). A sync that raised makes the next one do all three at once. A
-frontend that failed on a full map is retried by partial syncs at most every
-FULL_MAP_RETRY_EVERY seconds; any other failure makes the next full diff re-read the maps.
+The runner's ticks are partial syncs (at rest they find nothing to do), as kube-proxy's
+nftables proxier syncs partially on its syncPeriod (v1.36 pkg/proxy/util FullSyncPeriod makes
+its full ones hourly). Whether the maps still hold what was written is checked every
+KERNEL_CHECK_EVERY ticks' time off the sync thread (datapath/drift.py); drift it finds, or a
+self-check finds, makes the next sync re-read the maps and diff everything. A sync that raised
+makes the next one do all three at once. A frontend that failed on a full map is retried by
+partial syncs at most every FULL_MAP_RETRY_EVERY seconds; any other failure makes the next
+full diff re-read the maps.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 
 from .desired import FrontendKey, Scope
 
-KERNEL_CHECK_EVERY = 10     # periodic syncs per full one with a map re-read (5 min by default)
+KERNEL_CHECK_EVERY = 10     # syncPeriods between two drift checks (5 min by default)
 # Retrying thousands of frontends that did not fit on every 200 ms sync while the map stays
 # full cost a whole core and a log line per frontend per sync.
 FULL_MAP_RETRY_EVERY = 5.0
@@ -54,10 +56,8 @@ class SyncPlan:
 @dataclass
 class SyncPolicy:
     clock: Callable[[], float] = time.monotonic
-    kernel_check_every: int = KERNEL_CHECK_EVERY
     full_map_retry_every: float = FULL_MAP_RETRY_EVERY
     synced_once: bool = False          # a sync has run to its end
-    periodic_syncs: int = 0            # runner ticks since the first sync
     force_full: bool = False           # a sync raised: the next one diffs everything...
     recheck_kernel: bool = False       # ...after re-reading the maps...
     recompute: bool = False            # ...and recomputing every Service
@@ -67,17 +67,13 @@ class SyncPolicy:
     cidrs_incomplete: bool = False     # a ServiceCIDR row failed: write them all next
 
     def plan(self, tick: bool) -> SyncPlan:
-        """The next sync's plan; `tick`: the runner called it full (syncPeriod elapsed)."""
-        diff_all = tick or self.force_full
-        reread_tick = False
-        if tick and not self.force_full and self.synced_once and not self.recheck_kernel:
-            # A full diff between two re-reads found nothing the partial syncs had not
-            # written and cost ~0.2 s of CPU every 30 s at 10k Services.
-            self.periodic_syncs += 1
-            reread_tick = self.periodic_syncs % self.kernel_check_every == 0
-            diff_all = reread_tick
+        """The next sync's plan; `tick`: the runner called it full (syncPeriod elapsed).
+        A periodic full diff found nothing the partial syncs had not written and cost ~0.2 s
+        of CPU every 30 s at 10k Services: only the first sync, a failure and drift diff
+        everything."""
+        diff_all = self.force_full or (tick and not self.synced_once)
         # A full map is no reason to re-read the kernel: the rows that fit are there.
-        reread = diff_all and (reread_tick or self.recheck_kernel
+        reread = diff_all and (self.recheck_kernel
                                or bool(self.retry and not self.retry_map_full))
         retry_due = diff_all or self.clock() >= self.retry_at
         plan = SyncPlan(scheduled_full=tick or self.force_full, diff_all=diff_all, reread=reread,

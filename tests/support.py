@@ -36,15 +36,17 @@ def require_controlplane() -> None:
         pytest.skip("control-plane binaries not built (make setup)")
 
 
-def wait_until(pred, timeout: float, what: str, step: float = 0.05):
-    """Polls pred() until it returns something truthy (returned), or fails after timeout."""
+def wait_until(pred, timeout: float, what, step: float = 0.05):
+    """Polls pred() until it returns something truthy (returned), or fails after timeout;
+    `what` may be a callable, told at the failure (what was seen instead)."""
     deadline = time.monotonic() + timeout
     while True:
         value = pred()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout}s waiting for "
+                                 f"{what() if callable(what) else what}")
         time.sleep(step)
 
 

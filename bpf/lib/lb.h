@@ -60,10 +60,10 @@ static __always_inline int kp_lb_refusal(const struct kp_lb_res *res, enum kp_lb
 
 	if (verdict == KP_LB_DROP) {
 		kp_count(tc ? KP_STAT_TC_DROP : KP_STAT_DROP);
-		kp_svc_refusal(res->svc_id, KP_SVC_DROPPED);
+		kp_svc_refusal(res->svc_id, res->scope, KP_SVC_DROPPED);
 		return -EHOSTUNREACH;
 	}
-	kp_svc_refusal(res->svc_id, KP_SVC_REFUSED);
+	kp_svc_refusal(res->svc_id, res->scope, KP_SVC_REFUSED);
 	if (verdict == KP_LB_REJECT)
 		kp_count(tc ? KP_STAT_TC_REJECT : KP_STAT_REJECT);
 	else
@@ -244,6 +244,7 @@ static __always_inline int kp_lb_attempt(const struct kp_lb_req *req, struct kp_
 static __always_inline void kp_lb_select(const struct kp_lb_req *req, struct kp_lb_res *res,
 					 const struct kp_ct_key *flow)
 {
+	res->scope = req->key.scope;
 	res->attempts = 1;
 	if (kp_lb_attempt(req, res, req->rnd[0], flow, 1))
 		goto out;

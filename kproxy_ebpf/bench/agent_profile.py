@@ -40,7 +40,7 @@ import tracemalloc
 
 from ..agent import Agent
 from ..config import AgentConfig
-from ..datapath.writer import ApplyResult
+from ..datapath.apply_result import ApplyResult
 from ..kube.reflector import Reflector
 from ..kube.sources import ApiSource
 
@@ -219,9 +219,13 @@ class MemoryMap:
     def unpacked(self):
         """As PinnedMap.unpacked(): what restore() reads on a full sync's map re-read, packed
         as the kernel's batches are."""
-        from kproxy_ebpf.datapath.pinned import UnpackedRows
+        from kproxy_ebpf.datapath.pinned import PinnedMap, UnpackedRows
+        rows = list(self.rows.items())      # one moment: a sync may write beside a drift check
+        step = PinnedMap._BATCH
         return UnpackedRows(self.spec.key_format, self.spec.value_format,
-                            [(b"".join(self.rows), b"".join(self.rows.values()))])
+                            [(b"".join(k for k, _ in rows[i:i + step]),
+                              b"".join(v for _, v in rows[i:i + step]))
+                             for i in range(0, len(rows), step)])
 
     def raw_items(self):
         return list(self.rows.items())

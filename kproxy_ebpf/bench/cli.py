@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from .suite import ALL_MODES
+from .testbed import PROXY_MODES
 
 LOCK_PATH = "/run/lock/kproxy-ebpf-tests.lock"
 MAX_N = 50000
@@ -30,11 +31,11 @@ def _ints(text: str | None) -> list[int] | None:
     return out
 
 
-def _modes(text: str | None) -> list[str] | None:
+def _modes(text: str | None, allowed=ALL_MODES) -> list[str] | None:
     if not text:
         return None
     out = [m for m in text.replace(" ", "").split(",") if m]
-    bad = [m for m in out if m not in ALL_MODES]
+    bad = [m for m in out if m not in allowed]
     if bad:
         raise click.BadParameter(f"unknown mode(s) {bad}; choose from {', '.join(ALL_MODES)}")
     return out
@@ -69,8 +70,10 @@ class _TestLock:
 @click.option("--m5-changes", type=click.IntRange(1), help="Changes measured for M5.")
 @click.option("--cold-timeout", type=click.FloatRange(1), help="Seconds a proxy may take to "
               "program N x E before it is recorded as not finished, at N <= 10000; "
-              "proportionally more above [60].")
-@click.option("--scale", is_flag=True, help="The scale run of issue 11 instead of the benchmark.")
+              "proportionally more above.  [default: 60]")
+@click.option("--scale", is_flag=True,
+              help="The scale run instead of the benchmark: N Services filled while both "
+                   "nodes' proxies run (writes bench/results/scale-latest.*).")
 @click.option("--idle", type=click.FloatRange(0), default=600.0, show_default=True,
               help="Scale run: the idle window after the fill, seconds.")
 @click.option("--scale-n", type=click.IntRange(1, MAX_N), default=10000, show_default=True,
@@ -87,20 +90,30 @@ class _TestLock:
                    "(it emulates 1.33), whose fill is linear; 1.36's lists every IPAddress per "
                    "allocation, ~70 minutes of fill to 50,000.")
 @click.option("--soak", type=click.FloatRange(0.5), default=None,
-              help="The churn soak of issue 26 for this many minutes instead of the benchmark "
+              help="The churn soak for this many minutes instead of the benchmark "
                    "(writes bench/results/reliability.md).")
 @click.option("--soak-services", type=click.IntRange(1, MAX_N), default=1000, show_default=True,
               help="Soak: filler Services.")
 @click.option("--faults", is_flag=True,
-              help="The control-plane faults of issue 26 under probes instead of the benchmark "
+              help="The control-plane faults under probes instead of the benchmark "
                    "(writes bench/results/reliability.md).")
 @click.option("--fault-outage", type=click.FloatRange(5), default=180.0, show_default=True,
               help="Faults: seconds the API server stays down.")
+@click.option("--change-cost", is_flag=True,
+              help="CPU per endpoint change of node1's proxy instead of the benchmark: each N "
+                   "(--sizes), pod density and mode (--modes, default kproxy,nftables; "
+                   "kproxy-before: the agent of the checkout in $KPROXY_BENCH_AGENT_TREE), "
+                   "changes paced and in bursts (writes bench/results/change-cost-latest.*).")
+@click.option("--pod-densities", default="5,100", show_default=True,
+              help="Change cost: pods on node1 (idle ones added) for each measurement.")
+@click.option("--pods", type=click.IntRange(1, 250), default=50, show_default=True,
+              help="Benchmark and scale run: pods on each node, idle ones added (a node holds "
+                   "up to 110).")
 @click.option("--lab", "lab_name", default=None, help="Lab name (default bench / bench-scale).")
 @click.option("--tools-dir", help="Where `make bench-tools` put kpbench-client and "
-                                  "kpbench-server [the checkout's build/bench].")
+                                  "kpbench-server.  [default: the checkout's build/bench]")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False),
-              help="Results directory [the checkout's bench/results].")
+              help="Results directory.  [default: the checkout's bench/results]")
 @click.option("--no-readme", is_flag=True, help="Do not rewrite README.md's generated section.")
 @click.option("--no-pin", is_flag=True, help="Do not pin client and servers to CPUs 0 and 1.")
 @click.option("--ip-family", type=click.Choice(["ipv4", "ipv6"]), default="ipv4",
@@ -108,7 +121,7 @@ class _TestLock:
                                       "ipv6 (M9 then runs for the baselines only).")
 def bench(quick, modes, sizes, repeats, m5_changes, cold_timeout, scale, idle, scale_n, scale_change_ns,
           scale_changes, scale_change_window, scale_bitmap_allocator, soak, soak_services, faults, fault_outage,
-          lab_name, tools_dir, out_dir,
+          change_cost, pod_densities, pods, lab_name, tools_dir, out_dir,
           no_readme, no_pin, ip_family) -> None:
     """Benchmark kproxy against kube-proxy iptables/nftables and the direct path, in the lab."""
     if os.geteuid() != 0:
@@ -132,6 +145,19 @@ def bench(quick, modes, sizes, repeats, m5_changes, cold_timeout, scale, idle, s
                        f"{v['wrong_connections']}, unrecovered {v['unrecovered'] or 'none'}, "
                        f"rows lost {v['rows_lost_during_outage'] or 'none'}")
             sys.exit(0 if faults_passed(doc) else 1)
+        if change_cost:
+            from .change_cost import ChangeCostConfig, run_change_cost
+
+            cc = ChangeCostConfig(lab_name=lab_name or "bench-changes", tools_dir=tools_dir)
+            cc.sizes = _ints(sizes) or cc.sizes
+            cc.modes = _modes(modes, PROXY_MODES) or cc.modes
+            cc.densities = _ints(pod_densities) or cc.densities
+            doc = run_change_cost(cc, _log)
+            for p in report.write_change_cost(doc, out):
+                click.echo(f"wrote {p}")
+            for g in doc["goals"]:
+                click.echo(f"{g['status']:13} {g['goal']}: {g['measured']}")
+            sys.exit(0)
         if soak:
             from .soak import SoakConfig, run_soak, soak_passed
 
@@ -153,7 +179,7 @@ def bench(quick, modes, sizes, repeats, m5_changes, cold_timeout, scale, idle, s
                                               if n <= scale_n),
                               changes=scale_changes, change_window=scale_change_window,
                               bitmap_ip_allocator=scale_bitmap_allocator, tools_dir=tools_dir,
-                              modes=_modes(modes) or None)
+                              modes=_modes(modes) or None, pods=pods)
             doc = run_scale(cfg, _log)
             paths = report.write_scale(doc, out, readme)
         else:
@@ -163,7 +189,7 @@ def bench(quick, modes, sizes, repeats, m5_changes, cold_timeout, scale, idle, s
                                    repeats=repeats, m5_changes=m5_changes,
                                    cold_timeout=cold_timeout,
                                    lab_name=lab_name or "bench", tools_dir=tools_dir,
-                                   pin=not no_pin, ip_family=ip_family)
+                                   pin=not no_pin, ip_family=ip_family, pods=pods)
             doc = run_bench(cfg, _log)
             paths = report.write_bench(doc, out, readme)
     for p in paths:

@@ -257,6 +257,16 @@ def render_scale_markdown(doc: dict, plot: str | None) -> str:
     return "\n".join(out)
 
 
+def write_change_cost(doc: dict, out_dir: Path = RESULTS_DIR) -> list[Path]:
+    from . import change_report
+
+    doc["goals"] = change_report.goals(doc)
+    written = [write_json(doc, out_dir, "change-cost-latest")]
+    md = out_dir / "change-cost-latest.md"
+    md.write_text(change_report.markdown(doc, env_lines(doc.get("environment", {}))))
+    return [*written, md]
+
+
 def write_soak(doc: dict, out_dir: Path = RESULTS_DIR) -> list[Path]:
     """soak-latest.json and reliability.md (soak.py)."""
     return [write_json(doc, out_dir, "soak-latest"), write_reliability(out_dir)]

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from ..lab import idle_pods
 from . import fill
 from .procstat import CpuSample, cpu_between
 from .rawapi import ApiError
@@ -61,6 +62,10 @@ class ScaleConfig:
     bitmap_ip_allocator: bool = False
     tools_dir: str = "build/bench"
     modes: list[str] | None = None
+    pods: int = 50                  # pods on each node, idle ones added (lab/idle_pods.py)
+    # M5 across a drift check: one change a second, each awaited, until node1's agent has
+    # done a check in the window and this many changes after it.
+    m5_drift_after: int = 20
     all_modes: tuple[str, ...] = field(default=("kproxy", "nftables", "iptables",
                                                 "iptables-legacy"))
 
@@ -148,6 +153,8 @@ class ScaleRun:
         tb, cfg = self.tb, self.cfg
         tb.up()
         try:
+            self.out["idle_pods"] = {node: idle_pods.set_pods(tb.cluster.lab, node, cfg.pods,
+                                                              self.log) for node in NODES}
             api = tb.api
             # The last Service exists (no endpoints) before the fill, so the client can
             # watch its ClusterIP; its slice is the fill's last write.
@@ -209,6 +216,7 @@ class ScaleRun:
                     f"N={cfg.n}: kube-proxy's single changes are measured up to "
                     f"N={cfg.kube_proxy_change_max_n} (each waits for a full sync)")
             if self.mode == "kproxy":
+                self.out["m5_across_drift"] = self._m5_across_drift()
                 self.out["drift_check"] = self._drift_summary()
                 self.out["cold_start"] = self._cold_start()
         finally:
@@ -231,6 +239,41 @@ class ScaleRun:
         self.log(f"{self.mode}: cold start {done - t0:.2f}s")
         return {"services": tb.filled, "wall_s": round(done - t0, 2),
                 "cpu_s": cpu["cpu_s"], "cpu_s_mean": cpu["cpu_s_mean"]}
+
+    def _m5_across_drift(self) -> dict:
+        """One change's latency (M5) at N over a window that holds a periodic drift check
+        (every 10 syncPeriods, 5 min at the defaults): one change a second, each awaited,
+        until node1's agent has done a check since the window began and m5_drift_after
+        changes after it (at most 12 minutes)."""
+        tb, cfg = self.tb, self.cfg
+        name = "kproxy_datapath_drift_checks_total"
+
+        def checks() -> float:
+            return metric(tb.metrics("node1", (name,)), name)
+
+        self.log(f"{self.mode}: M5 at {tb.filled} services across a drift check")
+        start, lat, missed, after = checks(), [], 0, None
+        t0 = time.monotonic()
+        with tb.client.watch([tb.vips[M5_SERVICE]], fill.SERVICE_PORT, interval_us=500,
+                             timeout_ms=200) as w:
+            w.expect(tb.one_endpoint, 60)
+            while (after is None or after < cfg.m5_drift_after) and time.monotonic() - t0 < 720:
+                ms = tb.timed_move(w)
+                if ms is not None:
+                    lat.append(ms)
+                else:
+                    missed += 1
+                if after is not None:
+                    after += 1
+                elif checks() > start:
+                    after = 0
+                time.sleep(1.0)
+        lat.sort()
+        return {"changes": len(lat) + missed, "missed": missed,
+                "drift_checks": int(checks() - start), "window_s": round(time.monotonic() - t0, 1),
+                "p50_ms": round(statistics.median(lat), 2) if lat else None,
+                "p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 2) if lat else None,
+                "max_ms": round(lat[-1], 2) if lat else None}
 
     def _drift_summary(self) -> dict:
         """How many periodic map re-reads the run saw and what one cost (mean over nodes)."""

@@ -115,6 +115,9 @@ class BenchConfig:
     cold_only: list[str] = field(default_factory=list)    # modes measured for M6 only
     lab_name: str = "bench"
     tools_dir: str = "build/bench"
+    # Pods on each node (idle ones added, lab/idle_pods.py): a node holds ~100 in real life,
+    # and a proxy whose work grows with them must show it here.
+    pods: int = 50
 
     def another_change(self, made: int, elapsed_s: float) -> bool:
         """Whether M5 makes another change, after `made` of them in elapsed_s."""
@@ -392,15 +395,10 @@ class ModeRun:
                 raise RuntimeError(f"{self.mode}: {M5_SERVICE} does not answer")
             while cfg.another_change(made, time.monotonic() - t0):
                 made += 1
-                new, path, ops = tb.move_one_endpoint()
                 syncs = tb.kube_proxy_syncs() if from_end else 0
-                w.send(new, 60)
-                t_write = time.time_ns()
-                tb.api.json_patch(path, ops)
-                res = w.result()
-                tb.one_endpoint = new
-                if res.get("ok"):
-                    lat_ms.append((res["seen_realtime_ns"] - t_write) / 1e6)
+                ms = tb.timed_move(w)
+                if ms is not None:
+                    lat_ms.append(ms)
                 else:
                     missed += 1
                 # Pacing: each change alone, not held back by the proxy's minimum sync
@@ -446,6 +444,10 @@ class ModeRun:
         with Churner(tb.api, cfg.m7_churn_rate, tb.filler_change) as ch:
             churn = self._window(cfg.churn_seconds)
         churn["churn"] = ch.result.to_json()
+        # CPU per change: the churn window's CPU beyond the steady rate, over its changes.
+        if ch.result.changes and churn["cpu_s"] is not None and steady["cpu_s"] is not None:
+            extra = churn["cpu_s"] - steady["cpu_s"] / steady["wall_s"] * churn["wall_s"]
+            churn["ms_per_change"] = round(extra / ch.result.changes * 1000, 3)
         self.out["M7"] = {"steady": steady, "churn": churn}
 
     # -- M8 ------------------------------------------------------------------------------------
@@ -613,7 +615,11 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
     t_start = time.monotonic()
     tb.up()
     try:
+        from ..lab import idle_pods
         from ..lab.binaries import ensure_binaries
+
+        doc["idle_pods"] = {node: idle_pods.set_pods(tb.cluster.lab, node, cfg.pods, log)
+                            for node in ("node1", "node2")}
 
         doc["environment"] = env.collect(ensure_binaries(build=False))
         for m in list(doc["results"]):

@@ -41,13 +41,17 @@ CLIENT_POD = "kpbench-client"
 # first half); the latest of 25 sat past 90 % of the chain in 6 of 6 syncs tried at N=1000,
 # and M1/M2 measure through that one (Testbed.place_target_late).
 LATE_COPIES = 24
-PROXY_MODES = ("iptables", "iptables-legacy", "nftables", "kproxy", "kproxy-tc", "kproxy-maglev")
-KPROXY_MODES = ("kproxy", "kproxy-tc", "kproxy-maglev")
+PROXY_MODES = ("iptables", "iptables-legacy", "nftables", "kproxy", "kproxy-tc", "kproxy-maglev",
+               "kproxy-before")
+KPROXY_MODES = ("kproxy", "kproxy-tc", "kproxy-maglev", "kproxy-before")
+# kproxy-before: the agent of another checkout (KPROXY_BENCH_AGENT_TREE, e.g. the commit
+# before a change), measured in the same lab and run as this one: an A/B of two commits.
+AGENT_TREE_ENV = "KPROXY_BENCH_AGENT_TREE"
 # kproxy-tc: the agent with socket LB off, ClusterIP served per packet at TC (issue 8's
 # interface: `run --socket-lb BOOLEAN`, config key socketLB). kproxy-maglev: NodePort flows
 # from outside picked by Maglev tables instead of at random (lbAlgorithm).
 KPROXY_ARGS = {"kproxy": [], "kproxy-tc": ["--socket-lb=false"],
-               "kproxy-maglev": ["--lb-algorithm=maglev"]}
+               "kproxy-maglev": ["--lb-algorithm=maglev"], "kproxy-before": []}
 # The bench mode -> kube-proxy's own mode name (iptables-legacy is kube-proxy iptables mode
 # running the legacy xtables binaries instead of the host's default nft-based ones).
 KUBE_PROXY_MODE = {"iptables": "iptables", "iptables-legacy": "iptables", "nftables": "nftables"}
@@ -64,7 +68,7 @@ PROGRAMMED_METRICS = ("kproxy_backends", "kproxy_service_changes_pending",
 # default), kproxy's default (config.py). M5 spaces its changes by more than this, so each
 # change is measured alone rather than waiting out the rate limit of the one before.
 MIN_SYNC_S = {"iptables": 1.0, "iptables-legacy": 1.0, "nftables": 1.0, "kproxy": 0.2,
-              "kproxy-tc": 0.2, "kproxy-maglev": 0.2}
+              "kproxy-tc": 0.2, "kproxy-maglev": 0.2, "kproxy-before": 0.2}
 
 
 def backend_name(i: int) -> str:
@@ -289,10 +293,13 @@ class Testbed:
         self.mode = mode
         extra = (["--config", str(self.kproxy_config()), *KPROXY_ARGS[mode]]
                  if mode in KPROXY_MODES else None)
+        tree = os.environ.get(AGENT_TREE_ENV) if mode == "kproxy-before" else None
+        if mode == "kproxy-before" and not tree:
+            raise LabError(f"kproxy-before runs the agent of {AGENT_TREE_ENV}, which is unset")
         for node in self.proxy_nodes:
             self.pids[node] = self.cluster.start_proxy(
                 node, "kproxy" if mode in KPROXY_MODES else KUBE_PROXY_MODE[mode],
-                env=self.proxy_env(mode), extra_args=extra)
+                env=self.proxy_env(mode), extra_args=extra, cwd=tree)
         return dict(self.pids)
 
     def kproxy_rejects(self, mode: str) -> str | None:
@@ -358,7 +365,10 @@ class Testbed:
     def proxy_env(self, mode: str) -> dict[str, str] | None:
         """For iptables-legacy: PATH starts with a directory whose iptables* are the legacy
         binaries (kube-proxy runs whatever `iptables` PATH gives; the host's alternative
-        stays untouched)."""
+        stays untouched). For kproxy-before, the other tree's package first on the path."""
+        tree = os.environ.get(AGENT_TREE_ENV)
+        if mode == "kproxy-before" and tree:
+            return {**os.environ, "PYTHONPATH": tree}
         if mode != "iptables-legacy":
             return None
         d = Path(self.cluster.lab.state_dir) / "iptables-legacy-bin"
@@ -524,6 +534,17 @@ class Testbed:
         new = backend_name(1) if self.one_endpoint == backend_name(0) else backend_name(0)
         return new, fill.slices_path(f"{M5_SERVICE}-kpbench"), fill.replace_endpoint_op(
             0, self.pods[new])
+
+    def timed_move(self, w) -> float | None:
+        """The next M5 change, made and awaited through watcher `w`: milliseconds from its API
+        write to the first connection the new backend answered (None: not seen)."""
+        new, path, ops = self.move_one_endpoint()
+        w.send(new, 60)
+        t_write = time.time_ns()
+        self.api.json_patch(path, ops)
+        res = w.result()
+        self.one_endpoint = new
+        return (res["seen_realtime_ns"] - t_write) / 1e6 if res.get("ok") else None
 
     def rolling_change(self, k: int) -> tuple[str, list]:
         """Rolling update of the target: endpoint k mod E is replaced by a spare live pod, so

@@ -8,11 +8,11 @@ child pins the programs it loaded until its parent takes them (progload.py).
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import subprocess
 from pathlib import Path
 
+from .kernel import fs_magic
 from .layout import MAPS
 from .pinned import PinnedMap
 
@@ -34,11 +34,7 @@ def ensure_bpffs(directory: Path) -> None:
 
 
 def _is_bpffs(path: Path) -> bool:
-    if not path.exists():
-        return False
-    buf = (ctypes.c_long * 16)()     # struct statfs; f_type is the first field
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.statfs(str(path).encode(), buf) == 0 and (buf[0] & 0xFFFFFFFF) == BPFFS_MAGIC
+    return path.exists() and fs_magic(path) == BPFFS_MAGIC
 
 
 def remove_stage(stage: Path) -> None:

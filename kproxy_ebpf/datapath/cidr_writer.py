@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from ..desired import ServiceCIDRSet
 from . import layout as L
 from .pinned import MapFull, PinnedMap
-from .writer import BATCH_MIN, ApplyResult
+from .apply_result import ApplyResult
+from .writer import BATCH_MIN
 
 CIP_REJECT, CIP_PASS = L.const("KP_CIP_REJECT"), L.const("KP_CIP_PASS")
 ACTIONS = {"reject": CIP_REJECT, "pass": CIP_PASS, None: None}
@@ -45,9 +46,13 @@ class CidrWriter:
         self.cip, self.cidr = maps["clusterip"], maps["servicecidr"]
         self.cluster_ips: dict[str, int] = {}     # ip -> KP_CIP_* as written
         self.cidrs: set[str] = set()
+        # While the drift check reads the maps (drift.py): the ClusterIPs written, "" for a
+        # range; a restore() replaces it with None.
+        self.journal: set[str] | None = None
 
     def restore(self) -> None:
         """Rebuilds the bookkeeping from the maps (a restarted agent rewrites nothing)."""
+        self.journal = None
         self.cluster_ips = {L.ip_text(k): v.action for k, v in self.cip.items()}
         self.cidrs = {f"{L.ip_text(k.addr)}/{L.prefix_len(k.addr, k.prefixlen)}"
                       for k in self.cidr.keys()}
@@ -91,6 +96,7 @@ class CidrWriter:
     def write_additions(self, ch: CidrChanges, res: ApplyResult) -> bool:
         """ClusterIP rows put, then new ranges (before the frontends are written). Failures go
         into `res`; True when all was written (else the caller retries with a full apply)."""
+        self._note(ch)
         puts = sorted(ip for ip, a in ch.actions.items()
                       if a is not None and self.cluster_ips.get(ip) != a)
         complete = True
@@ -104,12 +110,19 @@ class CidrWriter:
 
     def write_removals(self, ch: CidrChanges, res: ApplyResult) -> bool:
         """Ranges gone, then the ClusterIP rows no longer allocated (after the frontends)."""
+        self._note(ch)
         complete = True
         for cidr in sorted(self.cidrs - ch.cidrs):
             complete &= self._try(res, f"ServiceCIDR {cidr}", lambda c=cidr: self._delete_cidr(c))
         for ip in sorted(ip for ip, a in ch.actions.items() if a is None and ip in self.cluster_ips):
             complete &= self._try(res, f"ClusterIP {ip}", lambda ip=ip: self._delete_ip(ip))
         return complete
+
+    def _note(self, ch: CidrChanges) -> None:
+        if self.journal is not None:
+            self.journal.update(ch.actions)
+            if ch.cidrs != self.cidrs:
+                self.journal.add("")
 
     def _put_ips_batched(self, ips: list[str], actions: Mapping[str, int], res: ApplyResult) -> bool:
         """ClusterIP rows in batches (a cold start writes one per Service: 10,000 single
@@ -148,14 +161,7 @@ class CidrWriter:
 
     @staticmethod
     def _try(res: ApplyResult, what: str, fn) -> bool:
-        try:
-            fn()
-        except MapFull as exc:
-            res.full_maps.add(exc.map_name)
-            res.errors.append(f"{what}: {exc}")
-            return False
-        except OSError as exc:
-            res.errors.append(f"{what}: {exc}")
+        if not res.attempt(what, fn):
             return False
         res.writes += 1
         return True

@@ -21,6 +21,10 @@ _SVC_VAL = struct.Struct(L.MAPS["svc"].value_format).pack
 _ID = struct.Struct(L.MAPS["backend"].key_format).pack
 _BACKEND = struct.Struct(L.MAPS["backend"].value_format).pack
 
+# kp_svc_meta's name fields hold a NUL-terminated C string (kproxy.h KP_NAME_LEN, ...).
+NAME_MAX = L.const("KP_NAME_LEN") - 1
+PORT_NAME_MAX = L.const("KP_PORT_NAME_LEN") - 1
+
 pack_svc_key = _SVC_KEY.pack          # (addr, port, proto, scope, slot) as kp_svc_key holds them
 backend_id_key = _ID                  # kp_backend's key: the backend id
 
@@ -63,6 +67,12 @@ def head_value(fe: Frontend, svc_id: int, count: int, ranges: bool,
                     maglev_size=table.size if table else 0)
 
 
+def text_of(raw: bytes) -> str:
+    """A fixed-size C string field back to text (meta_value's inverse). A row an older agent
+    wrote may end inside a character: never a reason to fail a read."""
+    return raw.split(b"\0", 1)[0].decode(errors="replace")
+
+
 def _cut(text: str, size: int) -> bytes:
     """At most `size` bytes of text's UTF-8, cut between characters (a name from a static
     manifest may hold any; the API server allows ASCII only)."""
@@ -72,7 +82,7 @@ def _cut(text: str, size: int) -> bytes:
 def meta_value(spn: ServicePortName, view: L.MetaView) -> L.SvcMeta:
     """The service port's names and settings (for the CLI: no program reads them)."""
     flags, hc, ranges, td = view
-    return L.SvcMeta(namespace=_cut(spn.namespace, 63), name=_cut(spn.name, 63),
-                     port_name=_cut(spn.port, 15), proto=L.PROTO_NUM[spn.protocol],
+    return L.SvcMeta(namespace=_cut(spn.namespace, NAME_MAX), name=_cut(spn.name, NAME_MAX),
+                     port_name=_cut(spn.port, PORT_NAME_MAX), proto=L.PROTO_NUM[spn.protocol],
                      flags=flags, health_check_node_port=hc, source_ranges=ranges,
                      traffic_distribution=td)

@@ -43,6 +43,12 @@ class IdAllocator:
     def __iter__(self) -> Iterator[tuple[Hashable, int]]:
         return iter(list(self._by_key.items()))
 
+    def drain(self) -> None:
+        """Forget every key, one at a time (see Ledger.release)."""
+        while self._by_key:
+            self._by_key.popitem()
+        self._freed.clear()
+
     def keys(self) -> KeysView[Hashable]:
         """The keys holding an id (a live view)."""
         return self._by_key.keys()

@@ -30,6 +30,8 @@ HELPERS = {  # name -> (id, kernel that added it)
     "bpf_get_netns_cookie": (122, "5.7"), "bpf_set_retval": (187, "5.18"),
     # a TCP socket's reverse translation (kp_sksvc); verified here on 6.18, probed anywhere
     "bpf_sk_storage_get": (107, "<= 6.18"),
+    # kp_skwhere's cgroup (the stale-socket search's way into a namespace); verified on 6.18
+    "bpf_get_current_cgroup_id": (80, "<= 6.18"),
 }
 
 
@@ -77,10 +79,15 @@ def missing(features: list[Feature] | None = None) -> list[Feature]:
     return [f for f in (features if features is not None else _features()) if not f.check()]
 
 
-def is_cgroup2(path: str) -> bool:
+def fs_magic(path: str | os.PathLike) -> int | None:
+    """statfs(2)'s f_type of the filesystem `path` is on (None when it cannot be read)."""
     buf = (ctypes.c_long * 16)()     # struct statfs; f_type is the first field
     libc = ctypes.CDLL(None, use_errno=True)
-    return libc.statfs(os.fsencode(path), buf) == 0 and (buf[0] & 0xFFFFFFFF) == CGROUP2_SUPER_MAGIC
+    return buf[0] & 0xFFFFFFFF if libc.statfs(os.fsencode(path), buf) == 0 else None
+
+
+def is_cgroup2(path: str) -> bool:
+    return fs_magic(path) == CGROUP2_SUPER_MAGIC
 
 
 def cgroup2_at(path: str) -> str | None:

@@ -21,6 +21,7 @@ class MapSizes:
     svc: int = _default_size("svc")            # frontends plus one row per backend slot
     backend: int = _default_size("backend")
     sknat: int = _default_size("sknat")        # reverse translation per UDP socket (LRU)
+    skwhere: int = _default_size("skwhere")    # (backend, client netns) with a socket (LRU)
     affinity: int = _default_size("affinity")  # ClientIP affinity (LRU)
     flow: int = _default_size("flow")          # unconnected-UDP flows (LRU)
     meta: int = _default_size("meta")          # service-port names for the CLI

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import socket
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from typing import TypeVar
 log = logging.getLogger(__name__)
 
 CLONE_NEWNET = 0x40000000
+SO_NETNS_COOKIE = 71          # include/uapi/asm-generic/socket.h (Linux 5.14)
 RUNTIME_NETNS_DIRS = ("/run/netns",)
 T = TypeVar("T")
 
@@ -110,7 +112,9 @@ def in_thread(fn: Callable[[], T], label: str) -> T:
     return box["value"]              # type: ignore[return-value]
 
 
-def _enter(path: str) -> None:
+def enter(path: str) -> None:
+    """Moves the calling thread into the network namespace at `path` (only threads made for
+    it: in_thread)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         _setns(fd)
@@ -118,10 +122,16 @@ def _enter(path: str) -> None:
         os.close(fd)
 
 
+def netns_cookie() -> int:
+    """The calling thread's network namespace cookie (bpf_get_netns_cookie()'s value)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        return int.from_bytes(s.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8), "little")
+
+
 def in_netns(path: str, fn: Callable[[], T]) -> T:
     """fn() in a new thread that entered the network namespace at `path`."""
     def body() -> T:
-        _enter(path)
+        enter(path)
         return fn()
 
     return in_thread(body, "netns")
@@ -136,7 +146,7 @@ def in_each_netns(paths: Iterable[str], fn: Callable[[str], None]) -> list[tuple
         skipped = []
         for path in paths:
             try:
-                _enter(path)
+                enter(path)
                 fn(path)
             except OSError as exc:
                 skipped.append((path, exc))

@@ -32,17 +32,10 @@ from .pinned import MapFull, PinnedMap
 
 log = logging.getLogger(__name__)
 
-SO_NETNS_COOKIE = 71          # include/uapi/asm-generic/socket.h (Linux 5.14)
 RESCAN_S = 2.0                # how often new namespaces are looked for while active
 POLL_S = 0.25                 # how often kp_nsmiss is read while active
 _AF = {IPFamily.IPV4: socket.AF_INET, IPFamily.IPV6: socket.AF_INET6}
 _FAMILY_NUM = {IPFamily.IPV4: 4, IPFamily.IPV6: 6}
-
-
-def netns_cookie() -> int:
-    """The calling thread's network namespace cookie."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        return int.from_bytes(s.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8), "little")
 
 
 def _sources(targets: Mapping[IPFamily, str]) -> dict[IPFamily, str]:
@@ -66,7 +59,7 @@ def _sources(targets: Mapping[IPFamily, str]) -> dict[IPFamily, str]:
 
 def _resolve(path: str, targets: Mapping[IPFamily, str]) -> tuple[int, dict[IPFamily, str]]:
     def body() -> tuple[int, dict[IPFamily, str]]:
-        return netns_cookie(), _sources(targets)
+        return netns_scope.netns_cookie(), _sources(targets)
 
     return netns_scope.in_netns(path, body)
 
@@ -83,7 +76,7 @@ def cookie_of(ip: str, cgroup_root: str) -> int | None:
     for path in netns_scope.scope(cgroup_root).netns:
         try:
             if netns_scope.in_netns(path, holds):
-                return netns_scope.in_netns(path, netns_cookie)
+                return netns_scope.in_netns(path, netns_scope.netns_cookie)
         except OSError:
             continue
     return None

@@ -30,14 +30,22 @@ class MapFull(RuntimeError):
 
 
 @lru_cache(maxsize=1)
-def possible_cpus() -> int:
-    """Per-CPU maps return one value per possible CPU (not online)."""
+def _possible_ranges() -> tuple[tuple[int, int], ...]:
+    """/sys/devices/system/cpu/possible ("0-3", "0-3,8-11") as inclusive ranges."""
     text = Path("/sys/devices/system/cpu/possible").read_text().strip()
-    count = 0
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        count += int(hi or lo) - int(lo) + 1
-    return count
+    return tuple((int(lo), int(hi or lo))
+                 for lo, _, hi in (part.partition("-") for part in text.split(",")))
+
+
+def possible_cpus() -> int:
+    """Per-CPU maps return one value per possible CPU (not online): their count."""
+    return sum(hi - lo + 1 for lo, hi in _possible_ranges())
+
+
+def cpu_id_bound() -> int:
+    """Above every id bpf_get_smp_processor_id() can return: the highest possible CPU + 1,
+    more than possible_cpus() when the list has gaps."""
+    return max(hi for _, hi in _possible_ranges()) + 1
 
 
 def _packed(rows: list) -> bytes:

@@ -6,7 +6,9 @@ operator reads is what the kernel holds, not what the agent believes it wrote.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
+import socket
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -87,8 +89,39 @@ def services(maps: Mapping[str, PinnedMap]) -> list[dict]:
     return out
 
 
+# Fields whose integer is a constant of the header, named by it (the prefix of its enum).
+_ENUM_FIELDS = {"action": "KP_ACTION_", "kind": "KP_KIND_", "scope": "KP_SCOPE_"}
+# Fields whose bits are flags of the header.
+_FLAG_FIELDS = {"be_flags": "KP_BE_F_", "fe_flags": "KP_FE_F_"}
+
+
+def _flags(value: int, prefix: str) -> list[str]:
+    names = L.enum_names(prefix)
+    out = [names[bit] for bit in sorted(names) if value & bit]
+    rest = value & ~sum(names)
+    return out + ([hex(rest)] if rest else [])
+
+
+def _field(name: str, spelled: str, value) -> object:
+    """One field as the header types it: __be integers in host order, an address as text
+    (None when it is all zeros: no address, e.g. a flow without SNAT), a constant by name."""
+    if spelled == "struct kp_ip":
+        return L.ip_str(value) if any(bytes(value)) else None
+    if spelled == "be16":
+        return socket.ntohs(value)
+    if spelled == "be32":
+        return socket.ntohl(value)
+    if name == "proto":
+        return L.PROTO_BY_NUM[value].value if value in L.PROTO_BY_NUM else value
+    if name in _ENUM_FIELDS:
+        return L.enum_names(_ENUM_FIELDS[name]).get(value, value)
+    if name in _FLAG_FIELDS:
+        return _flags(value, _FLAG_FIELDS[name])
+    return _plain(value)
+
+
 def _plain(obj) -> object:
-    """ctypes value -> JSON-able, decoding the fields whose meaning we know."""
+    """ctypes value -> JSON-able, each struct field decoded by its type in bpf/kproxy.h."""
     if isinstance(obj, bytes):          # a char[] field reads as bytes
         return obj.decode(errors="replace")
     if isinstance(obj, L.IP16):         # struct kp_ip
@@ -101,19 +134,22 @@ def _plain(obj) -> object:
         return obj.value
     if not isinstance(obj, ctypes.Structure):
         return obj
-    out = {}
-    for name, *_ in obj._fields_:
-        if name == "pad":
-            continue
-        value = getattr(obj, name)
-        if name.endswith("addr"):          # every address field is a struct kp_ip
-            value = L.ip_str(value)
-        elif name == "port":
-            value = L.port_host(value)
-        elif name == "proto":
-            value = L.PROTO_BY_NUM[value].value if value in L.PROTO_BY_NUM else value
-        out[name] = _plain(value)
-    return out
+    types = {f: t for f, _, t in L.G.STRUCTS[type(obj).__name__]["fields"]}
+    return {name: _field(name, types[name], getattr(obj, name))
+            for name, *_ in obj._fields_ if name != "pad"}
+
+
+# A kp_svc row's fields by what it is (kproxy.h): slot 0 describes the frontend, a slot n
+# names a backend; the other fields of each are zero and mean nothing there.
+_SLOT_FIELDS = ("backend_id", "be_flags")
+
+
+def _svc_row(slot: int, value: dict) -> dict:
+    if slot:
+        return {k: value[k] for k in _SLOT_FIELDS}
+    head = {k: v for k, v in value.items() if k != "be_flags"}
+    head["maglev_table"] = head.pop("backend_id")
+    return head
 
 
 def dump(m: PinnedMap) -> list[dict]:
@@ -131,7 +167,10 @@ def dump(m: PinnedMap) -> list[dict]:
                 row["counter"] = STAT_NAMES.get(key.value, str(key.value))
         else:
             row = {"key": _plain(key), "value": _plain(value)}
+            if m.spec.id == "svc":
+                row["value"] = _svc_row(key.slot, row["value"])
         rows.append(row)
+    rows.sort(key=lambda r: json.dumps(r["key"], sort_keys=True))
     if m.spec.id in ("affinity", "flow"):
         now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         for row in rows:

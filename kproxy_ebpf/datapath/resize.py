@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 SUFFIX = "_resize"
 # Rows the programs write themselves: carried to the new map (the agent rewrites its own).
-CARRIED = ("sknat", "affinity", "flow", "ct", "rnat")
+CARRIED = ("sknat", "skwhere", "affinity", "flow", "ct", "rnat")
 
 
 def aside(bpffs_dir: Path, name: str) -> Path:

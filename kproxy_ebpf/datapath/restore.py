@@ -16,28 +16,26 @@ from . import layout as L
 from .held_addrs import HeldAddrs
 from .maglev_tables import MaglevTables
 from .pinned import PinnedMap
+from .encode import text_of
 from .programmed import BackendKey, Ledger, Programmed
-
-
-def _cstr(raw: bytes) -> str:
-    # A row an older agent wrote may end inside a character: never a reason to fail a restore.
-    return raw.split(b"\0", 1)[0].decode(errors="replace")
 
 
 def read_back(svc: PinnedMap, be: PinnedMap, meta: PinnedMap, src: PinnedMap | None,
               ext_addrs: HeldAddrs | None, ext_locals: HeldAddrs | None,
-              tables: MaglevTables | None = None, previous: Ledger | None = None) -> Ledger:
+              tables: MaglevTables | None = None, previous: Ledger | None = None,
+              repair: bool = True) -> Ledger:
     """The Ledger of what the maps hold (None: a map the writer does not have; `tables`
     adopts the Maglev tables slot 0s name). A row that says what `previous` (the Ledger
     being replaced) says is recorded with previous's own key objects: a periodic re-read at
     50,000 Services otherwise kept a second copy of every backend's address text and key
-    (~60 MiB) beside the model's."""
+    (~60 MiB) beside the model's. `repair` False writes nothing (the drift check reads
+    while syncs write: a slot above its count may be one a sync is about to count)."""
     led = Ledger()
     same = _Canon(previous)
     # Plain tuples (PinnedMap.unpacked): no ctypes object per row at 100,000 rows.
     names: dict[int, ServicePortName] = {}
     for (sid,), (ns, name, port_name, proto, *view) in meta.unpacked():
-        spn = same.service(sid, _cstr(ns), _cstr(name), _cstr(port_name),
+        spn = same.service(sid, text_of(ns), text_of(name), text_of(port_name),
                            L.PROTO_BY_NUM.get(proto, Protocol.TCP))
         names[sid] = spn
         led.named[spn] = tuple(view)
@@ -91,8 +89,9 @@ def read_back(svc: PinnedMap, be: PinnedMap, meta: PinnedMap, src: PinnedMap | N
         # A slot naming no backend, or above its frontend's count (an agent killed between
         # writing slot 0 and deleting the surplus), is a leftover no lookup can reach.
         if bkey is None or (prog.count is not None and slot > prog.count):
-            svc.delete(L.SvcKey(addr=L.IP16.from_buffer_copy(ip), port=port, proto=proto,
-                                scope=scope, slot=slot))
+            if repair:
+                svc.delete(L.SvcKey(addr=L.IP16.from_buffer_copy(ip), port=port, proto=proto,
+                                    scope=scope, slot=slot))
             continue
         prog.rows[slot] = (bkey, flags)       # Ledger.ref() inline: a fresh slot, per endpoint
         refs[bkey] += 1
@@ -100,7 +99,7 @@ def read_back(svc: PinnedMap, be: PinnedMap, meta: PinnedMap, src: PinnedMap | N
     if tables is not None:
         tables.restore(named_tables)
     if src is not None:
-        _restore_ranges(led, src)
+        _restore_ranges(led, src, repair)
     _restore_filters(led, ext_addrs, ext_locals)
     # Anything unreferenced (a crash between writes) is garbage now: only those are
     # candidates (RefCounts keeps the count-0 ones apart: no look at each of 100,000).
@@ -140,14 +139,15 @@ class _Canon:
         return self._frontends.get(key, key)
 
 
-def _restore_ranges(led: Ledger, src: PinnedMap) -> None:
+def _restore_ranges(led: Ledger, src: PinnedMap, repair: bool = True) -> None:
     """Source-range rows back into their frontends; rows whose frontend is gone (a crash
     between the slot 0 delete and theirs) are deleted."""
     for key in src.keys():
         fkey, cidr = L.srcrange_of(key)
         prog = led.frontends.get(fkey)
         if prog is None or prog.count is None:
-            src.delete(key)
+            if repair:
+                src.delete(key)
         else:
             prog.ranges = prog.ranges | {cidr}
             led.range_rows += 1

@@ -107,6 +107,12 @@ class SockDatapath:
                       if name in AGENT_FILLED and (spec.name not in self._pinned_before
                                                    or name in self.resized))
 
+    def made_beside_adopted(self, name: str) -> bool:
+        """Whether this load created map `name` beside adopted ones (an upgrade from a version
+        without it): what the programs would have written into it before is missing."""
+        return (MAPS[name].name not in self._pinned_before
+                and MAPS["svc"].name in self._pinned_before)
+
     def finish_resize(self) -> None:
         """Once every program reads the new maps: the rows the old ones wrote meanwhile, then
         the old maps' pins go."""

@@ -53,7 +53,8 @@ _REQ_HEAD = struct.Struct("=BBBBI")          # family, protocol, ext, pad, state
 _REQ_V1_HEAD = struct.Struct("=BBBB")        # family, src_len, dst_len, ext
 _REQ_V1_TAIL = struct.Struct("=II")          # states, dbs
 _MSG_HEAD = struct.Struct("=BBBB")           # family, state, timer, retrans
-_MSG_SIZE = _MSG_HEAD.size + _SOCKID.size + _SOCKID_TAIL.size + 20
+_MSG_TAIL = struct.Struct("=IIIII")          # expires, rqueue, wqueue, uid, inode
+_MSG_SIZE = _MSG_HEAD.size + _SOCKID.size + _SOCKID_TAIL.size + _MSG_TAIL.size
 _NLA = struct.Struct("=HH")
 # A dump's socket id: no addresses or ports, no cookie (INET_DIAG_NOCOOKIE).
 _ANY_SOCKID = _SOCKID.pack(0, 0, b"", b"") + _SOCKID_TAIL.pack(0, 0xFFFFFFFF, 0xFFFFFFFF)
@@ -76,6 +77,7 @@ class DiagSocket:
     cookie: int              # the socket cookie, bpf_get_socket_cookie()'s
     cgroup_id: int | None
     storage: bytes | None    # the row of the sk_storage map asked for, if it has one
+    inode: int = 0           # the socket's inode (its owners' /proc/PID/fd link names it)
 
     @property
     def peer(self) -> bytes:
@@ -116,6 +118,7 @@ def parse_msg(payload: bytes, protocol: int, storage_map_id: int | None = None) 
     off = _MSG_HEAD.size
     sport, dport, src, dst = _SOCKID.unpack_from(payload, off)
     ifindex, lo, hi = _SOCKID_TAIL.unpack_from(payload, off + _SOCKID.size)
+    inode = _MSG_TAIL.unpack_from(payload, _MSG_SIZE - _MSG_TAIL.size)[4]
     cgroup_id = storage = None
     for kind, value in _attrs(payload, _MSG_SIZE):
         if kind == INET_DIAG_CGROUP_ID:
@@ -123,7 +126,7 @@ def parse_msg(payload: bytes, protocol: int, storage_map_id: int | None = None) 
         elif kind == INET_DIAG_SK_BPF_STORAGES and storage_map_id is not None:
             storage = _storage(value, storage_map_id)
     return DiagSocket(family, protocol, state, src, sport, dst, dport, ifindex, lo | hi << 32,
-                      cgroup_id, storage)
+                      cgroup_id, storage, inode)
 
 
 def request(family: int, protocol: int, states: int, sock: DiagSocket | None = None,

@@ -1,5 +1,7 @@
 """Per-Service counters (kp_svcstat, bpf/lib/stats.h): read and summed over CPUs, joined with
-the service port names of kp_meta, and kept tidy.
+the service port names of kp_meta, and kept tidy. A service port has a row per scope of the
+frontends that carried its traffic (the node's own sockets, packets from outside): the CLI
+shows each, the metrics their sum.
 
 The programs create a service port's row at its first event; this side deletes rows whose
 svc_id was freed (after each sync) or is held by no frontend (after a restart or a drift
@@ -11,8 +13,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
+from ..desired import Scope
 from . import layout as L
+from .encode import text_of
 from .pinned import PinnedMap
 
 
@@ -40,6 +45,19 @@ class ServiceCounters:
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
 
+    def __add__(self, other: ServiceCounters) -> ServiceCounters:
+        return ServiceCounters(**{f.name: getattr(self, f.name) + getattr(other, f.name)
+                                  for f in dataclasses.fields(self)})
+
+
+class CounterKey(NamedTuple):
+    """A kp_svcstat row's key: the service port and the scope of its frontends."""
+    svc_id: int
+    scope: Scope
+
+    def raw(self):
+        return L.MAPS["svcstat"].key(svc_id=self.svc_id, scope=L.SCOPE_NUM[self.scope])
+
 
 @dataclass(frozen=True)
 class ServicePortId:
@@ -55,25 +73,30 @@ class ServicePortId:
         return f"{base}:{self.port}" if self.port else base
 
 
-def read(m: PinnedMap) -> dict[int, ServiceCounters]:
-    """Every row, by svc_id."""
-    return {key.value: ServiceCounters.summed(value) for key, value in m.items()}
+def read(m: PinnedMap) -> dict[CounterKey, ServiceCounters]:
+    """Every row, by service port and scope."""
+    return {CounterKey(key.svc_id, L.SCOPE_BY_NUM.get(key.scope, Scope.EXT)):
+            ServiceCounters.summed(value) for key, value in m.items()}
 
 
-def _cstr(raw: bytes) -> str:
-    return raw.decode(errors="replace")
+def per_port(counts: dict[CounterKey, ServiceCounters]) -> dict[int, ServiceCounters]:
+    """The rows of each service port summed over its scopes."""
+    out: dict[int, ServiceCounters] = {}
+    for key, c in counts.items():
+        out[key.svc_id] = out.get(key.svc_id, ServiceCounters()) + c
+    return out
 
 
 def port_id(meta) -> ServicePortId:
     proto = L.PROTO_BY_NUM.get(meta.proto)
-    return ServicePortId(_cstr(meta.namespace), _cstr(meta.name), _cstr(meta.port_name),
+    return ServicePortId(text_of(meta.namespace), text_of(meta.name), text_of(meta.port_name),
                          proto.value if proto else str(meta.proto))
 
 
 def by_service(maps: Mapping[str, PinnedMap]) -> list[tuple[ServicePortId, ServiceCounters]]:
     """The counters of every named service port (one without traffic yet reads zero), sorted
     by name. A row whose id has no name (freed a moment ago) is left out."""
-    counts = read(maps["svcstat"])
+    counts = per_port(read(maps["svcstat"]))
     names = {key.value: port_id(meta) for key, meta in maps["meta"].items()}
     rows = [(who, counts.get(sid, ServiceCounters())) for sid, who in names.items()]
     rows.sort(key=lambda r: (r[0].namespace, r[0].name, r[0].port, r[0].protocol))
@@ -81,14 +104,16 @@ def by_service(maps: Mapping[str, PinnedMap]) -> list[tuple[ServicePortId, Servi
 
 
 def forget(m: PinnedMap, ids: Iterable[int]) -> None:
-    """Deletes the rows of freed ids (rows never created are skipped by delete_batch)."""
-    keys = [L.U32(i) for i in ids]
+    """Deletes the rows of freed ids, every scope's (rows never created are skipped by
+    delete_batch)."""
+    keys = [CounterKey(i, scope).raw() for i in ids for scope in Scope]
     if keys:
         m.delete_batch(keys)
 
 
 def sweep(m: PinnedMap, held: Collection[int]) -> int:
     """Deletes rows of ids no frontend holds; returns how many."""
-    stale = [key.value for key in m.keys() if key.value not in held]
-    forget(m, stale)
+    stale = [key for key in m.keys() if key.svc_id not in held]
+    if stale:
+        m.delete_batch(stale)
     return len(stale)

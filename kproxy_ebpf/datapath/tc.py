@@ -26,7 +26,7 @@ from .map_sizes import MapSizes
 from . import ct_upgrade
 from .carry import RowCarry
 from . import layout as L
-from .pinned import PinnedMap
+from .pinned import PinnedMap, cpu_id_bound
 from .pod_devices import PodDeviceWatcher
 from .progload import SCHED_CLS, LoadJob, Program, spawn
 
@@ -174,22 +174,15 @@ class TcDatapath:
 
 def write_config(bpffs_dir: Path, snat_addrs: Iterable[str], ports: tuple[int, int]) -> None:
     """The SNAT addresses (at most one per family) and port range (kp_tccfg[0]), read by every
-    packet that needs SNAT, and the number of possible CPUs, which splits the range into
-    per-CPU slices for reusing the ports of ended flows (tc_lb.c kp_snat_alloc). One row of
+    packet that needs SNAT, and the CPU id bound (pinned.cpu_id_bound), which splits the range
+    into per-CPU slices for reusing the ports of ended flows (tc_lb.c kp_snat_alloc). One row of
     fixed-size fields, rewritten whole: a reader sees the old or the new one."""
-    row = L.TcCfg(port_min=ports[0], port_max=ports[1], ncpus=possible_cpus())
+    row = L.TcCfg(port_min=ports[0], port_max=ports[1], ncpus=cpu_id_bound())
     for addr in snat_addrs:
         field_name = "snat_addr6" if ipaddress.ip_address(addr).version == 6 else "snat_addr4"
         setattr(row, field_name, L.ip16(addr))
     with PinnedMap(bpffs_dir / L.MAPS["tccfg"].name, L.MAPS["tccfg"]) as cfg:
         cfg.put(L.U32(0), row)
-
-
-def possible_cpus() -> int:
-    """How many CPU ids the kernel may hand out (/sys/devices/system/cpu/possible, e.g.
-    "0-3"): bpf_get_smp_processor_id() is below it."""
-    text = Path("/sys/devices/system/cpu/possible").read_text().strip()
-    return max(int(part.split("-")[-1]) for part in text.split(",")) + 1
 
 
 def _ensure_clsact(ipr, index: int) -> None:

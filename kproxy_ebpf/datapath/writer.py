@@ -35,16 +35,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 
 from ..desired import Frontend, FrontendKey, Scope, ServicePortName
 from . import encode as E
+from .apply_result import ApplyResult
 from . import layout as L
 from .batch import BatchedWrites, DirectWrites, Writes
 from .held_addrs import HeldAddrs
 from .maglev_tables import MaglevTables, row_count
 from .ids import IdsExhausted
-from .pinned import MapFull, PinnedMap
+from .pinned import PinnedMap
 from .plan import Planner, drained, slot_order, wanted_slots
 from .programmed import BackendKey, HeldTable, Ledger, Programmed
 from .restore import read_back
@@ -52,20 +52,6 @@ from .restore import read_back
 log = logging.getLogger(__name__)
 
 BATCH_MIN = 64            # ops below which single writes are as cheap as a batch
-
-
-@dataclass
-class ApplyResult:
-    updated: int = 0          # frontends written
-    deleted: int = 0          # frontends removed
-    writes: int = 0           # map rows written or deleted
-    errors: list[str] = field(default_factory=list)
-    full_maps: set[str] = field(default_factory=set)
-    failed: dict[FrontendKey, ServicePortName | None] = field(default_factory=dict)  # retry these
-
-    @property
-    def ok(self) -> bool:
-        return not self.errors
 
 
 class MapWriter:
@@ -80,6 +66,9 @@ class MapWriter:
         self.plan = Planner(self.src is not None, self.ext_addrs is not None,
                             self.ext_locals is not None, self.tables is not None)
         self.held = Ledger()
+        # While the drift check reads the maps (drift.py): every key an apply looked at;
+        # a restore() replaces it with None (the check's comparison is void then).
+        self.journal: set[FrontendKey] | None = None
         # Service ids freed since take_freed_svc_ids(): their per-Service counter rows
         # (kp_svcstat, svc_counters.py) go after the sync.
         self._freed_svc_ids: list[int] = []
@@ -99,6 +88,12 @@ class MapWriter:
         prog = self.held.frontends.get(key)
         return prog is not None and backend in prog.live()
 
+    def holds(self, peer: tuple[bytes, int, int]) -> bool:
+        """Whether some frontend still names the backend (16-byte address, port, IP
+        protocol number): its row is programmed."""
+        addr, port, proto = peer
+        return (L.ip_text(addr), port, L.PROTO_BY_NUM[proto]) in self.held.backend_ids
+
     def backends_of(self, key: FrontendKey) -> frozenset[BackendKey]:
         """The backends a lookup of frontend `key` (either scope) can pick now."""
         prog = self.held.frontends.get(key)
@@ -115,6 +110,7 @@ class MapWriter:
 
     def restore(self) -> int:
         """Rebuilds the bookkeeping from the maps; returns the number of frontends found."""
+        self.journal = None
         if self.tables is not None:
             self.tables = MaglevTables(self.tables.map)
         self.held = read_back(self.svc, self.be, self.meta, self.src, self.ext_addrs,
@@ -133,6 +129,8 @@ class MapWriter:
         res = ApplyResult() if res is None else res
         keys = sorted(set(self.held.frontends) | set(desired) if candidates is None
                       else set(candidates))
+        if self.journal is not None:
+            self.journal.update(keys)
         if not self._fits_batch(desired, keys):
             self._apply_keys(desired, keys, res, DirectWrites(self.svc))
             return res
@@ -187,14 +185,7 @@ class MapWriter:
 
     def _guard(self, res: ApplyResult, key: FrontendKey, spn: ServicePortName | None, fn) -> None:
         """Runs one frontend's writes; a failure is recorded, the other frontends go on."""
-        try:
-            fn()
-        except MapFull as exc:
-            res.full_maps.add(exc.map_name)
-            res.errors.append(f"{spn or '?'} {key}: {exc}")
-            res.failed[key] = spn
-        except (OSError, IdsExhausted) as exc:
-            res.errors.append(f"{spn or '?'} {key}: {exc}")
+        if not res.attempt(f"{spn or '?'} {key}", fn, (OSError, IdsExhausted)):
             res.failed[key] = spn
 
     def _new_backend(self, b: BackendKey, res: ApplyResult, writes: Writes) -> int:

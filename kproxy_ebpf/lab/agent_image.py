@@ -118,6 +118,7 @@ class AgentSpec:
     service_account: str
     namespace: str
     memory_limit: str | None
+    host_pid: bool = False
 
     @classmethod
     def from_objects(cls, objects: list[dict]) -> AgentSpec:
@@ -138,7 +139,8 @@ class AgentSpec:
                          if o.get("kind") == "ConfigMap"},
             service_account=pod.get("serviceAccountName", "default"),
             namespace=ds[0]["metadata"].get("namespace", NAMESPACE),
-            memory_limit=container.get("resources", {}).get("limits", {}).get("memory"))
+            memory_limit=container.get("resources", {}).get("limits", {}).get("memory"),
+            host_pid=bool(pod.get("hostPID")))
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -319,6 +321,8 @@ def podman_argv(spec: AgentSpec, lab: str, node: NodeInfo, netns_path: str, file
             "--pull", "never",
             *security_flags(spec.security), *mount_flags(spec, node, files_dir),
             "-v", f"{sa_dir}:{SA_DIR}:ro"]
+    if spec.host_pid:
+        argv += ["--pid", "host"]        # the lab's pods are processes of the machine's
     if spec.memory_limit:
         argv += ["--memory", str(_memory_bytes(spec.memory_limit))]
     for key, value in env.items():

@@ -31,10 +31,22 @@ def _target(pod: str | None, node: str | None, external: bool) -> str:
     return chosen[0]
 
 
+def target_env(base: Mapping[str, str]) -> dict[str, str]:
+    """Any target's: this checkout's commands (kproxy-ebpf, the venv's python) on PATH, as
+    they are where the lab was started from."""
+    env = dict(base)
+    bin_dir = os.path.dirname(sys.executable)
+    if bin_dir not in env.get("PATH", "").split(os.pathsep):
+        env["PATH"] = os.pathsep.join(p for p in (bin_dir, env.get("PATH")) if p)
+    return env
+
+
 def node_env(c, node: str, base: Mapping[str, str]) -> dict[str, str]:
     """The environment of a command run on lab node `node` (see `exec`)."""
-    env = dict(base)
-    env.setdefault("KPROXY_BPFFS_DIR", c.lab.node(node).bpffs)
+    env = target_env(base)
+    info = c.lab.node(node)
+    env.setdefault("KPROXY_BPFFS_DIR", info.bpffs)
+    env.setdefault("KPROXY_CGROUP", info.cgroup)      # `trace --from POD_IP` finds its netns
     env.setdefault("KPROXY_HOSTNAME_OVERRIDE", node)
     try:
         env.setdefault("KPROXY_KUBECONFIG", c.info.lab_kubeconfig)
@@ -56,7 +68,8 @@ def lab() -> None:
 
 @lab.command()
 @LAB_OPTION
-@click.option("--nodes", default=2, show_default=True, type=click.IntRange(1, 20))
+@click.option("--nodes", default=2, show_default=True, type=click.IntRange(1, 20),
+              help="Simulated nodes (network namespaces), each with its own proxy.")
 @click.option("--proxy", type=click.Choice(["kproxy", "iptables", "nftables", "none"]),
               default="kproxy", show_default=True,
               help="Proxy per node: our agent, or upstream kube-proxy as the baseline.")
@@ -195,13 +208,13 @@ def pod_delete(lab_name, name) -> None:
 @_where
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec(lab_name, pod, node, external, cmd) -> None:  # noqa: A001 - the command's name
-    """Run CMD in a pod, on a node's host network, or in the external client. On a node the
-    kproxy-ebpf commands need no flags: KPROXY_BPFFS_DIR, KPROXY_KUBECONFIG and
-    KPROXY_HOSTNAME_OVERRIDE name that node's pins, the kubeconfig its agent uses and its name
-    (unless already set)."""
+    """Run CMD in a pod, on a node's host network, or in the external client, with this
+    checkout's kproxy-ebpf on PATH. On a node its commands need no flags: KPROXY_BPFFS_DIR,
+    KPROXY_CGROUP, KPROXY_KUBECONFIG and KPROXY_HOSTNAME_OVERRIDE name that node's pins, its
+    hook cgroup, the kubeconfig its agent uses and its name (unless already set)."""
     c = _cluster(lab_name)
     try:
-        env = node_env(c, node, os.environ) if node else None
+        env = node_env(c, node, os.environ) if node else target_env(os.environ)
         rc = c.lab.exec(_target(pod, node, external), list(cmd), env=env).returncode
     except LabError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -35,8 +35,25 @@ def _wait(pred: Callable[[], bool], timeout: float) -> bool:
     return False
 
 
+NEXT = """
+What to try next (the lab stays up with --keep; `kproxy-ebpf lab down --lab {lab}` removes it):
+  kproxy-ebpf lab exec --lab {lab} --node node2 -- kproxy-ebpf services
+  kproxy-ebpf lab exec --lab {lab} --node node2 -- kproxy-ebpf trace {ip}:80 --from {client} --explain
+  kproxy-ebpf lab exec --lab {lab} --node node2 -- kproxy-ebpf watch --service web
+  kproxy-ebpf lab exec --lab {lab} --node node2 -- kproxy-ebpf status
+  kproxy-ebpf lab exec --lab {lab} --node node2 -- curl -s 127.0.0.1:10249/metrics
+  kubectl --kubeconfig $(kproxy-ebpf lab kubeconfig --lab {lab}) scale ...   (or delete a pod and watch)"""
+
+
 def run_demo(c: Cluster, keep: bool, echo: Callable[[str], None]) -> bool:
+    if c.lab.exists():
+        # Never the demo's to remove: kept by an earlier `--keep`, or someone's own lab.
+        echo(f"a lab named {c.lab.name!r} is up already (an earlier `lab demo --keep`?): "
+             f"`kproxy-ebpf lab down --lab {c.lab.name}` removes it, or give the demo another "
+             "--lab")
+        return False
     ok = False
+    ip = client_ip = ""
     try:
         t0 = time.monotonic()
         c.up(nodes=2, proxy="kproxy",
@@ -44,7 +61,7 @@ def run_demo(c: Cluster, keep: bool, echo: Callable[[str], None]) -> bool:
         for name, node in (("web-1", "node1"), ("web-2", "node2")):
             p = c.create_pod(name, node, labels={"app": "web"})
             echo(f"pod {name} on {node}: {p.ip}")
-        c.create_pod("client", "node2")
+        client_ip = c.create_pod("client", "node2").ip
         ip = _service(c.api(), "web", {"app": "web"})
         echo(f"service default/web: ClusterIP {ip} (80/TCP -> 8080, 53/UDP -> 5353)")
 
@@ -74,8 +91,10 @@ def run_demo(c: Cluster, keep: bool, echo: Callable[[str], None]) -> bool:
         echo(f"\nbackends reached through the ClusterIP: {dict(seen)}: {'OK' if ok else 'FAILED'}")
         return ok
     finally:
+        if ok:
+            echo(NEXT.format(lab=c.lab.name, ip=ip, client=client_ip))
         if keep and ok:
-            echo(f"lab kept: `kproxy-ebpf lab down --lab {c.lab.name}` removes it")
+            echo(f"\nlab kept: `kproxy-ebpf lab down --lab {c.lab.name}` removes it")
         else:
             problems = c.down()
             echo("lab removed" if not problems else f"lab down problems: {problems}")

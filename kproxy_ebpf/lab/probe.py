@@ -19,7 +19,8 @@ longer usable (a proxy that disconnected it: ECONNABORTED, then EDESTADDRREQ).
 `stamp` prefixes each line with the wall-clock time the attempt ended.
 
 It must run inside a lab namespace, so it is also a stdlib-only script:
-`python3 probe.py ADDR:PORT [--udp [--sport P]] [--count K] [--timeout S] [--interval S] [--keep]`
+`python3 probe.py ADDR:PORT [--udp [--sport P]] [--count K] [--timeout S] [--interval S] [--keep
+[--once]]`
 prints one line per attempt and exits 0 only if every attempt got a server line.
 """
 from __future__ import annotations
@@ -138,26 +139,39 @@ _UDP_UNUSABLE = (errno.ECONNABORTED, errno.EDESTADDRREQ, errno.ENOTCONN, errno.E
 
 
 class _ConnectedUdp:
-    """One connected UDP socket, asked again and again; connected anew once unusable."""
+    """One connected UDP socket, asked again and again; connected anew once unusable, unless
+    `once`: then it is connected once and never again, as a client that never reconnects
+    (every error is reported, and a peer name other than the address asked, which the
+    application would see, is WRONG-PEER)."""
 
-    def __init__(self, addr: str, port: int, timeout: float) -> None:
-        self.addr, self.port, self.timeout = addr, port, timeout
+    def __init__(self, addr: str, port: int, timeout: float, once: bool = False) -> None:
+        self.addr, self.port, self.timeout, self.once = addr, port, timeout, once
         self.sock: socket.socket | None = None
+        self.connected = False
 
     def attempt(self) -> str:
         try:
             if self.sock is None:
+                if self.once and self.connected:
+                    return "ERROR EBADF"
                 self.sock = socket.socket(_family(self.addr), socket.SOCK_DGRAM)
                 self.sock.settimeout(self.timeout)
                 self.sock.connect((self.addr, self.port))
+                self.connected = True
             self.sock.send(b"probe\n")
-            return self.sock.recv(65535).decode(errors="replace").strip()
+            line = self.sock.recv(65535).decode(errors="replace").strip()
         except TimeoutError:
             return "TIMEOUT"           # no answer is no error: the socket stays
         except OSError as e:
-            if e.errno in _UDP_UNUSABLE:
+            if e.errno in _UDP_UNUSABLE and not self.once:
                 self.close()
             return _err(e)
+        if self.once:
+            host, port = self.sock.getpeername()[:2]
+            if (socket.inet_pton(_family(host), host), port) != \
+                    (socket.inet_pton(_family(self.addr), self.addr), self.port):
+                return f"WRONG-PEER {_fmt(host, port)} {line}"
+        return line
 
     def close(self) -> None:
         if self.sock is not None:
@@ -167,16 +181,18 @@ class _ConnectedUdp:
 
 def probe(addr: str, port: int, udp: bool = False, count: int = 1, timeout: float = 1.0,
           interval: float = 0.0, keep: bool = False, sport: int = 0, out=None,
-          source: str | None = None, abort: bool = False, stamp: bool = False) -> list[str]:
+          source: str | None = None, abort: bool = False, stamp: bool = False,
+          once: bool = False) -> list[str]:
     """Make `count` attempts against addr:port; returns one result line per attempt.
     UDP with `sport` sends every attempt from that source port; `source`: the local address
-    to send from (a client with several addresses); `abort`: TCP connections end with a RST.
+    to send from (a client with several addresses); `abort`: TCP connections end with a RST;
+    `once` (UDP with `keep`): the socket is connected once and never again.
 
     `out`, if given, is a text stream that gets each line as soon as it is known.
     """
     results: list[str] = []
     held: list[_TcpLines] | None = [] if keep and not udp else None
-    connected = _ConnectedUdp(addr, port, timeout) if keep and udp else None
+    connected = _ConnectedUdp(addr, port, timeout, once) if keep and udp else None
     try:
         for i in range(count):
             if i and interval > 0:
@@ -202,7 +218,8 @@ def probe(addr: str, port: int, udp: bool = False, count: int = 1, timeout: floa
 
 def is_reply(result: str) -> bool:
     """True when the attempt got a server line (not REFUSED/TIMEOUT/ERROR/WRONG-SOURCE)."""
-    return result.split(" ", 1)[0] not in ("REFUSED", "TIMEOUT", "ERROR", "WRONG-SOURCE")
+    return result.split(" ", 1)[0] not in ("REFUSED", "TIMEOUT", "ERROR", "WRONG-SOURCE",
+                                           "WRONG-PEER")
 
 
 def stamped(text: str, t0: float = 0.0, t1: float = float("inf")) -> list[tuple[float, str]]:
@@ -239,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval", type=float, default=0.0)
     ap.add_argument("--keep", action="store_true",
                     help="ask repeatedly on one connection (UDP: one connected socket)")
+    ap.add_argument("--once", action="store_true",
+                    help="UDP with --keep: connect once and never again (errors reported)")
     ap.add_argument("--stamp", action="store_true", help="prefix lines with the time")
     ap.add_argument("--sport", type=int, default=0, help="UDP: send from this source port")
     ap.add_argument("--source", help="send from this local address")
@@ -250,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     results = probe(addr, port, udp=args.udp, count=args.count, timeout=args.timeout,
                     interval=args.interval, keep=args.keep, sport=args.sport,
-                    out=sys.stdout, source=args.source, abort=args.abort, stamp=args.stamp)
+                    out=sys.stdout, source=args.source, abort=args.abort, stamp=args.stamp,
+                    once=args.once)
     if args.stamp:
         results = [r.split(" ", 1)[1] for r in results]
     return 0 if all(is_reply(r) for r in results) else 1

@@ -1,4 +1,4 @@
-"""A Service, a Node and EndpointSlices seen by one address family.
+"""A Service and a Node seen by one address family (EndpointSlices: proxy/endpoints.py).
 
 kube-proxy runs one proxier per family (v1.36 pkg/proxy/metaproxier for dual-stack): each sees
 only the ClusterIP, externalIPs, LoadBalancer ingress IPs, loadBalancerSourceRanges and node
@@ -15,7 +15,7 @@ import functools
 from collections.abc import Iterable
 from dataclasses import replace
 
-from ..model import EndpointSlice, IPFamily, Node, Service, family_of
+from ..model import IPFamily, Node, Service, family_of
 
 
 def _of(ips: Iterable[str], family: IPFamily) -> tuple[str, ...]:
@@ -51,6 +51,3 @@ def node_view(node: Node, family: IPFamily) -> Node:
     ips = _of(node.addresses, family)
     return node if ips == node.addresses else replace(node, addresses=ips)
 
-
-def slices_of_family(slices: Iterable[EndpointSlice], family: IPFamily) -> list[EndpointSlice]:
-    return [s for s in slices if s.address_type == family.value]

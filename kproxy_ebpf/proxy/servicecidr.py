@@ -17,10 +17,8 @@ from collections import Counter
 from collections.abc import Iterable
 
 from ..desired import ServiceCIDRSet
-from ..model import Service, ServiceCIDR
+from ..model import Service, ServiceCIDR, ServiceKey
 from .frontends import is_proxied
-
-ServiceKey = tuple[str, str]
 
 
 def _claims(svc: Service) -> tuple[tuple[str, ...], bool]:

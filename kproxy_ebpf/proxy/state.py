@@ -23,7 +23,8 @@ from types import MappingProxyType
 
 from .. import maglev
 from ..desired import Frontend, FrontendKey, Problem, Scope, ServiceCIDRSet, ServicePortName
-from ..model import EndpointSlice, IPFamily, LBAlgorithm, Node, Service, ServiceCIDR
+from ..model import (EndpointSlice, IPFamily, LBAlgorithm, Node, Service, ServiceCIDR,
+                     ServiceKey)
 from .endpoints import endpoints_by_port
 from .external import allow_external_ips, service_ext_frontends
 from .healthcheck import HealthCheck, health_check
@@ -31,7 +32,6 @@ from .frontends import service_frontends, service_port_endpoints
 from .servicecidr import ClusterIPIndex, service_cidr_set
 from .topology import PortEndpoints
 
-ServiceKey = tuple[str, str]                 # (namespace, name)
 SliceKey = tuple[str, str]                   # (namespace, slice name)
 
 

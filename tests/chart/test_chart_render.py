@@ -62,11 +62,13 @@ def test_daemonset_is_what_an_operator_expects(rendered):
     assert spec["updateStrategy"] == {"type": "RollingUpdate",
                                       "rollingUpdate": {"maxUnavailable": 1}}
     assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "Default"
+    assert pod["hostPID"] is True          # the owners of stale UDP sockets (reconnect.py)
     assert pod["priorityClassName"] == "system-node-critical"
     assert pod["tolerations"] == [{"operator": "Exists"}]
     sec = c["securityContext"]
     assert sec["privileged"] is False
-    assert sec["capabilities"] == {"drop": ["ALL"], "add": ["BPF", "NET_ADMIN", "SYS_ADMIN"]}
+    assert sec["capabilities"] == {"drop": ["ALL"], "add": ["BPF", "NET_ADMIN", "SYS_ADMIN",
+                                                            "SYS_PTRACE", "DAC_READ_SEARCH"]}
     assert "allowPrivilegeEscalation" not in sec     # the API forbids false with SYS_ADMIN
     assert c["readinessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["livenessProbe"]["httpGet"]["path"] == "/livez"

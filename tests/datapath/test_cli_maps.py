@@ -60,3 +60,35 @@ def test_ipv6_frontends_and_backends_read_in_canonical_form(lab, node1):
     dump = runner.invoke(cli.main, ["maps", "dump", "backend", "--bpffs-dir", str(node1.bpffs),
                                     "-o", "json"])
     assert b1 in {r["value"]["addr"] for r in json.loads(dump.output)}
+
+
+def test_services_by_name_as_kubectl_finds_them_and_a_missing_one_is_an_error(lab, node1):
+    """A bare NAME is in the default namespace (or -n's); a Service with no frontend in the
+    maps is an error sentence and exit 1, for `services`, `ct list` and `watch` alike; the
+    table says whom each frontend serves; -o wide puts the counters on a line of the Service
+    port's own, over all its frontends."""
+    from .dplab import endpoints, service
+
+    node1.program(service("web", "10.96.0.80", ("http", "TCP", 80)),
+                  endpoints(lab, "web", ["b1"], ("http", "TCP", 8080)))
+    runner = CliRunner()
+    bpffs = ["--bpffs-dir", str(node1.bpffs)]
+    for args in (["services", "--service", "web"], ["services", "--service", "default/web"],
+                 ["services", "--service", "web", "-n", "default"]):
+        out = runner.invoke(cli.main, [*args, *bpffs, "-o", "json"])
+        assert out.exit_code == 0, (args, out.output)
+        assert {r["service"] for r in json.loads(out.output)} == {"default/web:http"}
+        assert {r["from"] for r in json.loads(out.output)} == {"node"}
+    for args in (["services", "--service", "nope"], ["services", "--service", "web", "-n", "x"],
+                 ["ct", "list", "--service", "default/nope"],
+                 ["watch", "--service", "nope", "--duration", "5"]):
+        out = runner.invoke(cli.main, [*args, *bpffs])
+        assert out.exit_code == 1, (args, out.output)
+        assert "is not programmed on this node" in out.output and "Traceback" not in out.output
+    out = runner.invoke(cli.main, ["services", "--service", "default/wbe", *bpffs])
+    assert 'Did you mean "default/web"?' in out.output
+    table = runner.invoke(cli.main, ["services", *bpffs, "-o", "wide"]).output
+    assert "FROM" in table.splitlines()[0] and "(all from the node)" in table, table
+    assert runner.invoke(cli.main, ["services", *bpffs, "-o", "name"]).output == \
+        "default/web:http\n"
+    assert "svc\n" in runner.invoke(cli.main, ["maps", "list", *bpffs, "-o", "name"]).output

@@ -25,8 +25,8 @@ from kproxy_ebpf.cli import main
 from kproxy_ebpf.datapath import conntrack
 from kproxy_ebpf.datapath.bpffs import open_pinned_maps, remove_pins
 from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath.tc import (TcDatapath, attached, detach_all, possible_cpus,
-                                     write_config)
+from kproxy_ebpf.datapath.pinned import cpu_id_bound
+from kproxy_ebpf.datapath.tc import TcDatapath, attached, detach_all, write_config
 from kproxy_ebpf.datapath.writer import MapWriter
 from kproxy_ebpf.lab import Lab
 from kproxy_ebpf.lab import nsutil
@@ -228,13 +228,17 @@ def test_removed_backend_answers_no_more_and_its_entries_are_gone(lab, nodes, fa
     assert seen(lines) == {("a1", fam.client)}, lines
 
 
-def test_every_map_dumps_while_flows_of_both_families_are_tracked(lab, nodes):
+def test_every_map_dumps_as_the_kernel_holds_it_while_flows_of_both_families_are_tracked(
+        lab, nodes):
     """`maps dump` decodes every map the TC path shares, conntrack of both families and the
-    per-CPU scratch row included (socket storage, which cannot be listed, says so instead)."""
+    per-CPU scratch row included (socket storage, which cannot be listed, says so instead),
+    and every row it prints is the kernel's: bpftool's raw bytes of the same map, decoded by
+    the header's field types alone (kernel_view.py), byte order included."""
     node1 = nodes[0]
     for fam in (NsFam("IPv4"), NsFam("IPv6")):
         program(nodes, lab, fam, nodeport(fam, f"np-dump-{fam.family.lower()}"), ["b1"])
         assert lab.probe("ext", fam.node_ip(lab, "node1"), 30053, udp=True)[0].startswith("b1")
+    checked = {}
     for name, m in node1.maps.items():
         out = CliRunner().invoke(main, ["maps", "dump", name, "--bpffs-dir", str(node1.bpffs),
                                         "-o", "json"])
@@ -242,9 +246,67 @@ def test_every_map_dumps_while_flows_of_both_families_are_tracked(lab, nodes):
             assert out.exit_code != 0 and "socket storage" in out.output, out.output
             continue
         assert out.exit_code == 0, (name, out.output)
+        checked[name] = same_as_the_kernel(m, json.loads(out.output))
+    empty = [n for n in ("svc", "backend", "meta", "ct", "rnat", "tccfg", "extaddr", "stats")
+             if not checked[n]]
+    assert not empty, checked
+    ct = json.loads(CliRunner().invoke(main, ["maps", "dump", "ct", "--bpffs-dir",
+                                              str(node1.bpffs), "-o", "json"]).output)
+    assert {r["key"]["dport"] for r in ct} == {30053}, ct     # not 20480-style byte-swapped
     flows = json.loads(CliRunner().invoke(main, ["ct", "list", "--bpffs-dir", str(node1.bpffs),
                                                  "-o", "json"]).output)
     assert {f["frontend"] for f in flows} >= {"10.250.0.11:30053", "[fd00:250::11]:30053"}
+
+
+def _ours_raw(spec_id: str, row: dict) -> dict:
+    """A `maps dump` row's fields back in the header's numbers (names of constants, flag
+    lists, a slot 0's maglev_table), for comparison with the kernel's view."""
+    def back(field: str, v):
+        if field == "proto" and isinstance(v, str):
+            return L.PROTO_NUM[Protocol(v)]
+        if field in ("action", "kind", "scope") and isinstance(v, str):
+            prefix = {"action": "KP_ACTION_", "kind": "KP_KIND_", "scope": "KP_SCOPE_"}[field]
+            return {n: k for k, n in L.enum_names(prefix).items()}[v]
+        if field in ("be_flags", "fe_flags"):
+            prefix = "KP_BE_F_" if field == "be_flags" else "KP_FE_F_"
+            names = {n: k for k, n in L.enum_names(prefix).items()}
+            return sum(names[f] for f in v)
+        return back_all(v) if isinstance(v, dict) else v
+
+    def back_all(d: dict) -> dict:
+        d = dict(d)
+        if "maglev_table" in d:
+            d["backend_id"] = d.pop("maglev_table")
+        return {k: back(k, v) for k, v in d.items()}
+    return back_all(row) if isinstance(row, dict) else row
+
+
+def same_as_the_kernel(m, printed: list[dict]) -> int:
+    """Compares every printed row with the kernel's; returns how many rows there were."""
+    from .kernel_view import bpftool_rows, decode
+
+    spec = L.G.MAPS[m.spec.id]
+    kernel = {}
+    for key, value in bpftool_rows(m.path):
+        k = decode(spec["key"], key)
+        v = ([decode(spec["value"], x) for x in value] if isinstance(value, list)
+             else decode(spec["value"], value))
+        kernel[json.dumps(k, sort_keys=True)] = v
+    assert len(printed) == len(kernel), (m.spec.id, len(printed), len(kernel))
+    for row in printed:
+        k = json.dumps(_ours_raw(m.spec.id, row["key"]), sort_keys=True)
+        assert k in kernel, (m.spec.id, k, list(kernel)[:3])
+        want = kernel[k]
+        if isinstance(want, list):                    # per CPU: every CPU's value
+            assert [_ours_raw(m.spec.id, v) for v in row["per_cpu"]] == want, (m.spec.id, k)
+            continue
+        got = _ours_raw(m.spec.id, row["value"])
+        if isinstance(got, dict):                     # a kp_svc row shows only what it is
+            assert {f: want[f] for f in got} == got, (m.spec.id, k, got, want)
+            assert not any(v for f, v in want.items() if f not in got), (m.spec.id, k, want)
+        else:
+            assert got == want, (m.spec.id, k, got, want)
+    return len(printed)
 
 
 HTTP_GET = ("import json, sys, urllib.request, urllib.error\n"
@@ -408,7 +470,7 @@ def test_many_short_connections_reuse_snat_ports_without_a_loss(lab, nodes, fam,
     before = snat_ports_toward(lab, fam, node1, "b1")
     n = 3 * SNAT_PORTS
     # The smallest CPU slice (ports // ncpus) cycles once per KP_SNAT_REUSE_S, 40 % to spare.
-    gap = 1.4 * L.const("KP_SNAT_REUSE_S") / max(1, SNAT_PORTS // possible_cpus())
+    gap = 1.4 * L.const("KP_SNAT_REUSE_S") / max(1, SNAT_PORTS // cpu_id_bound())
     lines = lab.probe("ext", fam.node_ip(lab, "node1"), 30080, count=n, abort=abort, interval=gap)
     assert seen(lines) == {("b1", fam.seen_node(lab, "node1"))}, [ln for ln in lines if "b1" not in ln][:5]
     assert stat(node1, "snat_full") == full

@@ -15,7 +15,7 @@ import pytest
 
 from kproxy_ebpf.datapath import ct_upgrade, libbpf
 from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath.tc import possible_cpus
+from kproxy_ebpf.datapath.pinned import cpu_id_bound
 from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
 from kproxy_ebpf.model import hostport
 
@@ -398,7 +398,7 @@ def open_all_ports(tc) -> dict[int, int]:
 
 def cpu_of(port: int) -> int:
     """The CPU whose slice holds `port` (tc.write_config sets ncpus to the possible CPUs)."""
-    return (port - PORTS[0]) % possible_cpus()
+    return (port - PORTS[0]) % cpu_id_bound()
 
 
 def ended_long_ago(tc, sport: int) -> None:
@@ -458,13 +458,13 @@ def test_an_ended_flows_snat_port_goes_to_a_new_flow_unless_the_backend_holds_a_
 def test_an_ended_flows_port_is_reused_only_by_the_cpu_whose_slice_holds_it(tc):
     """Two new flows on two CPUs never take over the same row: a CPU reuses only the ports of
     its own slice (min + cpu + k * ncpus)."""
-    if possible_cpus() < 2:
+    if cpu_id_bound() < 2:
         pytest.skip("one CPU: every port is in its slice")
     held = open_all_ports(tc)
     port = PORTS[0] + 1
     tc.ingress(packet(tc.a.client, held[port], tc.a.node, NP_REMOTE, flags=RST))
     ended_long_ago(tc, held[port])
-    other = (cpu_of(port) + 1) % possible_cpus()
+    other = (cpu_of(port) + 1) % cpu_id_bound()
     if other not in os.sched_getaffinity(0):
         pytest.skip(f"CPU {other} is not ours to run on")
     ret, _ = tc.ingress(packet(tc.a.client, 42001, tc.a.node, NP_REMOTE), cpu=other)

@@ -82,6 +82,15 @@ def test_lab_cli_round_trip(lab_up):
     assert f"pinned under {bpffs}" in status, status
     assert "connect4      prog" in status and "kproxy-e2e/node2" in status, status
     assert "agent: healthy" in status, status
+    # The README's forms exactly as written: the checkout's kproxy-ebpf on the node's PATH,
+    # the node's hook cgroup passed (trace --from a pod's address finds its netns).
+    plain = kp("lab", "exec", *LAB, "--node", "node2", "--", "kproxy-ebpf", "status").stdout
+    assert "agent: healthy" in plain and "IPv6" not in plain, plain        # an IPv4 lab
+    client_ip = json.loads(kp("lab", "status", *LAB).stdout)["pods"]["client"]["ip"]
+    traced = kp("lab", "exec", *LAB, "--node", "node2", "--", "kproxy-ebpf", "trace",
+                f"{ip}:80", "--from", client_ip, "--explain", check=False)
+    assert traced.returncode == 0 and "give --from" not in traced.stdout + traced.stderr, \
+        traced.stdout + traced.stderr
     check = kp(*on_node2, "check", check=False)
     assert check.returncode == 0 and " 0 differences" in check.stdout, check.stdout + check.stderr
     # The host's admin kubeconfig (127.0.0.1) is not reachable from the node: one sentence.

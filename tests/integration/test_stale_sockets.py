@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from kproxy_ebpf.lab import kubeobjects, nsutil
+from kproxy_ebpf.lab import idle_pods, kubeobjects, nsutil
 from kproxy_ebpf.lab.cluster import Cluster
 from kproxy_ebpf.lab.namespaces import PROBE_SCRIPT
 from kproxy_ebpf.lab.probe import is_reply, stamped
@@ -56,10 +56,12 @@ class Held:
     each line stamped; read back from its log."""
 
     def __init__(self, c: Cluster, target: str, ip: str, port: int, name: str,
-                 udp: bool = True) -> None:
+                 udp: bool = True, once: bool = False, interval: float = 0.1,
+                 timeout: float = 0.3) -> None:
         argv = [c.lab.python, "-I", "-S", PROBE_SCRIPT, f"{ip}:{port}", "--keep", "--stamp",
-                "--count", "100000", "--interval", "0.1", "--timeout", "0.3"]
-        self.c, self.rec = c, c.lab.spawn(target, argv + (["--udp"] if udp else []), name)
+                "--count", "100000", "--interval", str(interval), "--timeout", str(timeout)]
+        argv += (["--udp"] if udp else []) + (["--once"] if once else [])
+        self.c, self.rec = c, c.lab.spawn(target, argv, name)
         self.log = Path(c.lab.log_path(name))
 
     def lines(self) -> list[tuple[float, str]]:
@@ -103,6 +105,12 @@ def repaired_within(held: Held, others: set[str], t0: float) -> float:
     return t - t0
 
 
+def slice_addresses(c: Cluster, app: str) -> set[str]:
+    slices = client.DiscoveryV1Api(c.api()).list_namespaced_endpoint_slice(
+        "default", label_selector=f"kubernetes.io/service-name={app}").items
+    return {a for s in slices for e in (s.endpoints or []) for a in e.addresses}
+
+
 def cut_off(c: Cluster, pod: str) -> None:
     """The pod's link goes first, so its connections end without a FIN reaching the client
     (a node that died, a netns torn down): then the pod is deleted."""
@@ -127,6 +135,84 @@ def test_connected_udp_moves_to_the_other_backend_when_its_pod_is_deleted(cluste
     assert took < bound(cluster), f"{target}: {took:.2f}s before {other} answered the held socket"
     delete_service(cluster, app)
     cluster.delete_pod(other)
+
+
+@pytest.mark.parametrize("target", ["pod/client", "node/node1"])
+def test_a_udp_socket_connected_once_reaches_the_other_backend_with_no_error(cluster, target):
+    """Issue 42: the client connects its UDP socket once and never again (a statsd or syslog
+    client). Under kube-proxy the conntrack flush of the deleted backend sends its next
+    datagram to the other one; under ours the agent connects the same socket again to the
+    Service (datapath/reconnect.py). Either way: no failed send or receive, the Service
+    address as its peer throughout, and (ours) the other backend answering within a second
+    of the backend's removal from the EndpointSlice."""
+    app = "once-pod" if target.startswith("pod") else "once-host"
+    backends(cluster, app, [f"{app}-a", f"{app}-b"])
+    ip = make_service(cluster, app, app, udp=True)
+    wait_served(cluster, ip, {f"{app}-a", f"{app}-b"})
+    with Held(cluster, target, ip, 53, f"held-{app}", once=True, interval=0.05,
+              timeout=0.2) as held:
+        first = held.first_pod()
+        other = ({f"{app}-a", f"{app}-b"} - {first}).pop()
+        gone_ip = cluster.lab.pod(first).ip
+        t0 = time.time()
+        # Link first: a pod whose server stopped before its netns went would answer with a
+        # port unreachable, which any proxy passes to the socket (ECONNREFUSED).
+        cut_off(cluster, first)
+        removed = wait_until(lambda: gone_ip not in slice_addresses(cluster, app) and
+                             time.time(), 10, f"{first} to leave the slice")
+        took = repaired_within(held, {other}, removed)
+        time.sleep(1)
+        lines = held.lines()
+    failed = [(t, r) for t, r in lines if not is_reply(r) and r != "TIMEOUT"]
+    assert not failed, f"{target}: {failed[:5]} ({held.log})"
+    assert {p for t, p in held.answers(removed + took)} == {other}
+    limit = 1.0 if cluster.info.proxy == "kproxy" else ORACLE_REPAIR
+    assert took < limit, (f"{target}: {took:.2f}s from the slice change ({removed - t0:.2f}s "
+                          f"after the delete) before {other} answered the held socket")
+    if cluster.info.proxy == "kproxy":
+        assert metric(cluster, "node1", "kproxy_stale_sockets_total",
+                      'outcome="moved",protocol="UDP"') >= 1
+    delete_service(cluster, app)
+    cluster.delete_pod(other)
+
+
+def test_a_removal_searches_the_namespaces_holding_its_sockets_not_the_whole_node(cluster):
+    """Issue 42: node1 holds 100 pods, 99 of them idle. A backend removal looks into the
+    namespaces kp_skwhere names for that backend: the client's, which holds a socket to it
+    (one namespace, one UDP dump and one more for the moved socket's new row), and none at
+    all for a backend no socket of the node was connected to."""
+    if cluster.info.proxy != "kproxy":
+        pytest.skip("counts our search's work")
+    idle_pods.set_pods(cluster.lab, "node1", 100)
+    names = ["work-a", "work-b", "work-c"]
+    try:
+        backends(cluster, "work", names)
+        ip = make_service(cluster, "work", "work", udp=True)
+        wait_served(cluster, ip, set(names))       # unconnected sockets: no row
+        with Held(cluster, "pod/client", ip, 53, "held-work", once=True) as held:
+            first = held.first_pod()
+
+            def work() -> tuple[float, float]:
+                return (metric(cluster, "node1", "kproxy_stale_socket_namespaces_total"),
+                        metric(cluster, "node1", "kproxy_stale_socket_dumps_total"))
+
+            before = work()
+            t0 = time.time()
+            cut_off(cluster, first)
+            repaired_within(held, set(names) - {first}, t0)
+            now = held.answers(time.time() - 0.5)[-1][1]
+            assert wait_until(lambda: work() != before and work(), 5, "the search's counts") \
+                == (before[0] + 1, before[1] + 2)
+            unused = (set(names) - {first, now}).pop()
+            before = work()
+            cluster.delete_pod(unused)
+            wait_served(cluster, ip, {now})
+            time.sleep(1)
+            assert work() == before
+    finally:
+        idle_pods.set_pods(cluster.lab, "node1", 1)
+    delete_service(cluster, "work")
+    cluster.delete_pod(now)
 
 
 def test_coredns_style_rollout_under_a_resolver_that_keeps_its_socket(cluster):
@@ -250,7 +336,7 @@ def test_pod_relabelled_out_of_the_service_keeps_its_direct_sockets(cluster):
     assert took < bound(cluster), f"{took:.2f}s before {other} answered the held socket"
     if cluster.info.proxy == "kproxy":
         assert metric(cluster, "node1", "kproxy_stale_sockets_total",
-                      'outcome="destroyed",protocol="UDP"') >= 1
+                      'outcome="moved",protocol="UDP"') >= 1
     delete_service(cluster, "relabel")
     for name in ("relabel-a", "relabel-b"):
         cluster.delete_pod(name)

@@ -35,14 +35,20 @@ def core(cluster):
     return client.CoreV1Api(cluster.api())
 
 
-def counters(c: Cluster, name: str, node: str = "node1") -> dict[str, int]:
-    """The service port's counters as `services -o json` on `node` shows them (every frontend
-    of a service port carries the same)."""
+def counters(c: Cluster, name: str, node: str = "node1",
+             where: str | None = None) -> dict[str, int]:
+    """The service port's counters as `services -o json` on `node` shows them: those of the
+    frontends `where` ("node": the node's own sockets; "outside": packets from outside; every
+    frontend of one carries the same), or (None) both added up."""
     rows = [r for r in services_on(c, node, counters=True)
             if r["service"] == f"default/{name}:http"]
     assert rows, f"default/{name} is not programmed on {node}"
-    assert all(r["counters"] == rows[0]["counters"] for r in rows)
-    return rows[0]["counters"]
+    by_scope = {}
+    for r in rows:
+        assert by_scope.setdefault(r["from"], r["counters"]) == r["counters"], rows
+    if where is not None:
+        return by_scope[where]
+    return {k: sum(c[k] for c in by_scope.values()) for k in rows[0]["counters"]}
 
 
 def answered_by_ct(lines: set[str]) -> bool:
@@ -156,6 +162,41 @@ def test_source_range_denials_are_counted_on_both_paths(cluster, core):
         core.delete_namespaced_service("ct-lb", "default")
 
 
+def test_each_frontend_scope_counts_the_traffic_it_carried(cluster, core):
+    """A LoadBalancer Service reached through its ClusterIP from a pod, and through its
+    NodePort and its LB IP from outside: the node's frontends count the pod's connections,
+    the outside ones the other two, and `-o wide` shows each on a line that says whose."""
+    svc = service(core, "ct-all", "ct", type="LoadBalancer")
+    port = svc.spec.ports[0].node_port
+    try:
+        lb = wait_until(lambda: (core.read_namespaced_service_status("ct-all", "default")
+                                 .status.load_balancer.ingress or [None])[0], 20,
+                        "an LB address").ip
+        wait_until(lambda: served_by(cluster, svc.spec.cluster_ip), 20, "the ClusterIP")
+        for addr, p in ((NODE1, port), (lb, 80)):
+            wait_until(lambda a=addr, p=p: answered_by_ct(seen_from_outside(cluster, a, p)), 20,
+                       f"{addr}:{p} from outside")
+        node0, out0 = counters(cluster, "ct-all", where="node"), \
+            counters(cluster, "ct-all", where="outside")
+        assert all(is_reply(x) for x in cluster.lab.probe("pod/client", svc.spec.cluster_ip, 80,
+                                                          count=PROBES))
+        assert answered_by_ct(seen_from_outside(cluster, NODE1, port, count=PROBES))
+        assert answered_by_ct(seen_from_outside(cluster, lb, 80, count=PROBES))
+        assert moved(node0, counters(cluster, "ct-all", where="node")) == {"conns": PROBES}
+        d = moved(out0, counters(cluster, "ct-all", where="outside"))
+        assert d["conns"] == 2 * PROBES and d["packets"] >= 6 * PROBES, d
+        node = cluster.lab.node("node1")
+        wide = cluster.lab.exec("node/node1", [sys.executable, "-m", "kproxy_ebpf.cli",
+                                               "services", "--bpffs-dir", node.bpffs, "-o",
+                                               "wide", "--service", "ct-all"],
+                                capture_output=True, text=True, check=True).stdout
+        totals = [ln for ln in wide.splitlines() if "(all from" in ln]
+        assert len(totals) == 2 and "(all from the node)" in totals[0] and \
+            "(all from outside)" in totals[1], wide
+    finally:
+        core.delete_namespaced_service("ct-all", "default")
+
+
 def test_services_wide_shows_the_counter_columns(cluster, core):
     ip = service(core, "ct-wide", "ct").spec.cluster_ip
     try:
@@ -165,9 +206,10 @@ def test_services_wide_shows_the_counter_columns(cluster, core):
                                               "--bpffs-dir", node.bpffs, "-o", "wide",
                                               "--service", "default/ct-wide"],
                                capture_output=True, text=True, check=True).stdout
-        header, row = out.splitlines()[:2]
+        header, *rows = out.splitlines()
         for column in ("CONNS", "PKTS IN/OUT", "BYTES IN/OUT", "REFUSED", "DROPPED", "DENIED"):
             assert column in header, header
+        row = next(r for r in rows if "(all from the node)" in r)
         cells = row.split()
         assert cells[0] == "default/ct-wide:http"
         assert str(counters(cluster, "ct-wide")["conns"]) in cells, row

@@ -80,4 +80,7 @@ def test_kind_install_path_and_conformance_services(tmp_path):
     assert "CONNS" in header and "kube-system/kube-dns:dns" in op["wide"], op
     assert op["all_nodes_rc"] == 0, op
     assert len(op["all_nodes"]) >= 2 and all(n["clean"] for n in op["all_nodes"]), op
+    # The same through the kubectl plugin, from outside the cluster: the worker's agent pod.
+    assert op["worker"] and op["plugin_rc"] == 0 and op["plugin_dns_frontends"] >= 2, op
+    assert op["plugin_check_rc"] == 0 and len(op["plugin_check"]) >= 2, op
     assert not leftovers()

@@ -64,6 +64,9 @@ class FakeMap:
         return [(self.spec.key.from_buffer_copy(k), self.spec.value.from_buffer_copy(v))
                 for k, v in self.rows.items()]
 
+    def raw_items(self):
+        return list(self.rows.items())
+
 
 def fake_maps(names=("svc", "backend", "meta"), on_op=None) -> dict:
     return {name: FakeMap(L.MAPS[name], on_op=on_op) for name in names}

@@ -162,12 +162,18 @@ def test_scale_goals_and_render(tmp_path):
                           "idle": {"mcpu_mean": 10.0}, "last_answer_s": 90.0,
                           "per_change": {"1000": {"cpu_ms_per_change": 5.0},
                                          "10000": {"cpu_ms_per_change": 5.5}},
-                          "cold_start": {"wall_s": 2.5, "cpu_s_mean": 2.0}},
+                          "cold_start": {"wall_s": 2.5, "cpu_s_mean": 2.0},
+                          "m5_across_drift": {"p99_ms": 30.0, "max_ms": 41.0,
+                                              "drift_checks": 1}},
                "nftables": {"rss_mib_after_fill": {"node1": 470.0, "node2": 480.0},
                             "fill": {"cpu_s_mean": 230.0}, "last_answer_s": 300.0,
                             "per_change": {"1000": {"cpu_ms_per_change": 50.0}}}}}
     rows = goals.scale_goals(doc)
-    assert [r["status"] for r in rows] == ["met", "met", "met", "met"]
+    assert [r["status"] for r in rows] == ["met", "met", "met", "met", "met"]
+    assert "p99 30.00 ms, max 41.00 ms (1 drift checks" in rows[3]["measured"]
+    doc["results"]["kproxy"]["m5_across_drift"]["drift_checks"] = 0   # no check in the window
+    assert goals.scale_goals(doc)[3]["status"] == "not measured"
+    doc["results"]["kproxy"]["m5_across_drift"]["drift_checks"] = 1
     assert "10k x 10" in rows[0]["goal"] and "0.30x" in rows[2]["measured"]
     doc["results"]["kproxy"]["last_answer_s"] = 160.0                # 0.53x nftables
     assert goals.scale_goals(doc)[2]["status"] == "missed"

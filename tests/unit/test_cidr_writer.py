@@ -6,7 +6,7 @@ import ipaddress
 
 from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.datapath.cidr_writer import CIP_PASS, CIP_REJECT, CidrWriter
-from kproxy_ebpf.datapath.writer import ApplyResult
+from kproxy_ebpf.datapath.apply_result import ApplyResult
 from kproxy_ebpf.desired import ServiceCIDRSet
 
 from .fakemaps import FakeMap

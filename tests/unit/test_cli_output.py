@@ -22,10 +22,18 @@ def test_json_and_yaml_carry_the_same_rows(monkeypatch):
     assert table.split() == ["forward", "3", "tc_icmp_err", "1"]
 
 
-def test_every_listing_command_offers_yaml():
-    for name in ("services", "stats", "status"):
-        out = CliRunner().invoke(cli.main, [name, "--help"]).output
-        assert "table|wide|json|yaml" in out, name
-    for group, name in (("maps", "list"), ("maps", "dump"), ("ct", "list")):
-        out = CliRunner().invoke(cli.main, [group, name, "--help"]).output
-        assert "table|wide|json|yaml" in out, (group, name)
+def test_every_listing_command_offers_yaml_and_wide_only_where_it_shows_more():
+    want = {("services",): "table|wide|json|yaml|name", ("maps", "list"): "table|json|yaml|name"}
+    for args in (["services"], ["stats"], ["status"], ["maps", "list"], ["maps", "dump"],
+                 ["ct", "list"], ["trace"], ["check"]):
+        out = CliRunner().invoke(cli.main, [*args, "--help"]).output
+        assert want.get(tuple(args), "table|json|yaml]") in out, args
+        assert "Output format:" in out, args
+    out = CliRunner().invoke(cli.main, ["stats", "-o", "wide"])
+    assert out.exit_code == 2 and "'wide' is not one of" in out.output
+
+
+def test_a_mistyped_command_gets_a_suggestion():
+    out = CliRunner().invoke(cli.main, ["service"])
+    assert out.exit_code == 2 and 'No such command "service". Did you mean "services"?' \
+        in out.output

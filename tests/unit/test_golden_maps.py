@@ -25,9 +25,7 @@ def dump() -> dict:
     state.load(services, slices)
     maps = fake_maps()
     assert MapWriter(maps).apply(state.compute(full=True).frontends).ok
-    rows = {name: sorted(({"key": reader._plain(k), "value": reader._plain(v)} for k, v in m.items()),
-                         key=lambda r: json.dumps(r, sort_keys=True))
-            for name, m in maps.items()}
+    rows = {name: reader.dump(m) for name, m in maps.items()}
     return {"services": reader.services(maps), "rows": rows}
 
 

@@ -33,12 +33,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kube", "proxy", "datapath"),
     ("config", "metrics", "kubeproxy_names", "health", "httpserve", "runner", "service_health",
      "kubeproxy_cleanup", "sync_policy", "state_sink", "reporting", "process_tuning",
-     "conntrack_sysctl", "established", "socket_sweep", "client_sources"),
+     "conntrack_sysctl", "established", "socket_sweep", "client_sources", "drift_watch"),
     ("check", "agent", "trace", "watch", "self_check", "check_nodes"),
     ("run_cli",),
     ("lab",),
     ("bench",),
-    ("cli",),
+    ("cli", "cli_names", "status_text", "kubectl_plugin"),
 )
 SIBLINGS = ("kube", "proxy", "datapath")
 

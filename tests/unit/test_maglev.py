@@ -94,3 +94,12 @@ def test_flow_hash_spreads_and_is_stable():
     expected = 32000 / 16
     chi2 = sum((c - expected) ** 2 / expected for c in buckets.values())
     assert chi2 < 37.7          # p = 0.001 at 15 degrees of freedom
+
+
+def test_the_constants_are_the_headers():
+    """The table's largest size and the flow hash's seed are kproxy.h's (the generated table
+    of its constants): the agent's tables and the programs' lookups must agree on both."""
+    from kproxy_ebpf.datapath import layout as L
+
+    assert maglev.MAX_SIZE == L.const("KP_MAGLEV_MAX")
+    assert maglev.SEED == L.const("KP_MAGLEV_SEED")

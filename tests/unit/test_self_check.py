@@ -81,7 +81,7 @@ def test_all_nodes_reads_each_agents_answers():
 
 def test_a_service_cidr_row_deleted_behind_the_writer_is_drift():
     from kproxy_ebpf.datapath.cidr_writer import CidrWriter
-    from kproxy_ebpf.datapath.writer import ApplyResult
+    from kproxy_ebpf.datapath.apply_result import ApplyResult
     from kproxy_ebpf.desired import ServiceCIDRSet
 
     from .fakemaps import fake_maps

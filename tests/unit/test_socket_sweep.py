@@ -26,28 +26,33 @@ class Recorder:
 
     def __init__(self) -> None:
         self.calls: list[set | None] = []
+        self.everywhere: list[bool] = []
         self.fail = False
 
-    def reap(self, serves, peers=None) -> Reaped:
+    def reap(self, serves, held, peers=None, everywhere=False) -> Reaped:
         self.calls.append(peers)
+        self.everywhere.append(everywhere)
+        self.held = held
         if self.fail:
             raise OSError("netlink went away")
         return Reaped(counts={("TCP", Outcome.DESTROYED): 1} if peers else {})
 
 
-@pytest.fixture
-def world():
+@pytest.fixture(params=[False, True], ids=["where-adopted", "where-new"])
+def world(request):
     state = ProxyState(Node(name="node-a", addresses=("192.168.0.1",)))
     state.upsert_service(svc())
     writer, lock, stale = MapWriter(checked_maps()), threading.Lock(), Recorder()
-    sweep = SocketSweep(stale, Metrics())
+    sweep = SocketSweep(stale, Metrics(), new_where=request.param)
+    stale.new_where = request.param
 
     def sync(*ips: str, full: bool = False) -> None:
         state.upsert_slice(sl(*(ep(ip, "node-b") for ip in ips)))
         changes = state.compute()
         before = sweep.before(writer, None if full else changes.recomputed_keys)
         assert writer.apply(changes.frontends).ok
-        sweep.after(before, Established(writer, changes.frontends, state, lock), full)
+        sweep.after(before, Established(writer, changes.frontends, state, lock), full,
+                    writer.holds)
     return sync, stale
 
 
@@ -61,6 +66,10 @@ def test_every_socket_first_then_only_the_backends_a_sync_removed(world):
     assert stale.calls[1] == {peer_of(("10.0.2.2", 8080, TCP))}
     sync("10.0.2.1", "10.0.2.3", full=True)           # a full sync: every socket again
     assert stale.calls[2] is None
+    # Every namespace once, and only when kp_skwhere is new beside adopted maps.
+    assert stale.everywhere == [stale.new_where, False, False]
+    assert stale.held(peer_of(("10.0.2.3", 8080, TCP)))
+    assert not stale.held(peer_of(("10.0.2.2", 8080, TCP)))
 
 
 def test_a_failed_search_is_logged_and_the_next_sync_searches_everything(world, caplog):

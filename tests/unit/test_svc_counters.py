@@ -8,6 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.datapath import svc_counters
 from kproxy_ebpf.datapath.writer import MapWriter
+from kproxy_ebpf.desired import Scope
 from kproxy_ebpf.metrics import Metrics
 
 from ..builders import fe, table
@@ -16,26 +17,32 @@ from .fakemaps import checked_maps
 Stat = L.MAPS["svcstat"].value
 
 
+Key = L.MAPS["svcstat"].key
+
+
 class PerCpuMap:
-    """kp_svcstat as the kernel keeps it: one struct per CPU for each svc_id."""
+    """kp_svcstat as the kernel keeps it: one struct per CPU for each (svc_id, scope)."""
 
     def __init__(self, cpus: int = 2):
         self.cpus, self.rows = cpus, {}
 
-    def count(self, svc_id: int, cpu: int, **fields) -> None:
-        row = self.rows.setdefault(svc_id, [Stat() for _ in range(self.cpus)])
+    def count(self, svc_id: int, cpu: int, scope: int = L.SCOPE_SOCK, **fields) -> None:
+        row = self.rows.setdefault((svc_id, scope), [Stat() for _ in range(self.cpus)])
         for name, n in fields.items():
             setattr(row[cpu], name, getattr(row[cpu], name) + n)
 
     def items(self):
-        return [(L.U32(k), v) for k, v in self.rows.items()]
+        return [(Key(svc_id=i, scope=s), v) for (i, s), v in self.rows.items()]
 
     def keys(self):
-        return [L.U32(k) for k in self.rows]
+        return [Key(svc_id=i, scope=s) for i, s in self.rows]
 
     def delete_batch(self, keys):
         for k in keys:
-            self.rows.pop(k.value, None)
+            self.rows.pop((k.svc_id, k.scope), None)
+
+    def ids(self) -> set[int]:
+        return {i for i, _ in self.rows}
 
 
 def programmed():
@@ -51,7 +58,8 @@ def programmed():
 def test_rows_are_summed_over_cpus_and_named_by_their_service_port():
     maps, _, ids = programmed()
     maps["svcstat"].count(ids["web"], 0, conns=2, packets=5, bytes=500)
-    maps["svcstat"].count(ids["web"], 1, conns=1, reply_packets=4, reply_bytes=4000, refused=1)
+    maps["svcstat"].count(ids["web"], 1, L.SCOPE_EXT, conns=1, reply_packets=4, reply_bytes=4000,
+                          refused=1)
     maps["svcstat"].count(999, 0, conns=7)           # an id no service holds: left out
     rows = {who.text: c for who, c in svc_counters.by_service(maps)}
     assert rows == {
@@ -61,21 +69,26 @@ def test_rows_are_summed_over_cpus_and_named_by_their_service_port():
                                                          refused=1)}
     who = next(w for w, _ in svc_counters.by_service(maps) if w.name == "web")
     assert (who.namespace, who.port, who.protocol) == ("default", "http", "TCP")
+    # The CLI reads them per scope: the node's own sockets apart from packets from outside.
+    scoped = svc_counters.read(maps["svcstat"])
+    assert scoped[svc_counters.CounterKey(ids["web"], Scope.SOCK)].conns == 2
+    assert scoped[svc_counters.CounterKey(ids["web"], Scope.EXT)].reply_packets == 4
 
 
 def test_a_freed_id_loses_its_row_so_the_next_holder_starts_from_zero():
     maps, writer, ids = programmed()
     maps["svcstat"].count(ids["web"], 0, conns=5)
+    maps["svcstat"].count(ids["web"], 0, L.SCOPE_EXT, conns=2)
     maps["svcstat"].count(ids["api"], 0, conns=1)
     assert writer.apply(table(fe(ip="10.96.0.11", backends=["10.244.1.11"], name="api"))).ok
     freed = writer.take_freed_svc_ids()
     assert freed == [ids["web"]] and writer.take_freed_svc_ids() == []
     svc_counters.forget(maps["svcstat"], freed)
-    assert set(maps["svcstat"].rows) == {ids["api"]}
+    assert maps["svcstat"].ids() == {ids["api"]}
     # A row created for an id a moment before it was freed: the drift check's sweep.
     maps["svcstat"].count(ids["web"], 1, conns=1)
     assert svc_counters.sweep(maps["svcstat"], writer.svc_ids_held()) == 1
-    assert set(maps["svcstat"].rows) == {ids["api"]}
+    assert maps["svcstat"].ids() == {ids["api"]}
 
 
 def scrape(m: Metrics) -> dict[str, list]:

@@ -51,15 +51,22 @@ def test_a_change_is_a_partial_sync():
     assert plan.retry == frozenset() and not plan.cidrs_all
 
 
-def test_ticks_are_partial_but_every_tenth_diffs_all_after_a_reread():
+def test_ticks_are_partial_syncs_counted_as_periodic_work():
+    """The maps are checked for drift off the sync thread (datapath/drift.py): no tick
+    diffs everything or re-reads the maps."""
     policy, _ = started()
     plans = [ran(policy, True) for _ in range(2 * KERNEL_CHECK_EVERY)]
-    full = [i for i, p in enumerate(plans, start=1) if p.diff_all]
-    assert full == [KERNEL_CHECK_EVERY, 2 * KERNEL_CHECK_EVERY]
-    assert all(p.reread == p.diff_all for p in plans)
+    assert not any(p.diff_all or p.reread or p.cidrs_all for p in plans)
     assert all(p.scheduled_full for p in plans)     # their CPU is periodic work, all of them
-    assert all(p.cidrs_all == p.diff_all for p in plans)
-    assert ran(policy, False).diff_all is False      # a change in between stays partial
+    assert ran(policy, False).diff_all is False
+
+
+def test_drift_makes_the_next_sync_reread_and_diff_everything():
+    policy, _ = started()
+    policy.drift_found()
+    plan = ran(policy, False)
+    assert (plan.diff_all, plan.reread, plan.recompute, plan.cidrs_all) == (True, True, False, True)
+    assert not ran(policy, True).diff_all
 
 
 def test_a_failed_sync_makes_the_next_one_do_everything_at_once():
@@ -78,14 +85,6 @@ def test_a_failure_before_the_first_sync_ends_still_rereads():
     policy.failed()
     plan = policy.plan(True)
     assert plan.diff_all and plan.reread and plan.recompute
-
-
-def test_ticks_during_a_forced_full_do_not_count_towards_the_reread():
-    policy, _ = started()
-    policy.failed()
-    ran(policy, True)
-    plans = [ran(policy, True) for _ in range(KERNEL_CHECK_EVERY)]
-    assert [p.diff_all for p in plans] == [False] * (KERNEL_CHECK_EVERY - 1) + [True]
 
 
 def test_keys_left_by_a_full_map_are_retried_by_time():
@@ -121,10 +120,8 @@ def test_freed_rows_ask_for_nothing_when_nothing_waits_for_room():
 def test_a_full_map_is_no_reason_to_reread_but_another_failure_is():
     policy, clock = started()
     ran(policy, False, failed=[A], full_maps=True)
-    for _ in range(KERNEL_CHECK_EVERY - 1):
+    for _ in range(KERNEL_CHECK_EVERY):
         assert not ran(policy, True, failed=[A], full_maps=True).diff_all
-    plan = ran(policy, True, failed=[A], full_maps=True)
-    assert plan.diff_all and plan.reread              # the periodic one only
     clock.now += FULL_MAP_RETRY_EVERY
     ran(policy, False, failed=[A])                    # an OSError, say: retried at once
     assert policy.retry_at == clock.now and not policy.retry_map_full

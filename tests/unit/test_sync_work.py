@@ -30,9 +30,12 @@ from kproxy_ebpf.agent import Agent
 from kproxy_ebpf.config import AgentConfig
 from kproxy_ebpf.datapath import layout as L
 from kproxy_ebpf.datapath.cidr_writer import CidrWriter
+from kproxy_ebpf.datapath.drift import DriftCheck
+from kproxy_ebpf.datapath.programmed import Ledger
 from kproxy_ebpf.datapath.writer import MapWriter
 from kproxy_ebpf.model import (Endpoint, EndpointPort, EndpointSlice, Node, Protocol, Service,
                                ServicePort)
+from kproxy_ebpf.drift_watch import DriftWatch
 from kproxy_ebpf.proxy import state as state_mod
 
 from .fakemaps import FakeMap
@@ -264,45 +267,104 @@ def test_a_full_map_is_retried_by_time_not_on_every_sync(monkeypatch, caplog):
     assert len(h.agent.policy.retry) == 14 and h.agent.policy.retry < failed
 
 
-def test_the_periodic_map_reread_is_counted_apart(monkeypatch):
-    """The one O(N) step of an idle agent (drift repair) runs on every KERNEL_CHECK_EVERY-th
-    full sync only, and its CPU goes into its own counter (the scale run subtracts it from
-    the per-change figure and reports it beside)."""
-    h = Harness(3, monkeypatch)
+def drift_watch(h: Harness, found: list) -> DriftWatch:
+    return DriftWatch(DriftCheck(h.agent.writer, h.agent.cidrs), h.agent._sync_lock,
+                      h.agent.metrics, lambda lines: (found.append(lines),
+                                                      h.agent._kernel_drift(lines)))
+
+
+def test_periodic_syncs_do_no_whole_table_work(monkeypatch):
+    """At rest the runner's ticks cost what a partial sync with no change costs, whatever N
+    is: no tick walks the table or re-reads the maps (the drift check does that in its own
+    thread, below)."""
+    h = Harness(30, monkeypatch)
     restores = []
     real = MapWriter.restore
     monkeypatch.setattr(MapWriter, "restore", lambda w: (restores.append(1), real(w)))
+    for _ in range(2 * sync_policy.KERNEL_CHECK_EVERY):
+        h.counts["table_walks"] = 0
+        assert h.agent._sync(True)                     # the runner's periodic tick
+        assert h.counts["table_walks"] == 0
+    assert restores == []
+    h.agent.policy.force_full = True                   # after a failure: full at once
+    assert h.agent._sync(False) and h.counts["table_walks"] > 0
+
+
+def test_the_drift_check_finds_nothing_at_rest_and_a_row_changed_behind_the_agent(monkeypatch):
+    h = Harness(5, monkeypatch)
+    found: list = []
+    watch = drift_watch(h, found)
 
     def value(name):
         return h.agent.metrics.registry.get_sample_value(name) or 0.0
 
-    before = value("kproxy_datapath_drift_checks_total")
-    for _ in range(sync_policy.KERNEL_CHECK_EVERY):
-        assert h.agent._sync(False)
-        assert h.agent._sync(True)
-    assert len(restores) == 1
-    assert value("kproxy_datapath_drift_checks_total") == before + 1
+    assert watch.run_once() == [] and found == []
+    assert value("kproxy_datapath_drift_checks_total") == 1
     assert value("kproxy_datapath_drift_check_cpu_seconds_total") > 0
+    svc = h.maps["svc"]
+    slot = next(k for k in svc.rows if L.MAPS["svc"].key.from_buffer_copy(k).slot == 2)
+    del svc.rows[slot]                                 # a row gone behind the agent's back
+    restores = []
+    real = MapWriter.restore
+    monkeypatch.setattr(MapWriter, "restore", lambda w: (restores.append(1), real(w)))
+    drift = watch.run_once()
+    assert len(drift) == 1 and "frontend" in drift[0] and found == [drift]
+    assert h.agent._sync(False) and restores == [1]    # the next sync re-reads and rewrites
+    assert slot in svc.rows
+    assert watch.run_once() == []
 
 
-def test_periodic_syncs_between_rereads_do_no_whole_table_work(monkeypatch):
-    """At rest, only every KERNEL_CHECK_EVERY-th periodic sync walks the table (and re-reads
-    the maps); the others cost what a partial sync with no change costs, whatever N is."""
-    h = Harness(30, monkeypatch)
-    walks = []
-    for _ in range(sync_policy.KERNEL_CHECK_EVERY):
-        h.counts["table_walks"] = 0
-        assert h.agent._sync(True)                     # the runner's periodic tick
-        walks.append(h.counts["table_walks"])
-    assert walks[:-1] == [0] * (sync_policy.KERNEL_CHECK_EVERY - 1) and walks[-1] > 0
-    h.agent.policy.force_full = True                   # after a failure: full at once
-    h.counts["table_walks"] = 0
-    assert h.agent._sync(False) and h.counts["table_walks"] > 0
+def test_the_drift_check_frees_its_read_back_before_the_collector_returns(monkeypatch):
+    """The read-back is emptied entry by entry while the cyclic GC is still paused (else its
+    objects are the next collection's young generation, one long GIL hold); what the writer
+    holds is not touched, and the GC is back on after the check."""
+    import gc
+
+    h = Harness(5, monkeypatch)
+    seen = []
+    real = DriftCheck.read
+
+    def read(check):
+        snap = real(check)
+        seen.append(snap)
+        return snap
+
+    monkeypatch.setattr(DriftCheck, "read", read)
+    released = []
+    real_release = Ledger.release
+    monkeypatch.setattr(Ledger, "release",
+                        lambda led: (released.append(gc.isenabled()), real_release(led)))
+    held = len(h.agent.writer.held.frontends)
+    assert gc.isenabled() and drift_watch(h, []).run_once() == []
+    assert released == [False] and gc.isenabled()
+    (snap,) = seen
+    assert not snap.ledger.frontends and not snap.ledger.backend_ids and not snap.cluster_ips
+    assert held and len(h.agent.writer.held.frontends) == held
+
+
+def test_syncs_while_the_drift_check_reads_are_no_drift(monkeypatch):
+    """Changes written between the check's read and its comparison (the journal) are not
+    drift; the journal ends with the check."""
+    h = Harness(5, monkeypatch)
+    check = DriftCheck(h.agent.writer, h.agent.cidrs)
+    with h.agent._sync_lock:
+        check.begin()
+    snap = check.read()
+    h.agent.sink.upsert("EndpointSlice", endpoint_slice(2, (True, False)))
+    h.agent.sink.upsert("Service", service(6))
+    h.agent.sink.upsert("EndpointSlice", endpoint_slice(6))
+    assert h.agent._sync(False)
+    fronts, ips = check.suspects(snap)
+    assert fronts                  # svc-2's record was rewritten in place: a suspect...
+    with h.agent._sync_lock:
+        assert check.confirm(snap, fronts, ips) == []  # ...and is theirs, not drift
+    assert h.agent.writer.journal is None and h.agent.cidrs.journal is None
 
 
 def test_full_sync_cpu_is_counted_and_partial_syncs_are_not(monkeypatch):
-    """The scale run takes kproxy's periodic work out of its per-change windows by this
-    counter: every full sync adds to it (the map re-read included), a partial sync does not."""
+    """The benchmarks take kproxy's periodic work out of their per-change windows by this
+    counter: every tick and full sync adds to it (the drift check too), a partial sync for
+    a change does not."""
     h = Harness(3, monkeypatch)
 
     def value():

@@ -155,6 +155,14 @@ def operator_checks(cluster: str) -> dict:
         return sh("hack/kind-env.sh", "kubectl", "--context", f"kind-{cluster}", *argv,
                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False)
 
+    def kproxy(*argv: str) -> subprocess.CompletedProcess:
+        """`kubectl kproxy`: this checkout's kubectl-kproxy first on PATH; kubectl passes no
+        flag given before a plugin's name, so the context goes after it."""
+        path = os.pathsep.join((os.path.dirname(sys.executable), os.environ.get("PATH", "")))
+        return sh("hack/kind-env.sh", "kubectl", "kproxy", "--context", f"kind-{cluster}",
+                  *argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False,
+                  env={"PATH": path})
+
     agent = ("-n", "kube-system", "exec", "ds/kproxy-ebpf", "-c", "agent", "--", "kproxy-ebpf")
     dns = kc("-n", "kube-system", "get", "svc", "kube-dns", "-o",
              "jsonpath={.spec.clusterIP}").stdout.strip()
@@ -168,7 +176,19 @@ def operator_checks(cluster: str) -> dict:
     text = kc(*agent, "trace", f"{dns}:53/UDP", "--explain")
     wide = kc(*agent, "services", "-o", "wide", "--service", "kube-system/kube-dns")
     nodes = kc(*agent, "check", "--all-nodes", "-o", "json")
-    return {"dns": dns, "coredns": coredns,
+    # The kubectl plugin: a worker's frontends from its own agent pod, and every agent's check.
+    worker = kc("get", "nodes", "-l", "!node-role.kubernetes.io/control-plane", "-o",
+                "jsonpath={.items[0].metadata.name}").stdout.strip()
+    plugin = kproxy("--node", worker, "services", "-o", "json")
+    plugin_check = kproxy("check", "--all-nodes", "-o", "json")
+    return {"dns": dns, "coredns": coredns, "worker": worker,
+            "plugin_rc": plugin.returncode,
+            "plugin_dns_frontends": sum(1 for r in json.loads(plugin.stdout or "[]")
+                                        if r.get("address") == dns)
+            if plugin.returncode == 0 else plugin.stderr,
+            "plugin_check_rc": plugin_check.returncode,
+            "plugin_check": json.loads(plugin_check.stdout)
+            if plugin_check.stdout.startswith("[") else plugin_check.stderr,
             "wide_rc": wide.returncode, "wide": wide.stdout or wide.stderr,
             "all_nodes_rc": nodes.returncode,
             "all_nodes": json.loads(nodes.stdout) if nodes.stdout.startswith("[") else nodes.stderr,
