@@ -20,7 +20,7 @@ import yaml
 from ..model import hostport
 from . import agent_image, kubeobjects
 from .binaries import ensure_binaries
-from .controlplane import ControlPlane, free_ports
+from .controlplane import ControlPlane
 from .lballoc import DEFAULT_POOL, DEFAULT_POOL6
 from .addressing import PLANS, choice_of, families
 from .namespaces import CONTROL_PLANE_IP, Lab, PodInfo, external_cidr
@@ -126,13 +126,12 @@ class Cluster:
 
     def _control_plane(self, bin_dir: Path, proxy: str, agent: str = "process",
                        lb_pool: str = DEFAULT_POOL, bitmap_ip_allocator: bool = False) -> None:
-        # The relay listens on the API server's own port, so the `kubernetes` Service's
-        # endpoint (advertise address : secure port) is reachable from lab nodes too.
-        port = free_ports(1)[0]
         plans = [PLANS[f] for f in self.lab.families]
+        # The relay listens on the API server's own port, so the `kubernetes` Service's
+        # endpoint (advertise address : secure port) is reachable from lab nodes too. The
+        # port is the control plane's choice, so a collision is retried on a fresh one.
         # The `kubernetes` Service is of the primary family, and so is its endpoint.
-        cp = ControlPlane(self.cp_dir, bin_dir, api_port=port,
-                          lab_server=f"https://{CONTROL_PLANE_IP}:{port}",
+        cp = ControlPlane(self.cp_dir, bin_dir, lab_host_on_api_port=CONTROL_PLANE_IP,
                           advertise_address=plans[0].control_plane,
                           service_cidr=",".join(p.service_cidr for p in plans),
                           bitmap_ip_allocator=bitmap_ip_allocator)
@@ -146,7 +145,7 @@ class Cluster:
         listen = dict.fromkeys([CONTROL_PLANE_IP] + [p.control_plane for p in plans])
         self.lab.spawn("host", [sys.executable, "-m", "kproxy_ebpf.lab.relay",
                                 "--netns", self.lab.net_netns,
-                                *[a for ip in listen for a in ("--listen", hostport(ip, port))],
+                                *[a for ip in listen for a in ("--listen", hostport(ip, cp.api_port))],
                                 "--to", f"127.0.0.1:{cp.api_port}"], "relay")
         (self.dir / "cluster.json").write_text(json.dumps({
             "proxy": proxy, "agent": agent, "api_port": cp.api_port, "lb_pool": lb_pool,
@@ -247,9 +246,11 @@ class Cluster:
 
     def start_proxy(self, node: str, mode: str | None = None,
                     env: dict[str, str] | None = None,
-                    extra_args: list[str] | None = None) -> int:
+                    extra_args: list[str] | None = None, cwd: str | None = None) -> int:
         """env: the proxy's whole environment (the bench points PATH at iptables-legacy);
-        extra_args are appended to its command line (the bench's kproxy map sizes)."""
+        extra_args are appended to its command line (the bench's kproxy map sizes); cwd: its
+        working directory (`python -m` puts it first on the path: another checkout's agent
+        runs from that checkout)."""
         mode = mode or self.info.proxy
         if mode == "none":
             return 0
@@ -267,7 +268,7 @@ class Cluster:
             argv = [str(ensure_binaries(build=False) / "kube-proxy"),
                     f"--config={self._kube_proxy_config(node, mode)}"]
         return self.lab.spawn(f"node/{node}", argv + list(extra_args or ()),
-                              self.proxy_name(node), env=env).pid
+                              self.proxy_name(node), env=env, cwd=cwd).pid
 
     def stop_proxy(self, node: str, hard: bool = False) -> None:
         """Stops the node's proxy (SIGTERM, or SIGKILL with hard=True)."""

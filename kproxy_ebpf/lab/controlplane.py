@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from kproxy_ebpf.lab.pki import Pki, generate_pki, write_kubeconfig
+from kproxy_ebpf.model import hostport
 
 LOOPBACK = "127.0.0.1"
 # The lab's relay address: lab nodes reach the apiserver at RELAY_ADDRESS:RELAY_PORT through the
@@ -95,6 +96,7 @@ class ControlPlane:
         *,
         advertise_address: str = RELAY_ADDRESS,
         lab_server: str = f"https://{RELAY_ADDRESS}:{RELAY_PORT}",
+        lab_host_on_api_port: str | None = None,
         service_cidr: str = SERVICE_CIDR,
         api_port: int | None = None,
         uncached_resources: Sequence[str] = (),
@@ -113,11 +115,15 @@ class ControlPlane:
         object twice per allocation for its metrics (ipallocator.go createIPAddress ->
         Used()/Free()), so a fill of N Services costs O(N^2): 44 s per 1,000 at 13,000,
         against 3.7 s per 2,000 at every fill level up to 12,000 with the bitmap. No
-        ServiceCIDR object is made then: the caller creates it (Testbed)."""
+        ServiceCIDR object is made then: the caller creates it (Testbed).
+
+        `lab_host_on_api_port` (a relay listening on the API server's own port there): the lab
+        reaches the API at https://<that host>:<api_port>, whatever port a retry picks."""
         self.workdir = Path(workdir).resolve()
         self.bin_dir = Path(bin_dir)
         self.advertise_address = advertise_address
-        self.lab_server = lab_server
+        self._lab_server = lab_server
+        self._lab_host = lab_host_on_api_port
         self.service_cidr = service_cidr
         self._api_port = api_port
         self.uncached_resources = tuple(uncached_resources)
@@ -130,6 +136,12 @@ class ControlPlane:
         self.startup_seconds: dict[str, float] = {}
 
     # ---- public API -------------------------------------------------------------------------
+
+    @property
+    def lab_server(self) -> str:
+        if self._lab_host is None:
+            return self._lab_server
+        return f"https://{hostport(self._lab_host, self.api_port)}"
 
     @property
     def api_port(self) -> int:

@@ -8,6 +8,7 @@ below are only data in API objects.
 from __future__ import annotations
 
 import shutil
+import socket
 import time
 from collections.abc import Iterator
 
@@ -218,3 +219,36 @@ def test_restart_apiserver_keeps_data_and_controllers(apiserver, controlplane, n
     # kube-controller-manager's informers reconnect on their own client-go backoff (30 s with
     # up to 100 % jitter), so allow a minute; the lab's Cluster restarts KCM instead.
     ko.wait_for_slice_endpoints(api, namespace, "echo", 2, timeout=70, ready=True)
+
+
+def test_api_port_taken_is_retried_on_a_fresh_port(controlplane, tmp_path, monkeypatch):
+    """A port another process takes between our pick and the API server's bind (as in CI,
+    where a lab's apiserver met `address already in use`) costs a retry, not the run; the lab's
+    kubeconfig follows the port finally used."""
+    from kproxy_ebpf.lab import controlplane as cp_module
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    taken_port = taken.getsockname()[1]
+    picks = []
+    real_free_ports = cp_module.free_ports
+
+    def free_ports(n: int) -> list[int]:
+        ports = real_free_ports(n)
+        if not picks:
+            ports[2] = taken_port  # the API server's port, in _start_once's order
+        picks.append(ports)
+        return ports
+
+    monkeypatch.setattr(cp_module, "free_ports", free_ports)
+    workdir = tmp_path / "kproxy-retry"
+    cp = ControlPlane(workdir, controlplane.bin_dir, lab_host_on_api_port=RELAY_ADDRESS)
+    try:
+        cp.start()
+        assert len(picks) == 2 and cp.api_port != taken_port
+        assert cp.lab_server == f"https://{RELAY_ADDRESS}:{cp.api_port}"
+        assert f"{RELAY_ADDRESS}:{cp.api_port}" in cp.lab_kubeconfig.read_text()
+    finally:
+        cp.stop()
+        taken.close()
+        shutil.rmtree(workdir / "etcd", ignore_errors=True)
