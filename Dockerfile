@@ -41,7 +41,7 @@ COPY --from=headers /opt/kproxy-ebpf/headers /opt/kproxy-ebpf/headers
 ENV BCC_KERNEL_SOURCE=/opt/kproxy-ebpf/headers
 
 # The package in a venv that sees Debian's bcc, pinned exactly as the repository pins it: the
-# agent and its commands only, since .dockerignore keeps kproxy_ebpf/lab and kproxy_ebpf/bench
+# agent and its commands only, since .dockerignore keeps kproxy_ebpf/dev (the lab and the benchmarks)
 # out of the build context (`kproxy-ebpf lab` and `bench` then say they are not installed).
 # Behind a TLS-intercepting proxy, pass its CA bundle as the build secret "ca-bundle" (it is
 # used for pip only and never stored in a layer).
@@ -54,7 +54,7 @@ RUN --mount=type=secret,id=ca-bundle set -eux; \
         -c /src/constraints.txt /src; \
     rm -rf /src; \
     ln -s /opt/kproxy-ebpf/venv/bin/kproxy-ebpf /usr/local/bin/kproxy-ebpf; \
-    /opt/kproxy-ebpf/venv/bin/python -c 'import bcc, kproxy_ebpf.cli'
+    /opt/kproxy-ebpf/venv/bin/python -c 'import bcc, kproxy_ebpf.cli.main'
 # datapath/paths.py looks for the C sources here when the package is not a source checkout.
 COPY bpf /usr/share/kproxy-ebpf/bpf
 

@@ -137,7 +137,7 @@ BENCH_BINS  := $(BENCH_BUILD)/kpbench-client $(BENCH_BUILD)/kpbench-server
 CC          ?= cc
 BENCH_CFLAGS := -O2 -Wall -Wextra -pthread
 
-$(BENCH_BUILD)/kpbench-%: kproxy_ebpf/bench/kpbench_%.c
+$(BENCH_BUILD)/kpbench-%: kproxy_ebpf/dev/bench/kpbench_%.c
 	@mkdir -p $(BENCH_BUILD)
 	$(CC) $(BENCH_CFLAGS) -o $@ $<
 
@@ -177,7 +177,7 @@ lint: $(VENV)/.installed headers
 	$(VENV)/bin/ruff check .
 	$(PY) tools/bpflint.py
 
-# kproxy_ebpf/datapath/kproxy_h.py from bpf/kproxy.h (clang, bpftool); tests/unit/test_layout.py
+# kproxy_ebpf/datapath/maps/kproxy_h.py from bpf/kproxy.h (clang, bpftool); tests/unit/test_layout.py
 # fails while the committed table is stale.
 layout: venv
 	$(PY) tools/layoutgen.py

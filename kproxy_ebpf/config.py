@@ -16,10 +16,10 @@ from pathlib import Path
 
 import yaml
 
-from . import maglev
-from .datapath.map_sizes import MapSizes
-from .model import LBAlgorithm
-from .datapath.pod_devices import DEFAULT_GLOBS as DEFAULT_POD_GLOBS
+from .model import maglev
+from .datapath.maps.map_sizes import MapSizes
+from .model.objects import LBAlgorithm
+from .datapath.load.pod_devices import DEFAULT_GLOBS as DEFAULT_POD_GLOBS
 
 
 log = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ class AgentConfig:
 
 
 def _cgroup2(path: str) -> str:
-    from .datapath.kernel import cgroup2_at
+    from .datapath.load.kernel import cgroup2_at
 
     found = cgroup2_at(path)
     if found is None:

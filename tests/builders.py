@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
-from kproxy_ebpf.model import Endpoint, EndpointPort, EndpointSlice, Protocol, Service, ServicePort
+from kproxy_ebpf.model.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
+from kproxy_ebpf.model.objects import Endpoint, EndpointPort, EndpointSlice, Protocol, Service, ServicePort
 
 TCP, UDP = Protocol.TCP, Protocol.UDP
 CLUSTER_IP = "172.30.0.10"

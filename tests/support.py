@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from kproxy_ebpf.lab.binaries import k8s_bin_dir, missing_binaries
+from kproxy_ebpf.dev.lab.binaries import k8s_bin_dir, missing_binaries
 
 if TYPE_CHECKING:       # imported where used: the suite-wide conftest imports this module
-    from kproxy_ebpf.lab import Lab
-    from kproxy_ebpf.lab.cluster import Cluster
+    from kproxy_ebpf.dev.lab import Lab
+    from kproxy_ebpf.dev.lab.cluster import Cluster
 
 
 def require_root() -> None:
@@ -54,7 +54,7 @@ def wait_until(pred, timeout: float, what, step: float = 0.05):
 def fresh_lab(name: str, **up) -> Iterator[Lab]:
     """Lab `name` brought up anew (`up`: Lab.up's arguments; a run killed hard may have left
     pieces of an earlier one); taken down after, and it must have left nothing behind."""
-    from kproxy_ebpf.lab import Lab
+    from kproxy_ebpf.dev.lab import Lab
 
     require_root()
     lab = Lab(name)
@@ -73,7 +73,7 @@ def lab_cluster(name: str, proxy: str, agent: str = "process",
     """A 2-node lab cluster of `ip_family` running `proxy` (our agent as a "process" or from
     the "image"), with the client pod on node1 (tcp:8080) when asked; removed after, unless
     KPROXY_KEEP_LAB=1 keeps it to debug (`lab down --lab <name>` then)."""
-    from kproxy_ebpf.lab.cluster import Cluster
+    from kproxy_ebpf.dev.lab.cluster import Cluster
 
     require_controlplane()
     c = Cluster(name)

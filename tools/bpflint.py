@@ -20,9 +20,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kproxy_ebpf.datapath.compile_child import program_cflags
-from kproxy_ebpf.datapath.paths import bpf_dir, kernel_headers
-from kproxy_ebpf.datapath.source import expand
+from kproxy_ebpf.datapath.load.compile_child import program_cflags
+from kproxy_ebpf.datapath.load.paths import bpf_dir, kernel_headers
+from kproxy_ebpf.datapath.load.source import expand
 
 # Each header bcc forces into a compile (-include /virtual/include/bcc/NAME), found in libbcc
 # by a line only it has.

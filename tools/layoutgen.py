@@ -1,4 +1,4 @@
-"""Generates kproxy_ebpf/datapath/kproxy_h.py from bpf/kproxy.h: `make layout`
+"""Generates kproxy_ebpf/datapath/maps/kproxy_h.py from bpf/kproxy.h: `make layout`
 (.venv/bin/python tools/layoutgen.py). Needs clang and bpftool, which the agent does not.
 
 The header is the one definition. clang compiles it for the BPF target with BTF, and bpftool
@@ -17,9 +17,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kproxy_ebpf.datapath.paths import bpf_dir
+from kproxy_ebpf.datapath.load.paths import bpf_dir
 
-OUT = Path(__file__).resolve().parents[1] / "kproxy_ebpf" / "datapath" / "kproxy_h.py"
+OUT = Path(__file__).resolve().parents[1] / "kproxy_ebpf" / "datapath" / "maps" / "kproxy_h.py"
 
 _ANCHOR = """#include "kproxy.h"
 #define KP_GEN_MAP(id, name, version, type, key, value, size, flags) key id##_key; value id##_value;

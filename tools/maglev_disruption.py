@@ -1,9 +1,9 @@
 """How many flows a Maglev table moves when one of E backends leaves, beyond that backend's
 own 1/E, for table sizes and backend counts (docs/measurements.md "Maglev"):
-.venv/bin/python tools/maglev_disruption.py. Pure computation on kproxy_ebpf/maglev.py."""
+.venv/bin/python tools/maglev_disruption.py. Pure computation on kproxy_ebpf/model/maglev.py."""
 from __future__ import annotations
 
-from kproxy_ebpf import maglev
+from kproxy_ebpf.model import maglev
 
 CASES = [(10, 1009), (10, 4093), (10, 16381), (50, 16381), (50, 65521), (100, 65521),
          (300, 65521), (650, 65521)]

@@ -1,6 +1,6 @@
 """The API side of the agent: what the cluster says, turned into model objects.
 
-- convert:   API objects (plain JSON dicts) -> kproxy_ebpf.model types, plus Rejections for
+- convert:   API objects (plain JSON dicts) -> kproxy_ebpf.model.objects types, plus Rejections for
              bad input; never raises.
 - manifests: the same, from YAML files (`run --manifests`, tests).
 - reflector: list+watch of one resource with resourceVersion, bookmarks and 410 -> relist.

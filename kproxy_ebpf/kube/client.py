@@ -16,7 +16,7 @@ import os
 import socket
 from typing import TYPE_CHECKING
 
-from .. import __version__
+from kproxy_ebpf import __version__
 
 if TYPE_CHECKING:   # imported lazily (and leanly, see lean.py): ~0.4 s and ~50 MiB in full
     import kubernetes.client

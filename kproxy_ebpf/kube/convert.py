@@ -1,4 +1,4 @@
-"""Conversion of API objects (plain JSON dicts) into the lean types of kproxy_ebpf.model.
+"""Conversion of API objects (plain JSON dicts) into the lean types of kproxy_ebpf.model.objects.
 
 The reflector hands us objects exactly as the API server sent them, parsed by `json` and nothing
 else: the official client's model deserialization costs far more than the proxy's whole
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ..model import (
+from kproxy_ebpf.model.objects import (
     NO_ENDPOINTS,
     Endpoint,
     EndpointHints,

@@ -14,9 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from ..model import EndpointSlice, Kind, Node, Service
-from .convert import (Rejection, node_from_api, service_cidr_from_api, service_from_api,
-                      slice_from_api)
+from kproxy_ebpf.model.objects import EndpointSlice, Kind, Node, Service
+from .convert import Rejection, node_from_api, service_cidr_from_api, service_from_api, slice_from_api
 from .manifests import load_manifests
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Pure policy: cluster state (model.py) -> desired datapath state (desired.py).
 
 No I/O, no kernel, no network: everything here is a function of its inputs, which is why most
-of the project's tests live at this layer. Imports only kproxy_ebpf.model, kproxy_ebpf.desired
+of the project's tests live at this layer. Imports only kproxy_ebpf.model.objects, kproxy_ebpf.model.desired
 and the standard library.
 
     endpoints.py  EndpointSlices -> usable endpoints per (port name, protocol)   (semantics 1.1)

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from operator import attrgetter
 from typing import NamedTuple
 
-from ..model import Endpoint, EndpointSlice, IPFamily, Protocol
+from kproxy_ebpf.model.objects import Endpoint, EndpointSlice, IPFamily, Protocol
 
 #: (service port name, protocol); an unnamed port is "".
 PortKey = tuple[str, Protocol]

@@ -15,7 +15,7 @@ import functools
 from collections.abc import Iterable
 from dataclasses import replace
 
-from ..model import IPFamily, Node, Service, family_of
+from kproxy_ebpf.model.objects import IPFamily, Node, Service, family_of
 
 
 def _of(ips: Iterable[str], family: IPFamily) -> tuple[str, ...]:

@@ -24,10 +24,28 @@ import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..desired import (NO_BACKENDS, Action, Backends, Frontend, FrontendKey, FrontendKind,
-                       Problem, ServiceInfo, ServicePortName, backend_state)
-from ..model import (EndpointSlice, IPFamily, LoadBalancerIngress, Node, Service, ServicePort,
-                     ServiceType, hostport)
+from kproxy_ebpf.model.desired import (
+    NO_BACKENDS,
+    Action,
+    Backends,
+    Frontend,
+    FrontendKey,
+    FrontendKind,
+    Problem,
+    ServiceInfo,
+    ServicePortName,
+    backend_state,
+)
+from kproxy_ebpf.model.objects import (
+    EndpointSlice,
+    IPFamily,
+    LoadBalancerIngress,
+    Node,
+    Service,
+    ServicePort,
+    ServiceType,
+    hostport,
+)
 from .endpoints import EndpointInfo, endpoints_by_port
 from .families import node_view, service_families, service_view
 from .topology import PortEndpoints, categorize

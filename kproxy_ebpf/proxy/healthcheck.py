@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..model import EndpointSlice, Node, Service, ServiceType
+from kproxy_ebpf.model.objects import EndpointSlice, Node, Service, ServiceType
 from .endpoints import endpoints_by_port
 from .families import service_families
 from .frontends import is_proxied

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from ..desired import Action, Frontend, FrontendKey, FrontendKind, Scope, ServicePortName
-from ..model import IPFamily, family_of
+from kproxy_ebpf.model.desired import Action, Frontend, FrontendKey, FrontendKind, Scope, ServicePortName
+from kproxy_ebpf.model.objects import IPFamily, family_of
 
 INTERNAL, EXTERNAL = "internal", "external"      # kube-proxy's traffic_policy label values
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from ..desired import ServiceCIDRSet
-from ..model import Service, ServiceCIDR, ServiceKey
+from kproxy_ebpf.model.desired import ServiceCIDRSet
+from kproxy_ebpf.model.objects import Service, ServiceCIDR, ServiceKey
 from .frontends import is_proxied
 
 

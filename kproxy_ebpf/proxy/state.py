@@ -21,10 +21,17 @@ from collections.abc import Iterable, KeysView, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from .. import maglev
-from ..desired import Frontend, FrontendKey, Problem, Scope, ServiceCIDRSet, ServicePortName
-from ..model import (EndpointSlice, IPFamily, LBAlgorithm, Node, Service, ServiceCIDR,
-                     ServiceKey)
+from kproxy_ebpf.model import maglev
+from kproxy_ebpf.model.desired import Frontend, FrontendKey, Problem, Scope, ServiceCIDRSet, ServicePortName
+from kproxy_ebpf.model.objects import (
+    EndpointSlice,
+    IPFamily,
+    LBAlgorithm,
+    Node,
+    Service,
+    ServiceCIDR,
+    ServiceKey,
+)
 from .endpoints import endpoints_by_port
 from .external import allow_external_ips, service_ext_frontends
 from .healthcheck import HealthCheck, health_check

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from kproxy_ebpf.lab.binaries import k8s_bin_dir, missing_binaries
+from kproxy_ebpf.dev.lab.binaries import k8s_bin_dir, missing_binaries
 
 
 @pytest.fixture(scope="module")

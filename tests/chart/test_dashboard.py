@@ -10,7 +10,7 @@ import sys
 
 import promql_parser
 
-from kproxy_ebpf.lab import agent_image
+from kproxy_ebpf.dev.lab import agent_image
 
 from ..dashboard_queries import DASHBOARD, GENERATOR, panel_queries
 

@@ -1,6 +1,6 @@
 """The agent's image holds what a node runs and nothing of the harness: every module of
-kproxy_ebpf/ but lab/ and bench/ is installed there and imports, no copy of those two is
-anywhere in the image, the node's commands run, and `lab`/`bench` say they are not installed.
+kproxy_ebpf/ but dev/ (the lab and the benchmarks) is installed there and imports, no copy of
+it is anywhere in the image, the node's commands run, and `lab`/`bench` say they are not installed.
 
 Needs podman and the image (`make image`; KPROXY_IMAGE names another tag). The agent itself
 runs from the image in tests/integration/test_proxy_modes.py and tests/conformance (image
@@ -14,13 +14,13 @@ import subprocess
 
 import pytest
 
-from kproxy_ebpf.lab import agent_image
-from kproxy_ebpf.lab.binaries import repo_root
-from kproxy_ebpf.lab.nsutil import LabError
+from kproxy_ebpf.dev.lab import agent_image
+from kproxy_ebpf.dev.lab.binaries import repo_root
+from kproxy_ebpf.dev.lab.nsutil import LabError
 
 pytestmark = pytest.mark.root
 
-HARNESS = ("lab", "bench")
+HARNESS = "dev"  # the lab and the benchmarks: the harness, apart from what a node runs
 # The commands an operator runs on a node (their --help parses every option and imports nothing
 # more; `maps list` below runs a body for real).
 NODE_COMMANDS = ("run", "status", "services", "check", "maps list", "maps dump", "ct list",
@@ -57,10 +57,10 @@ print(json.dumps({
 
 
 def _agent_files() -> list[str]:
-    """The package's files as the source tree has them, lab/ and bench/ left out."""
+    """The package's files as the source tree has them, dev/ left out."""
     root = repo_root() / "kproxy_ebpf"
     return sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
-                  if p.relative_to(root).parts[0] not in HARNESS and "__pycache__" not in p.parts)
+                  if p.relative_to(root).parts[0] != HARNESS and "__pycache__" not in p.parts)
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def probe() -> dict:
 
 
 def test_the_image_holds_the_agents_modules_and_no_lab_or_bench(probe):
-    assert not [f for f in probe["files"] if f.split("/")[0] in HARNESS]
+    assert not [f for f in probe["files"] if f.split("/")[0] == HARNESS]
     assert probe["files"] == _agent_files()
     assert probe["import_failed"] == {}
     assert probe["copies"] == [probe["root"]] and probe["root"].startswith("/opt/kproxy-ebpf/venv/")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 import subprocess
 
-from kproxy_ebpf.lab import agent_image
-from kproxy_ebpf.lab.binaries import repo_root
+from kproxy_ebpf.dev.lab import agent_image
+from kproxy_ebpf.dev.lab.binaries import repo_root
 
 HACK = repo_root() / "hack"
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kproxy_ebpf.lab.cluster import Cluster
+from kproxy_ebpf.dev.lab.cluster import Cluster
 
 from ..support import lab_cluster
 from . import verdicts

@@ -12,10 +12,10 @@ import yaml
 from click.testing import CliRunner
 from kubernetes import client
 
-from kproxy_ebpf.cli import main as kproxy_cli
-from kproxy_ebpf.lab import agent_image, kubeobjects
-from kproxy_ebpf.lab.cluster import NAMESPACE, Cluster
-from kproxy_ebpf.model import IPFamily, hostport
+from kproxy_ebpf.cli.main import main as kproxy_cli
+from kproxy_ebpf.dev.lab import agent_image, kubeobjects
+from kproxy_ebpf.dev.lab.cluster import NAMESPACE, Cluster
+from kproxy_ebpf.model.objects import IPFamily, hostport
 
 from ..support import wait_until
 from . import verdicts
@@ -213,7 +213,7 @@ class Scenario:
         table = "ip6" if self.family == "ipv6" else "ip"
         rules = {"nftables": ["nft", "list", "table", table, "kube-proxy"],
                  "iptables": ["iptables-save", "-t", "nat"]}.get(
-            self.proxy, [lab.python, "-m", "kproxy_ebpf.cli", "status",
+            self.proxy, [lab.python, "-m", "kproxy_ebpf.cli.main", "status",
                          "--bpffs-dir", lab.node(node).bpffs])
         try:
             log = open(lab.log_path(self.c.proxy_name(node))).read()[-limit:]

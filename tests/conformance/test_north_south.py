@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from kproxy_ebpf.lab.cluster import NAMESPACE
-from kproxy_ebpf.model import hostport
+from kproxy_ebpf.dev.lab.cluster import NAMESPACE
+from kproxy_ebpf.model.objects import hostport
 
 from ..support import wait_until
 from .scenario import CLIENT, EXT, HOST

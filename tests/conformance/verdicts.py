@@ -23,7 +23,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass
 
-from kproxy_ebpf.lab.probe import is_reply
+from kproxy_ebpf.dev.lab.probe import is_reply
 
 PROXIES = ("kproxy", "image", "nftables", "iptables")
 FAMILIES = ("ipv4", "ipv6", "dual")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kproxy_ebpf.datapath import tc
-from kproxy_ebpf.datapath.bpffs import remove_pins
-from kproxy_ebpf.lab import LabError, nsutil
+from kproxy_ebpf.datapath.load import tc
+from kproxy_ebpf.datapath.load.bpffs import remove_pins
+from kproxy_ebpf.dev.lab import LabError, nsutil
 
 from ..support import fresh_lab, wait_until
 from . import tcrun

@@ -18,12 +18,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kproxy_ebpf.datapath import reader, tc
-from kproxy_ebpf.datapath.bpffs import remove_pins
-from kproxy_ebpf.datapath.sock_hooks import SockDatapath
-from kproxy_ebpf.datapath.writer import MapWriter
-from kproxy_ebpf.lab import Lab, nsutil
-from kproxy_ebpf.model import Endpoint, EndpointPort, EndpointSlice, Node, Protocol, Service, ServicePort
+from kproxy_ebpf.datapath.maps import reader
+from kproxy_ebpf.datapath.load import tc
+from kproxy_ebpf.datapath.load.bpffs import remove_pins
+from kproxy_ebpf.datapath.load.sock_hooks import SockDatapath
+from kproxy_ebpf.datapath.write.writer import MapWriter
+from kproxy_ebpf.dev.lab import Lab, nsutil
+from kproxy_ebpf.model.objects import (
+    Endpoint,
+    EndpointPort,
+    EndpointSlice,
+    Node,
+    Protocol,
+    Service,
+    ServicePort,
+)
 from kproxy_ebpf.proxy.state import ProxyState
 
 LAB = "dp"

@@ -9,7 +9,7 @@ import ipaddress
 import json
 import subprocess
 
-from kproxy_ebpf.datapath import kproxy_h as G
+from kproxy_ebpf.datapath.maps import kproxy_h as G
 
 _SIZES = {"u8": 1, "u16": 2, "u32": 4, "u64": 8, "be16": 2, "be32": 4, "be64": 8, "int": 4,
           "char": 1}

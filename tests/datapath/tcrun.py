@@ -13,16 +13,16 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath import libbpf
-from kproxy_ebpf.datapath.bpffs import open_pinned_maps, remove_pins
-from kproxy_ebpf.datapath.compile_child import compile_program
-from kproxy_ebpf.datapath.paths import bpf_dir
-from kproxy_ebpf.datapath.tc import PROGRAMS, write_config
-from kproxy_ebpf.datapath.writer import MapWriter
-from kproxy_ebpf.desired import Frontend
-from kproxy_ebpf.lab import nsutil
-from kproxy_ebpf.model import Protocol
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.load import libbpf
+from kproxy_ebpf.datapath.load.bpffs import open_pinned_maps, remove_pins
+from kproxy_ebpf.datapath.load.compile_child import compile_program
+from kproxy_ebpf.datapath.load.paths import bpf_dir
+from kproxy_ebpf.datapath.load.tc import PROGRAMS, write_config
+from kproxy_ebpf.datapath.write.writer import MapWriter
+from kproxy_ebpf.model.desired import Frontend
+from kproxy_ebpf.dev.lab import nsutil
+from kproxy_ebpf.model.objects import Protocol
 
 BPFFS = Path("/sys/fs/bpf/kproxy-tcrun")
 NETNS = "kproxy-tcrun"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath import reader
-from kproxy_ebpf.datapath.bpffs import open_pinned_maps, remove_pins
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.maps import reader
+from kproxy_ebpf.datapath.load.bpffs import open_pinned_maps, remove_pins
 
 from ..support import wait_until
 from .agent_proc import log_of, metrics, sample, service_manifest
@@ -85,7 +85,7 @@ def services_in(node) -> set[str]:
 
 
 def status_text(lab, node) -> str:
-    return lab.exec("node1", [sys.executable, "-m", "kproxy_ebpf.cli", "status", "--bpffs-dir",
+    return lab.exec("node1", [sys.executable, "-m", "kproxy_ebpf.cli.main", "status", "--bpffs-dir",
                               node.bpffs], capture_output=True, text=True, check=True).stdout
 
 
@@ -98,7 +98,7 @@ def test_bad_input_and_a_full_map_are_reported_and_harm_nothing(lab, tmp_path):
     # fit, "big" (1 + 12 slots) only once the bad ones are gone.
     config.write_text("mapSizes: {svc: 16}\nmetricsBindAddress: 127.0.0.1:10249\n"
                       "healthzBindAddress: 127.0.0.1:10256\nminSyncPeriod: 50ms\n")
-    argv = [sys.executable, "-m", "kproxy_ebpf.cli", "run", "--config", str(config),
+    argv = [sys.executable, "-m", "kproxy_ebpf.cli.main", "run", "--config", str(config),
             "--manifests", str(manifest), "--cgroup", node.cgroup, "--bpffs-dir", node.bpffs,
             "--hostname-override", "node1",
             "--program-cache", os.path.join(lab.state_dir, "programs")]

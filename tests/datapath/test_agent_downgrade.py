@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from kproxy_ebpf.datapath.bpffs import remove_pins
-from kproxy_ebpf.lab import LabError
-from kproxy_ebpf.lab.addressing import PLANS
-from kproxy_ebpf.model import IPFamily
+from kproxy_ebpf.datapath.load.bpffs import remove_pins
+from kproxy_ebpf.dev.lab import LabError
+from kproxy_ebpf.dev.lab.addressing import PLANS
+from kproxy_ebpf.model.objects import IPFamily
 
 from ..support import fresh_lab, wait_until
 from .agent_proc import log_of, start_agent

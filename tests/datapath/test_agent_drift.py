@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kproxy_ebpf.datapath.bpffs import open_pinned_maps
+from kproxy_ebpf.datapath.load.bpffs import open_pinned_maps
 
 from ..support import wait_until
 from .agent_proc import log_of, programmed

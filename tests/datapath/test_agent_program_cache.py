@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kproxy_ebpf.datapath.bpffs import remove_pins
+from kproxy_ebpf.datapath.load.bpffs import remove_pins
 
 from ..support import wait_until
 from .agent_proc import log_of, metrics, programmed, sample

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath import reader
-from kproxy_ebpf.datapath.bpffs import open_pinned_maps, remove_pins
-from kproxy_ebpf.lab import LabError
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.maps import reader
+from kproxy_ebpf.datapath.load.bpffs import open_pinned_maps, remove_pins
+from kproxy_ebpf.dev.lab import LabError
 
 from ..support import wait_until
 from .agent_proc import log_of, programmed, start_agent, web_manifest

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kproxy_ebpf.cli import main
-from kproxy_ebpf.datapath import tc
-from kproxy_ebpf.datapath.sock_hooks import SOCK_HOOKS
-from kproxy_ebpf.lab import nsutil
+from kproxy_ebpf.cli.main import main
+from kproxy_ebpf.datapath.load import tc
+from kproxy_ebpf.datapath.load.sock_hooks import SOCK_HOOKS
+from kproxy_ebpf.dev.lab import nsutil
 
 from ..support import wait_until
 from .agent_proc import log_of, programmed

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kproxy_ebpf.datapath.bpffs import remove_pins
+from kproxy_ebpf.datapath.load.bpffs import remove_pins
 
 from .test_agent_restart import assert_no_failure, restart_under_load
 

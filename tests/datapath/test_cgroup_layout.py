@@ -63,7 +63,7 @@ def test_a_v1_only_root_stops_the_agent_with_the_value_to_set(tmp_path):
         (root / "cpu").mkdir()                 # what a v1 root holds: controller hierarchies
         with pytest.raises(ConfigError, match="hostPaths.cgroupRoot"):
             resolved(root)
-        r = subprocess.run([sys.executable, "-m", "kproxy_ebpf.cli", "run", "--cgroup", str(root),
+        r = subprocess.run([sys.executable, "-m", "kproxy_ebpf.cli.main", "run", "--cgroup", str(root),
                             "--manifests", "/dev/null"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1
     lines = r.stderr.strip().splitlines()

@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from kproxy_ebpf.datapath.cgroup_procs import CgroupProcs
-from kproxy_ebpf.lab import cgroups
+from kproxy_ebpf.datapath.sockets.cgroup_procs import CgroupProcs
+from kproxy_ebpf.dev.lab import cgroups
 
 pytestmark = pytest.mark.root
 

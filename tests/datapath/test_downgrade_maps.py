@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from kproxy_ebpf.datapath import downgrade, libbpf
-from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath.bpffs import remove_pins
-from kproxy_ebpf.datapath.pinned import PinnedMap
-from kproxy_ebpf.desired import FrontendKey, Scope
-from kproxy_ebpf.model import IPFamily, Protocol
+from kproxy_ebpf.datapath.upgrade import downgrade
+from kproxy_ebpf.datapath.load import libbpf
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.load.bpffs import remove_pins
+from kproxy_ebpf.datapath.maps.pinned import PinnedMap
+from kproxy_ebpf.model.desired import FrontendKey, Scope
+from kproxy_ebpf.model.objects import IPFamily, Protocol
 
 pytestmark = pytest.mark.root
 

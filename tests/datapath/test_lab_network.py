@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from kproxy_ebpf.datapath.bpffs import ensure_bpffs
-from kproxy_ebpf.lab import Lab, LabError, nsutil, procs
-from kproxy_ebpf.lab.state import ProcRec
+from kproxy_ebpf.datapath.load.bpffs import ensure_bpffs
+from kproxy_ebpf.dev.lab import Lab, LabError, nsutil, procs
+from kproxy_ebpf.dev.lab.state import ProcRec
 
 from ..support import fresh_lab, require_root
 from .sniff import Sniffer

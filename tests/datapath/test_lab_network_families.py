@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from kproxy_ebpf.lab import nsutil
-from kproxy_ebpf.lab.addressing import PLANS, families
-from kproxy_ebpf.model import IPFamily
+from kproxy_ebpf.dev.lab import nsutil
+from kproxy_ebpf.dev.lab.addressing import PLANS, families
+from kproxy_ebpf.model.objects import IPFamily
 
 from ..support import fresh_lab
 from .sniff import Sniffer

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath import libbpf
-from kproxy_ebpf.datapath.bpffs import remove_pins
-from kproxy_ebpf.datapath.sock_hooks import SockDatapath
-from kproxy_ebpf.datapath.pinned import LayoutMismatch
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.load import libbpf
+from kproxy_ebpf.datapath.load.bpffs import remove_pins
+from kproxy_ebpf.datapath.load.sock_hooks import SockDatapath
+from kproxy_ebpf.datapath.maps.pinned import LayoutMismatch
 
 pytestmark = pytest.mark.root
 
@@ -69,7 +69,7 @@ def test_maps_of_an_older_layout_are_unpinned_once_the_new_programs_are_attached
 
 
 def test_this_kernel_passes_the_start_up_probe(lab):
-    from kproxy_ebpf.datapath import kernel
+    from kproxy_ebpf.datapath.load import kernel
 
     assert kernel.missing() == []
     kernel.require(lab.node("node1").cgroup)

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from kproxy_ebpf.model import LoadBalancerIngress, ServiceType
+from kproxy_ebpf.model.objects import LoadBalancerIngress, ServiceType
 
 from .dplab import assert_untouched, endpoints, pod_of, service
 

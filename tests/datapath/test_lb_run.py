@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath import libbpf
-from kproxy_ebpf.datapath.bpffs import open_pinned_maps, remove_pins
-from kproxy_ebpf.datapath.compile_child import compile_program
-from kproxy_ebpf.datapath.paths import bpf_dir
-from kproxy_ebpf.datapath.writer import MapWriter
-from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, ServicePortName
-from kproxy_ebpf.model import IPFamily, Protocol
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.load import libbpf
+from kproxy_ebpf.datapath.load.bpffs import open_pinned_maps, remove_pins
+from kproxy_ebpf.datapath.load.compile_child import compile_program
+from kproxy_ebpf.datapath.load.paths import bpf_dir
+from kproxy_ebpf.datapath.write.writer import MapWriter
+from kproxy_ebpf.model.desired import Action, Backend, Frontend, FrontendKind, ServicePortName
+from kproxy_ebpf.model.objects import IPFamily, Protocol
 
 pytestmark = pytest.mark.root
 

@@ -2,7 +2,7 @@
 BPF_PROG_TEST_RUN (bpf/tests/lb_run.c kp_lb_run_flow hashes a real tuple as tc_lb.c does),
 on maps the real MapWriter programmed.
 
-What it shows: the BPF flow hash is kproxy_ebpf/maglev.py's; two "nodes" (two pinned map sets)
+What it shows: the BPF flow hash is kproxy_ebpf/model/maglev.py's; two "nodes" (two pinned map sets)
 whose slots hold the same backends in another order send every flow to the same backend; over
 a sample of tuples each backend's share is within 1 % of uniform (the table itself is, within
 one entry: tests/unit/test_maglev.py) and chi-square does not tell it from uniform; removing one of E backends
@@ -20,16 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from kproxy_ebpf import maglev
-from kproxy_ebpf.bench.stats import spread
-from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath import libbpf
-from kproxy_ebpf.datapath.bpffs import open_pinned_maps, remove_pins
-from kproxy_ebpf.datapath.compile_child import compile_program
-from kproxy_ebpf.datapath.paths import bpf_dir
-from kproxy_ebpf.datapath.writer import MapWriter
-from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
-from kproxy_ebpf.model import Protocol
+from kproxy_ebpf.model import maglev
+from kproxy_ebpf.dev.bench.stats import spread
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.load import libbpf
+from kproxy_ebpf.datapath.load.bpffs import open_pinned_maps, remove_pins
+from kproxy_ebpf.datapath.load.compile_child import compile_program
+from kproxy_ebpf.datapath.load.paths import bpf_dir
+from kproxy_ebpf.datapath.write.writer import MapWriter
+from kproxy_ebpf.model.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
+from kproxy_ebpf.model.objects import Protocol
 
 pytestmark = pytest.mark.root
 

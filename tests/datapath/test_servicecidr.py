@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from kproxy_ebpf.datapath import reader
-from kproxy_ebpf.datapath.cidr_writer import CidrWriter
-from kproxy_ebpf.model import Service, ServiceCIDR
+from kproxy_ebpf.datapath.maps import reader
+from kproxy_ebpf.datapath.write.cidr_writer import CidrWriter
+from kproxy_ebpf.model.objects import Service, ServiceCIDR
 
 from .dplab import LB_PATHS, assert_untouched, cluster_view, endpoints, pod_of, service
 

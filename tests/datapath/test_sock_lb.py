@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from kproxy_ebpf.datapath import reader
+from kproxy_ebpf.datapath.maps import reader
 
 from ..support import wait_until
 from .dplab import LB_PATHS, endpoints, pod_of, service

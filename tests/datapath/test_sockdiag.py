@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from kproxy_ebpf.datapath import sockdiag
-from kproxy_ebpf.lab import nsutil
+from kproxy_ebpf.datapath.sockets import sockdiag
+from kproxy_ebpf.dev.lab import nsutil
 
 pytestmark = pytest.mark.root
 

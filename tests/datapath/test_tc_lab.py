@@ -21,18 +21,18 @@ import pytest
 
 from click.testing import CliRunner
 
-from kproxy_ebpf.cli import main
-from kproxy_ebpf.datapath import conntrack
-from kproxy_ebpf.datapath.bpffs import open_pinned_maps, remove_pins
-from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath.pinned import cpu_id_bound
-from kproxy_ebpf.datapath.tc import TcDatapath, attached, detach_all, write_config
-from kproxy_ebpf.datapath.writer import MapWriter
-from kproxy_ebpf.lab import Lab
-from kproxy_ebpf.lab import nsutil
-from kproxy_ebpf.lab.addressing import PLANS
-from kproxy_ebpf.model import IPFamily, Node, Protocol, Service, ServicePort, ServiceType, hostport
-from kproxy_ebpf.service_health import ServiceHealthServers
+from kproxy_ebpf.cli.main import main
+from kproxy_ebpf.datapath.flows import conntrack
+from kproxy_ebpf.datapath.load.bpffs import open_pinned_maps, remove_pins
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.maps.pinned import cpu_id_bound
+from kproxy_ebpf.datapath.load.tc import TcDatapath, attached, detach_all, write_config
+from kproxy_ebpf.datapath.write.writer import MapWriter
+from kproxy_ebpf.dev.lab import Lab
+from kproxy_ebpf.dev.lab import nsutil
+from kproxy_ebpf.dev.lab.addressing import PLANS
+from kproxy_ebpf.model.objects import IPFamily, Node, Protocol, Service, ServicePort, ServiceType, hostport
+from kproxy_ebpf.serve.service_health import ServiceHealthServers
 
 from ..support import fresh_lab
 from .dplab import LAB_FAMILIES, Fam, cluster_view

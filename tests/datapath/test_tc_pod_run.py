@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from kproxy_ebpf.datapath import conntrack
-from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
-from kproxy_ebpf.lab import nsutil
+from kproxy_ebpf.datapath.flows import conntrack
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.model.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
+from kproxy_ebpf.dev.lab import nsutil
 
 from .tcrun import (ACK, FIN, LOCAL_BE, NETNS, NODE, PORTS, REMOTE_BE, RST, SYN, TC_ACT_OK,
                     TC_ACT_REDIRECT, TCP, UDP, TcRun, ct_key, moved_snat_reply, packet,

@@ -13,11 +13,12 @@ import time
 
 import pytest
 
-from kproxy_ebpf.datapath import ct_upgrade, libbpf
-from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath.pinned import cpu_id_bound
-from kproxy_ebpf.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
-from kproxy_ebpf.model import hostport
+from kproxy_ebpf.datapath.flows import ct_upgrade
+from kproxy_ebpf.datapath.load import libbpf
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.maps.pinned import cpu_id_bound
+from kproxy_ebpf.model.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
+from kproxy_ebpf.model.objects import hostport
 
 from .tcrun import (ACK, BPFFS, FAMILIES, FIN, PORTS, RST, SYN, TC_ACT_OK, TC_ACT_REDIRECT,
                     TC_ACT_SHOT, TCP, UDP, V4, Addrs, TcRun, csum, ct_key, icmp_error,
@@ -586,7 +587,7 @@ def test_drop_drops(tc):
 
 
 def test_purge_removes_flows_of_a_backend_that_left_their_frontend(tc):
-    from kproxy_ebpf.datapath import conntrack
+    from kproxy_ebpf.datapath.flows import conntrack
 
     tc.ingress(packet(tc.a.client, 40009, tc.a.node, NP_REMOTE))
     tc.ingress(packet(tc.a.client, 40010, tc.a.node, NP_LOCAL))

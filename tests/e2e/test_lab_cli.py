@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from kproxy_ebpf.lab.binaries import k8s_bin_dir
+from kproxy_ebpf.dev.lab.binaries import k8s_bin_dir
 
 from ..support import require_controlplane, wait_until
 
@@ -20,7 +20,7 @@ LAB = ["--lab", "e2e"]
 
 
 def kp(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kproxy_ebpf.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "kproxy_ebpf.cli.main", *args], capture_output=True,
                           text=True, check=check, timeout=180)
 
 
@@ -69,7 +69,7 @@ def test_lab_cli_round_trip(lab_up):
 
     bpffs = "/sys/fs/bpf/kproxy-e2e-node2"        # kproxy-<lab>-<node>
     services = json.loads(kp("lab", "exec", *LAB, "--node", "node2", "--", sys.executable, "-m",
-                             "kproxy_ebpf.cli", "services", "--bpffs-dir", bpffs, "-o",
+                             "kproxy_ebpf.cli.main", "services", "--bpffs-dir", bpffs, "-o",
                              "json").stdout)
     web = [s for s in services if s["service"] == "default/web:80-8080"]
     assert len(web) == 1 and web[0]["address"] == ip and web[0]["type"] == "ClusterIP"
@@ -77,7 +77,7 @@ def test_lab_cli_round_trip(lab_up):
 
     # On a node, `lab exec` names its pins, kubeconfig and name: no flags needed.
     on_node2 = ["lab", "exec", *LAB, "--node", "node2", "--", sys.executable, "-m",
-                "kproxy_ebpf.cli"]
+                "kproxy_ebpf.cli.main"]
     status = kp(*on_node2, "status").stdout
     assert f"pinned under {bpffs}" in status, status
     assert "connect4      prog" in status and "kproxy-e2e/node2" in status, status

@@ -24,11 +24,11 @@ import string
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath.writer import MapWriter
-from kproxy_ebpf.desired import Action
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.write.writer import MapWriter
+from kproxy_ebpf.model.desired import Action
 from kproxy_ebpf.kube.convert import Rejection, service_from_api, slice_from_api
-from kproxy_ebpf.model import Node
+from kproxy_ebpf.model.objects import Node
 from kproxy_ebpf.proxy.state import ProxyState
 
 from ..unit.fakemaps import FakeMap, consistent

@@ -2,7 +2,7 @@
 
 One control plane per test session (starting it costs about 3 s). Tests share it, so every
 test uses its own namespace and its own object names. `controlplane` is the
-kproxy_ebpf.lab.controlplane.ControlPlane itself: tests may call compact_etcd() and
+kproxy_ebpf.dev.lab.controlplane.ControlPlane itself: tests may call compact_etcd() and
 restart_apiserver() on it. The apiserver keeps its watch cache on, as in production: etcd
 compaction alone does not expire a watch resumed from an older resourceVersion (the cache still
 holds it); restart_apiserver() does (the new cache starts at the current revision). A test that
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from kproxy_ebpf.lab.binaries import CONTROL_PLANE_BINARIES, BinariesMissing, ensure_binaries
-from kproxy_ebpf.lab.controlplane import ControlPlane
+from kproxy_ebpf.dev.lab.binaries import CONTROL_PLANE_BINARIES, BinariesMissing, ensure_binaries
+from kproxy_ebpf.dev.lab.controlplane import ControlPlane
 
 REQUIRE_ENV = "KPROXY_REQUIRE_CONTROLPLANE"
 

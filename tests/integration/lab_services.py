@@ -13,8 +13,8 @@ from collections import Counter
 
 from kubernetes import client
 
-from kproxy_ebpf.lab.cluster import Cluster
-from kproxy_ebpf.lab.probe import is_reply
+from kproxy_ebpf.dev.lab.cluster import Cluster
+from kproxy_ebpf.dev.lab.probe import is_reply
 
 
 def make_service(c: Cluster, name: str, app: str, udp: bool = False) -> str:
@@ -59,7 +59,7 @@ def seen_from_outside(c: Cluster, ip: str, port: int, udp: bool = False,
 def services_on(c: Cluster, node: str, counters: bool = False) -> list[dict]:
     """`services -o json` on `node`; the rows' traffic counters (which move with every probe)
     only when asked for, so that two listings compare as the programmed state."""
-    out = c.lab.exec(f"node/{node}", [sys.executable, "-m", "kproxy_ebpf.cli", "services",
+    out = c.lab.exec(f"node/{node}", [sys.executable, "-m", "kproxy_ebpf.cli.main", "services",
                                       "--bpffs-dir", c.lab.node(node).bpffs, "-o", "json"],
                      capture_output=True, text=True, check=True)
     rows = json.loads(out.stdout)

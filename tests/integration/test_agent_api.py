@@ -11,7 +11,7 @@ import sys
 import pytest
 from kubernetes import client
 
-from kproxy_ebpf.lab.cluster import Cluster
+from kproxy_ebpf.dev.lab.cluster import Cluster
 
 from ..support import lab_cluster, wait_until
 from .lab_services import delete_service, make_service, metric, pods_of, served_by, services_on
@@ -27,7 +27,7 @@ def cluster():
 
 def check(c: Cluster, node: str) -> subprocess.CompletedProcess:
     """`kproxy-ebpf check` on the node: the maps against a fresh list of the cluster."""
-    return c.lab.exec(f"node/{node}", [sys.executable, "-m", "kproxy_ebpf.cli", "check",
+    return c.lab.exec(f"node/{node}", [sys.executable, "-m", "kproxy_ebpf.cli.main", "check",
                                        "--bpffs-dir", c.lab.node(node).bpffs, "--kubeconfig",
                                        c.info.lab_kubeconfig, "--hostname-override", node],
                       capture_output=True, text=True)

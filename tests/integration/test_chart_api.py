@@ -14,8 +14,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from kproxy_ebpf.lab import agent_image
-from kproxy_ebpf.lab.binaries import ensure_binaries
+from kproxy_ebpf.dev.lab import agent_image
+from kproxy_ebpf.dev.lab.binaries import ensure_binaries
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 

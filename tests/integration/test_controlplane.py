@@ -1,7 +1,7 @@
 """The lab control plane behaves like a real cluster's for everything kproxy depends on.
 
 Real etcd, kube-apiserver and the real EndpointSlice controller; Nodes and Pods are written by
-kproxy_ebpf.lab.kubeobjects in place of a kubelet. No traffic is sent anywhere: all addresses
+kproxy_ebpf.dev.lab.kubeobjects in place of a kubelet. No traffic is sent anywhere: all addresses
 below are only data in API objects.
 """
 
@@ -16,9 +16,9 @@ import pytest
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from kproxy_ebpf.lab import kubeobjects as ko
-from kproxy_ebpf.lab.binaries import read_versions
-from kproxy_ebpf.lab.controlplane import RELAY_ADDRESS, WATCHED_RESOURCES, ControlPlane
+from kproxy_ebpf.dev.lab import kubeobjects as ko
+from kproxy_ebpf.dev.lab.binaries import read_versions
+from kproxy_ebpf.dev.lab.controlplane import RELAY_ADDRESS, WATCHED_RESOURCES, ControlPlane
 
 from ..support import wait_until
 
@@ -225,7 +225,7 @@ def test_api_port_taken_is_retried_on_a_fresh_port(controlplane, tmp_path, monke
     """A port another process takes between our pick and the API server's bind (as in CI,
     where a lab's apiserver met `address already in use`) costs a retry, not the run; the lab's
     kubeconfig follows the port finally used."""
-    from kproxy_ebpf.lab import controlplane as cp_module
+    from kproxy_ebpf.dev.lab import controlplane as cp_module
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()

@@ -1,12 +1,12 @@
 """Control-plane faults under probes, a short version (`make faults` runs the long one and
 commits its report): an API server restart, a forced 410 relist, a blackholed and a stalled
 watch, and an API outage, each followed by a change that must reach the datapath
-(kproxy_ebpf/bench/faults.py says what runs and what is checked)."""
+(kproxy_ebpf/dev/bench/faults.py says what runs and what is checked)."""
 from __future__ import annotations
 
 import pytest
 
-from kproxy_ebpf.bench.faults import FAULTS, FaultConfig, faults_passed, report_markdown, run_faults
+from kproxy_ebpf.dev.bench.faults import FAULTS, FaultConfig, faults_passed, report_markdown, run_faults
 
 from ..support import require_controlplane
 

@@ -11,8 +11,8 @@ import sys
 import pytest
 from kubernetes import client
 
-from kproxy_ebpf.lab.binaries import k8s_bin_dir
-from kproxy_ebpf.lab.cluster import Cluster
+from kproxy_ebpf.dev.lab.binaries import k8s_bin_dir
+from kproxy_ebpf.dev.lab.cluster import Cluster
 
 from ..support import lab_cluster, wait_until
 
@@ -53,7 +53,7 @@ def ruleset(c: Cluster, node: str) -> str:
 
 
 def ours(c: Cluster, node: str, *flags: str) -> str:
-    r = c.lab.exec(f"node/{node}", [sys.executable, "-m", "kproxy_ebpf.cli", "cleanup",
+    r = c.lab.exec(f"node/{node}", [sys.executable, "-m", "kproxy_ebpf.cli.main", "cleanup",
                                     "--kube-proxy-leftovers", *flags],
                    capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr

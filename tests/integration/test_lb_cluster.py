@@ -18,9 +18,9 @@ import sys
 import pytest
 from kubernetes import client
 
-from kproxy_ebpf.lab.cluster import Cluster
-from kproxy_ebpf.lab.lballoc import DEFAULT_POOL
-from kproxy_ebpf.lab.probe import is_reply
+from kproxy_ebpf.dev.lab.cluster import Cluster
+from kproxy_ebpf.dev.lab.lballoc import DEFAULT_POOL
+from kproxy_ebpf.dev.lab.probe import is_reply
 
 from ..support import lab_cluster, wait_until
 from .lab_services import seen_from_outside
@@ -80,7 +80,7 @@ def seen(c: Cluster, ip: str, port: int = 80, source: str | None = None, count: 
 
 def lab_route(c: Cluster, *args: str) -> None:
     """`kproxy-ebpf lab route ...` as an operator runs it."""
-    subprocess.run([sys.executable, "-m", "kproxy_ebpf.cli", "lab", "route", *args,
+    subprocess.run([sys.executable, "-m", "kproxy_ebpf.cli.main", "lab", "route", *args,
                     "--lab", c.lab.name], check=True, capture_output=True, text=True)
 
 
@@ -150,7 +150,7 @@ def test_allocator_honours_requests_releases_and_survives_a_restart(cluster, cor
 
 def _node1(c: Cluster, command: str) -> object:
     """`kproxy-ebpf COMMAND -o json` on node1's maps."""
-    out = subprocess.run([sys.executable, "-m", "kproxy_ebpf.cli", command, "-o", "json",
+    out = subprocess.run([sys.executable, "-m", "kproxy_ebpf.cli.main", command, "-o", "json",
                           "--bpffs-dir", c.lab.bpffs("node1")], check=True,
                          capture_output=True, text=True).stdout
     return json.loads(out)

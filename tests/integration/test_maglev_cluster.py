@@ -53,7 +53,7 @@ def backend(cluster, node_ip: str, node_port: int, sport: int) -> str:
 def traced(cluster, node: str, node_ip: str, node_port: int, sport: int) -> str:
     """The pod `kproxy-ebpf trace` on `node` names for the external client's flow."""
     out = cluster.lab.exec(f"node/{node}", [
-        sys.executable, "-m", "kproxy_ebpf.cli", "trace", f"{node_ip}:{node_port}/UDP",
+        sys.executable, "-m", "kproxy_ebpf.cli.main", "trace", f"{node_ip}:{node_port}/UDP",
         "--from-outside", "--from", EXT_CLIENT, "--from-port", str(sport),
         "--bpffs-dir", cluster.lab.node(node).bpffs, "-o", "json"],
         capture_output=True, text=True, check=True)

@@ -37,7 +37,7 @@ def cluster(request):
 def test_the_charts_helm_test_pod_reaches_the_kubernetes_clusterip(cluster):
     """The chart's `helm test` hook, run from a lab pod: the API server through the
     `kubernetes` Service's ClusterIP (the kubelet's KUBERNETES_SERVICE_HOST/PORT)."""
-    from kproxy_ebpf.lab import agent_image
+    from kproxy_ebpf.dev.lab import agent_image
 
     (pod,) = agent_image.helm_template({}, extra_args=(
         "--show-only", "templates/tests/test-clusterip.yaml"))
@@ -61,7 +61,7 @@ def test_each_proxy_runs_inside_its_nodes_cgroup_and_the_image_agent_as_the_char
     --cgroup-parent). The image agent has exactly the chart's capabilities, not privileged."""
     import subprocess
 
-    from kproxy_ebpf.lab import agent_image
+    from kproxy_ebpf.dev.lab import agent_image
 
     (ds,) = [o for o in agent_image.helm_template({}) if o["kind"] == "DaemonSet"]
     chart_caps = ds["spec"]["template"]["spec"]["containers"][0]["securityContext"][
@@ -95,7 +95,7 @@ def _container_status(cluster, node: str) -> dict | None:
     import json
     import subprocess
 
-    from kproxy_ebpf.lab import agent_image
+    from kproxy_ebpf.dev.lab import agent_image
 
     r = subprocess.run(["podman", "exec", agent_image.container_name(cluster.lab.name, node),
                         "kproxy-ebpf", "status", "--bpffs-dir", "/sys/fs/bpf/kproxy", "-o",

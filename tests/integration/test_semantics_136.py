@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from kproxy_ebpf.lab.cluster import Cluster
+from kproxy_ebpf.dev.lab.cluster import Cluster
 
 from ..support import lab_cluster, wait_until
 from .lab_services import delete_service, make_service, metric, served_by, services_on

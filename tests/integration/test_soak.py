@@ -1,11 +1,11 @@
 """The churn soak, two minutes of it (`make soak` runs the long one and commits its report):
 1000 Services under endpoint, Service and membership churn, probed from a pod on each node
-(kproxy_ebpf/bench/soak.py says what runs and what is checked)."""
+(kproxy_ebpf/dev/bench/soak.py says what runs and what is checked)."""
 from __future__ import annotations
 
 import pytest
 
-from kproxy_ebpf.bench.soak import WINDOW, SoakConfig, run_soak, soak_passed
+from kproxy_ebpf.dev.bench.soak import WINDOW, SoakConfig, run_soak, soak_passed
 
 from ..support import require_controlplane
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from kproxy_ebpf.lab import idle_pods, kubeobjects, nsutil
-from kproxy_ebpf.lab.cluster import Cluster
-from kproxy_ebpf.lab.namespaces import PROBE_SCRIPT
-from kproxy_ebpf.lab.probe import is_reply, stamped
+from kproxy_ebpf.dev.lab import idle_pods, kubeobjects, nsutil
+from kproxy_ebpf.dev.lab.cluster import Cluster
+from kproxy_ebpf.dev.lab.namespaces import PROBE_SCRIPT
+from kproxy_ebpf.dev.lab.probe import is_reply, stamped
 
 from ..support import lab_cluster, wait_until
 from .lab_services import delete_service, make_service, metric, served_by

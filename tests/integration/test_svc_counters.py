@@ -10,8 +10,8 @@ import pytest
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from kproxy_ebpf.lab.cluster import Cluster
-from kproxy_ebpf.lab.probe import is_reply
+from kproxy_ebpf.dev.lab.cluster import Cluster
+from kproxy_ebpf.dev.lab.probe import is_reply
 
 from ..support import lab_cluster, wait_until
 from .lab_services import http_service as service, seen_from_outside, served_by, services_on
@@ -186,7 +186,7 @@ def test_each_frontend_scope_counts_the_traffic_it_carried(cluster, core):
         d = moved(out0, counters(cluster, "ct-all", where="outside"))
         assert d["conns"] == 2 * PROBES and d["packets"] >= 6 * PROBES, d
         node = cluster.lab.node("node1")
-        wide = cluster.lab.exec("node/node1", [sys.executable, "-m", "kproxy_ebpf.cli",
+        wide = cluster.lab.exec("node/node1", [sys.executable, "-m", "kproxy_ebpf.cli.main",
                                                "services", "--bpffs-dir", node.bpffs, "-o",
                                                "wide", "--service", "ct-all"],
                                 capture_output=True, text=True, check=True).stdout
@@ -202,7 +202,7 @@ def test_services_wide_shows_the_counter_columns(cluster, core):
     try:
         wait_until(lambda: served_by(cluster, ip), 20, "the Service to answer")
         node = cluster.lab.node("node1")
-        out = cluster.lab.exec("node/node1", [sys.executable, "-m", "kproxy_ebpf.cli", "services",
+        out = cluster.lab.exec("node/node1", [sys.executable, "-m", "kproxy_ebpf.cli.main", "services",
                                               "--bpffs-dir", node.bpffs, "-o", "wide",
                                               "--service", "default/ct-wide"],
                                capture_output=True, text=True, check=True).stdout

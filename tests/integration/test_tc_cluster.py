@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from kproxy_ebpf.lab.cluster import Cluster
+from kproxy_ebpf.dev.lab.cluster import Cluster
 
 from ..support import lab_cluster, wait_until
 from .lab_services import seen_from_outside

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath.pinned import PinnedMap
-from kproxy_ebpf.datapath.sock_hooks import SOCK_HOOKS
-from kproxy_ebpf.lab.cluster import Cluster
-from kproxy_ebpf.lab.probe import is_reply
-from kproxy_ebpf.model import Protocol
-from kproxy_ebpf.self_check import MIN_INTERVAL_S
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.maps.pinned import PinnedMap
+from kproxy_ebpf.datapath.load.sock_hooks import SOCK_HOOKS
+from kproxy_ebpf.dev.lab.cluster import Cluster
+from kproxy_ebpf.dev.lab.probe import is_reply
+from kproxy_ebpf.model.objects import Protocol
+from kproxy_ebpf.agent.self_check import MIN_INTERVAL_S
 
 from ..support import lab_cluster, wait_until
 from .lab_services import http_service as service, seen_from_outside, served_by
@@ -48,7 +48,7 @@ def core(cluster):
 
 def trace(c: Cluster, target: str, *args: str) -> dict:
     node = c.lab.node("node1")
-    out = c.lab.exec("node/node1", [sys.executable, "-m", "kproxy_ebpf.cli", "trace", target,
+    out = c.lab.exec("node/node1", [sys.executable, "-m", "kproxy_ebpf.cli.main", "trace", target,
                                     "--bpffs-dir", node.bpffs, "--cgroup", node.cgroup,
                                     "-o", "json", *args],
                      capture_output=True, text=True, check=True)
@@ -57,7 +57,7 @@ def trace(c: Cluster, target: str, *args: str) -> dict:
 
 def explained(c: Cluster, target: str, *args: str) -> str:
     node = c.lab.node("node1")
-    return c.lab.exec("node/node1", [sys.executable, "-m", "kproxy_ebpf.cli", "trace", target,
+    return c.lab.exec("node/node1", [sys.executable, "-m", "kproxy_ebpf.cli.main", "trace", target,
                                      "--bpffs-dir", node.bpffs, "--explain", *args],
                       capture_output=True, text=True, check=True).stdout
 
@@ -158,7 +158,7 @@ def test_watch_streams_a_new_service_and_its_scale_up(cluster, core, tmp_path):
     """The node watched before the Service exists (with --service, a Service not programmed
     is NotFound, as `kubectl get -w NAME`): its "+" line, then its first endpoint."""
     node = cluster.lab.node("node1")
-    argv = [sys.executable, "-m", "kproxy_ebpf.cli", "watch", "--bpffs-dir", node.bpffs,
+    argv = [sys.executable, "-m", "kproxy_ebpf.cli.main", "watch", "--bpffs-dir", node.bpffs,
             "--interval", "0.2", "--duration", "15"]
     out_path, err_path = tmp_path / "out", tmp_path / "err"
     with ThreadPoolExecutor(1) as pool, out_path.open("w") as out, err_path.open("w") as err:
@@ -193,9 +193,9 @@ def test_watch_streams_a_new_service_and_its_scale_up(cluster, core, tmp_path):
 def check_all_nodes(c: Cluster) -> tuple[int, list[dict]]:
     """`kproxy-ebpf lab exec --node node1 -- kproxy-ebpf check --all-nodes -o json`, as an
     operator runs it (the node's kubeconfig comes with lab exec)."""
-    r = subprocess.run([sys.executable, "-m", "kproxy_ebpf.cli", "lab", "exec", "--lab",
+    r = subprocess.run([sys.executable, "-m", "kproxy_ebpf.cli.main", "lab", "exec", "--lab",
                         c.lab.name, "--node", "node1", "--", sys.executable, "-m",
-                        "kproxy_ebpf.cli", "check", "--all-nodes", "-o", "json"],
+                        "kproxy_ebpf.cli.main", "check", "--all-nodes", "-o", "json"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode in (0, 1), r.stderr
     return r.returncode, json.loads(r.stdout)
@@ -236,7 +236,7 @@ def test_check_all_nodes_finds_a_row_deleted_behind_one_agent(cluster, core):
         wait_until(lambda: check_all_nodes(cluster)[0] == 0, 20, "node2's ClusterIP row back")
         # A TC filter removed behind node2's agent: attached again after its check.
         listing = cluster.lab.exec("node/node2", [sys.executable, "-c",
-                                                  "import json; from kproxy_ebpf.datapath import tc; "
+                                                  "import json; from kproxy_ebpf.datapath.load import tc; "
                                                   "print(json.dumps(tc.attached()))"],
                                    capture_output=True, text=True, check=True).stdout
         dev = next(d for d, where, prog in json.loads(listing)
@@ -256,9 +256,9 @@ def test_check_compares_the_service_cidr_rows(cluster, core):
     ip = service(core, "tr-cidr", "tr").spec.cluster_ip
 
     def check() -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "kproxy_ebpf.cli", "lab", "exec", "--lab",
+        return subprocess.run([sys.executable, "-m", "kproxy_ebpf.cli.main", "lab", "exec", "--lab",
                                cluster.lab.name, "--node", "node1", "--", sys.executable, "-m",
-                               "kproxy_ebpf.cli", "check"], capture_output=True, text=True,
+                               "kproxy_ebpf.cli.main", "check"], capture_output=True, text=True,
                               timeout=60)
     try:
         wait_until(lambda: served_by(cluster, ip), 20, "the Service to answer")

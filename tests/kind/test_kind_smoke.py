@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from kproxy_ebpf.lab.binaries import repo_root
+from kproxy_ebpf.dev.lab.binaries import repo_root
 
 from ..support import require_root
 

@@ -2,9 +2,9 @@
 import errno
 import struct
 
-from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath.libbpf import BpfError
-from kproxy_ebpf.datapath.pinned import MapFull
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.load.libbpf import BpfError
+from kproxy_ebpf.datapath.maps.pinned import MapFull
 
 
 class FakeMap:

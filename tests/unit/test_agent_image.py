@@ -2,9 +2,9 @@
 tests/conformance and tests/integration/test_proxy_modes.py, image column): what the lab refuses, and what it maps."""
 import pytest
 
-from kproxy_ebpf.lab import agent_image as ai
-from kproxy_ebpf.lab.namespaces import NodeInfo
-from kproxy_ebpf.lab.nsutil import LabError
+from kproxy_ebpf.dev.lab import agent_image as ai
+from kproxy_ebpf.dev.lab.namespaces import NodeInfo
+from kproxy_ebpf.dev.lab.nsutil import LabError
 
 NODE = NodeInfo(name="node1", ip="10.250.0.11", netns="kproxy-t-node1",
                 cgroup="/sys/fs/cgroup/unified/kproxy-t/node1",

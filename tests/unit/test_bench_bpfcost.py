@@ -1,7 +1,7 @@
 """bpfcost: bpftool's run statistics per kproxy program, and the sysctl restored."""
 import json
 
-from kproxy_ebpf.bench import bpfcost
+from kproxy_ebpf.dev.bench import bpfcost
 
 
 def test_per_run_is_the_mean_over_the_runs_in_between_summed_per_name():

@@ -2,7 +2,7 @@
 document: every figure is the run's, each goal met, missed or not measured as it says."""
 from __future__ import annotations
 
-from kproxy_ebpf.bench import change_report, report
+from kproxy_ebpf.dev.bench import change_report, report
 
 
 def cell(ms: float) -> dict:

@@ -1,8 +1,8 @@
 """The bench's API objects and metric parsing (pure parts of fill.py and testbed.py)."""
 import ipaddress
 
-from kproxy_ebpf.bench import fill
-from kproxy_ebpf.bench.testbed import metric, parse_prometheus
+from kproxy_ebpf.dev.bench import fill
+from kproxy_ebpf.dev.bench.testbed import metric, parse_prometheus
 
 LAB_RANGES = [ipaddress.ip_network(c) for c in
               ("10.244.0.0/16", "10.250.0.0/24", "10.96.0.0/16", "169.254.0.0/16")]
@@ -24,8 +24,8 @@ def test_filler_addresses_unique_and_outside_every_lab_range():
 
 
 def test_ipv6_filler_addresses_are_unique_local_and_outside_every_lab_range():
-    from kproxy_ebpf.lab.addressing import PLANS
-    from kproxy_ebpf.model import IPFamily
+    from kproxy_ebpf.dev.lab.addressing import PLANS
+    from kproxy_ebpf.model.objects import IPFamily
 
     v6 = PLANS[IPFamily.IPV6]
     lab6 = [ipaddress.ip_network(c) for c in (v6.underlay_cidr, v6.pod_supernet,

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from kproxy_ebpf.bench.loadgen import ProxyDied, Watcher
+from kproxy_ebpf.dev.bench.loadgen import ProxyDied, Watcher
 
 
 def _watcher(code: str) -> Watcher:

@@ -3,7 +3,7 @@ ratios, goals, the M9 plot, the CPU-per-packet arithmetic and the NodePort Servi
 The numbers are fixtures, not measurements."""
 import pytest
 
-from kproxy_ebpf.bench import fill, goals, procstat, report, stats, suite
+from kproxy_ebpf.dev.bench import fill, goals, procstat, report, stats, suite
 from tests.unit.test_bench_report import by_goal, make_doc
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kproxy_ebpf.bench import rawapi
+from kproxy_ebpf.dev.bench import rawapi
 
 
 class Reply:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from kproxy_ebpf.bench import goals, report, stats
+from kproxy_ebpf.dev.bench import goals, report, stats
 
 
 def _mode(connect_p50, connect_p99, rate, m5=None, m6=None, rss=None, churn_mcpu=None,

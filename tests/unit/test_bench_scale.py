@@ -1,7 +1,7 @@
 """The scale run's CPU-per-change arithmetic (bench/scale.py per_change_cpu)."""
 import pytest
 
-from kproxy_ebpf.bench.scale import Sub, per_change_cpu
+from kproxy_ebpf.dev.bench.scale import Sub, per_change_cpu
 
 
 def test_background_and_counted_periodic_work_are_taken_out():
@@ -45,8 +45,8 @@ def test_a_window_without_changes_is_an_error_not_a_division_by_zero():
 def test_the_cold_start_meters_from_before_the_processes_exist(monkeypatch):
     """The agents are stopped, so no pid is there to meter: the nodes' cgroups are read
     before the start (a run once died here on the missing pid)."""
-    from kproxy_ebpf.bench import scale
-    from kproxy_ebpf.bench.procstat import CpuSample
+    from kproxy_ebpf.dev.bench import scale
+    from kproxy_ebpf.dev.bench.procstat import CpuSample
 
     class Meter:
         def __init__(self, cpu):
@@ -79,8 +79,8 @@ def test_the_cold_start_meters_from_before_the_processes_exist(monkeypatch):
 
 
 def test_a_mode_the_api_server_fails_is_recorded_and_the_run_goes_on(monkeypatch):
-    from kproxy_ebpf.bench import scale
-    from kproxy_ebpf.bench.rawapi import ApiError
+    from kproxy_ebpf.dev.bench import scale
+    from kproxy_ebpf.dev.bench.rawapi import ApiError
 
     class Testbed:
         filled = 39000
@@ -104,7 +104,7 @@ def test_a_mode_the_api_server_fails_is_recorded_and_the_run_goes_on(monkeypatch
 def test_a_last_service_that_never_answers_bounds_the_mode_by_its_fill(monkeypatch):
     """kube-proxy nftables at 50k x 10 did not answer within the wait: a result (the run goes
     on to write its report), bounded below by the fill's time, not the run's."""
-    from kproxy_ebpf.bench import scale
+    from kproxy_ebpf.dev.bench import scale
 
     class Testbed:
         filled = 50000

@@ -1,8 +1,8 @@
-"""The soak's bookkeeping (kproxy_ebpf/bench/soak.py): which answers are wrong, and when RSS
+"""The soak's bookkeeping (kproxy_ebpf/dev/bench/soak.py): which answers are wrong, and when RSS
 counts as flat. The soak itself runs in tests/integration/test_soak.py and `make soak`."""
 from __future__ import annotations
 
-from kproxy_ebpf.bench.soak import WINDOW, Membership, _flat, _tally, soak_passed
+from kproxy_ebpf.dev.bench.soak import WINDOW, Membership, _flat, _tally, soak_passed
 
 
 def test_an_answer_is_judged_by_the_membership_at_its_moment():
@@ -51,7 +51,7 @@ def test_the_soak_passes_only_with_no_wrong_connection_no_failure_and_flat_rss()
 
 
 def test_rss_is_summarised_per_minute():
-    from kproxy_ebpf.bench.soak import _by_minute
+    from kproxy_ebpf.dev.bench.soak import _by_minute
     mib = 2 ** 20
     series = [(0.0, 60 * mib, 1.0), (30.0, 62 * mib, 2.0), (61.0, 64 * mib, 3.0),
               (90.0, None, 4.0), (125.0, 66 * mib, 5.0)]

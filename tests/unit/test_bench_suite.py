@@ -1,9 +1,9 @@
 """The benchmark suite's configuration (no lab)."""
 from types import SimpleNamespace
 
-from kproxy_ebpf.bench import suite
-from kproxy_ebpf.bench.fill import ChurnResult, churn_summary
-from kproxy_ebpf.bench.suite import BenchConfig
+from kproxy_ebpf.dev.bench import suite
+from kproxy_ebpf.dev.bench.fill import ChurnResult, churn_summary
+from kproxy_ebpf.dev.bench.suite import BenchConfig
 
 
 def test_full_run_measures_iptables_on_nft_for_cold_start_only_beside_legacy():

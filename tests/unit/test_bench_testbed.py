@@ -1,5 +1,5 @@
 """The testbed's reading of kube-proxy's KUBE-SERVICES (no lab)."""
-from kproxy_ebpf.bench.testbed import rule_positions
+from kproxy_ebpf.dev.bench.testbed import rule_positions
 
 SAVE = """*nat
 :KUBE-SERVICES - [0:0]

@@ -4,11 +4,11 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from kproxy_ebpf.check import compare, desired_for
+from kproxy_ebpf.inspect.check import compare, desired_for
 from kproxy_ebpf.config import AgentConfig
 from kproxy_ebpf.kube.sources import SLICE_LABEL_SELECTOR
-from kproxy_ebpf.desired import Action, FrontendKey, ServicePortName
-from kproxy_ebpf.model import Protocol
+from kproxy_ebpf.model.desired import Action, FrontendKey, ServicePortName
+from kproxy_ebpf.model.objects import Protocol
 
 from ..builders import fe
 
@@ -39,7 +39,7 @@ def test_missing_stale_and_different():
 def test_the_tc_paths_rows_and_their_source_ranges_are_compared_too():
     """Scope-EXT rows (what traffic from outside meets) are checked apart from the socket
     scope's row of the same address, with a LoadBalancer IP's enforced source ranges."""
-    from kproxy_ebpf.desired import FrontendKind, Scope
+    from kproxy_ebpf.model.desired import FrontendKind, Scope
 
     lb = fe("192.0.2.7", backends=["10.244.1.10"], kind=FrontendKind.LOAD_BALANCER,
             scope=Scope.EXT, ranges=["198.51.100.0/24"])
@@ -58,7 +58,7 @@ def test_the_tc_paths_rows_and_their_source_ranges_are_compared_too():
 def test_a_frontend_without_its_maglev_table_is_drift():
     import dataclasses
 
-    from kproxy_ebpf.desired import FrontendKind, Scope
+    from kproxy_ebpf.model.desired import FrontendKind, Scope
 
     np_ = dataclasses.replace(fe("192.0.2.7", backends=["10.244.1.10"],
                                  kind=FrontendKind.NODE_PORT, scope=Scope.EXT), maglev=16381)
@@ -158,8 +158,8 @@ def test_check_lists_through_kube_with_pagination_and_the_agent_selectors(cluste
 
 
 def test_check_honours_the_agent_config_file(cluster, tmp_path, monkeypatch):
-    from kproxy_ebpf import cli
-    from kproxy_ebpf.datapath import reader
+    from kproxy_ebpf.cli import main as cli
+    from kproxy_ebpf.datapath.maps import reader
 
     config = tmp_path / "agent.yaml"
     config.write_text("kubeconfig: /etc/kproxy/kubeconfig\nmaster: 10.0.0.1:6443\n"
@@ -196,7 +196,7 @@ def test_check_with_manifests_from_the_config(tmp_path):
 def test_an_unreachable_api_server_is_a_sentence_that_says_where_not_a_traceback(tmp_path):
     """Tried as a new user would: `check` where the kubeconfig's address is not reachable (a lab
     node with the host's kubeconfig). 127.0.0.1:1 refuses at once, on this host's loopback."""
-    from kproxy_ebpf import cli
+    from kproxy_ebpf.cli import main as cli
 
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
@@ -214,8 +214,8 @@ def test_an_unreachable_api_server_is_a_sentence_that_says_where_not_a_traceback
 
 
 def test_status_says_where_it_looked_for_the_agent(monkeypatch):
-    from kproxy_ebpf import cli
-    from kproxy_ebpf.datapath import reader
+    from kproxy_ebpf.cli import main as cli
+    from kproxy_ebpf.datapath.maps import reader
 
     monkeypatch.setattr(cli, "_open_maps", lambda d: {"stats": None})
     monkeypatch.setattr(cli, "_fill", lambda m: {"entries": 0, "max_entries": 1})
@@ -229,8 +229,8 @@ def test_status_says_where_it_looked_for_the_agent(monkeypatch):
 
 
 def test_service_cidr_rows_are_compared_both_ways():
-    from kproxy_ebpf.check import compare_cidrs
-    from kproxy_ebpf.desired import ServiceCIDRSet
+    from kproxy_ebpf.inspect.check import compare_cidrs
+    from kproxy_ebpf.model.desired import ServiceCIDRSet
 
     want = ServiceCIDRSet(cidrs=frozenset({"10.96.0.0/16", "fd00::/108"}),
                           cluster_ips=frozenset({"10.96.0.1", "10.96.0.2"}),

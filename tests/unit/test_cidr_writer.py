@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 
-from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath.cidr_writer import CIP_PASS, CIP_REJECT, CidrWriter
-from kproxy_ebpf.datapath.apply_result import ApplyResult
-from kproxy_ebpf.desired import ServiceCIDRSet
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.write.cidr_writer import CIP_PASS, CIP_REJECT, CidrWriter
+from kproxy_ebpf.datapath.write.apply_result import ApplyResult
+from kproxy_ebpf.model.desired import ServiceCIDRSet
 
 from .fakemaps import FakeMap
 

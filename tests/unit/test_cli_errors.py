@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from kproxy_ebpf import cli
+from kproxy_ebpf.cli import main as cli
 
 
 @pytest.mark.parametrize("args,code,says", [

@@ -2,7 +2,7 @@
 agent's image neither (tests/chart/test_image.py checks the image itself)."""
 from click.testing import CliRunner
 
-from kproxy_ebpf.cli import main
+from kproxy_ebpf.cli.main import main
 
 
 def test_a_checkout_lists_and_runs_lab_and_bench():

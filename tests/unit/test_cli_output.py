@@ -6,8 +6,8 @@ import json
 import yaml
 from click.testing import CliRunner
 
-from kproxy_ebpf import cli
-from kproxy_ebpf.datapath import reader
+from kproxy_ebpf.cli import main as cli
+from kproxy_ebpf.datapath.maps import reader
 
 
 def test_json_and_yaml_carry_the_same_rows(monkeypatch):

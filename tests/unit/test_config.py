@@ -120,8 +120,8 @@ def test_run_flag_socket_lb(monkeypatch, cgroup2, args, expected):
     the agent gets."""
     from click.testing import CliRunner
 
-    import kproxy_ebpf.agent as agent_mod
-    from kproxy_ebpf.cli import main
+    import kproxy_ebpf.agent.agent as agent_mod
+    from kproxy_ebpf.cli.main import main
 
     seen = {}
 
@@ -141,14 +141,14 @@ def test_run_flag_socket_lb(monkeypatch, cgroup2, args, expected):
 def test_run_flag_socket_lb_rejects_nonsense(tmp_path):
     from click.testing import CliRunner
 
-    from kproxy_ebpf.cli import main
+    from kproxy_ebpf.cli.main import main
 
     out = CliRunner().invoke(main, ["run", "--cgroup", str(tmp_path), "--socket-lb=maybe"])
     assert out.exit_code == 2 and "socket-lb" in out.output
 
 
 def test_lb_algorithm_and_maglev_table_size(tmp_path, cgroup2):
-    from kproxy_ebpf.model import LBAlgorithm
+    from kproxy_ebpf.model.objects import LBAlgorithm
 
     f = tmp_path / "c.yaml"
     f.write_text("lbAlgorithm: maglev\nmaglevTableSize: 4093\n")

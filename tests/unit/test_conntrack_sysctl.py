@@ -1,7 +1,7 @@
 """kube-proxy's conntrack timeouts, written by the agent: on a procfs laid out in a temporary
 directory (the real one is the node's, see tools/kind/e2e.py's "KubeProxy should set TCP
 CLOSE_WAIT timeout")."""
-from kproxy_ebpf import conntrack_sysctl
+from kproxy_ebpf.agent import conntrack_sysctl
 from kproxy_ebpf.config import load
 
 NF = "sys/net/netfilter"

@@ -5,11 +5,20 @@ import pickle
 
 import pytest
 
-from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath.plan import wanted_slots
-from kproxy_ebpf.desired import (NO_BACKENDS, Action, Backend, Backends, BackendState, Frontend,
-                                 FrontendKind, ServicePortName, backend_state)
-from kproxy_ebpf.model import Protocol
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.write.plan import wanted_slots
+from kproxy_ebpf.model.desired import (
+    NO_BACKENDS,
+    Action,
+    Backend,
+    Backends,
+    BackendState,
+    Frontend,
+    FrontendKind,
+    ServicePortName,
+    backend_state,
+)
+from kproxy_ebpf.model.objects import Protocol
 
 TCP = Protocol.TCP
 A = Backend.of("10.0.0.1", 80, TCP)

@@ -7,10 +7,10 @@ import threading
 
 import pytest
 
-from kproxy_ebpf.datapath.writer import MapWriter
-from kproxy_ebpf.desired import FrontendKey
-from kproxy_ebpf.established import Established, KeptBackends
-from kproxy_ebpf.model import Node, Protocol
+from kproxy_ebpf.datapath.write.writer import MapWriter
+from kproxy_ebpf.model.desired import FrontendKey
+from kproxy_ebpf.agent.established import Established, KeptBackends
+from kproxy_ebpf.model.objects import Node, Protocol
 from kproxy_ebpf.proxy.state import ProxyState
 
 from ..builders import CLUSTER_IP, ep, sl, svc

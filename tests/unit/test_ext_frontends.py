@@ -11,11 +11,17 @@ import functools
 
 import pytest
 
-from kproxy_ebpf.desired import Action, FrontendKey, FrontendKind, Scope
-from kproxy_ebpf.model import (EndpointPort, LBAlgorithm, LoadBalancerIngress, Node,
-                               Protocol, ServicePort, ServiceType)
-from kproxy_ebpf.proxy.external import (node_port_ips, service_ext_frontends,
-                                        validate_node_port_addresses)
+from kproxy_ebpf.model.desired import Action, FrontendKey, FrontendKind, Scope
+from kproxy_ebpf.model.objects import (
+    EndpointPort,
+    LBAlgorithm,
+    LoadBalancerIngress,
+    Node,
+    Protocol,
+    ServicePort,
+    ServiceType,
+)
+from kproxy_ebpf.proxy.external import node_port_ips, service_ext_frontends, validate_node_port_addresses
 from kproxy_ebpf.proxy.state import ProxyState
 
 from .. import builders

@@ -12,10 +12,10 @@ import urllib.request
 
 import pytest
 
-from kproxy_ebpf.model import (EndpointPort, Node, Protocol, ServicePort, ServiceType)
+from kproxy_ebpf.model.objects import EndpointPort, Node, Protocol, ServicePort, ServiceType
 from kproxy_ebpf.proxy.healthcheck import HealthCheck, health_check
 from kproxy_ebpf.proxy.state import ProxyState
-from kproxy_ebpf.service_health import ServiceHealthServers
+from kproxy_ebpf.serve.service_health import ServiceHealthServers
 
 from .. import builders
 

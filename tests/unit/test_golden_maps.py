@@ -7,10 +7,10 @@ import json
 import os
 from pathlib import Path
 
-from kproxy_ebpf.datapath import reader
-from kproxy_ebpf.datapath.writer import MapWriter
+from kproxy_ebpf.datapath.maps import reader
+from kproxy_ebpf.datapath.write.writer import MapWriter
 from kproxy_ebpf.kube.manifests import load_manifests
-from kproxy_ebpf.model import Node
+from kproxy_ebpf.model.objects import Node
 from kproxy_ebpf.proxy.state import ProxyState
 
 from .fakemaps import fake_maps

@@ -6,7 +6,7 @@ import urllib.request
 
 import pytest
 
-from kproxy_ebpf.health import ProxyHealth, go_time, serve
+from kproxy_ebpf.serve.health import ProxyHealth, go_time, serve
 
 T0 = 1795964400.0            # 2026-11-29T15:00:00Z
 

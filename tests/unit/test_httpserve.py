@@ -6,7 +6,7 @@ import urllib.request
 
 from prometheus_client import CollectorRegistry, Counter
 
-from kproxy_ebpf import httpserve
+from kproxy_ebpf.serve import httpserve
 
 
 def test_bind_does_no_reverse_lookup_and_metrics_are_served(monkeypatch):
@@ -31,8 +31,8 @@ def test_bind_does_no_reverse_lookup_and_metrics_are_served(monkeypatch):
 def test_a_name_query_collects_only_the_families_asked_for():
     """`?name[]=` (prometheus_client's own filter): the agent's probes of one gauge do not
     pay for the per-Service families, and a per-Service family can be asked for by name."""
-    from kproxy_ebpf.datapath.svc_counters import ServiceCounters, ServicePortId
-    from kproxy_ebpf.metrics import Metrics
+    from kproxy_ebpf.datapath.maps.svc_counters import ServiceCounters, ServicePortId
+    from kproxy_ebpf.serve.metrics import Metrics
 
     metrics = Metrics()
     reads = []

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from kproxy_ebpf.datapath.ids import IdAllocator, IdsExhausted
+from kproxy_ebpf.datapath.maps.ids import IdAllocator, IdsExhausted
 
 
 def test_fresh_ids_increase_from_one_and_acquire_is_idempotent():
@@ -106,7 +106,7 @@ def test_random_ops_match_fifo_model():
 
 def test_restoring_a_high_id_does_not_list_the_ids_below_it():
     """A long-lived cluster's backend ids only grow; an agent restart must not pay for them."""
-    from kproxy_ebpf.datapath.ids import IdAllocator
+    from kproxy_ebpf.datapath.maps.ids import IdAllocator
     a = IdAllocator(2**31, "backends")
     a.restore("old", 3_000_000)
     assert a.acquire("new") == 3_000_001
@@ -114,7 +114,7 @@ def test_restoring_a_high_id_does_not_list_the_ids_below_it():
 
 
 def test_after_wrap_around_skipped_ids_are_found():
-    from kproxy_ebpf.datapath.ids import IdAllocator
+    from kproxy_ebpf.datapath.maps.ids import IdAllocator
     a = IdAllocator(5)
     a.restore("x", 4)
     assert [a.acquire(k) for k in "ab"] == [5, 1]   # cursor at the end, then the skipped ids

@@ -1,20 +1,20 @@
 """The package's import graph, read from the sources with ast (nothing is imported).
 
-Allowed direction, lowest layer first; a module may import its own layer and those below it,
-never one above:
+The layers are the packages below kproxy_ebpf/, lowest first; a module may import its own
+package's layer and those below it, never one above (test_the_docstring_is_the_table checks
+this table against LAYERS):
 
-    0  kproxy_ebpf (the version), model            the lean API types
-    1  desired                                      what the datapath must hold
-    2  kube | proxy | datapath                      siblings that never import each other: kube
-                                                    turns API objects into model, proxy turns
-                                                    model into desired, datapath writes desired
-    3  config, metrics, health, httpserve, runner,  the agent's parts
-       service_health, kubeproxy_cleanup
-    4  check, agent                                 the cluster against the maps; the sync loop
-    5  run_cli                                      `kproxy-ebpf run`
-    6  lab                                          the simulated cluster, which runs the agent
-    7  bench                                        benchmarks on the lab
-    8  cli                                          the command, which mounts lab and bench
+    0  kproxy_ebpf, model          the version; the lean API types and the desired datapath
+    1  kube, proxy, datapath       siblings that never import each other: kube turns API objects
+                                   into model, proxy turns model into desired, datapath writes
+                                   desired into the kernel
+    2  config                      the node's configuration (flags, file, defaults)
+    3  serve                       health, metrics and the HTTP servers
+    4  inspect                     check, trace, watch: the cluster against the maps
+    5  agent                       the sync loop and its policy, `kproxy-ebpf run`
+    6  dev.lab                     the simulated cluster, which runs the agent
+    7  dev.bench                   benchmarks on the lab
+    8  cli                         the command, which mounts lab and bench
 
 Every import counts: at module level, inside a function (lazy) and under TYPE_CHECKING, since
 each is an arrow a reader has to follow. And no cycle, not even within a layer.
@@ -29,16 +29,14 @@ import kproxy_ebpf
 ROOT = Path(kproxy_ebpf.__file__).resolve().parent
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("kproxy_ebpf", "model"),
-    ("desired", "maglev"),
     ("kube", "proxy", "datapath"),
-    ("config", "metrics", "kubeproxy_names", "health", "httpserve", "runner", "service_health",
-     "kubeproxy_cleanup", "sync_policy", "state_sink", "reporting", "process_tuning",
-     "conntrack_sysctl", "established", "socket_sweep", "client_sources", "drift_watch"),
-    ("check", "agent", "trace", "watch", "self_check", "check_nodes"),
-    ("run_cli",),
-    ("lab",),
-    ("bench",),
-    ("cli", "cli_names", "status_text", "kubectl_plugin"),
+    ("config",),
+    ("serve",),
+    ("inspect",),
+    ("agent",),
+    ("dev.lab",),
+    ("dev.bench",),
+    ("cli",),
 )
 SIBLINGS = ("kube", "proxy", "datapath")
 
@@ -83,8 +81,13 @@ def graph(root: Path = ROOT) -> dict[str, set[str]]:
 
 
 def unit(module: str) -> str:
-    """The layer table's name for a module: its top-level part below kproxy_ebpf."""
+    """The layer table's name for a module: its package (or module) right below kproxy_ebpf,
+    and below dev/ for the harness."""
     parts = module.split(".")
+    if parts[1:] == ["dev"]:
+        return "kproxy_ebpf"  # dev/__init__.py only names the harness's folder
+    if len(parts) > 2 and parts[1] == "dev":
+        return ".".join(parts[1:3])
     return parts[1] if len(parts) > 1 else parts[0]
 
 
@@ -141,6 +144,21 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def test_the_docstring_is_the_table():
+    rows = [line.split(None, 1) for line in __doc__.splitlines() if line[:5].strip().isdigit()]
+    table = [tuple(n.strip() for n in rest.split("  ")[0].split(",")) for _, rest in rows]
+    assert [int(n) for n, _ in rows] == list(range(len(LAYERS)))
+    assert tuple(table) == LAYERS
+
+
+def test_every_package_is_a_layer():
+    """The tree is the diagram: each folder (and module) right below kproxy_ebpf/ is a row."""
+    below = {p.stem for p in ROOT.iterdir() if (p.suffix == ".py" or (p / "__init__.py").exists())}
+    below = {f"dev.{p.name}" for p in (ROOT / "dev").iterdir() if (p / "__init__.py").exists()} | (
+        below - {"__init__", "dev"})
+    assert below | {"kproxy_ebpf"} == {n for names in LAYERS for n in names}
+
+
 def test_every_module_is_in_a_layer():
     assert [m for m in graph() if not any(unit(m) in names for names in LAYERS)] == []
 
@@ -157,18 +175,19 @@ def test_the_walk_sees_every_kind_of_import(tmp_path):
     """The checks above cannot pass by seeing nothing: a lazy import, one under TYPE_CHECKING
     and a relative one each make the arrow they should."""
     pkg = tmp_path / "kproxy_ebpf"
-    (pkg / "proxy").mkdir(parents=True)
+    for d in ("proxy", "model", "cli"):
+        (pkg / d).mkdir(parents=True)
+        (pkg / d / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
-    (pkg / "model.py").write_text("")
-    (pkg / "proxy" / "__init__.py").write_text("")
+    (pkg / "model" / "objects.py").write_text("")
     (pkg / "proxy" / "a.py").write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..cli import main\n")
     (pkg / "proxy" / "b.py").write_text("def f():\n    from . import a\n")
-    (pkg / "cli.py").write_text("from .proxy import b\nimport kproxy_ebpf.model\n")
+    (pkg / "cli" / "main.py").write_text("from ..proxy import b\nimport kproxy_ebpf.model.objects\n")
     edges = graph(pkg)
-    assert edges["kproxy_ebpf.proxy.a"] == {"kproxy_ebpf.cli"}
+    assert edges["kproxy_ebpf.proxy.a"] == {"kproxy_ebpf.cli.main"}
     assert edges["kproxy_ebpf.proxy.b"] == {"kproxy_ebpf.proxy.a"}
-    assert edges["kproxy_ebpf.cli"] == {"kproxy_ebpf.proxy.b", "kproxy_ebpf.model"}
-    assert upward(edges) == ["kproxy_ebpf.proxy.a -> kproxy_ebpf.cli (layer 2 imports layer 8)"]
-    assert cycles(edges) == [["kproxy_ebpf.cli", "kproxy_ebpf.proxy.a", "kproxy_ebpf.proxy.b"]]
+    assert edges["kproxy_ebpf.cli.main"] == {"kproxy_ebpf.proxy.b", "kproxy_ebpf.model.objects"}
+    assert upward(edges) == ["kproxy_ebpf.proxy.a -> kproxy_ebpf.cli.main (layer 1 imports layer 8)"]
+    assert cycles(edges) == [["kproxy_ebpf.cli.main", "kproxy_ebpf.proxy.a", "kproxy_ebpf.proxy.b"]]
     assert upward({"kproxy_ebpf.proxy.x": {"kproxy_ebpf.kube.y"}}) != []

@@ -1,7 +1,7 @@
 """The start-up probe's verdict and message (the probes themselves run in tests/datapath)."""
 import pytest
 
-from kproxy_ebpf.datapath import kernel
+from kproxy_ebpf.datapath.load import kernel
 
 
 def test_every_missing_feature_is_named_with_its_kernel():

@@ -18,7 +18,7 @@ from kproxy_ebpf.kube.convert import (
     service_from_api,
     slice_from_api,
 )
-from kproxy_ebpf.model import (
+from kproxy_ebpf.model.objects import (
     Endpoint,
     EndpointPort,
     LBAlgorithm,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kproxy_ebpf.kube.manifests import load_manifests, manifest_files
-from kproxy_ebpf.model import Endpoint, EndpointPort, Protocol, ServicePort
+from kproxy_ebpf.model.objects import Endpoint, EndpointPort, Protocol, ServicePort
 
 MULTI_DOC = """\
 apiVersion: v1

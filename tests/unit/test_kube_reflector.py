@@ -27,8 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import MaxRetryError, ProtocolError, ReadTimeoutError
 
 from kproxy_ebpf.kube import reflector as reflector_mod
-from kproxy_ebpf.kube.reflector import (SYNC, Reflector, ResourceExpired, WatchError,
-                                        WatchStalled)
+from kproxy_ebpf.kube.reflector import SYNC, Reflector, ResourceExpired, WatchError, WatchStalled
 
 from ..support import wait_until
 

@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from kproxy_ebpf import kubectl_plugin
+from kproxy_ebpf.cli import kubectl_plugin
 
 PODS = {"items": [
     {"metadata": {"name": "kproxy-ebpf-aaaaa"}, "spec": {"nodeName": "worker"},

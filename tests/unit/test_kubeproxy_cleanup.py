@@ -1,6 +1,6 @@
 """kube-proxy leftover removal: which chains and rules go (kube-proxy's own), which stay (the
 kubelet's and everyone else's). The real thing runs in test_kubeproxy_cleanup.py (lab)."""
-from kproxy_ebpf import kubeproxy_cleanup as kc
+from kproxy_ebpf.agent import kubeproxy_cleanup as kc
 
 NAT = """\
 *nat

@@ -5,8 +5,8 @@ import itertools
 
 import pytest
 
-from kproxy_ebpf.lab.addressing import PLANS, choice_of, families
-from kproxy_ebpf.model import IPFamily
+from kproxy_ebpf.dev.lab.addressing import PLANS, choice_of, families
+from kproxy_ebpf.model.objects import IPFamily
 
 
 def test_nodes_and_pods_share_their_host_number_across_families():

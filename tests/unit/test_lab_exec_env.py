@@ -7,8 +7,8 @@ import os
 import sys
 from types import SimpleNamespace
 
-from kproxy_ebpf.lab.cli import node_env
-from kproxy_ebpf.lab.nsutil import LabError
+from kproxy_ebpf.dev.lab.cli import node_env
+from kproxy_ebpf.dev.lab.nsutil import LabError
 
 
 class FakeCluster:

@@ -2,7 +2,7 @@
 The API side runs in tests/integration/test_lb_cluster.py against a real API server."""
 from __future__ import annotations
 
-from kproxy_ebpf.lab.lballoc import Pool, decide, wants_address
+from kproxy_ebpf.dev.lab.lballoc import Pool, decide, wants_address
 
 
 def svc_obj(name, type_="LoadBalancer", ips=(), lb_ip=None, lb_class=None, families=None):
@@ -38,7 +38,7 @@ def test_which_services_get_an_address():
 
 
 def test_an_ipv6_pool_serves_the_services_of_its_family():
-    from kproxy_ebpf.lab.lballoc import DEFAULT_POOL6
+    from kproxy_ebpf.dev.lab.lballoc import DEFAULT_POOL6
 
     pool = Pool(DEFAULT_POOL6)
     assert pool.family == "IPv6"
@@ -90,8 +90,8 @@ def test_a_restarted_allocator_keeps_the_addresses_in_the_statuses():
 def test_external_routes_and_pools_stay_clear_of_the_lab_own_routes():
     import pytest
 
-    from kproxy_ebpf.lab.namespaces import external_cidr
-    from kproxy_ebpf.lab.nsutil import LabError
+    from kproxy_ebpf.dev.lab.namespaces import external_cidr
+    from kproxy_ebpf.dev.lab.nsutil import LabError
 
     assert external_cidr("10.250.200.7/24") == "10.250.200.0/24"
     assert external_cidr("2001:db8:1::7/64") == "2001:db8:1::/64"

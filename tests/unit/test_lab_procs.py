@@ -1,10 +1,10 @@
 """procs.identify: telling the recorded process from a reused pid, from /proc alone."""
 from __future__ import annotations
 
-from kproxy_ebpf.lab import procs
-from kproxy_ebpf.lab.state import ProcRec
+from kproxy_ebpf.dev.lab import procs
+from kproxy_ebpf.dev.lab.state import ProcRec
 
-REC = ProcRec(pid=4242, argv=["python3", "-m", "kproxy_ebpf.cli", "run"], starttime=100,
+REC = ProcRec(pid=4242, argv=["python3", "-m", "kproxy_ebpf.cli.main", "run"], starttime=100,
               target="node/node1", log="")
 
 

@@ -1,4 +1,4 @@
-"""The Maglev table (kproxy_ebpf/maglev.py): balance, disruption on a change, independence
+"""The Maglev table (kproxy_ebpf/model/maglev.py): balance, disruption on a change, independence
 from the order the backends come in, sizes; the flow hash's own properties (its agreement with
 bpf/lib/maglev.h is tests/datapath/test_maglev_run.py's)."""
 import random
@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from kproxy_ebpf import maglev
+from kproxy_ebpf.model import maglev
 
 
 def backends(n: int, port: int = 8080) -> list[tuple[str, int]]:
@@ -99,7 +99,7 @@ def test_flow_hash_spreads_and_is_stable():
 def test_the_constants_are_the_headers():
     """The table's largest size and the flow hash's seed are kproxy.h's (the generated table
     of its constants): the agent's tables and the programs' lookups must agree on both."""
-    from kproxy_ebpf.datapath import layout as L
+    from kproxy_ebpf.datapath.maps import layout as L
 
     assert maglev.MAX_SIZE == L.const("KP_MAGLEV_MAX")
     assert maglev.SEED == L.const("KP_MAGLEV_SEED")

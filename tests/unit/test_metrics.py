@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client import generate_latest
 
-from kproxy_ebpf.metrics import Metrics
+from kproxy_ebpf.serve.metrics import Metrics
 
 # kube-proxy's metric (without its kubeproxy_ prefix; the parser names a counter's family
 # without _total) -> whether it has ip_family.

@@ -6,7 +6,7 @@ import pickle
 import pytest
 
 from kproxy_ebpf.kube.convert import slice_from_api
-from kproxy_ebpf.model import NO_ENDPOINTS, Endpoint, Endpoints, EndpointSlice
+from kproxy_ebpf.model.objects import NO_ENDPOINTS, Endpoint, Endpoints, EndpointSlice
 
 A = Endpoint.of("10.0.0.1", ready=True, node_name="n1")
 B = Endpoint.of("10.0.0.2", ready=False, serving=True, terminating=True, node_name="n2",

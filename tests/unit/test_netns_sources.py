@@ -9,13 +9,13 @@ import ctypes
 
 import pytest
 
-from kproxy_ebpf.client_sources import ClientSources
-from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath import netns_scope, netns_sources
-from kproxy_ebpf.datapath.netns_sources import NetnsSources
-from kproxy_ebpf.desired import FrontendKind, Scope
-from kproxy_ebpf.metrics import Metrics
-from kproxy_ebpf.model import IPFamily
+from kproxy_ebpf.agent.client_sources import ClientSources
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.sockets import netns_scope, netns_sources
+from kproxy_ebpf.datapath.sockets.netns_sources import NetnsSources
+from kproxy_ebpf.model.desired import FrontendKind, Scope
+from kproxy_ebpf.serve.metrics import Metrics
+from kproxy_ebpf.model.objects import IPFamily
 
 from ..builders import fe
 from .fakemaps import FakeMap

@@ -3,7 +3,7 @@ tools/setup-headers.sh picks its flavour package in (`sort -V`)."""
 import subprocess
 from pathlib import Path
 
-from kproxy_ebpf.datapath import paths
+from kproxy_ebpf.datapath.load import paths
 
 TREES = ["linux-headers-6.1.0-10-cloud-amd64", "linux-headers-6.1.0-9-cloud-amd64",
          "linux-headers-6.10.0-1-cloud-amd64", "linux-headers-6.1.0-28-cloud-amd64",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kproxy_ebpf.datapath.pod_devices import DEFAULT_GLOBS, PodDeviceWatcher, matches
+from kproxy_ebpf.datapath.load.pod_devices import DEFAULT_GLOBS, PodDeviceWatcher, matches
 
 
 class Link(dict):

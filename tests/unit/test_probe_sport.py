@@ -4,7 +4,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from kproxy_ebpf.lab import probe
+from kproxy_ebpf.dev.lab import probe
 
 
 def test_udp_attempts_share_the_given_source_port():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import time
 
-from kproxy_ebpf import process_tuning as pt
+from kproxy_ebpf.agent import process_tuning as pt
 
 
 def test_a_slow_full_collection_freezes_its_survivors_at_the_next_settle(monkeypatch):

@@ -7,9 +7,9 @@ import struct
 
 import pytest
 
-from kproxy_ebpf.datapath import compile_child, libbpf, progcache, progload
-from kproxy_ebpf.datapath.map_sizes import MapSizes
-from kproxy_ebpf.datapath.progcache import CacheMiss
+from kproxy_ebpf.datapath.load import compile_child, libbpf, progcache, progload
+from kproxy_ebpf.datapath.maps.map_sizes import MapSizes
+from kproxy_ebpf.datapath.load.progcache import CacheMiss
 
 INSN = struct.Struct("<BBhi")
 
@@ -85,7 +85,7 @@ def test_bcc_version_is_read_without_importing_bcc():
     import sys
 
     out = subprocess.run([sys.executable, "-c",
-                          "import sys; from kproxy_ebpf.datapath import progcache; "
+                          "import sys; from kproxy_ebpf.datapath.load import progcache; "
                           "print(progcache.bcc_version(), 'bcc' in sys.modules)"],
                          capture_output=True, text=True, check=True).stdout.split()
     assert out[0] not in ("", "None") and out[1] == "False"
@@ -215,7 +215,7 @@ def test_a_pinned_map_of_another_shape_is_a_miss(monkeypatch, tmp_path):
 
 
 def test_maps_are_shaped_as_bcc_creates_them():
-    from kproxy_ebpf.datapath.layout import MAPS
+    from kproxy_ebpf.datapath.maps.layout import MAPS
 
     shape = progcache.map_shape(MAPS["servicecidr"], MapSizes(servicecidr=77))
     assert shape == {"type": 11, "key_size": 20, "value_size": 4, "max_entries": 77, "flags": 1,
@@ -292,7 +292,7 @@ def test_the_parent_reads_the_status_line_and_logs_a_fallback(caplog):
 def test_cleanup_empties_the_program_cache_unless_told_to_keep_it(tmp_path):
     from click.testing import CliRunner
 
-    from kproxy_ebpf.cli import main
+    from kproxy_ebpf.cli.main import main
 
     cache = tmp_path / "programs"
     cache.mkdir()

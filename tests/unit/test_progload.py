@@ -2,8 +2,8 @@
 never outlives the load. (The successful load is covered by every datapath test.)"""
 import pytest
 
-from kproxy_ebpf.datapath import bpffs, progload
-from kproxy_ebpf.datapath.map_sizes import MapSizes
+from kproxy_ebpf.datapath.load import bpffs, progload
+from kproxy_ebpf.datapath.maps.map_sizes import MapSizes
 
 
 def test_a_failed_compile_is_raised_with_the_childs_message_and_the_stage_is_removed(tmp_path):

@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from kproxy_ebpf.model import Endpoint, EndpointPort, Protocol
+from kproxy_ebpf.model.objects import Endpoint, EndpointPort, Protocol
 from kproxy_ebpf.proxy.endpoints import endpoints_by_port
 
 from ..builders import ep, sl

@@ -12,8 +12,8 @@ import ipaddress
 
 import pytest
 
-from kproxy_ebpf.desired import Action, FrontendKind, Scope
-from kproxy_ebpf.model import IPFamily, LoadBalancerIngress, Node, Protocol, ServicePort, ServiceType
+from kproxy_ebpf.model.desired import Action, FrontendKind, Scope
+from kproxy_ebpf.model.objects import IPFamily, LoadBalancerIngress, Node, Protocol, ServicePort, ServiceType
 from kproxy_ebpf.proxy.external import service_ext_frontends
 from kproxy_ebpf.proxy.families import service_view
 from kproxy_ebpf.proxy.frontends import service_frontends

@@ -11,9 +11,15 @@ import functools
 
 import pytest
 
-from kproxy_ebpf.desired import Action, FrontendKind, ServicePortName
-from kproxy_ebpf.model import (EndpointPort, LoadBalancerIngress, Node,
-                               Protocol, ServicePort, ServiceType)
+from kproxy_ebpf.model.desired import Action, FrontendKind, ServicePortName
+from kproxy_ebpf.model.objects import (
+    EndpointPort,
+    LoadBalancerIngress,
+    Node,
+    Protocol,
+    ServicePort,
+    ServiceType,
+)
 from kproxy_ebpf.kube.convert import service_from_api
 from kproxy_ebpf.proxy.external import service_ext_frontends
 from kproxy_ebpf.proxy.frontends import is_proxied, service_frontends, service_port_endpoints

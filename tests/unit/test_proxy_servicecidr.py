@@ -6,8 +6,8 @@ import functools
 
 import pytest
 
-from kproxy_ebpf.desired import ServiceCIDRSet
-from kproxy_ebpf.model import ServiceCIDR, ServiceType
+from kproxy_ebpf.model.desired import ServiceCIDRSet
+from kproxy_ebpf.model.objects import ServiceCIDR, ServiceType
 from kproxy_ebpf.proxy.servicecidr import ClusterIPIndex, service_cidr_set
 from kproxy_ebpf.proxy.state import ProxyState
 

@@ -9,8 +9,8 @@ import dataclasses
 
 import pytest
 
-from kproxy_ebpf.desired import Action, FrontendKey
-from kproxy_ebpf.model import (Node, Protocol, ServicePort)
+from kproxy_ebpf.model.desired import Action, FrontendKey
+from kproxy_ebpf.model.objects import Node, Protocol, ServicePort
 from kproxy_ebpf.proxy import state as state_mod
 from kproxy_ebpf.proxy.state import ProxyState
 

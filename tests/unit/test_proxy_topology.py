@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from kproxy_ebpf.model import (EndpointPort, EndpointSlice, Node, Protocol)
+from kproxy_ebpf.model.objects import EndpointPort, EndpointSlice, Node, Protocol
 from kproxy_ebpf.proxy.endpoints import EndpointInfo
 from kproxy_ebpf.proxy.frontends import service_port_endpoints
 from kproxy_ebpf.proxy.topology import TopologyMode, categorize, topology_mode

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from kproxy_ebpf.datapath import reconnect
+from kproxy_ebpf.datapath.sockets import reconnect
 
 CHILD = """
 import os, socket, sys

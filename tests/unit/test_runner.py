@@ -1,7 +1,7 @@
 """The sync schedule, driven by a fake clock (no sleeping)."""
 import pytest
 
-from kproxy_ebpf.runner import Schedule
+from kproxy_ebpf.agent.runner import Schedule
 
 
 def run_at(s: Schedule, now: float, ok: bool = True) -> bool:

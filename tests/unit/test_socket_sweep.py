@@ -7,13 +7,13 @@ import threading
 
 import pytest
 
-from kproxy_ebpf.datapath.stale_sockets import Outcome, Reaped, peer_of
-from kproxy_ebpf.datapath.writer import MapWriter
-from kproxy_ebpf.established import Established
-from kproxy_ebpf.metrics import Metrics
-from kproxy_ebpf.model import Node, Protocol
+from kproxy_ebpf.datapath.sockets.stale_sockets import Outcome, Reaped, peer_of
+from kproxy_ebpf.datapath.write.writer import MapWriter
+from kproxy_ebpf.agent.established import Established
+from kproxy_ebpf.serve.metrics import Metrics
+from kproxy_ebpf.model.objects import Node, Protocol
 from kproxy_ebpf.proxy.state import ProxyState
-from kproxy_ebpf.socket_sweep import SocketSweep
+from kproxy_ebpf.agent.socket_sweep import SocketSweep
 
 from ..builders import ep, sl, svc
 from .fakemaps import checked_maps

@@ -11,14 +11,14 @@ import time
 
 import pytest
 
-from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath import netns_scope, reconnect, sockdiag
-from kproxy_ebpf.datapath.cgroup_procs import CgroupProcs
-from kproxy_ebpf.datapath.netns_door import NetnsDoor
-from kproxy_ebpf.datapath.sock_where import SocketWhere, key_bytes
-from kproxy_ebpf.datapath.stale_sockets import Outcome, StaleSockets, peer_of
-from kproxy_ebpf.desired import FrontendKey, Scope
-from kproxy_ebpf.model import Protocol
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.sockets import netns_scope, reconnect, sockdiag
+from kproxy_ebpf.datapath.sockets.cgroup_procs import CgroupProcs
+from kproxy_ebpf.datapath.sockets.netns_door import NetnsDoor
+from kproxy_ebpf.datapath.sockets.sock_where import SocketWhere, key_bytes
+from kproxy_ebpf.datapath.sockets.stale_sockets import Outcome, StaleSockets, peer_of
+from kproxy_ebpf.model.desired import FrontendKey, Scope
+from kproxy_ebpf.model.objects import Protocol
 
 from .fakemaps import FakeMap
 

@@ -1,5 +1,5 @@
 """`kproxy-ebpf status`'s sentences and counter table (status_text.py)."""
-from kproxy_ebpf.status_text import counter_rows, health_sentences
+from kproxy_ebpf.cli.status_text import counter_rows, health_sentences
 
 BODY = {"lastUpdated": "2026-12-06T10:00:10Z", "currentTime": "2026-12-06T10:00:12Z",
         "nodeEligible": True, "healthy": True,

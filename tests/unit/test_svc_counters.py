@@ -5,11 +5,11 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath import svc_counters
-from kproxy_ebpf.datapath.writer import MapWriter
-from kproxy_ebpf.desired import Scope
-from kproxy_ebpf.metrics import Metrics
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.maps import svc_counters
+from kproxy_ebpf.datapath.write.writer import MapWriter
+from kproxy_ebpf.model.desired import Scope
+from kproxy_ebpf.serve.metrics import Metrics
 
 from ..builders import fe, table
 from .fakemaps import checked_maps

@@ -1,13 +1,13 @@
-"""The sync policy alone (kproxy_ebpf/sync_policy.py): what each sync does, from the runner's
+"""The sync policy alone (kproxy_ebpf/agent/sync_policy.py): what each sync does, from the runner's
 tick and the outcome of the syncs before, on a hand-driven clock. The same decisions drive
 the agent's real syncs in test_sync_work.py."""
 from __future__ import annotations
 
 import pytest
 
-from kproxy_ebpf.desired import FrontendKey, Scope
-from kproxy_ebpf.model import Protocol
-from kproxy_ebpf.sync_policy import FULL_MAP_RETRY_EVERY, KERNEL_CHECK_EVERY, SyncPolicy
+from kproxy_ebpf.model.desired import FrontendKey, Scope
+from kproxy_ebpf.model.objects import Protocol
+from kproxy_ebpf.agent.sync_policy import FULL_MAP_RETRY_EVERY, KERNEL_CHECK_EVERY, SyncPolicy
 
 TCP = Protocol.TCP
 A, B = FrontendKey("10.96.0.1", 80, TCP), FrontendKey("10.96.0.2", 80, TCP)

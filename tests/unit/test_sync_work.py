@@ -24,18 +24,25 @@ from collections.abc import Mapping
 
 import pytest
 
-from kproxy_ebpf import agent as agent_mod
-from kproxy_ebpf import process_tuning, reporting, sync_policy
-from kproxy_ebpf.agent import Agent
+from kproxy_ebpf.agent import agent as agent_mod
+from kproxy_ebpf.agent import process_tuning, reporting, sync_policy
+from kproxy_ebpf.agent.agent import Agent
 from kproxy_ebpf.config import AgentConfig
-from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath.cidr_writer import CidrWriter
-from kproxy_ebpf.datapath.drift import DriftCheck
-from kproxy_ebpf.datapath.programmed import Ledger
-from kproxy_ebpf.datapath.writer import MapWriter
-from kproxy_ebpf.model import (Endpoint, EndpointPort, EndpointSlice, Node, Protocol, Service,
-                               ServicePort)
-from kproxy_ebpf.drift_watch import DriftWatch
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.write.cidr_writer import CidrWriter
+from kproxy_ebpf.datapath.write.drift import DriftCheck
+from kproxy_ebpf.datapath.write.programmed import Ledger
+from kproxy_ebpf.datapath.write.writer import MapWriter
+from kproxy_ebpf.model.objects import (
+    Endpoint,
+    EndpointPort,
+    EndpointSlice,
+    Node,
+    Protocol,
+    Service,
+    ServicePort,
+)
+from kproxy_ebpf.agent.drift_watch import DriftWatch
 from kproxy_ebpf.proxy import state as state_mod
 
 from .fakemaps import FakeMap

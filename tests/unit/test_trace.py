@@ -1,14 +1,14 @@
-"""`trace` (kproxy_ebpf/trace.py) over maps the writer filled (fake maps): each verdict and the
+"""`trace` (kproxy_ebpf/inspect/trace.py) over maps the writer filled (fake maps): each verdict and the
 step that decides it. tests/integration/test_trace.py compares it with where probes land."""
 from __future__ import annotations
 
 import dataclasses
 
-from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath.writer import MapWriter
-from kproxy_ebpf.desired import Action, FrontendKind, Scope
-from kproxy_ebpf.model import Protocol
-from kproxy_ebpf.trace import Verdict, tc_client, trace
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.write.writer import MapWriter
+from kproxy_ebpf.model.desired import Action, FrontendKind, Scope
+from kproxy_ebpf.model.objects import Protocol
+from kproxy_ebpf.inspect.trace import Verdict, tc_client, trace
 
 from ..builders import fe
 from .fakemaps import FakeMap
@@ -79,7 +79,7 @@ def test_tc_client_is_the_programs_identity():
 
 
 def test_a_maglev_frontend_names_the_backend_of_a_flow():
-    from kproxy_ebpf import maglev
+    from kproxy_ebpf.model import maglev
 
     np_ = dataclasses.replace(fe("192.168.0.1", 30080, ("10.244.1.5", "10.244.2.6", "10.244.2.7"),
                                  kind=FrontendKind.NODE_PORT, scope=Scope.EXT), maglev=251)

@@ -2,8 +2,8 @@
 wait out a read taken in the middle of a sync's writes."""
 from __future__ import annotations
 
-from kproxy_ebpf import watch
-from kproxy_ebpf.watch import ChangeKind
+from kproxy_ebpf.inspect import watch
+from kproxy_ebpf.inspect.watch import ChangeKind
 
 
 def row(backends: dict[str, str], action: str = "forward", service: str = "default/web:http",

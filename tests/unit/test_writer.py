@@ -8,11 +8,11 @@ import random
 
 import pytest
 
-from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath.plan import stable_slots
-from kproxy_ebpf.datapath.writer import MapWriter
-from kproxy_ebpf.desired import Action, Backend, Frontend
-from kproxy_ebpf.model import Protocol
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.write.plan import stable_slots
+from kproxy_ebpf.datapath.write.writer import MapWriter
+from kproxy_ebpf.model.desired import Action, Backend, Frontend
+from kproxy_ebpf.model.objects import Protocol
 
 from ..builders import fe, table
 from .fakemaps import FakeMap, checked_maps
@@ -240,7 +240,7 @@ def test_near_a_full_map_the_writer_goes_one_by_one(maps):
 
 
 def test_a_policy_change_rewrites_the_meta_row_for_the_cli(maps):
-    from kproxy_ebpf.desired import ServiceInfo
+    from kproxy_ebpf.model.desired import ServiceInfo
     w = MapWriter(maps)
     base = fe(backends=["10.244.1.10"])
     w.apply(table(base))
@@ -276,7 +276,7 @@ def test_bulk_filled_rows_equal_the_per_row_encoding(monkeypatch):
     """A cold apply fills whole frontends at once (bulk-packed rows, no ctypes object per
     row): the maps end up byte for byte as the one-by-one path writes them, ids included,
     and every row is what layout.py's ctypes types encode."""
-    import kproxy_ebpf.datapath.writer as W
+    import kproxy_ebpf.datapath.write.writer as W
 
     desired = _mixed_table()
     bulk = {n: FakeMap(L.MAPS[n]) for n in ("svc", "backend", "meta")}
@@ -317,7 +317,7 @@ def test_a_name_cut_inside_a_character_is_restored(maps):
     """kp_meta holds 15 bytes of a port name: a manifest's multi-byte name is cut between
     characters, and a row cut inside one (an older agent's) still restores (the fuzz tests
     found a restart that raised UnicodeDecodeError on it)."""
-    from kproxy_ebpf.desired import ServicePortName
+    from kproxy_ebpf.model.desired import ServicePortName
 
     spn = ServicePortName("default", "web", "000\x80\x80\x80ࠀ𐀀", Protocol.UDP)
     w = MapWriter(maps)
@@ -377,7 +377,7 @@ def test_reference_counts_follow_the_slots_through_changes_and_a_restore(maps, m
     """RefCounts stores only the counts other than 1: through fills (bulk and one by one),
     shrinking, sharing and deletes, every backend with an id counts exactly the slots that
     name it, and those named by none are freed with their rows."""
-    import kproxy_ebpf.datapath.writer as W
+    import kproxy_ebpf.datapath.write.writer as W
 
     if not batched:
         monkeypatch.setattr(W, "BATCH_MIN", 10**9)

@@ -9,10 +9,10 @@ import functools
 
 import pytest
 
-from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath.writer import MapWriter
-from kproxy_ebpf.desired import Action, Backend, FrontendKind, Scope, ServicePortName
-from kproxy_ebpf.model import Protocol
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.write.writer import MapWriter
+from kproxy_ebpf.model.desired import Action, Backend, FrontendKind, Scope, ServicePortName
+from kproxy_ebpf.model.objects import Protocol
 
 from .. import builders
 from ..builders import table
@@ -199,7 +199,7 @@ def test_restore_rebuilds_the_local_backend_rows():
 
 
 def test_the_cli_dump_shows_the_filter_rows_as_addresses():
-    from kproxy_ebpf.datapath import reader
+    from kproxy_ebpf.datapath.maps import reader
 
     maps = ext_maps()
     MapWriter(maps).apply(table(ext_fe("10.250.0.11", 30080, ["10.244.1.10"],

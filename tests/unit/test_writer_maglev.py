@@ -8,12 +8,12 @@ import functools
 
 import pytest
 
-from kproxy_ebpf import maglev
-from kproxy_ebpf.datapath import layout as L
-from kproxy_ebpf.datapath.maglev_tables import ROW, row_count
-from kproxy_ebpf.datapath.writer import MapWriter
-from kproxy_ebpf.desired import Action, BackendState, FrontendKind, Scope, ServicePortName
-from kproxy_ebpf.model import Protocol
+from kproxy_ebpf.model import maglev
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.write.maglev_tables import ROW, row_count
+from kproxy_ebpf.datapath.write.writer import MapWriter
+from kproxy_ebpf.model.desired import Action, BackendState, FrontendKind, Scope, ServicePortName
+from kproxy_ebpf.model.objects import Protocol
 
 from .. import builders
 from ..builders import table

@@ -1,0 +1,1 @@
+"""The TC path's connection tracking: listing, purging, and carrying it over an upgrade."""

@@ -1,0 +1,88 @@
+"""The writer's rows as the kernel stores them: kp_svc keys and values, kp_backend rows and
+their ids, kp_svc_meta rows, from layout.py's formats and types; addresses of either family
+as struct kp_ip (layout.ip_bytes).
+
+Rows written per endpoint (slots, backends) are packed straight into bytes: a ctypes object
+per row cost more than the syscalls at 100,000 endpoints. Rows written per frontend (slot 0,
+the meta row) keep the ctypes types, whose field names say what each value is.
+"""
+from __future__ import annotations
+
+import struct
+import sys
+
+from kproxy_ebpf.model.desired import Frontend, ServicePortName
+from kproxy_ebpf.model.objects import Protocol
+from . import layout as L
+from kproxy_ebpf.datapath.write.programmed import BackendKey, HeldTable
+
+_SVC_KEY = struct.Struct(L.MAPS["svc"].key_format)
+_SVC_VAL = struct.Struct(L.MAPS["svc"].value_format).pack
+_ID = struct.Struct(L.MAPS["backend"].key_format).pack
+_BACKEND = struct.Struct(L.MAPS["backend"].value_format).pack
+
+# kp_svc_meta's name fields hold a NUL-terminated C string (kproxy.h KP_NAME_LEN, ...).
+NAME_MAX = L.const("KP_NAME_LEN") - 1
+PORT_NAME_MAX = L.const("KP_PORT_NAME_LEN") - 1
+
+pack_svc_key = _SVC_KEY.pack          # (addr, port, proto, scope, slot) as kp_svc_key holds them
+backend_id_key = _ID                  # kp_backend's key: the backend id
+
+
+def slot_fields(head: L.SvcKey) -> tuple[bytes, int, int, int]:
+    """(addr, port, proto, scope) of a frontend's slot 0 key, which its slot keys share."""
+    return bytes(head.addr), head.port, head.proto, head.scope
+
+
+def slot_value(backend_id: int, be_flags: int) -> bytes:
+    """A slot row 1..n: the backend it names and the endpoint's state for this frontend."""
+    return _SVC_VAL(backend_id, 0, 0, 0, 0, 0, be_flags, 0, 0)
+
+
+def backend_row(b: BackendKey) -> bytes:
+    """kp_backend of (ip, port, protocol): address and port in network byte order. The
+    address leads the row (checked below), so a row is its 16 bytes and the packed rest of
+    (port, protocol), which few backends differ in."""
+    tail = _BACKEND_TAIL.get((b[1], b[2]))
+    if tail is None:
+        tail = _BACKEND_TAIL[(b[1], b[2])] = _BACKEND(
+            bytes(16), int.from_bytes(b[1].to_bytes(2, "big"), sys.byteorder),
+            L.PROTO_NUM[b[2]])[16:]
+    return L.ip_bytes(b[0]) + tail
+
+
+_BACKEND_TAIL: dict[tuple[int, Protocol], bytes] = {}
+if L.G.STRUCTS["kp_backend"]["fields"][0] != ("addr", 0, "struct kp_ip"):
+    raise ImportError("kp_backend no longer starts with its struct kp_ip addr: fix backend_row")
+
+
+def head_value(fe: Frontend, svc_id: int, count: int, ranges: bool,
+               table: HeldTable | None = None) -> L.SvcVal:
+    """Slot 0: the frontend's verdict, kind, affinity and slot count (`ranges`: it has
+    kp_srcrange rows the programs must check; `table`: the Maglev table it picks by)."""
+    return L.SvcVal(svc_id=svc_id, affinity_timeout=fe.affinity_timeout, count=count,
+                    action=L.ACTION_NUM[fe.action], kind=L.KIND_NUM[fe.kind],
+                    fe_flags=L.FE_F_SRC_RANGES if ranges else 0,
+                    backend_id=table.table if table else 0,
+                    maglev_size=table.size if table else 0)
+
+
+def text_of(raw: bytes) -> str:
+    """A fixed-size C string field back to text (meta_value's inverse). A row an older agent
+    wrote may end inside a character: never a reason to fail a read."""
+    return raw.split(b"\0", 1)[0].decode(errors="replace")
+
+
+def _cut(text: str, size: int) -> bytes:
+    """At most `size` bytes of text's UTF-8, cut between characters (a name from a static
+    manifest may hold any; the API server allows ASCII only)."""
+    return text.encode()[:size].decode(errors="ignore").encode()
+
+
+def meta_value(spn: ServicePortName, view: L.MetaView) -> L.SvcMeta:
+    """The service port's names and settings (for the CLI: no program reads them)."""
+    flags, hc, ranges, td = view
+    return L.SvcMeta(namespace=_cut(spn.namespace, NAME_MAX), name=_cut(spn.name, NAME_MAX),
+                     port_name=_cut(spn.port, PORT_NAME_MAX), proto=L.PROTO_NUM[spn.protocol],
+                     flags=flags, health_check_node_port=hc, source_ranges=ranges,
+                     traffic_distribution=td)

@@ -1,0 +1,37 @@
+"""What one apply did to the maps: counts for the sync's log line and metrics, and the
+failures (a full map named, frontends to retry), recorded step by step so that one bad write
+never stops the others."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kproxy_ebpf.model.desired import FrontendKey, ServicePortName
+from kproxy_ebpf.datapath.maps.pinned import MapFull
+
+
+@dataclass
+class ApplyResult:
+    updated: int = 0          # frontends written
+    deleted: int = 0          # frontends removed
+    writes: int = 0           # map rows written or deleted
+    errors: list[str] = field(default_factory=list)
+    full_maps: set[str] = field(default_factory=set)
+    failed: dict[FrontendKey, ServicePortName | None] = field(default_factory=dict)  # retry these
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def attempt(self, what: str, fn, failures: tuple[type[Exception], ...] = (OSError,)) -> bool:
+        """Runs one write step; a failure is recorded against `what` (and a full map named),
+        and the caller goes on with the next step."""
+        try:
+            fn()
+        except MapFull as exc:
+            self.full_maps.add(exc.map_name)
+            self.errors.append(f"{what}: {exc}")
+            return False
+        except failures as exc:
+            self.errors.append(f"{what}: {exc}")
+            return False
+        return True

@@ -1,0 +1,454 @@
+"""Applies a desired state to the pinned maps: ordered make-before-break writes and garbage
+collection. What to write comes from plan.py (the diff against the Ledger, programmed.py),
+the rows' bytes from encode.py, the Ledger of a new agent from restore.py; every write goes
+through the sink of datapath/batch.py that apply() hands down (at once, or batched by phase).
+
+Order (make-before-break), per frontend:
+  1. backend rows it needs, 2. slot rows 1..n, 3. slot 0 with the new count, 4. surplus slots;
+then, after every frontend: deleted frontends (slot 0 first), then backends and service ids that
+no row references any more. A lookup therefore never sees a count that covers an unwritten slot
+nor a slot naming a freed backend, and ids are not reused at once (see ids.py).
+
+No torn reads (the programs copy each row once, see bpf/lib/lb.h): a backend row is written
+once, when its id is allocated, and never modified; an id names one (address, port, protocol)
+for its whole life and is freed only after the apply that removed the last slot naming it.
+What changes about an endpoint (ready, terminating, local) belongs to the frontend that uses
+it and lives in that frontend's slot row (be_flags), of which tc_lb.c reads KP_BE_F_LOCAL.
+
+Both scopes of the svc map are written here (sockets, and packets from outside the node): a
+FrontendKey names a frontend's rows whatever its scope; backends and service ids are shared.
+
+loadBalancerSourceRanges (scope EXT, LoadBalancer frontends) live in the kp_srcrange trie
+with a flag in the frontend's slot 0 (KP_FE_F_SRC_RANGES): new range rows are written before
+the slot 0 that sets or keeps the flag, and rows that left go only after the slot 0 that
+cleared the flag or stopped needing them, so a reader never sees the flag without its rows
+(it would drop every client). While ranges change, the union of old and new is admitted for
+the moment between the two writes, never nothing.
+
+Scope-EXT frontends also hold address rows (held_addrs.py): their own address in kp_extaddr
+and their local backends' in kp_extbe, which tc_lb.c reads so that packets of no EXT flow
+(pod-to-pod traffic between nodes) pass without a conntrack or service lookup. Like the range
+rows, a frontend holds an address before the slot 0 that needs it and lets go after the slot 0
+that stopped needing it. The writer never decides policy.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+
+from kproxy_ebpf.model.desired import Frontend, FrontendKey, Scope, ServicePortName
+from kproxy_ebpf.datapath.maps import encode as E
+from .apply_result import ApplyResult
+from kproxy_ebpf.datapath.maps import layout as L
+from .batch import BatchedWrites, DirectWrites, Writes
+from .held_addrs import HeldAddrs
+from .maglev_tables import MaglevTables, row_count
+from kproxy_ebpf.datapath.maps.ids import IdsExhausted
+from kproxy_ebpf.datapath.maps.pinned import PinnedMap
+from .plan import Planner, drained, slot_order, wanted_slots
+from .programmed import BackendKey, HeldTable, Ledger, Programmed
+from kproxy_ebpf.datapath.upgrade.restore import read_back
+
+log = logging.getLogger(__name__)
+
+BATCH_MIN = 64            # ops below which single writes are as cheap as a batch
+
+
+class MapWriter:
+    def __init__(self, maps: Mapping[str, PinnedMap]):
+        self.svc, self.be, self.meta = maps["svc"], maps["backend"], maps["meta"]
+        self.src = maps.get("srcrange")     # None: no source ranges written (tests' fakes)
+        # The TC filters (None where the map is missing: tests' fakes).
+        self.ext_addrs = HeldAddrs(maps["extaddr"]) if "extaddr" in maps else None
+        self.ext_locals = HeldAddrs(maps["extbe"]) if "extbe" in maps else None
+        # Maglev tables of EXT frontends (None where the map is missing: tests' fakes).
+        self.tables = MaglevTables(maps["maglev"]) if "maglev" in maps else None
+        self.plan = Planner(self.src is not None, self.ext_addrs is not None,
+                            self.ext_locals is not None, self.tables is not None)
+        self.held = Ledger()
+        # While the drift check reads the maps (drift.py): every key an apply looked at;
+        # a restore() replaces it with None (the check's comparison is void then).
+        self.journal: set[FrontendKey] | None = None
+        # Service ids freed since take_freed_svc_ids(): their per-Service counter rows
+        # (kp_svcstat, svc_counters.py) go after the sync.
+        self._freed_svc_ids: list[int] = []
+
+    @property
+    def programmed(self) -> Mapping[FrontendKey, Programmed]:
+        """What the kernel holds, per frontend (read-only: the writer keeps it)."""
+        return self.held.frontends
+
+    @property
+    def backend_ids(self):
+        return self.held.backend_ids
+
+    def serves(self, key: FrontendKey, backend: BackendKey) -> bool:
+        """Whether a lookup of frontend `key` can pick `backend` now (a slot within its count
+        names it)."""
+        prog = self.held.frontends.get(key)
+        return prog is not None and backend in prog.live()
+
+    def holds(self, peer: tuple[bytes, int, int]) -> bool:
+        """Whether some frontend still names the backend (16-byte address, port, IP
+        protocol number): its row is programmed."""
+        addr, port, proto = peer
+        return (L.ip_text(addr), port, L.PROTO_BY_NUM[proto]) in self.held.backend_ids
+
+    def backends_of(self, key: FrontendKey) -> frozenset[BackendKey]:
+        """The backends a lookup of frontend `key` (either scope) can pick now."""
+        prog = self.held.frontends.get(key)
+        return frozenset(prog.order()) if prog is not None else frozenset()
+
+    def sock_backends(self, keys: Iterable[FrontendKey] | None = None
+                      ) -> dict[FrontendKey, tuple[BackendKey, ...]]:
+        """The backends lookups of the scope-SOCK frontends among `keys` (None: all) can pick
+        now: what a socket connected through them may be talking to. Tuples, not sets: a full
+        sync holds one per frontend while it writes."""
+        held = self.held.frontends
+        return {k: prog.order() for k in (held if keys is None else keys)
+                if k.scope is Scope.SOCK and (prog := held.get(k)) is not None}
+
+    def restore(self) -> int:
+        """Rebuilds the bookkeeping from the maps; returns the number of frontends found."""
+        self.journal = None
+        if self.tables is not None:
+            self.tables = MaglevTables(self.tables.map)
+        self.held = read_back(self.svc, self.be, self.meta, self.src, self.ext_addrs,
+                              self.ext_locals, self.tables, previous=self.held)
+        self._gc(DirectWrites(self.svc))
+        return len(self.held.frontends)
+
+    # -- apply -----------------------------------------------------------------------------
+    def apply(self, desired: Mapping[FrontendKey, Frontend],
+              candidates: Iterable[FrontendKey] | None = None,
+              res: ApplyResult | None = None) -> ApplyResult:
+        """Makes the maps hold `desired`. With `candidates`, only those keys are examined
+        (the frontends of services that changed); without, everything is diffed. Only
+        `desired[k]` and `k in desired` are read for the keys examined. Reported into `res`
+        (a new ApplyResult without) and returned."""
+        res = ApplyResult() if res is None else res
+        keys = sorted(set(self.held.frontends) | set(desired) if candidates is None
+                      else set(candidates))
+        if self.journal is not None:
+            self.journal.update(keys)
+        if not self._fits_batch(desired, keys):
+            self._apply_keys(desired, keys, res, DirectWrites(self.svc))
+            return res
+        filters = [f.map for f in (self.ext_addrs, self.ext_locals) if f is not None]
+        tables = [self.tables.map] if self.tables is not None else []
+        writes = BatchedWrites(self.svc, [self.be, self.meta, *tables],
+                               [m for m in (self.src, *filters) if m is not None])
+        self._apply_keys(desired, keys, res, writes)
+        # A failure here leaves the bookkeeping ahead of the kernel: the caller must
+        # restore() before the next apply (the agent does, after any failed sync).
+        writes.replay()
+        return res
+
+    def _fits_batch(self, desired: Mapping[FrontendKey, Frontend], keys: list[FrontendKey]) -> bool:
+        """Batch when there is enough to write and the maps surely have room: a full map
+        mid-batch could not be tied to its frontend, the one-by-one path handles it."""
+        if not all(hasattr(m, "put_batch") for m in (self.svc, self.be, self.meta)):
+            return False
+        todo = [desired[k] for k in keys if k in desired]
+        rows = sum(1 + len(fe.backends) for fe in todo)
+        if rows + len(keys) < BATCH_MIN:
+            return False
+        used = self.row_counts()
+        ranges = sum(len(desired[k].source_ranges) for k in keys if k in desired)
+        if self.src is not None and used.get("srcrange", 0) + ranges > self.src.max_entries:
+            return False
+        ext = [desired[k] for k in keys if k.scope is Scope.EXT and k in desired]
+        if self.tables is not None and self.tables.rows + sum(
+                row_count(self.plan.maglev(fe)) for fe in ext) > self.tables.map.max_entries:
+            return False
+        for f, name, need in ((self.ext_addrs, "extaddr", len(ext)),
+                              (self.ext_locals, "extbe", sum(len(fe.backends) for fe in ext))):
+            if f is not None and used.get(name, 0) + need > f.map.max_entries:
+                return False
+        return (used["svc"] + rows <= self.svc.max_entries
+                and used["backend"] + rows <= self.be.max_entries
+                and used["meta"] + len(todo) <= self.meta.max_entries)
+
+    def _apply_keys(self, desired: Mapping[FrontendKey, Frontend], keys: list[FrontendKey],
+                    res: ApplyResult, writes: Writes) -> None:
+        frontends, unchanged = self.held.frontends, self.plan.unchanged
+        for key in keys:
+            fe = desired.get(key)
+            if fe is not None and not unchanged(self.held, key, fe):
+                self._guard(res, key, fe.service,
+                            lambda fe=fe: self._write_frontend(fe, res, writes))
+        for key in keys:
+            if key not in desired and key in frontends:
+                spn = frontends[key].service
+                self._guard(res, key, spn, lambda key=key: self._delete_frontend(key, res, writes))
+        self._gc(writes, res)
+
+    def _guard(self, res: ApplyResult, key: FrontendKey, spn: ServicePortName | None, fn) -> None:
+        """Runs one frontend's writes; a failure is recorded, the other frontends go on."""
+        if not res.attempt(f"{spn or '?'} {key}", fn, (OSError, IdsExhausted)):
+            res.failed[key] = spn
+
+    def _new_backend(self, b: BackendKey, res: ApplyResult, writes: Writes) -> int:
+        """An id for backend b, which has none; its row is written here, once, and never
+        again."""
+        ids = self.held.backend_ids
+        bid = ids.acquire(b)
+        try:
+            writes.row(self.be, E.backend_id_key(bid), E.backend_row(b))
+        except BaseException:
+            ids.release(b)
+            raise
+        self.held.refs.taken(b)
+        self.held.unref.add(b)      # freed again at the end of apply if no slot names it
+        res.writes += 1
+        return bid
+
+    def _write_frontend(self, fe: Frontend, res: ApplyResult, writes: Writes) -> None:
+        key, held = fe.key, self.held
+        prog = held.frontends.get(key)
+        if prog is None:
+            prog = held.frontends[key] = Programmed(fe.kind, None, fe.action, 0, None)
+        wanted = wanted_slots(fe)
+        order = slot_order(prog, wanted)
+
+        svc_id = held.svc_ids.acquire(fe.service)
+        held.svc_unref.add(fe.service)     # in case this write fails before slot 0
+        view = L.meta_view(fe.info)
+        if held.named.get(fe.service) != view:
+            # Rewritten in place when the settings change: no program reads it.
+            writes.row(self.meta, L.U32(svc_id), E.meta_value(fe.service, view))
+            held.named[fe.service] = view
+            res.writes += 1
+
+        head = L.frontend_svc_key(key)      # encoded once; slot keys are packed from it
+        fields = E.slot_fields(head)
+        if not prog.rows and writes.batching:
+            self._fill_slots(prog, fields, order, wanted, res, writes)
+        else:
+            self._write_slots(prog, fields, order, wanted, res, writes)
+        local = self.plan.locals(fe)
+        if key.scope is Scope.EXT:
+            self._hold_filters(key, local, prog, res, writes)  # before the slot 0 needing them
+        ranges = self.plan.ranges(fe)
+        for cidr in sorted(ranges - prog.ranges):      # rows before the flag that needs them
+            writes.row(self.src, L.srcrange_key(key, cidr), L.U32(0))
+            prog.ranges = prog.ranges | {cidr}
+            held.range_rows += 1
+            res.writes += 1
+        old_table = prog.maglev
+        table = self._table(fe, prog, order, res, writes)    # before the slot 0 naming it
+        # Only now may slot 0 announce the new count.
+        writes.head(head, E.head_value(fe, svc_id, len(order), bool(ranges), table))
+        prog.range_flag, prog.maglev = bool(ranges), table
+        res.writes += 1
+        if old_table is not None and old_table is not table:  # after slot 0 let go
+            res.writes += self.tables.drop(old_table, writes)
+        self._drop_ranges(key, prog, prog.ranges - ranges, res, writes)   # after the flag let go
+        for addr in sorted(prog.local_held - local):   # after slot 0 let go
+            self._release_local(prog, addr, res, writes)
+        self._hold_drain(prog, drained(fe), res, writes)
+        held.set_service(prog, fe.service)
+        prog.kind, prog.action = fe.kind, fe.action
+        prog.affinity, prog.count = fe.affinity_timeout, len(order)
+        for slot in prog.rows.above(len(order)):
+            writes.drop_slot(L.frontend_svc_key(key, slot))
+            held.ref(prog, slot, None)
+            res.writes += 1
+        res.updated += 1
+
+    def _table(self, fe: Frontend, prog: Programmed, order: list[BackendKey], res: ApplyResult,
+               writes: Writes) -> HeldTable | None:
+        """The Maglev table fe's slot 0 is to name: the one held if it was built for these
+        slots at this size, else a new one, written here."""
+        size = self.plan.maglev(fe)
+        if not size:
+            return None
+        held, slots = prog.maglev, tuple(order)
+        if held is not None and held.built_for(size, slots):
+            return held
+        table = self.tables.write(size, slots, writes)
+        res.writes += row_count(size)
+        return table
+
+    def _write_slots(self, prog: Programmed, fields: tuple, order: list[BackendKey],
+                     wanted: dict[BackendKey, int], res: ApplyResult, writes: Writes) -> None:
+        """Slot rows 1..n that differ from what the kernel holds, each with its bookkeeping."""
+        held = self.held
+        rows, refs, unref, ids = prog.rows, held.refs, held.unref, held.backend_ids
+        pack_key, slot_value = E.pack_svc_key, E.slot_value
+        for slot, bkey in enumerate(order, start=1):
+            row = (bkey, wanted[bkey])
+            old = rows.get(slot)
+            if old != row:
+                bid = ids.get(bkey)
+                if bid is None:
+                    bid = self._new_backend(bkey, res, writes)
+                writes.slot(pack_key(*fields, slot), slot_value(bid, row[1]))
+                # the bookkeeping of Ledger.ref(prog, slot, row), inline: this runs per endpoint
+                if old is not None:
+                    refs.add(old[0], -1)
+                    unref.add(old[0])
+                else:
+                    held.slot_rows += 1
+                rows[slot] = row
+                refs.add(bkey)
+                res.writes += 1
+
+    def _fill_slots(self, prog: Programmed, fields: tuple, order: list[BackendKey],
+                    wanted: dict[BackendKey, int], res: ApplyResult, writes: Writes) -> None:
+        """_write_slots for a frontend without slot rows while the writes are batched (a cold
+        start's every frontend): the same rows in the same order, each list handed to the
+        sink at once and the bookkeeping done in bulk. A backend row is packed before its id
+        is taken, so a failure (a bad address, no id left) leaves every id taken named by a
+        slot row; the slots recorded until then are kept, as _write_slots keeps them."""
+        held = self.held
+        get, acquire = held.backend_ids.get, held.backend_ids.acquire
+        pack_key, slot_value, (addr, port, proto, scope) = E.pack_svc_key, E.slot_value, fields
+        be_keys: list[bytes] = []
+        be_rows: list[bytes] = []
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        fresh: set[BackendKey] = set()      # given an id here
+        try:
+            for slot, bkey in enumerate(order, start=1):
+                bid = get(bkey)
+                if bid is None:
+                    row = E.backend_row(bkey)
+                    bid = acquire(bkey)
+                    fresh.add(bkey)
+                    be_keys.append(E.backend_id_key(bid))
+                    be_rows.append(row)
+                keys.append(pack_key(addr, port, proto, scope, slot))
+                values.append(slot_value(bid, wanted[bkey]))
+        finally:
+            done = order[:len(keys)]
+            writes.rows(self.be, be_keys, be_rows)
+            writes.slots(keys, values)
+            prog.rows.fill(done, bytes(wanted[b] for b in done))
+            # A backend given its id here is named by this one slot (a count of 1 is not
+            # stored, RefCounts); one that had an id gains a row.
+            add = held.refs.add
+            for b in done:
+                if b not in fresh:
+                    add(b)
+            for b in fresh.difference(done):     # an id no slot came to name: garbage
+                held.refs.taken(b)
+                held.unref.add(b)
+            held.slot_rows += len(done)
+            res.writes += len(be_keys) + len(done)
+
+    def _delete_frontend(self, key: FrontendKey, res: ApplyResult, writes: Writes) -> None:
+        held = self.held
+        prog = held.frontends[key]
+        writes.drop_head(L.frontend_svc_key(key))     # first: the frontend disappears at once
+        prog.count = None
+        if prog.maglev is not None:
+            res.writes += self.tables.drop(prog.maglev, writes)
+            prog.maglev = None
+        held.set_service(prog, None)
+        res.writes += 1
+        prog.range_flag = False
+        self._drop_ranges(key, prog, prog.ranges, res, writes)
+        for slot in sorted(prog.rows):
+            writes.drop_slot(L.frontend_svc_key(key, slot))
+            held.ref(prog, slot, None)
+            res.writes += 1
+        for addr in sorted(prog.local_held):           # after its slot 0 is gone
+            self._release_local(prog, addr, res, writes)
+        self._hold_drain(prog, frozenset(), res, writes)
+        if prog.addr_held:
+            self.ext_addrs.release(key.ip, res, writes)
+            prog.addr_held = False
+        del held.frontends[key]
+        res.deleted += 1
+
+    def _hold_drain(self, prog: Programmed, want: frozenset[BackendKey], res: ApplyResult,
+                    writes: Writes) -> None:
+        """References the backends of `want` without a slot (Frontend.draining): their rows,
+        and ids, live on for the TC path's flows (tc_lb.c kp_ct_usable checks the row)."""
+        held = self.held
+        for b in sorted(want - prog.drain):
+            if held.backend_ids.get(b) is None:
+                self._new_backend(b, res, writes)
+            held.refs.add(b)
+        for b in prog.drain - want:
+            held.refs.add(b, -1)
+            held.unref.add(b)
+        prog.drain = want
+
+    # -- TC filter and source-range rows (EXT frontends) -------------------------------------
+    def _hold_filters(self, key: FrontendKey, local: frozenset[str], prog: Programmed,
+                      res: ApplyResult, writes: Writes) -> None:
+        if self.ext_addrs is not None and not prog.addr_held:
+            self.ext_addrs.hold(key.ip, res, writes)
+            prog.addr_held = True
+        for addr in sorted(local - prog.local_held):
+            self.ext_locals.hold(addr, res, writes)
+            prog.local_held = prog.local_held | {addr}
+
+    def _release_local(self, prog: Programmed, addr: str, res: ApplyResult, writes: Writes) -> None:
+        self.ext_locals.release(addr, res, writes)
+        prog.local_held = prog.local_held - {addr}
+
+    def _drop_ranges(self, key: FrontendKey, prog: Programmed, gone: frozenset[str],
+                     res: ApplyResult, writes: Writes) -> None:
+        for cidr in sorted(gone):
+            writes.drop(self.src, L.srcrange_key(key, cidr))
+            prog.ranges = prog.ranges - {cidr}
+            self.held.range_rows -= 1
+            res.writes += 1
+
+    # -- garbage -----------------------------------------------------------------------------
+    def _gc(self, writes: Writes, res: ApplyResult | None = None) -> None:
+        """Frees backends no row names and service ids no frontend uses, after all writes.
+        Only candidates whose references dropped are looked at: O(changed)."""
+        held = self.held
+        for bkey in held.unref:
+            bid = held.backend_ids.get(bkey)
+            if bid is None or held.refs.count(bkey) > 0:
+                continue
+            writes.drop(self.be, E.backend_id_key(bid))
+            held.backend_ids.release(bkey)
+            held.refs.freed(bkey)
+            if res:
+                res.writes += 1
+        held.unref = set()
+        for spn in held.svc_unref:
+            sid = held.svc_ids.get(spn)
+            if sid is None or held.svc_refs.get(spn, 0) > 0:
+                continue
+            writes.drop(self.meta, L.U32(sid))
+            held.svc_ids.release(spn)
+            self._freed_svc_ids.append(sid)
+            held.named.pop(spn, None)
+            held.svc_refs.pop(spn, None)
+            if res:
+                res.writes += 1
+        held.svc_unref = set()
+
+    def take_freed_svc_ids(self) -> list[int]:
+        """The service ids freed since the last call."""
+        freed, self._freed_svc_ids = self._freed_svc_ids, []
+        return freed
+
+    def svc_ids_held(self) -> set[int]:
+        """Every service id some frontend holds now."""
+        return {sid for _, sid in self.held.svc_ids}
+
+    def row_counts(self) -> dict[str, int]:
+        """Rows the writer keeps in each map it owns (without iterating the kernel maps)."""
+        held = self.held
+        counts = {"svc": len(held.frontends) + held.slot_rows,
+                  "backend": len(held.backend_ids), "meta": len(held.named)}
+        if self.src is not None:
+            counts["srcrange"] = held.range_rows
+        if self.tables is not None:
+            counts["maglev"] = self.tables.rows
+        for f, name in ((self.ext_addrs, "extaddr"), (self.ext_locals, "extbe")):
+            if f is not None:
+                counts[name] = len(f.refs)
+        return counts
+
+    def stats(self) -> dict[str, int]:
+        return {"frontends": len(self.held.frontends), "backends": len(self.held.backend_ids),
+                "service_ports": len(self.held.svc_ids)}
