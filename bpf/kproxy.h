@@ -476,7 +476,7 @@ struct kp_ct_key {              /* a direction of a flow: src -> dst, either fam
 /* What a packet may change in a tracked flow, packed into one word (kp_ct_val.life) so that
  * a program changes it in place with one compare-and-swap and a reader on another CPU loads
  * it whole. Rewriting the row through the LRU map instead takes a new element and frees the
- * old one on every state change (docs/architecture.md, "Conntrack in place"). */
+ * old one on every state change (docs/design/north-south.md, "Conntrack in place"). */
 enum kp_ct_life {
 	KP_CT_LIFE_FLAGS       = 0xff,   /* bits 0-7: enum kp_ct_flags */
 	KP_CT_LIFE_STATE_SHIFT = 8,      /* bits 8-11: enum kp_ct_state */

@@ -385,7 +385,7 @@ static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 	 * after it) or to the SNAT address. Any other, such as pod-to-pod traffic between nodes,
 	 * leaves after these two lookups in small maps instead of three in the large conntrack
 	 * and service maps (kp_from_outside per such packet: 650-900 ns before, ~200 ns after,
-	 * with the parse split around it; docs/architecture.md). */
+	 * with the parse split around it; docs/design/north-south.md). */
 	kind = kp_parse_l3(skb, &p);
 	if (kind == KP_L3_OTHER)
 		return TC_ACT_OK;

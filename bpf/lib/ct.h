@@ -142,7 +142,7 @@ static __always_inline __u64 kp_ct_next(__u8 proto, __u64 life, __u8 tcp_flags, 
  * ACK and retransmissions). kp_ct_track then writes its row whole once more, as a new element
  * no lookup has marked: rows that only ever changed in place all stayed marked, and the LRU's
  * refills of free elements, which sort marked ones out under the list's lock, raised the TC
- * paths' connect p99 by ~20 us (docs/architecture.md "Conntrack in place"). */
+ * paths' connect p99 by ~20 us (docs/design/north-south.md "Conntrack in place"). */
 static __always_inline bool kp_ct_ended(__u64 life)
 {
 	return kp_ct_state(life) == KP_CT_CLOSED ||

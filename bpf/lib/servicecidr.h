@@ -30,7 +30,7 @@ static __always_inline struct kp_cidr_key kp_servicecidr_key(struct kp_ip addr)
  * only when cip is NULL). 0: not ours to judge (the socket proceeds untouched); else the
  * negative errno: ECONNREFUSED for a port an allocated ClusterIP does not have (kube-proxy:
  * reject), EHOSTUNREACH at once for an unallocated address of a ServiceCIDR (kube-proxy: drop,
- * where the client waits for its own timeout; see docs/architecture.md). */
+ * where the client waits for its own timeout; see docs/design/semantics.md). */
 static __always_inline int kp_servicecidr_verdict(const struct kp_cip_val *cip,
 						  const void *in_cidr)
 {

@@ -1,6 +1,6 @@
 """Tuning of the agent's own process: the C heap (glibc's arenas and malloc_trim) and the
 cyclic garbage collector's pause over the cold start. Nothing here changes what is programmed;
-it only keeps the agent's memory and latency in bounds (see docs/architecture.md).
+it only keeps the agent's memory and latency in bounds (see docs/design/memory.md).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """After each sync, the sockets whose backend may no longer keep them are moved or ended: the
-agent's part of docs/architecture.md "Stale sockets".
+agent's part of docs/design/stale-sockets.md.
 
 A sync tells the sweep what it is about to write (before(): the backends sockets of those
 frontends may be talking to) and, once written, what may keep its connections now (after():

@@ -200,7 +200,7 @@ NO_BACKENDS = Backends()
 @dataclass(frozen=True, slots=True)
 class ServiceInfo:
     """Service-wide settings shown by the CLI next to each frontend (kp_svc_meta), including
-    those the datapath does not act on yet (see docs/architecture.md)."""
+    those the datapath does not act on yet (see docs/design/semantics.md)."""
     external_local: bool = False           # externalTrafficPolicy: Local
     internal_local: bool = False           # internalTrafficPolicy: Local
     health_check_node_port: int = 0
@@ -259,7 +259,7 @@ class ServiceCIDRSet:
 
     An address in cluster_ips (a ClusterIP this proxy programs) on a port the Service does not
     have is refused (ECONNREFUSED, kube-proxy's reject). Any other address inside one of cidrs
-    fails at once with EHOSTUNREACH (kube-proxy drops it; see docs/architecture.md for why we
+    fails at once with EHOSTUNREACH (kube-proxy drops it; see docs/design/semantics.md for why we
     fail fast), except foreign_ips: ClusterIPs of Services another proxy owns (label
     service.kubernetes.io/service-proxy-name), left untouched so that proxy can serve them.
     """

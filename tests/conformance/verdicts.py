@@ -47,7 +47,7 @@ class Divergence:
 
 
 # (scenario, check) -> what kproxy deliberately does instead of kube-proxy's cell. Keep in step
-# with docs/architecture.md ("Where kproxy differs from kube-proxy").
+# with docs/design/testing.md ("Where kproxy differs from kube-proxy").
 DIVERGENCES: dict[tuple[str, str], Divergence] = {
     ("itp_local_no_local_endpoint", "tcp pod"): Divergence(
         "ERROR EHOSTUNREACH",

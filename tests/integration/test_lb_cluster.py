@@ -218,7 +218,7 @@ def from_inside(c: Cluster, target: str, ip: str, udp: bool = False) -> set[str]
 
 def refused(got: set[str]) -> bool:
     """No answer: kube-proxy drops (a TCP SYN times out; a node's own UDP send meets EPERM),
-    our hook refuses the connect or send at once with EPERM (docs/architecture.md)."""
+    our hook refuses the connect or send at once with EPERM (docs/design/source-ranges.md)."""
     return bool(got) and "lbb" not in got
 
 

@@ -5,7 +5,7 @@ the API server from --service-cluster-ip-range).
 
 Where the outcome differs on purpose it is asserted per proxy: an unallocated address inside a
 ServiceCIDR is dropped by nftables (the client times out) and fails at once with EHOSTUNREACH
-under kproxy (docs/architecture.md, "Kubernetes 1.33-1.36 semantics").
+under kproxy (docs/design/semantics.md, "Kubernetes 1.33-1.36 semantics").
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ ICMP error is transient to them, only an unusable socket is connected again (pro
 
 TCP differs on purpose: kube-proxy leaves TCP flows alone, so a client blocked in recv on a
 backend that vanished without a FIN hangs; ours is reset (ECONNABORTED), as Calico's is
-(staleSocketsTCP, docs/architecture.md "Stale sockets").
+(staleSocketsTCP, docs/design/stale-sockets.md).
 """
 from __future__ import annotations
 
