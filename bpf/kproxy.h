@@ -131,7 +131,7 @@ enum kp_tunables {
 	KP_WHERE_REFRESH_MS = 1000,
 };
 
-enum kp_maglev {                /* Maglev tables (lib/maglev.h, kproxy_ebpf/datapath/maps/maglev.py) */
+enum kp_maglev {                /* Maglev tables (lib/maglev.h, kproxy_ebpf/model/maglev.py) */
 	/* Slots per kp_maglev row: a 960-byte value, which with the hash map's element header,
 	 * its key and the allocator's link fills a 1 KiB allocation exactly. */
 	KP_MAGLEV_ROW  = 478,
@@ -343,7 +343,7 @@ struct kp_nssrc_key {
 
 /* Maglev tables (Eisenbud et al., NSDI 2016) of scope-EXT frontends: entry i of a table names
  * the slot whose backend a flow hashing to i goes to. The agent builds each table from the
- * backends' addresses alone (kproxy_ebpf/datapath/maps/maglev.py), so every node with the same backends
+ * backends' addresses alone (kproxy_ebpf/model/maglev.py), so every node with the same backends
  * picks the same one for a flow: ECMP in front of the nodes may send its packets to any.
  * A table is written once under a new id, before the slot 0 that names it, and deleted after
  * the slot 0 that stopped naming it; a reader checks a row's tag after its read, because a

@@ -4,7 +4,7 @@
  * word in host order of its network value, so every node (of either byte order) computes the
  * same number for a flow; the frontend's address is left out, so a flow that an ECMP router
  * sends to another node's NodePort address meets the same entry there too.
- * kproxy_ebpf/datapath/maps/maglev.py flow_hash is the same function (tests/datapath/test_maglev_run.py runs both).
+ * kproxy_ebpf/model/maglev.py flow_hash is the same function (tests/datapath/test_maglev_run.py runs both).
  */
 #ifndef KPROXY_LIB_MAGLEV_H
 #define KPROXY_LIB_MAGLEV_H
