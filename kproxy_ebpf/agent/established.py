@@ -33,7 +33,7 @@ class Established:
         self.writer, self.frontends, self.state, self.lock = writer, frontends, state, lock
         self._serving: dict[tuple[ServicePortName, IPFamily], frozenset[tuple[str, int]]] = {}
         # Each frontend's slots, read once: a full sync asks about every backend of every
-        # frontend, and MapWriter.serves() rebuilds the frontend's slot table per question.
+        # frontend, and reading them rebuilds the frontend's slot table.
         self._live: dict[FrontendKey, frozenset[BackendKey]] = {}
 
     def picks(self, key: FrontendKey) -> frozenset[BackendKey]:

@@ -276,12 +276,12 @@ def test_bulk_filled_rows_equal_the_per_row_encoding(monkeypatch):
     """A cold apply fills whole frontends at once (bulk-packed rows, no ctypes object per
     row): the maps end up byte for byte as the one-by-one path writes them, ids included,
     and every row is what layout.py's ctypes types encode."""
-    import kproxy_ebpf.datapath.write.writer as W
+    from kproxy_ebpf.datapath.write import batch
 
     desired = _mixed_table()
     bulk = {n: FakeMap(L.MAPS[n]) for n in ("svc", "backend", "meta")}
     assert MapWriter(bulk).apply(desired).ok and bulk["svc"].batches
-    monkeypatch.setattr(W, "BATCH_MIN", 10**9)
+    monkeypatch.setattr(batch, "BATCH_MIN", 10**9)
     single = {n: FakeMap(L.MAPS[n]) for n in ("svc", "backend", "meta")}
     w = MapWriter(single)
     assert w.apply(desired).ok and not single["svc"].batches
@@ -377,10 +377,10 @@ def test_reference_counts_follow_the_slots_through_changes_and_a_restore(maps, m
     """RefCounts stores only the counts other than 1: through fills (bulk and one by one),
     shrinking, sharing and deletes, every backend with an id counts exactly the slots that
     name it, and those named by none are freed with their rows."""
-    import kproxy_ebpf.datapath.write.writer as W
+    from kproxy_ebpf.datapath.write import batch
 
     if not batched:
-        monkeypatch.setattr(W, "BATCH_MIN", 10**9)
+        monkeypatch.setattr(batch, "BATCH_MIN", 10**9)
     rnd = random.Random(7)
     w = MapWriter(maps)
     desired = _mixed_table()

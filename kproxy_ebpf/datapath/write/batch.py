@@ -16,6 +16,8 @@ from collections.abc import Sequence
 
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap
 
+BATCH_MIN = 64            # ops below which single writes are as cheap as a batch
+
 
 class Phase(enum.Enum):
     PUT_ROWS = "put-rows"          # backend, meta, source-range and TC filter rows

@@ -21,7 +21,7 @@ from kproxy_ebpf.model.desired import ServiceCIDRSet
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.maps.pinned import MapFull, PinnedMap
 from .apply_result import ApplyResult
-from .writer import BATCH_MIN
+from .batch import BATCH_MIN
 
 CIP_REJECT, CIP_PASS = L.const("KP_CIP_REJECT"), L.const("KP_CIP_PASS")
 ACTIONS = {"reject": CIP_REJECT, "pass": CIP_PASS, None: None}

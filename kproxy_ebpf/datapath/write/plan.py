@@ -101,16 +101,19 @@ class Planner:
         """Whether an EXT frontend holds the TC filter rows it needs."""
         return (not self.has_ext_addrs or prog.addr_held) and prog.local_held == self.locals(fe)
 
-    def unchanged(self, ledger: Ledger, key: FrontendKey, fe: Frontend) -> bool:
-        """Whether the kernel already holds fe as it is: nothing to write."""
+    def to_write(self, ledger: Ledger, key: FrontendKey, fe: Frontend
+                 ) -> dict[BackendKey, int] | None:
+        """The slots fe wants (wanted_slots) when the kernel does not hold fe as it is; None
+        when it does (nothing to write). Computed once: the writer writes from it."""
+        wanted = wanted_slots(fe)
         p = ledger.frontends.get(key)
         if p is None or p.count is None:
-            return False
+            return wanted
         if key.scope is Scope.EXT and not self.filters_held(p, fe):
-            return False
-        wanted = wanted_slots(fe)
-        return (p.kind, p.service, p.action, p.affinity) == (
+            return wanted
+        same = (p.kind, p.service, p.action, p.affinity) == (
             fe.kind, fe.service, fe.action, fe.affinity_timeout) and p.live() == wanted \
             and p.count == len(wanted) and ledger.named.get(fe.service) == L.meta_view(fe.info) \
             and p.ranges == self.ranges(fe) and p.range_flag == bool(p.ranges) \
             and p.drain == drained(fe) and self.table_held(p, fe)
+        return None if same else wanted

@@ -41,18 +41,18 @@ from kproxy_ebpf.datapath.maps import encode as E
 from .apply_result import ApplyResult
 from kproxy_ebpf.datapath.maps import layout as L
 from .batch import BatchedWrites, DirectWrites, Writes
+from .capacity import Capacity
+from .garbage import collect
+from .slots import fill_slots, new_backend, write_slots
 from .held_addrs import HeldAddrs
 from .maglev_tables import MaglevTables, row_count
 from kproxy_ebpf.datapath.maps.ids import IdsExhausted
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap
-from .plan import Planner, drained, slot_order, wanted_slots
+from .plan import Planner, drained, slot_order
 from .programmed import BackendKey, HeldTable, Ledger, Programmed
 from kproxy_ebpf.datapath.upgrade.restore import read_back
 
 log = logging.getLogger(__name__)
-
-BATCH_MIN = 64            # ops below which single writes are as cheap as a batch
-
 
 class MapWriter:
     def __init__(self, maps: Mapping[str, PinnedMap]):
@@ -65,6 +65,8 @@ class MapWriter:
         self.tables = MaglevTables(maps["maglev"]) if "maglev" in maps else None
         self.plan = Planner(self.src is not None, self.ext_addrs is not None,
                             self.ext_locals is not None, self.tables is not None)
+        self.capacity = Capacity(self.svc, self.be, self.meta, self.src, self.ext_addrs,
+                                 self.ext_locals)
         self.held = Ledger()
         # While the drift check reads the maps (drift.py): every key an apply looked at;
         # a restore() replaces it with None (the check's comparison is void then).
@@ -81,12 +83,6 @@ class MapWriter:
     @property
     def backend_ids(self):
         return self.held.backend_ids
-
-    def serves(self, key: FrontendKey, backend: BackendKey) -> bool:
-        """Whether a lookup of frontend `key` can pick `backend` now (a slot within its count
-        names it)."""
-        prog = self.held.frontends.get(key)
-        return prog is not None and backend in prog.live()
 
     def holds(self, peer: tuple[bytes, int, int]) -> bool:
         """Whether some frontend still names the backend (16-byte address, port, IP
@@ -118,6 +114,9 @@ class MapWriter:
         self._gc(DirectWrites(self.svc))
         return len(self.held.frontends)
 
+    def _gc(self, writes: Writes, res: ApplyResult | None = None) -> None:
+        self._freed_svc_ids += collect(self.held, self.be, self.meta, writes, res)
+
     # -- apply -----------------------------------------------------------------------------
     def apply(self, desired: Mapping[FrontendKey, Frontend],
               candidates: Iterable[FrontendKey] | None = None,
@@ -131,7 +130,7 @@ class MapWriter:
                       else set(candidates))
         if self.journal is not None:
             self.journal.update(keys)
-        if not self._fits_batch(desired, keys):
+        if not self.capacity.fits_batch(desired, keys, self.held, self.tables, self.plan):
             self._apply_keys(desired, keys, res, DirectWrites(self.svc))
             return res
         filters = [f.map for f in (self.ext_addrs, self.ext_locals) if f is not None]
@@ -144,39 +143,14 @@ class MapWriter:
         writes.replay()
         return res
 
-    def _fits_batch(self, desired: Mapping[FrontendKey, Frontend], keys: list[FrontendKey]) -> bool:
-        """Batch when there is enough to write and the maps surely have room: a full map
-        mid-batch could not be tied to its frontend, the one-by-one path handles it."""
-        if not all(hasattr(m, "put_batch") for m in (self.svc, self.be, self.meta)):
-            return False
-        todo = [desired[k] for k in keys if k in desired]
-        rows = sum(1 + len(fe.backends) for fe in todo)
-        if rows + len(keys) < BATCH_MIN:
-            return False
-        used = self.row_counts()
-        ranges = sum(len(desired[k].source_ranges) for k in keys if k in desired)
-        if self.src is not None and used.get("srcrange", 0) + ranges > self.src.max_entries:
-            return False
-        ext = [desired[k] for k in keys if k.scope is Scope.EXT and k in desired]
-        if self.tables is not None and self.tables.rows + sum(
-                row_count(self.plan.maglev(fe)) for fe in ext) > self.tables.map.max_entries:
-            return False
-        for f, name, need in ((self.ext_addrs, "extaddr", len(ext)),
-                              (self.ext_locals, "extbe", sum(len(fe.backends) for fe in ext))):
-            if f is not None and used.get(name, 0) + need > f.map.max_entries:
-                return False
-        return (used["svc"] + rows <= self.svc.max_entries
-                and used["backend"] + rows <= self.be.max_entries
-                and used["meta"] + len(todo) <= self.meta.max_entries)
-
     def _apply_keys(self, desired: Mapping[FrontendKey, Frontend], keys: list[FrontendKey],
                     res: ApplyResult, writes: Writes) -> None:
-        frontends, unchanged = self.held.frontends, self.plan.unchanged
+        frontends, to_write = self.held.frontends, self.plan.to_write
         for key in keys:
             fe = desired.get(key)
-            if fe is not None and not unchanged(self.held, key, fe):
+            if fe is not None and (wanted := to_write(self.held, key, fe)) is not None:
                 self._guard(res, key, fe.service,
-                            lambda fe=fe: self._write_frontend(fe, res, writes))
+                            lambda fe=fe, w=wanted: self._write_frontend(fe, w, res, writes))
         for key in keys:
             if key not in desired and key in frontends:
                 spn = frontends[key].service
@@ -188,27 +162,13 @@ class MapWriter:
         if not res.attempt(f"{spn or '?'} {key}", fn, (OSError, IdsExhausted)):
             res.failed[key] = spn
 
-    def _new_backend(self, b: BackendKey, res: ApplyResult, writes: Writes) -> int:
-        """An id for backend b, which has none; its row is written here, once, and never
-        again."""
-        ids = self.held.backend_ids
-        bid = ids.acquire(b)
-        try:
-            writes.row(self.be, E.backend_id_key(bid), E.backend_row(b))
-        except BaseException:
-            ids.release(b)
-            raise
-        self.held.refs.taken(b)
-        self.held.unref.add(b)      # freed again at the end of apply if no slot names it
-        res.writes += 1
-        return bid
-
-    def _write_frontend(self, fe: Frontend, res: ApplyResult, writes: Writes) -> None:
+    def _write_frontend(self, fe: Frontend, wanted: dict[BackendKey, int], res: ApplyResult,
+                        writes: Writes) -> None:
+        """fe's rows in make-before-break order; `wanted`: its slots (Planner.to_write)."""
         key, held = fe.key, self.held
         prog = held.frontends.get(key)
         if prog is None:
             prog = held.frontends[key] = Programmed(fe.kind, None, fe.action, 0, None)
-        wanted = wanted_slots(fe)
         order = slot_order(prog, wanted)
 
         svc_id = held.svc_ids.acquire(fe.service)
@@ -222,10 +182,8 @@ class MapWriter:
 
         head = L.frontend_svc_key(key)      # encoded once; slot keys are packed from it
         fields = E.slot_fields(head)
-        if not prog.rows and writes.batching:
-            self._fill_slots(prog, fields, order, wanted, res, writes)
-        else:
-            self._write_slots(prog, fields, order, wanted, res, writes)
+        slots = fill_slots if not prog.rows and writes.batching else write_slots
+        slots(held, self.be, prog, fields, order, wanted, res, writes)
         local = self.plan.locals(fe)
         if key.scope is Scope.EXT:
             self._hold_filters(key, local, prog, res, writes)  # before the slot 0 needing them
@@ -270,73 +228,6 @@ class MapWriter:
         res.writes += row_count(size)
         return table
 
-    def _write_slots(self, prog: Programmed, fields: tuple, order: list[BackendKey],
-                     wanted: dict[BackendKey, int], res: ApplyResult, writes: Writes) -> None:
-        """Slot rows 1..n that differ from what the kernel holds, each with its bookkeeping."""
-        held = self.held
-        rows, refs, unref, ids = prog.rows, held.refs, held.unref, held.backend_ids
-        pack_key, slot_value = E.pack_svc_key, E.slot_value
-        for slot, bkey in enumerate(order, start=1):
-            row = (bkey, wanted[bkey])
-            old = rows.get(slot)
-            if old != row:
-                bid = ids.get(bkey)
-                if bid is None:
-                    bid = self._new_backend(bkey, res, writes)
-                writes.slot(pack_key(*fields, slot), slot_value(bid, row[1]))
-                # the bookkeeping of Ledger.ref(prog, slot, row), inline: this runs per endpoint
-                if old is not None:
-                    refs.add(old[0], -1)
-                    unref.add(old[0])
-                else:
-                    held.slot_rows += 1
-                rows[slot] = row
-                refs.add(bkey)
-                res.writes += 1
-
-    def _fill_slots(self, prog: Programmed, fields: tuple, order: list[BackendKey],
-                    wanted: dict[BackendKey, int], res: ApplyResult, writes: Writes) -> None:
-        """_write_slots for a frontend without slot rows while the writes are batched (a cold
-        start's every frontend): the same rows in the same order, each list handed to the
-        sink at once and the bookkeeping done in bulk. A backend row is packed before its id
-        is taken, so a failure (a bad address, no id left) leaves every id taken named by a
-        slot row; the slots recorded until then are kept, as _write_slots keeps them."""
-        held = self.held
-        get, acquire = held.backend_ids.get, held.backend_ids.acquire
-        pack_key, slot_value, (addr, port, proto, scope) = E.pack_svc_key, E.slot_value, fields
-        be_keys: list[bytes] = []
-        be_rows: list[bytes] = []
-        keys: list[bytes] = []
-        values: list[bytes] = []
-        fresh: set[BackendKey] = set()      # given an id here
-        try:
-            for slot, bkey in enumerate(order, start=1):
-                bid = get(bkey)
-                if bid is None:
-                    row = E.backend_row(bkey)
-                    bid = acquire(bkey)
-                    fresh.add(bkey)
-                    be_keys.append(E.backend_id_key(bid))
-                    be_rows.append(row)
-                keys.append(pack_key(addr, port, proto, scope, slot))
-                values.append(slot_value(bid, wanted[bkey]))
-        finally:
-            done = order[:len(keys)]
-            writes.rows(self.be, be_keys, be_rows)
-            writes.slots(keys, values)
-            prog.rows.fill(done, bytes(wanted[b] for b in done))
-            # A backend given its id here is named by this one slot (a count of 1 is not
-            # stored, RefCounts); one that had an id gains a row.
-            add = held.refs.add
-            for b in done:
-                if b not in fresh:
-                    add(b)
-            for b in fresh.difference(done):     # an id no slot came to name: garbage
-                held.refs.taken(b)
-                held.unref.add(b)
-            held.slot_rows += len(done)
-            res.writes += len(be_keys) + len(done)
-
     def _delete_frontend(self, key: FrontendKey, res: ApplyResult, writes: Writes) -> None:
         held = self.held
         prog = held.frontends[key]
@@ -369,7 +260,7 @@ class MapWriter:
         held = self.held
         for b in sorted(want - prog.drain):
             if held.backend_ids.get(b) is None:
-                self._new_backend(b, res, writes)
+                new_backend(held, self.be, b, res, writes)
             held.refs.add(b)
         for b in prog.drain - want:
             held.refs.add(b, -1)
@@ -398,34 +289,6 @@ class MapWriter:
             self.held.range_rows -= 1
             res.writes += 1
 
-    # -- garbage -----------------------------------------------------------------------------
-    def _gc(self, writes: Writes, res: ApplyResult | None = None) -> None:
-        """Frees backends no row names and service ids no frontend uses, after all writes.
-        Only candidates whose references dropped are looked at: O(changed)."""
-        held = self.held
-        for bkey in held.unref:
-            bid = held.backend_ids.get(bkey)
-            if bid is None or held.refs.count(bkey) > 0:
-                continue
-            writes.drop(self.be, E.backend_id_key(bid))
-            held.backend_ids.release(bkey)
-            held.refs.freed(bkey)
-            if res:
-                res.writes += 1
-        held.unref = set()
-        for spn in held.svc_unref:
-            sid = held.svc_ids.get(spn)
-            if sid is None or held.svc_refs.get(spn, 0) > 0:
-                continue
-            writes.drop(self.meta, L.U32(sid))
-            held.svc_ids.release(spn)
-            self._freed_svc_ids.append(sid)
-            held.named.pop(spn, None)
-            held.svc_refs.pop(spn, None)
-            if res:
-                res.writes += 1
-        held.svc_unref = set()
-
     def take_freed_svc_ids(self) -> list[int]:
         """The service ids freed since the last call."""
         freed, self._freed_svc_ids = self._freed_svc_ids, []
@@ -437,17 +300,7 @@ class MapWriter:
 
     def row_counts(self) -> dict[str, int]:
         """Rows the writer keeps in each map it owns (without iterating the kernel maps)."""
-        held = self.held
-        counts = {"svc": len(held.frontends) + held.slot_rows,
-                  "backend": len(held.backend_ids), "meta": len(held.named)}
-        if self.src is not None:
-            counts["srcrange"] = held.range_rows
-        if self.tables is not None:
-            counts["maglev"] = self.tables.rows
-        for f, name in ((self.ext_addrs, "extaddr"), (self.ext_locals, "extbe")):
-            if f is not None:
-                counts[name] = len(f.refs)
-        return counts
+        return self.capacity.row_counts(self.held, self.tables)
 
     def stats(self) -> dict[str, int]:
         return {"frontends": len(self.held.frontends), "backends": len(self.held.backend_ids),

@@ -15,6 +15,7 @@ import json
 import time
 from pathlib import Path
 
+from kproxy_ebpf.datapath.write import batch
 from kproxy_ebpf.datapath.write import writer as W
 from kproxy_ebpf.datapath.load.bpffs import open_pinned_maps, remove_pins
 from kproxy_ebpf.datapath.load.compile_child import compile_program
@@ -43,8 +44,8 @@ def run(desired: dict, batched: bool, gc_paused: bool = False) -> dict:
     remove_pins(PINS)
     bpf = compile_program(bpf_dir() / "sock_lb.c", PINS)
     maps = open_pinned_maps(PINS)
-    saved = W.BATCH_MIN
-    W.BATCH_MIN = W.BATCH_MIN if batched else 10**12
+    saved = batch.BATCH_MIN
+    batch.BATCH_MIN = batch.BATCH_MIN if batched else 10**12
     try:
         paused = gc_paused and pause_gc()       # as the agent's first sync runs
         t = time.perf_counter()
@@ -63,7 +64,7 @@ def run(desired: dict, batched: bool, gc_paused: bool = False) -> dict:
         return {"cold_apply_s": round(cold, 3), "restore_s": round(restore, 3),
                 "full_diff_s": round(diff, 3), "map_writes": res.writes}
     finally:
-        W.BATCH_MIN = saved
+        batch.BATCH_MIN = saved
         for m in maps.values():
             m.close()
         bpf.cleanup()
