@@ -13,24 +13,25 @@ until they idle out.
 """
 from __future__ import annotations
 
-import threading
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 from kproxy_ebpf.datapath.write.programmed import BackendKey
 from kproxy_ebpf.datapath.write.writer import MapWriter
 from kproxy_ebpf.model.desired import Frontend, FrontendKey, ServicePortName
 from kproxy_ebpf.model.objects import IPFamily
-from kproxy_ebpf.proxy.state import ProxyState
+
+# A Service port's serving endpoints (address, port) of one family, in the API's view; the
+# agent's lock is taken inside (the reflector threads mutate the state).
+Serving = Callable[[ServicePortName, IPFamily], frozenset[tuple[str, int]]]
 
 
 class Established:
-    """`frontends`: the desired table of the sync that just wrote (ChangeSet.frontends);
-    `lock` guards `state` against the reflector threads. One per sync: the serving sets are
-    cached for its duration."""
+    """`frontends`: the desired table of the sync that just wrote (ChangeSet.frontends). One
+    per sync: the serving sets are cached for its duration."""
 
     def __init__(self, writer: MapWriter, frontends: Mapping[FrontendKey, Frontend],
-                 state: ProxyState, lock: threading.Lock) -> None:
-        self.writer, self.frontends, self.state, self.lock = writer, frontends, state, lock
+                 serving: Serving) -> None:
+        self.writer, self.frontends, self.serving = writer, frontends, serving
         self._serving: dict[tuple[ServicePortName, IPFamily], frozenset[tuple[str, int]]] = {}
         # Each frontend's slots, read once: a full sync asks about every backend of every
         # frontend, and reading them rebuilds the frontend's slot table.
@@ -54,9 +55,7 @@ class Established:
         cached = (fe.service, key.family)
         serving = self._serving.get(cached)
         if serving is None:
-            with self.lock:
-                serving = self.state.serving_endpoints(fe.service, key.family)
-            self._serving[cached] = serving
+            serving = self._serving[cached] = self.serving(fe.service, key.family)
         return (backend[0], backend[1]) in serving
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from kproxy_ebpf.datapath.write.apply_result import ApplyResult
+from kproxy_ebpf.datapath.write.apply_result import Outcome
 from kproxy_ebpf.model.desired import Problem
 from kproxy_ebpf.kube.convert import Rejection
 from kproxy_ebpf.serve.metrics import Metrics
@@ -55,7 +55,7 @@ class Reporter:
             if now:
                 self.told[svc] = set(now)
 
-    def writes(self, result: ApplyResult) -> None:
+    def writes(self, result: Outcome) -> None:
         for name in result.full_maps:
             self.metrics.map_full.labels(name).inc()
         for err in result.errors[:ERROR_LINES]:

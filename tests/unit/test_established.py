@@ -3,7 +3,6 @@ UDP flows (a serving endpoint of the Service port keeps them, whatever policies,
 termination say about new connections), on a real ProxyState and MapWriter (fake maps)."""
 from __future__ import annotations
 
-import threading
 
 import pytest
 
@@ -28,7 +27,7 @@ def established(*eps, **service_fields) -> Established:
     changes = state.compute()
     writer = MapWriter(checked_maps())
     assert writer.apply(changes.frontends).ok
-    return Established(writer, changes.frontends, state, threading.Lock())
+    return Established(writer, changes.frontends, state.serving_endpoints)
 
 
 def three_endpoints():
@@ -62,14 +61,14 @@ def test_a_draining_backend_is_remembered_until_it_stops_serving():
     lost in the last sync, not in the one where it left the slots."""
     state = ProxyState(Node(name="node-a", addresses=("192.168.0.1",)))
     state.upsert_service(svc())
-    writer, kept, lock = MapWriter(checked_maps()), KeptBackends(), threading.Lock()
+    writer, kept = MapWriter(checked_maps()), KeptBackends()
 
     def sync(*eps) -> set:
         state.upsert_slice(sl(*eps))
         changes = state.compute()
         before = kept.before(writer, changes.recomputed_keys)
         assert writer.apply(changes.frontends, changes.changed_keys).ok
-        return kept.settle(before, Established(writer, changes.frontends, state, lock))
+        return kept.settle(before, Established(writer, changes.frontends, state.serving_endpoints))
 
     assert sync(ep(READY, "node-b"), ep(DRAINING, "node-b")) == set()
     assert len(kept) == 0, "backends in the slots are the writer's to tell, not copied"

@@ -3,7 +3,6 @@
 tested in test_stale_sockets.py and in the lab."""
 from __future__ import annotations
 
-import threading
 
 import pytest
 
@@ -42,7 +41,7 @@ class Recorder:
 def world(request):
     state = ProxyState(Node(name="node-a", addresses=("192.168.0.1",)))
     state.upsert_service(svc())
-    writer, lock, stale = MapWriter(checked_maps()), threading.Lock(), Recorder()
+    writer, stale = MapWriter(checked_maps()), Recorder()
     sweep = SocketSweep(stale, Metrics(), new_where=request.param)
     stale.new_where = request.param
 
@@ -51,7 +50,7 @@ def world(request):
         changes = state.compute()
         before = sweep.before(writer, None if full else changes.recomputed_keys)
         assert writer.apply(changes.frontends).ok
-        sweep.after(before, Established(writer, changes.frontends, state, lock), full,
+        sweep.after(before, Established(writer, changes.frontends, state.serving_endpoints), full,
                     writer.holds)
     return sync, stale
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from kproxy_ebpf.agent import agent as agent_mod
+from kproxy_ebpf.agent import sync_report
 from kproxy_ebpf.agent import process_tuning, reporting, sync_policy
 from kproxy_ebpf.agent.agent import Agent
 from kproxy_ebpf.config import AgentConfig
@@ -95,9 +95,9 @@ class Harness:
         self.agent = Agent(cfg)
         self.maps = {name: FakeMap(spec, max_entries=100_000) for name, spec in L.MAPS.items()
                      if name in ("svc", "backend", "meta", "clusterip", "servicecidr", "svcstat")}
-        self.agent.datapath.maps = self.maps
-        self.agent.writer = MapWriter(self.maps)
-        self.agent.cidrs = CidrWriter(self.maps)
+        self.agent.node.sock.maps = self.maps
+        self.agent.node.writer = MapWriter(self.maps)
+        self.agent.node.cidrs = CidrWriter(self.maps)
         self.counts = dict.fromkeys(("recomputed", "frontends", "problem_evals", "table_reads",
                                      "table_walks"), 0)
         self._spy(monkeypatch)
@@ -106,8 +106,8 @@ class Harness:
         self.agent.sink.replace("Service", [service(i) for i in range(n)]
                            + [service(n, ports=(ServicePort("x", TCP, 0),))])
         self.agent.sink.replace("EndpointSlice", [endpoint_slice(i) for i in range(n)])
-        assert self.agent._sync(True)
-        assert len(self.agent.writer.programmed) == n
+        assert self.agent.loop.sync(True)
+        assert len(self.agent.node.writer.programmed) == n
 
     def _spy(self, monkeypatch) -> None:
         counts = self.counts
@@ -131,7 +131,7 @@ class Harness:
         monkeypatch.setattr(state_mod.ProxyState, "_problems_of", problems_of)
         monkeypatch.setattr(MapWriter, "apply", apply)
         # Row gauges are refreshed by time (ROW_COUNT_EVERY), never on a partial sync here.
-        monkeypatch.setattr(agent_mod, "ROW_COUNT_EVERY", float("inf"))
+        monkeypatch.setattr(sync_report, "ROW_COUNT_EVERY", float("inf"))
 
     def measure(self, change) -> dict:
         """Apply `change` (through the agent's sink) and one partial sync; what it cost."""
@@ -150,7 +150,7 @@ class Harness:
         tracemalloc.start()
         sys.settrace(tracer)
         try:
-            assert self.agent._sync(False)
+            assert self.agent.loop.sync(False)
         finally:
             sys.settrace(None)
             _, peak = tracemalloc.get_traced_memory()
@@ -247,37 +247,37 @@ def test_a_full_map_is_retried_by_time_not_on_every_sync(monkeypatch, caplog):
     h.maps = {name: FakeMap(spec, max_entries=5 * 4 if name == "svc" else 1000)
               for name, spec in L.MAPS.items()
               if name in ("svc", "backend", "meta", "clusterip", "servicecidr", "svcstat")}
-    h.agent.datapath.maps = h.maps
-    h.agent.writer = MapWriter(h.maps)
-    h.agent.cidrs = CidrWriter(h.maps)
+    h.agent.node.sock.maps = h.maps
+    h.agent.node.writer = MapWriter(h.maps)
+    h.agent.node.cidrs = CidrWriter(h.maps)
     h.agent.sink.replace("Service", [service(i) for i in range(20)])
     h.agent.sink.replace("EndpointSlice", [endpoint_slice(i) for i in range(20)])
-    assert not h.agent._sync(True)                 # 5 of 20 fit (4 rows each)
-    failed = set(h.agent.policy.retry)
-    assert len(failed) == 15 and h.agent.policy.retry_map_full
+    assert not h.agent.loop.sync(True)                 # 5 of 20 fit (4 rows each)
+    failed = set(h.agent.loop.policy.retry)
+    assert len(failed) == 15 and h.agent.loop.policy.retry_map_full
     errors = [r for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == reporting.ERROR_LINES + 1 and "15 more" not in errors[-1].getMessage()
     assert "raise their size" in errors[-1].getMessage()
 
     h.agent.sink.upsert("EndpointSlice", endpoint_slice(0, (True, False, True)))
-    h.agent._sync(False)
+    h.agent.loop.sync(False)
     assert candidates[-1] & failed == set()        # not retried 200 ms later
-    assert h.agent.policy.retry == failed          # ...and not forgotten
-    h.agent.policy.retry_at = 0.0                  # FULL_MAP_RETRY_EVERY has passed
+    assert h.agent.loop.policy.retry == failed          # ...and not forgotten
+    h.agent.loop.policy.retry_at = 0.0                  # FULL_MAP_RETRY_EVERY has passed
     h.agent.sink.upsert("EndpointSlice", endpoint_slice(0))
-    h.agent._sync(False)
+    h.agent.loop.sync(False)
     assert failed <= candidates[-1]
     h.agent.sink.delete("Service", "ns", "svc-0")  # room for one more (the writer deletes
-    h.agent._sync(False)                           # after it writes): the next retry gets it in
-    h.agent.policy.retry_at = 0.0
-    h.agent._sync(False)
-    assert len(h.agent.policy.retry) == 14 and h.agent.policy.retry < failed
+    h.agent.loop.sync(False)                           # after it writes): the next retry gets it in
+    h.agent.loop.policy.retry_at = 0.0
+    h.agent.loop.sync(False)
+    assert len(h.agent.loop.policy.retry) == 14 and h.agent.loop.policy.retry < failed
 
 
 def drift_watch(h: Harness, found: list) -> DriftWatch:
-    return DriftWatch(DriftCheck(h.agent.writer, h.agent.cidrs), h.agent._sync_lock,
+    return DriftWatch(DriftCheck(h.agent.node.writer, h.agent.node.cidrs), h.agent.loop.lock,
                       h.agent.metrics, lambda lines: (found.append(lines),
-                                                      h.agent._kernel_drift(lines)))
+                                                      h.agent.loop.kernel_drift(lines)))
 
 
 def test_periodic_syncs_do_no_whole_table_work(monkeypatch):
@@ -290,11 +290,11 @@ def test_periodic_syncs_do_no_whole_table_work(monkeypatch):
     monkeypatch.setattr(MapWriter, "restore", lambda w: (restores.append(1), real(w)))
     for _ in range(2 * sync_policy.KERNEL_CHECK_EVERY):
         h.counts["table_walks"] = 0
-        assert h.agent._sync(True)                     # the runner's periodic tick
+        assert h.agent.loop.sync(True)                     # the runner's periodic tick
         assert h.counts["table_walks"] == 0
     assert restores == []
-    h.agent.policy.force_full = True                   # after a failure: full at once
-    assert h.agent._sync(False) and h.counts["table_walks"] > 0
+    h.agent.loop.policy.force_full = True                   # after a failure: full at once
+    assert h.agent.loop.sync(False) and h.counts["table_walks"] > 0
 
 
 def test_the_drift_check_finds_nothing_at_rest_and_a_row_changed_behind_the_agent(monkeypatch):
@@ -316,7 +316,7 @@ def test_the_drift_check_finds_nothing_at_rest_and_a_row_changed_behind_the_agen
     monkeypatch.setattr(MapWriter, "restore", lambda w: (restores.append(1), real(w)))
     drift = watch.run_once()
     assert len(drift) == 1 and "frontend" in drift[0] and found == [drift]
-    assert h.agent._sync(False) and restores == [1]    # the next sync re-reads and rewrites
+    assert h.agent.loop.sync(False) and restores == [1]    # the next sync re-reads and rewrites
     assert slot in svc.rows
     assert watch.run_once() == []
 
@@ -341,31 +341,31 @@ def test_the_drift_check_frees_its_read_back_before_the_collector_returns(monkey
     real_release = Ledger.release
     monkeypatch.setattr(Ledger, "release",
                         lambda led: (released.append(gc.isenabled()), real_release(led)))
-    held = len(h.agent.writer.held.frontends)
+    held = len(h.agent.node.writer.held.frontends)
     assert gc.isenabled() and drift_watch(h, []).run_once() == []
     assert released == [False] and gc.isenabled()
     (snap,) = seen
     assert not snap.ledger.frontends and not snap.ledger.backend_ids and not snap.cluster_ips
-    assert held and len(h.agent.writer.held.frontends) == held
+    assert held and len(h.agent.node.writer.held.frontends) == held
 
 
 def test_syncs_while_the_drift_check_reads_are_no_drift(monkeypatch):
     """Changes written between the check's read and its comparison (the journal) are not
     drift; the journal ends with the check."""
     h = Harness(5, monkeypatch)
-    check = DriftCheck(h.agent.writer, h.agent.cidrs)
-    with h.agent._sync_lock:
+    check = DriftCheck(h.agent.node.writer, h.agent.node.cidrs)
+    with h.agent.loop.lock:
         check.begin()
     snap = check.read()
     h.agent.sink.upsert("EndpointSlice", endpoint_slice(2, (True, False)))
     h.agent.sink.upsert("Service", service(6))
     h.agent.sink.upsert("EndpointSlice", endpoint_slice(6))
-    assert h.agent._sync(False)
+    assert h.agent.loop.sync(False)
     fronts, ips = check.suspects(snap)
     assert fronts                  # svc-2's record was rewritten in place: a suspect...
-    with h.agent._sync_lock:
+    with h.agent.loop.lock:
         assert check.confirm(snap, fronts, ips) == []  # ...and is theirs, not drift
-    assert h.agent.writer.journal is None and h.agent.cidrs.journal is None
+    assert h.agent.node.writer.journal is None and h.agent.node.cidrs.journal is None
 
 
 def test_full_sync_cpu_is_counted_and_partial_syncs_are_not(monkeypatch):
@@ -377,11 +377,11 @@ def test_full_sync_cpu_is_counted_and_partial_syncs_are_not(monkeypatch):
     def value():
         return h.agent.metrics.registry.get_sample_value("kproxy_sync_full_cpu_seconds_total") or 0.0
 
-    assert h.agent._sync(True)
+    assert h.agent.loop.sync(True)
     after_full = value()
     assert after_full > 0
     h.agent.sink.upsert("EndpointSlice", endpoint_slice(0, (True, False, True)))
-    assert h.agent._sync(False)
+    assert h.agent.loop.sync(False)
     assert value() == after_full
 
 
@@ -395,14 +395,14 @@ def test_the_cyclic_gc_is_paused_until_the_first_sync(monkeypatch):
     monkeypatch.setattr(process_tuning, "resume_gc", lambda: resumed.append(1) or real_resume())
     h = Harness(3, monkeypatch)         # its first sync ran with the collector on: no pause
     assert gc.isenabled() and not resumed
-    h.agent.policy.synced_once = False  # as a fresh agent: start() pauses, the first sync ends it
+    h.agent.loop.policy.synced_once = False  # as a fresh agent: start() pauses, the first sync ends it
     try:
         h.agent.pause_gc()
         assert not gc.isenabled()
         h.agent.sink.upsert("EndpointSlice", endpoint_slice(0, (True, False, True)))
-        assert h.agent._sync(False)
+        assert h.agent.loop.sync(False)
         assert gc.isenabled() and resumed == [1] and gc.get_freeze_count() > 0
-        assert h.agent._sync(True) and resumed == [1]
+        assert h.agent.loop.sync(True) and resumed == [1]
     finally:
         h.agent.gc_pause.resume()
         gc.unfreeze()           # the test process's objects go back to the collector
@@ -415,7 +415,7 @@ def test_the_gc_pause_ends_by_time_when_no_sync_comes(monkeypatch):
 
     monkeypatch.setattr(process_tuning, "GC_PAUSE_MAX", 0.01)
     h = Harness(1, monkeypatch)
-    h.agent.policy.synced_once = False
+    h.agent.loop.policy.synced_once = False
     try:
         h.agent.pause_gc()
         assert h.agent.gc_pause.timer is not None

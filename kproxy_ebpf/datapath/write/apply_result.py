@@ -3,7 +3,9 @@ failures (a full map named, frontends to retry), recorded step by step so that o
 never stops the others."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from kproxy_ebpf.model.desired import FrontendKey, ServicePortName
 from kproxy_ebpf.datapath.maps.pinned import MapFull
@@ -35,3 +37,24 @@ class ApplyResult:
             self.errors.append(f"{what}: {exc}")
             return False
         return True
+
+    def outcome(self, cidrs_written: bool = True) -> Outcome:
+        return Outcome(self.updated, self.deleted, self.writes, tuple(self.errors),
+                       frozenset(self.full_maps), MappingProxyType(dict(self.failed)),
+                       cidrs_written)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one sync's apply did, frozen once the datapath is written: the sync reports it."""
+    updated: int
+    deleted: int
+    writes: int
+    errors: tuple[str, ...]
+    full_maps: frozenset[str]
+    failed: Mapping[FrontendKey, ServicePortName | None]    # retried by a later sync
+    cidrs_written: bool        # every ServiceCIDR row written (else all are written next)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors

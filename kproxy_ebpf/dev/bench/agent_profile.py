@@ -251,16 +251,16 @@ def make_agent() -> tuple[Agent, ApiSource, dict[str, Reflector]]:
     if WRITER == "maps":
         from kproxy_ebpf.datapath.write.writer import MapWriter
         # Every map the writer and the sync touch (per-socket storage has no rows to hold).
-        agent.datapath.maps = {n: MemoryMap(spec) for n, spec in MAPS.items()
+        agent.node.sock.maps = {n: MemoryMap(spec) for n, spec in MAPS.items()
                                if not spec.per_socket}
-        agent.writer = MapWriter(agent.datapath.maps)
+        agent.node.writer = MapWriter(agent.node.sock.maps)
     else:
-        agent.writer = NullWriter()
+        agent.node.writer = NullWriter()
     # The null writer frees no service id: the counters map the sync deletes from stays empty.
-    agent.datapath.maps.setdefault("svcstat", MemoryMap(MAPS["svcstat"]))
+    agent.node.sock.maps.setdefault("svcstat", MemoryMap(MAPS["svcstat"]))
     cidr_maps = {n: MemoryMap(MAPS[n]) for n in ("clusterip", "servicecidr")}
-    agent.datapath.maps.update(cidr_maps)
-    agent.cidrs = CidrWriter(cidr_maps)
+    agent.node.sock.maps.update(cidr_maps)
+    agent.node.cidrs = CidrWriter(cidr_maps)
     source = ApiSource.__new__(ApiSource)       # no API client: the reflectors are ours
     source.sink = getattr(agent, "sink", agent)     # the agent itself was the sink before
     refl = {}
@@ -288,7 +288,7 @@ def phase_list(n: int, e: int) -> dict:
         r._list()
     listed = time.process_time() - t0 - sum(r._list_fn.cpu for r in refl.values())
     t0 = time.process_time()
-    agent._sync(True)
+    agent.loop.sync(True)
     first = time.process_time() - t0
     resumed = getattr(agent, "gc_resume_cpu", 0.0)   # ends the first sync, after programming
     return {"list_cpu_s": round(listed, 2), "first_sync_cpu_s": round(first - resumed, 2),
@@ -302,7 +302,7 @@ def phase_fill(n: int, e: int, events_per_sync: int, syncs_per_full: int) -> dic
     refl["endpointslices"]._list_fn = Pages(0, None)
     for r in refl.values():
         r._list()
-    agent._sync(True)
+    agent.loop.sync(True)
     rv = 100
     events = syncs = 0
     checkpoints = {}
@@ -316,13 +316,13 @@ def phase_fill(n: int, e: int, events_per_sync: int, syncs_per_full: int) -> dic
             events += 1
             if events % events_per_sync == 0:
                 syncs += 1
-                agent._sync(syncs % syncs_per_full == 0)
+                agent.loop.sync(syncs % syncs_per_full == 0)
             cpu += time.process_time() - t0
         rv += 2
         if i + 1 in (n // 10, n // 2):
             checkpoints[i + 1] = round(cpu, 2)
     t0 = time.process_time()
-    agent._sync(False)
+    agent.loop.sync(False)
     cpu += time.process_time() - t0
     checkpoints[n] = round(cpu, 2)
     return {"fill_cpu_s": round(cpu, 2), "fill_cpu_at": checkpoints, "syncs": syncs,
@@ -338,7 +338,7 @@ def phase_change(agent: Agent, refl: dict, n: int, e: int, rv: int, changes: int
         line = watch_line("MODIFIED", slice_json(i, e, rv, flip=c % e if c % 2 == 0 else -1))
         t0 = time.process_time()
         refl["endpointslices"]._handle_line(line)
-        agent._sync(False)
+        agent.loop.sync(False)
         samples.append(time.process_time() - t0)
     return {"change_cpu_us": round(statistics.median(samples) * 1e6, 1)}
 
