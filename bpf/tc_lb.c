@@ -204,8 +204,44 @@ static __always_inline int kp_pod_unmatched(struct __sk_buff *skb, const struct 
 	return kp_icmp_unreach(skb, p, err == -ECONNREFUSED ? KP_UNREACH_PORT : KP_UNREACH_HOST);
 }
 
+/* kp_ingress's filter, once the packet's addresses are read. From outside, a packet can be ours
+ * only if it is sent to an address of some scope-EXT frontend (kp_extaddr, which the agent
+ * writes before the frontend's slot 0 and deletes after it) or to the SNAT address. Any other,
+ * such as pod-to-pod traffic between nodes, leaves after these two lookups in small maps
+ * instead of three in the large conntrack and service maps (kp_from_outside per such packet:
+ * 650-900 ns before, ~200 ns after, with the parse split around it; docs/architecture.md).
+ * Returns false when the packet's verdict is settled here (*verdict: it passes, or is an ICMP
+ * error about a flow), true once its ports are parsed. */
+static __always_inline bool kp_ingress_filter(struct __sk_buff *skb, __u8 scope,
+					      struct kp_pkt *p, enum kp_l3_kind kind, bool to_snat,
+					      int *verdict)
+{
+	*verdict = TC_ACT_OK;
+	if (scope == KP_SCOPE_EXT && !to_snat && !kp_extaddr.lookup(&p->tuple.daddr))
+		return false;
+	if (kind == KP_L3_ICMP_ERR) {
+		if (scope == KP_SCOPE_EXT)
+			*verdict = kp_icmp_err(skb, p);
+		return false;
+	}
+	return kp_parse_l4(skb, p) >= 0;
+}
+
+/* A translated packet whose source is now an address of this node, sent by route (lib/fib.h):
+ * the packet's TC verdict. */
+static __always_inline int kp_send_by_route(struct __sk_buff *skb, const struct kp_pkt *p)
+{
+	if (kp_redirect(skb, p) < 0) {
+		kp_count(KP_STAT_TC_FIB_FAIL);
+		return TC_ACT_SHOT;
+	}
+	return TC_ACT_REDIRECT;
+}
+
 /* The ingress of both TC paths: kp_from_outside (scope EXT, external devices) and kp_from_pod
- * (scope SOCK, pod devices; see the file comment). */
+ * (scope SOCK, pod devices; see the file comment). In order: the filter, a SNAT flow's reply,
+ * the flow's backend (kept, or chosen anew), and the rewrite toward it. The SNAT address test
+ * and the last rewrite stay here: as helpers of their own they changed the compiled code. */
 static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 {
 	struct kp_pkt p = {};
@@ -215,49 +251,25 @@ static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 	enum kp_l3_kind kind;
 	__u64 now;
 	bool to_snat;
+	int verdict;
 	int ret;
 	enum kp_answer answer = KP_ANSWER_DROP;   /* what kp_new_flow refuses a packet with */
 
-	/* From outside, a packet can be ours only if it is sent to an address of some scope-EXT
-	 * frontend (kp_extaddr, which the agent writes before the frontend's slot 0 and deletes
-	 * after it) or to the SNAT address. Any other, such as pod-to-pod traffic between nodes,
-	 * leaves after these two lookups in small maps instead of three in the large conntrack
-	 * and service maps (kp_from_outside per such packet: 650-900 ns before, ~200 ns after,
-	 * with the parse split around it; docs/architecture.md). */
 	kind = kp_parse_l3(skb, &p);
 	if (kind == KP_L3_OTHER)
 		return TC_ACT_OK;
 	cfg = kp_snat_config(p.family);
 	to_snat = !kp_ip_is_zero(&cfg.addr) && kp_ip_eq(&cfg.addr, &p.tuple.daddr);
-	if (scope == KP_SCOPE_EXT && !to_snat && !kp_extaddr.lookup(&p.tuple.daddr))
-		return TC_ACT_OK;
-	if (kind == KP_L3_ICMP_ERR)
-		return scope == KP_SCOPE_EXT ? kp_icmp_err(skb, &p) : TC_ACT_OK;
-	if (kp_parse_l4(skb, &p) < 0)
-		return TC_ACT_OK;
+	if (!kp_ingress_filter(skb, scope, &p, kind, to_snat, &verdict))
+		return verdict;
 	/* Only a packet to the SNAT address and a port of its range can be a SNAT flow's reply. */
 	ret = to_snat && kp_snat_port(&cfg, p.tuple.dport) ? kp_reply(skb, &p, true) : 0;
-	if (ret < 0)
-		return TC_ACT_SHOT;
-	if (ret > 0) {
-		if (kp_redirect(skb, &p) < 0) {
-			kp_count(KP_STAT_TC_FIB_FAIL);
-			return TC_ACT_SHOT;
-		}
-		return TC_ACT_REDIRECT;
-	}
+	if (ret != 0)
+		return ret < 0 ? TC_ACT_SHOT : kp_send_by_route(skb, &p);
 
 	now = bpf_ktime_get_ns();
 	/* p.tuple is the flow's original tuple until the rewrite below. */
-	row = kp_ct.lookup(&p.tuple);
-	if (row) {
-		v = *row;
-		if (!kp_ct_usable(&p, &v, now)) {
-			kp_count(KP_STAT_TC_CT_EXPIRED);
-			kp_ct_forget(&p.tuple, &v);
-			row = NULL;
-		}
-	}
+	row = kp_ct_find_usable(&p, &v, now);
 	if (!row) {
 		ret = kp_new_flow(&p, &v, &cfg, now, scope, &answer);
 		if (ret == 0)
@@ -277,11 +289,7 @@ static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 	}
 	if (kp_rewrite(skb, &p, &v.nat_addr, v.nat_port, &v.be_addr, v.be_port) < 0)
 		return TC_ACT_SHOT;
-	if (kp_redirect(skb, &p) < 0) {
-		kp_count(KP_STAT_TC_FIB_FAIL);
-		return TC_ACT_SHOT;
-	}
-	return TC_ACT_REDIRECT;
+	return kp_send_by_route(skb, &p);
 }
 
 int kp_from_outside(struct __sk_buff *skb)

@@ -53,6 +53,25 @@ static __always_inline void kp_ct_forget(const struct kp_ct_key *orig,
 	kp_rnat.delete(&rkey);
 }
 
+/* The flow of a packet in its original direction (p->tuple: client -> frontend), copied to *v:
+ * its row when the flow may keep its backend, NULL when there is none or the flow must be
+ * load-balanced anew (its reply row is forgotten then). */
+static __always_inline struct kp_ct_val *kp_ct_find_usable(struct kp_pkt *p,
+							    struct kp_ct_val *v, __u64 now)
+{
+	struct kp_ct_val *row = kp_ct.lookup(&p->tuple);
+
+	if (row) {
+		*v = *row;
+		if (!kp_ct_usable(p, v, now)) {
+			kp_count(KP_STAT_TC_CT_EXPIRED);
+			kp_ct_forget(&p->tuple, v);
+			row = NULL;
+		}
+	}
+	return row;
+}
+
 /* Whether a packet on a flow's reply tuple belongs to another connection: the flow has
  * expired (the kernel's conntrack would have dropped it), or the packet answers another
  * client SYN than the flow's. A client that reuses its source port toward the backend
