@@ -1,5 +1,5 @@
 /* kproxy.h: the one definition of every map, key, value, flag and constant shared by the BPF
- * programs and the agent.
+ * programs and the agent, and of the constants only the programs use (packet formats, units).
  *
  * Nothing here is written twice. bpf/lib/maps.h expands KP_MAPS into the map declarations of
  * every program; tools/layoutgen.py (`make layout`) compiles this header for the BPF target and
@@ -138,6 +138,24 @@ enum kp_maglev {                /* Maglev tables (lib/maglev.h, kproxy_ebpf/mode
 	KP_MAGLEV_MAX  = 65521, /* the largest table: the largest prime a __u16 holds */
 	KP_MAGLEV_SEED = 0x6b70726f, /* the flow hash's seed: the same on every node */
 };
+
+/* ---- The programs' own constants: packet formats and time units -----------------------------
+ * #defines, not enums: the agent never reads them, so they stay out of the BTF and of the
+ * generated table, and each keeps its C type (KP_NSEC_PER_SEC is an unsigned long long). */
+#define KP_NSEC_PER_SEC 1000000000ULL
+#define KP_NSEC_PER_MS  1000000ULL
+
+#define KP_TCP_FIN 0x01         /* TCP header flags (its byte 13) */
+#define KP_TCP_SYN 0x02
+#define KP_TCP_RST 0x04
+#define KP_TCP_ACK 0x10
+
+#define KP_AF_INET   2          /* bpf_fib_lookup's families (AF_INET, AF_INET6) */
+#define KP_AF_INET6 10
+#define KP_IP_MF     0x2000     /* IPv4 frag_off, host order: more fragments, and the offset */
+#define KP_IP_OFFSET 0x1fff
+#define KP_IP6_HLEN  40         /* the fixed IPv6 header */
+#define KP_ICMP_HLEN 8          /* type, code, checksum and 4 bytes: ICMP and ICMPv6 alike */
 
 /* ---- Keys and values ---------------------------------------------------------------------- */
 
@@ -430,7 +448,7 @@ enum kp_ct_state {              /* kp_ct_val.life, bits KP_CT_LIFE_STATE_SHIFT..
 enum kp_ct_flags {              /* kp_ct_val.life, bits 0-7 */
 	KP_CT_F_SNAT = 0x01,    /* source rewritten to nat_addr:nat_port (a remote backend) */
 	KP_CT_F_POD  = 0x02,    /* opened by a pod of this node: the per-packet ClusterIP path */
-	/* TCP closes, for kp_snat_alloc's reuse of an ended flow's SNAT port (lib/ct.h). */
+	/* TCP closes, for kp_snat_alloc's reuse of an ended flow's SNAT port (lib/snat.h). */
 	KP_CT_F_FIN_ORIG   = 0x04,  /* the client sent a FIN */
 	KP_CT_F_FIN_REPLY  = 0x08,  /* the backend sent a FIN */
 	KP_CT_F_REPLY_FIRST = 0x10, /* ... before the client did: the backend holds a TIME_WAIT */
@@ -458,7 +476,7 @@ enum kp_ct_timeouts {           /* seconds; references are the kernel's nf_connt
 	KP_SNAT_TRIES       = 32,
 	/* An ended flow's SNAT port is given to a new flow only this long after the flow's last
 	 * packet (its RST, or the client's ACK of the backend's FIN) passed: that packet must reach
-	 * the backend first (lib/ct.h kp_rnat_reusable). Linux's tcp_tw_reuse waits 1 s too
+	 * the backend first (lib/snat.h kp_rnat_reusable). Linux's tcp_tw_reuse waits 1 s too
 	 * before it reuses a TIME_WAIT tuple for a new connection (tcp_twsk_unique). */
 	KP_SNAT_REUSE_S     = 1,
 };
@@ -517,8 +535,9 @@ struct kp_tc_cfg {              /* kp_tccfg[0]: written by the agent before it a
 };
 
 /* Per-CPU room for what does not fit the TC programs' 512-byte stack beside their 40-byte
- * tuples: the ICMPv6 error lib/nat.h builds (kp_icmp6_unreach). A program uses it between two
- * helper calls of one packet; programs on one CPU do not interleave. Never read by the agent. */
+ * tuples: the ICMPv6 error lib/icmp_reply.h builds (kp_icmp6_unreach). A program uses it
+ * between two helper calls of one packet; programs on one CPU do not interleave. Never read by
+ * the agent. */
 struct kp_scratch {
 	__u8 bytes[128];
 };

@@ -38,94 +38,15 @@
 #include "lib/endian.h"
 #include "lib/lb.h"
 #include "lib/ct.h"
-#include "lib/nat.h"
+#include "lib/ct_pkt.h"
+#include "lib/parse.h"
+#include "lib/rewrite.h"
+#include "lib/fib.h"
+#include "lib/snat.h"
+#include "lib/icmp_reply.h"
 #include "lib/servicecidr.h"
 #include "lib/srcrange.h"
 #include "lib/icmp_err.h"
-
-/* What one packet needs of kp_tccfg: the SNAT address of its family (zero: none configured)
- * and the port range. Field by field off the row: the agent rewrites it whole, and an old
- * address with new ports (or the reverse) is a valid configuration too. Kept small, as the
- * packet's 40-byte tuples leave little of the 512-byte stack. */
-struct kp_snat_cfg {
-	struct kp_ip addr;
-	__u16 port_min;
-	__u16 port_max;
-	__u16 ncpus;
-};
-
-static __always_inline struct kp_snat_cfg kp_snat_config(__u8 family)
-{
-	struct kp_snat_cfg cfg = {};
-	struct kp_tc_cfg *c;
-	__u32 zero = 0;
-
-	c = kp_tccfg.lookup(&zero);
-	if (c) {
-		cfg.addr = family == 6 ? c->snat_addr6 : c->snat_addr4;
-		cfg.port_min = c->port_min;
-		cfg.port_max = c->port_max;
-		cfg.ncpus = c->ncpus;
-	}
-	return cfg;
-}
-
-/* Reserves a SNAT source port toward be:port: the reply tuple (backend -> snat:port) must be
- * unique, so a port whose kp_rnat key is free is taken with BPF_NOEXIST. A taken key whose
- * flow has ended (kp_rnat_reusable) is taken over by rewriting its row whole; only CPU c does
- * that, and only for the ports min + c + k * ncpus (its slice), so two new flows never take
- * over the same row (programs on one CPU do not interleave). Without this, every flow would
- * hold its port until the LRU map evicted the row: after a few thousand connections to one
- * backend the range is full of ended flows and new SYNs are dropped (KP_STAT_TC_SNAT_FULL).
- * Each of the KP_SNAT_TRIES rounds tries a port of this CPU's slice (free or reusable) and a
- * port anywhere in the range (free only), from random starts. Returns 0 and sets v->nat_*. */
-static __always_inline int kp_snat_alloc(struct kp_ct_key *orig, struct kp_ct_val *v,
-					 const struct kp_snat_cfg *cfg, struct kp_ct_key *rkey,
-					 __u64 now)
-{
-	struct kp_ct_key held;
-	struct kp_ct_key *o;
-	__u32 span = (__u32)cfg->port_max - cfg->port_min + 1;
-	__u32 ncpus = cfg->ncpus;
-	__u32 cpu = bpf_get_smp_processor_id();
-	__u32 slots = ncpus && cpu < ncpus && cpu < span ? (span - cpu + ncpus - 1) / ncpus : 0;
-	__u32 own = bpf_get_prandom_u32();
-	__u32 any = bpf_get_prandom_u32();
-	__u32 off;
-	int i;
-
-	if (kp_ip_is_zero(&cfg->addr) || cfg->port_max < cfg->port_min)
-		return -1;
-	rkey->saddr = v->be_addr;
-	rkey->sport = v->be_port;
-	rkey->daddr = cfg->addr;
-	rkey->proto = orig->proto;
-	for (i = 0; i < KP_SNAT_TRIES; i++) {
-		if (slots) {
-			off = cpu + ncpus * ((own + i) % slots);
-			rkey->dport = kp_htons(cfg->port_min + off);
-			if (kp_rnat.insert(rkey, orig) == 0)
-				goto taken;
-			o = kp_rnat.lookup(rkey);
-			if (o) {
-				held = *o;
-				if (kp_rnat_reusable(rkey, &held, now) &&
-				    kp_rnat.update(rkey, orig) == 0) {
-					kp_count(KP_STAT_TC_SNAT_REUSE);
-					goto taken;
-				}
-			}
-		}
-		rkey->dport = kp_htons(cfg->port_min + (any + i) % span);
-		if (kp_rnat.insert(rkey, orig) == 0)
-			goto taken;
-	}
-	return -1;
-taken:
-	v->nat_addr = cfg->addr;
-	v->nat_port = rkey->dport;
-	return 0;
-}
 
 /* The affinity identity of a client from outside (kp_aff_key.client): its IPv4 address, or
  * an IPv6 address folded into 63 bits (the low 64 bits, the interface identifier, XORed with
@@ -228,78 +149,6 @@ static __always_inline int kp_answer(struct __sk_buff *skb, const struct kp_pkt 
 	return TC_ACT_SHOT;
 }
 
-/* Whether a tracked flow may keep its backend: not expired, not a new connection on an ended
- * one, and the backend id still names the flow's backend (an id is freed only once no service
- * uses it, but a freed id may name another backend later, so the address is compared; the
- * agent also purges entries of removed backends). A pod's TCP connection is the
- * exception: like a connect() the socket path translated once, it keeps its backend until it
- * ends (another backend could only answer a mid-stream packet with a RST). */
-static __always_inline bool kp_ct_usable(const struct kp_pkt *p, const struct kp_ct_val *v,
-					 __u64 now)
-{
-	__u32 id = v->backend_id;
-	struct kp_backend *b;
-	struct kp_backend be;
-
-	if (now > kp_ct_expires(v->life) ||
-	    kp_ct_reopens(p->tuple.proto, p->tcp_flags, p->tcp_seq, v))
-		return false;
-	if ((kp_ct_flags(v->life) & KP_CT_F_POD) && p->tuple.proto == IPPROTO_TCP &&
-	    !(p->tcp_flags & KP_TCP_SYN))
-		return true;
-	b = kp_be.lookup(&id);
-	if (!b)
-		return false;
-	be = *b;
-	return kp_ip_eq(&be.addr, &v->be_addr) && be.port == v->be_port;
-}
-
-/* Drops the reply row of a flow that is load-balanced anew. A SNAT flow's row stays: its port
- * may already serve another flow (kp_snat_alloc reuses ended flows' ports), and once this one
- * is rewritten the row no longer matches it, so kp_rnat_reusable frees it. */
-static __always_inline void kp_ct_forget(const struct kp_ct_key *orig,
-					 const struct kp_ct_val *v)
-{
-	struct kp_ct_key rkey = {};
-
-	if (kp_ct_flags(v->life) & KP_CT_F_SNAT)
-		return;
-	kp_ct_reply_key(orig, v, &rkey);
-	kp_rnat.delete(&rkey);
-}
-
-/* Whether a packet on a flow's reply tuple belongs to another connection: the flow has
- * expired (the kernel's conntrack would have dropped it), or the packet answers another
- * client SYN than the flow's. A client that reuses its source port toward the backend
- * directly makes exactly that tuple: the kernel picks ephemeral ports per destination, so
- * within an ended flow's 120 s it happens as soon as a client connects at some rate (the
- * benchmark's crr to pod IPs right after one through the Service stalled on it), and it may
- * meet a flow never answered too. A flow opened by a SYN knows the client's ISN: a SYN-ACK,
- * or the first reply at all (a SYN-ACK or a RST refusing it), is the flow's only if it
- * acknowledges that SYN. A flow without (opened mid-stream, or carried over from kp_ct4_v1)
- * falls back to the flow's state: a SYN-ACK after the flow was answered and has ended is
- * another connection's; on a live flow it is the backend repeating itself, and a flow's first
- * reply is its own (a reopened flow's row is fresh, and a late FIN or RST of the connection
- * before it, overtaken by the new SYN on another CPU, may have marked it ended already). */
-static __always_inline bool kp_reply_is_another(const struct kp_pkt *p,
-						const struct kp_ct_val *v, __u64 now)
-{
-	__u64 life = v->life;
-
-	if (now > kp_ct_expires(life))
-		return true;
-	if (p->tuple.proto != IPPROTO_TCP)
-		return false;
-	if (kp_ct_flags(life) & KP_CT_F_ISN) {
-		if ((p->tcp_flags & KP_TCP_SYN) ||
-		    (!kp_ct_seen_reply(life) && (p->tcp_flags & KP_TCP_ACK)))
-			return !kp_ct_acks_syn(v, p->tcp_ack);
-		return false;
-	}
-	return (p->tcp_flags & KP_TCP_SYN) && kp_ct_state(life) >= KP_CT_CLOSING &&
-	       kp_ct_seen_reply(life);
-}
-
 /* The reply of a tracked flow (tuple = backend -> client or SNAT address): rewrites it to
  * frontend -> client. want_snat selects which kind of flow this hook serves. Returns 1 when
  * translated (*snat tells which kind), 0 when the packet is no reply we know. */
@@ -355,19 +204,44 @@ static __always_inline int kp_pod_unmatched(struct __sk_buff *skb, const struct 
 	return kp_icmp_unreach(skb, p, err == -ECONNREFUSED ? KP_UNREACH_PORT : KP_UNREACH_HOST);
 }
 
-/* Whether a packet to the SNAT address can be the reply of a SNAT flow (a remote EXT
- * backend's, or a pod's hairpin): its destination port is one kp_snat_alloc gives out. A
- * request to a NodePort on the same address (30000-32767 by default, below the range) skips
- * that kp_rnat lookup. */
-static __always_inline bool kp_snat_port(const struct kp_snat_cfg *cfg, __be16 dport)
+/* kp_ingress's filter, once the packet's addresses are read. From outside, a packet can be ours
+ * only if it is sent to an address of some scope-EXT frontend (kp_extaddr, which the agent
+ * writes before the frontend's slot 0 and deletes after it) or to the SNAT address. Any other,
+ * such as pod-to-pod traffic between nodes, leaves after these two lookups in small maps
+ * instead of three in the large conntrack and service maps (kp_from_outside per such packet:
+ * 650-900 ns before, ~200 ns after, with the parse split around it; docs/architecture.md).
+ * Returns false when the packet's verdict is settled here (*verdict: it passes, or is an ICMP
+ * error about a flow), true once its ports are parsed. */
+static __always_inline bool kp_ingress_filter(struct __sk_buff *skb, __u8 scope,
+					      struct kp_pkt *p, enum kp_l3_kind kind, bool to_snat,
+					      int *verdict)
 {
-	__u16 port = kp_ntohs(dport);
+	*verdict = TC_ACT_OK;
+	if (scope == KP_SCOPE_EXT && !to_snat && !kp_extaddr.lookup(&p->tuple.daddr))
+		return false;
+	if (kind == KP_L3_ICMP_ERR) {
+		if (scope == KP_SCOPE_EXT)
+			*verdict = kp_icmp_err(skb, p);
+		return false;
+	}
+	return kp_parse_l4(skb, p) >= 0;
+}
 
-	return port >= cfg->port_min && port <= cfg->port_max;
+/* A translated packet whose source is now an address of this node, sent by route (lib/fib.h):
+ * the packet's TC verdict. */
+static __always_inline int kp_send_by_route(struct __sk_buff *skb, const struct kp_pkt *p)
+{
+	if (kp_redirect(skb, p) < 0) {
+		kp_count(KP_STAT_TC_FIB_FAIL);
+		return TC_ACT_SHOT;
+	}
+	return TC_ACT_REDIRECT;
 }
 
 /* The ingress of both TC paths: kp_from_outside (scope EXT, external devices) and kp_from_pod
- * (scope SOCK, pod devices; see the file comment). */
+ * (scope SOCK, pod devices; see the file comment). In order: the filter, a SNAT flow's reply,
+ * the flow's backend (kept, or chosen anew), and the rewrite toward it. The SNAT address test
+ * and the last rewrite stay here: as helpers of their own they changed the compiled code. */
 static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 {
 	struct kp_pkt p = {};
@@ -377,49 +251,34 @@ static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 	enum kp_l3_kind kind;
 	__u64 now;
 	bool to_snat;
+	int verdict;
 	int ret;
 	enum kp_answer answer = KP_ANSWER_DROP;   /* what kp_new_flow refuses a packet with */
 
+<<<<<<< HEAD
 	/* From outside, a packet can be ours only if it is sent to an address of some scope-EXT
 	 * frontend (kp_extaddr, which the agent writes before the frontend's slot 0 and deletes
 	 * after it) or to the SNAT address. Any other, such as pod-to-pod traffic between nodes,
 	 * leaves after these two lookups in small maps instead of three in the large conntrack
 	 * and service maps (kp_from_outside per such packet: 650-900 ns before, ~200 ns after,
 	 * with the parse split around it; docs/design/north-south.md). */
+=======
+>>>>>>> wt-bpf
 	kind = kp_parse_l3(skb, &p);
 	if (kind == KP_L3_OTHER)
 		return TC_ACT_OK;
 	cfg = kp_snat_config(p.family);
 	to_snat = !kp_ip_is_zero(&cfg.addr) && kp_ip_eq(&cfg.addr, &p.tuple.daddr);
-	if (scope == KP_SCOPE_EXT && !to_snat && !kp_extaddr.lookup(&p.tuple.daddr))
-		return TC_ACT_OK;
-	if (kind == KP_L3_ICMP_ERR)
-		return scope == KP_SCOPE_EXT ? kp_icmp_err(skb, &p) : TC_ACT_OK;
-	if (kp_parse_l4(skb, &p) < 0)
-		return TC_ACT_OK;
+	if (!kp_ingress_filter(skb, scope, &p, kind, to_snat, &verdict))
+		return verdict;
 	/* Only a packet to the SNAT address and a port of its range can be a SNAT flow's reply. */
 	ret = to_snat && kp_snat_port(&cfg, p.tuple.dport) ? kp_reply(skb, &p, true) : 0;
-	if (ret < 0)
-		return TC_ACT_SHOT;
-	if (ret > 0) {
-		if (kp_redirect(skb, &p) < 0) {
-			kp_count(KP_STAT_TC_FIB_FAIL);
-			return TC_ACT_SHOT;
-		}
-		return TC_ACT_REDIRECT;
-	}
+	if (ret != 0)
+		return ret < 0 ? TC_ACT_SHOT : kp_send_by_route(skb, &p);
 
 	now = bpf_ktime_get_ns();
 	/* p.tuple is the flow's original tuple until the rewrite below. */
-	row = kp_ct.lookup(&p.tuple);
-	if (row) {
-		v = *row;
-		if (!kp_ct_usable(&p, &v, now)) {
-			kp_count(KP_STAT_TC_CT_EXPIRED);
-			kp_ct_forget(&p.tuple, &v);
-			row = NULL;
-		}
-	}
+	row = kp_ct_find_usable(&p, &v, now);
 	if (!row) {
 		ret = kp_new_flow(&p, &v, &cfg, now, scope, &answer);
 		if (ret == 0)
@@ -439,11 +298,7 @@ static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 	}
 	if (kp_rewrite(skb, &p, &v.nat_addr, v.nat_port, &v.be_addr, v.be_port) < 0)
 		return TC_ACT_SHOT;
-	if (kp_redirect(skb, &p) < 0) {
-		kp_count(KP_STAT_TC_FIB_FAIL);
-		return TC_ACT_SHOT;
-	}
-	return TC_ACT_REDIRECT;
+	return kp_send_by_route(skb, &p);
 }
 
 int kp_from_outside(struct __sk_buff *skb)

@@ -47,11 +47,6 @@ static __always_inline __u64 kp_ct_life(__u64 expires, __u8 state, __u8 flags, b
 	       (seen_reply ? KP_CT_LIFE_SEEN_REPLY : 0) | flags;
 }
 
-#define KP_TCP_FIN 0x01
-#define KP_TCP_SYN 0x02
-#define KP_TCP_RST 0x04
-#define KP_TCP_ACK 0x10
-
 static __always_inline __u64 kp_ct_lifetime(__u8 proto, __u8 state)
 {
 	__u64 s;
@@ -188,51 +183,6 @@ static __always_inline void kp_ct_track(struct kp_ct_key *key, struct kp_ct_val 
 		old = cur;
 	}
 	v->life = next;
-}
-
-/* Whether the SNAT reply tuple rkey, which kp_rnat maps to the flow `orig`, may be given to a
- * new flow: the flow no longer owns it (its row is gone, or names another SNAT port or
- * backend: it was reopened), it has expired, or its connection has ended with no state left on
- * the backend that a new SYN on the same tuple could meet. That is a RST (the backend's socket
- * is gone), or FINs both ways with the client's first and the client's ACK of the backend's
- * FIN passed: the backend closed second, so it went through LAST_ACK to CLOSED and holds no
- * TIME_WAIT (before that ACK it is still in LAST_ACK, where a new SYN on the tuple gets a
- * challenge ACK and the client's connect waits for its 1 s retransmit), KP_SNAT_REUSE_S ago at
- * least. When the backend closed first it holds the tuple in TIME_WAIT (60 s in Linux), where a SYN whose sequence number and timestamp do not
- * move past the old connection's is answered with an ACK for that one: the client resets it and
- * retransmits a second later. Such a port waits for the row to expire (KP_CT_TCP_CLOSING_S, the
- * kernel's conntrack time_wait, during which conntrack keeps a tuple taken too). */
-static __always_inline bool kp_rnat_reusable(const struct kp_ct_key *rkey,
-					     const struct kp_ct_key *orig, __u64 now)
-{
-	struct kp_ct_val *row = kp_ct.lookup((struct kp_ct_key *)orig);
-	struct kp_ct_val v;
-	__u8 flags;
-	__u8 state;
-
-	if (!row)
-		return true;
-	v = *row;
-	flags = kp_ct_flags(v.life);
-	state = kp_ct_state(v.life);
-	if (!(flags & KP_CT_F_SNAT) || !kp_ip_eq(&v.nat_addr, &rkey->daddr) ||
-	    v.nat_port != rkey->dport || !kp_ip_eq(&v.be_addr, &rkey->saddr) ||
-	    v.be_port != rkey->sport || now > kp_ct_expires(v.life))
-		return true;
-	if (orig->proto != IPPROTO_TCP)
-		return false;
-	if (state != KP_CT_CLOSED &&
-	    (flags & (KP_CT_F_FIN_ORIG | KP_CT_F_FIN_REPLY | KP_CT_F_REPLY_FIRST |
-		      KP_CT_F_LAST_ACK)) !=
-		    (KP_CT_F_FIN_ORIG | KP_CT_F_FIN_REPLY | KP_CT_F_LAST_ACK))
-		return false;
-	/* Ended, but its last packet may not have reached the backend yet: it passed this node
-	 * when the row was last written (expires = then + the state's lifetime). Packets of one
-	 * tuple sent from two CPUs can be handled in parallel at the backend; a SYN that meets the
-	 * socket the ACK (or RST) is closing at that moment is dropped without an answer (seen in
-	 * the lab: ACK and SYN 2 us apart, the connect timed out). */
-	return now + kp_ct_lifetime(orig->proto, state) >=
-	       kp_ct_expires(v.life) + KP_SNAT_REUSE_S * KP_NSEC_PER_SEC;
 }
 
 /* The reply tuple of a flow: what the backend sends back. */

@@ -26,10 +26,9 @@
 #include <uapi/linux/icmpv6.h>
 #include <uapi/linux/pkt_cls.h>
 #include "ct.h"
-#include "nat.h"
+#include "parse.h"
+#include "rewrite.h"
 #include "stats.h"
-
-#define KP_ICMP_HLEN 8   /* type, code, checksum and 4 bytes: ICMP and ICMPv6 alike */
 
 /* The packet an error quotes. */
 struct kp_quote {

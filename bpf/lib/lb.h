@@ -22,9 +22,6 @@
 #include "maps.h"
 #include "stats.h"
 
-#define KP_NSEC_PER_SEC 1000000000ULL
-#define KP_NSEC_PER_MS  1000000ULL
-
 /* Which program family asks: its verdicts go to its own counters (enum kp_stat). */
 enum kp_lb_path {
 	KP_LB_PATH_SOCK,        /* the socket hooks (sock_lb.c) */
