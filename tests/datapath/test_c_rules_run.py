@@ -14,7 +14,8 @@ each rule a table of cases, one per branch of the C, is given to both:
 - trace() for the socket path's ClientIP affinity (the netns cookie as the client), with
   lib/lb.h run directly (kp_lb_run);
 - datapath/maps/layout.py ct_keeps_backend: tc_lb.c kp_ct_usable for a flow whose backend id
-  names another address now (the C keeps or re-balances a mid-stream packet);
+  names another address now (the C keeps or re-balances a mid-stream packet); and ct_scope,
+  the scope the C marks a flow with (KP_CT_F_POD);
 - datapath/flows/conntrack.py purge's reply tuple: lib/ct.h kp_ct_reply_key (the kp_rnat row the
   C wrote for each kind of flow is the one purge deletes).
 
@@ -410,6 +411,8 @@ def test_ct_keeps_backend_is_kp_ct_usable(harness):
             frame = packet(src, sport, dst, port, proto)
             assert parse(run.run(prog, frame)[1])["dst"] == a.local_be
             key, row = run.ct(src, sport, dst, port, proto)
+            # layout.ct_scope: the scope of the frontend the C balanced the flow by
+            assert L.ct_scope(row.flags) is (Scope.SOCK if prog == "kp_from_pod" else Scope.EXT)
             keeps = L.ct_keeps_backend(row.flags, key.proto)
             seen.add(keeps)
             bid = row.backend_id
