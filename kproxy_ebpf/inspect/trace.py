@@ -98,12 +98,19 @@ def trace(maps: Mapping[str, PinnedMap], ip: str, port: int, proto: Protocol, sc
         _refused(t, action, kind, policy, scope, head.count)
         return t
     slots = _slots(maps, key, head.count)
-    t.candidates = [b for b, _ in slots if b]
+    t.candidates = [b for b, _, _ in slots if b]
     t.add("backends", ", ".join(f"{i}) {b or '<missing>'} ({state})"
-                                for i, (b, state) in enumerate(slots, 1)),
+                                for i, (b, state, _) in enumerate(slots, 1)),
           f"a new client gets one of these {head.count} slots "
           + ("by the flow's entry in the Maglev table" if head.backend_id
              else "at random (slot 1..count)"))
+    if not t.candidates:
+        # lib/lb.h: every pick misses its slot twice (KP_LB_MISS), and is refused.
+        t.verdict = Verdict.REFUSED
+        t.add("slots", "none usable", "each pick meets a missing slot or backend, reads slot 0 "
+              "again and is refused with " + ("ECONNREFUSED" if scope is Scope.SOCK
+                                              else "an ICMP port unreachable"))
+        return t
     t.verdict = Verdict.FORWARD
     if head.affinity_timeout:
         _affinity(t, maps, head, ip, scope, source, netns_cookie, slots, now)
@@ -111,7 +118,7 @@ def trace(maps: Mapping[str, PinnedMap], ip: str, port: int, proto: Protocol, sc
         _maglev(t, maps, head, port, proto, source, source_port, slots)
     if scope is Scope.EXT and source and "ct" in maps:
         _flows(t, maps, source)
-    if t.chosen is None and len(t.candidates) == 1:
+    if t.verdict is Verdict.FORWARD and t.chosen is None and len(t.candidates) == 1:
         t.chosen = t.candidates[0]
     return t
 
@@ -184,14 +191,20 @@ def _refused(t: Trace, action: Action | None, kind: FrontendKind | None, policy:
           + ("ECONNREFUSED" if scope is Scope.SOCK else "an ICMP port unreachable"))
 
 
-def _slots(maps, key, count: int) -> list[tuple[str | None, str]]:
+def _slots(maps, key, count: int) -> list[tuple[str | None, str, int]]:
+    """Per slot: its backend (None where lib/lb.h kp_lb_slot misses: no slot row, no backend
+    row, or a backend of the other family), its state and its backend id."""
     out = []
+    four = L.ip_is4(key.addr)
     for slot in range(1, count + 1):
         key.slot = slot
         row = maps["svc"].get(key)
         be = maps["backend"].get(L.U32(row.backend_id)) if row is not None else None
+        if be is not None and L.ip_is4(be.addr) != four:
+            be = None
         out.append((hostport(L.ip_str(be.addr), L.port_host(be.port)) if be else None,
-                    L.backend_state(row.be_flags) if row is not None else "missing"))
+                    L.backend_state(row.be_flags) if row is not None else "missing",
+                    row.backend_id if row is not None else 0))
     key.slot = 0
     return out
 
@@ -216,7 +229,10 @@ def _affinity(t: Trace, maps, head, ip: str, scope: Scope, source: str | None,
                     family=4 if L.ip_is4(L.ip_bytes(ip)) else 6)
     row = maps["affinity"].get(akey) if "affinity" in maps else None
     fresh = row is not None and now - row.last_used <= head.affinity_timeout * 10 ** 9
-    if not fresh or not 1 <= row.slot <= len(slots) or slots[row.slot - 1][0] is None:
+    # lib/lb.h kp_lb_from_affinity: fresh, its slot within the count, and that slot still
+    # naming the backend the row remembers.
+    if (not fresh or not 1 <= row.slot <= len(slots) or slots[row.slot - 1][0] is None
+            or slots[row.slot - 1][2] != row.backend_id):
         t.add("affinity", "no fresh row for this client",
               "a new choice is made (and remembered for the affinity timeout)")
         return
@@ -237,12 +253,18 @@ def _maglev(t: Trace, maps, head, port: int, proto: Protocol, source: str | None
               "--from and --from-port to see one flow's")
         return
     h = maglev.flow_hash(source, source_port, port, L.PROTO_NUM[proto])
+    if size == 0:       # lib/maglev.h kp_maglev_slot: no entry, as a missing row
+        t.verdict = Verdict.REFUSED
+        t.add("maglev", f"table {table} without a size",
+              "the lookup reads slot 0 again, then refuses")
+        return
     entry = h % size
     row_size = L.const("KP_MAGLEV_ROW")
     row = maps["maglev"].get(L.STRUCTS["kp_maglev_key"](table=table, row=entry // row_size)) \
         if "maglev" in maps else None
     slot = row.slot[entry % row_size] if row is not None and row.table == table else 0
     if not 1 <= slot <= len(slots) or slots[slot - 1][0] is None:
+        t.verdict = Verdict.REFUSED
         t.add("maglev", f"table {table}: entry {entry} missing",
               "the lookup reads slot 0 again, then refuses (a table being replaced)")
         return
@@ -262,5 +284,5 @@ def _flows(t: Trace, maps, source: str) -> None:
     t.add("conntrack", "; ".join(f"{e['client']} -> {e['backend']} ({e['state']})"
                                  for e in mine[:5]),
           "a tracked flow keeps its backend; a new source port is load-balanced")
-    if t.chosen is None:
+    if t.chosen is None and t.verdict is Verdict.FORWARD:
         t.chosen = latest["backend"]

@@ -114,3 +114,21 @@ def test_the_source_range_prefix_is_the_headers():
     that plus a whole address): one constant in kproxy.h, the bits between prefixlen and saddr."""
     key = layout.SrcRangeKey
     assert layout.const("KP_SRCRANGE_FE_BITS") == 8 * (key.saddr.offset - key.fe_addr.offset)
+
+
+def test_hand_written_row_formats_are_the_headers():
+    """The socket modules read a few rows with struct formats of their own (a port as the
+    kernel's bytes, a value in network order): each has the generated layout's offsets and
+    size, so no field of bpf/kproxy.h is copied by hand unchecked."""
+    from kproxy_ebpf.datapath.sockets import sock_where, stale_sockets
+
+    def same(fmt, cname: str, port_fields=0) -> None:
+        gen = layout.struct_format(cname)
+        # the port fields a module reads as bytes ("2s") are u16s ("H") in the generated one
+        mine = fmt.format.replace("2s", "H", port_fields) if port_fields else fmt.format
+        assert mine[1:] == gen[1:], (cname, fmt.format, gen)
+        assert fmt.size == kproxy_h.STRUCTS[cname]["size"]
+
+    same(sock_where._KEY, "kp_skwhere_key", port_fields=1)
+    same(sock_where._VAL, "kp_skwhere_val")
+    same(stale_sockets._SKSVC, "kp_sksvc_val")
