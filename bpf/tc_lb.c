@@ -209,7 +209,7 @@ static __always_inline int kp_pod_unmatched(struct __sk_buff *skb, const struct 
  * writes before the frontend's slot 0 and deletes after it) or to the SNAT address. Any other,
  * such as pod-to-pod traffic between nodes, leaves after these two lookups in small maps
  * instead of three in the large conntrack and service maps (kp_from_outside per such packet:
- * 650-900 ns before, ~200 ns after, with the parse split around it; docs/architecture.md).
+ * 650-900 ns before, ~200 ns after, with the parse split around it; docs/design/north-south.md).
  * Returns false when the packet's verdict is settled here (*verdict: it passes, or is an ICMP
  * error about a flow), true once its ports are parsed. */
 static __always_inline bool kp_ingress_filter(struct __sk_buff *skb, __u8 scope,
@@ -255,15 +255,6 @@ static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 	int ret;
 	enum kp_answer answer = KP_ANSWER_DROP;   /* what kp_new_flow refuses a packet with */
 
-<<<<<<< HEAD
-	/* From outside, a packet can be ours only if it is sent to an address of some scope-EXT
-	 * frontend (kp_extaddr, which the agent writes before the frontend's slot 0 and deletes
-	 * after it) or to the SNAT address. Any other, such as pod-to-pod traffic between nodes,
-	 * leaves after these two lookups in small maps instead of three in the large conntrack
-	 * and service maps (kp_from_outside per such packet: 650-900 ns before, ~200 ns after,
-	 * with the parse split around it; docs/design/north-south.md). */
-=======
->>>>>>> wt-bpf
 	kind = kp_parse_l3(skb, &p);
 	if (kind == KP_L3_OTHER)
 		return TC_ACT_OK;

@@ -59,7 +59,7 @@ static __always_inline int kp_store_addr(struct __sk_buff *skb, __u8 family, __u
 /* Rewrites the packet's tuple to saddr:sport -> daddr:dport, checksums included, in as few
  * helper calls as the change needs: one checksum update for both addresses (the IPv4 header's
  * and the L4 pseudo header's, from one difference) and one for both ports, as one 32-bit word
- * (each helper call costs ~20-30 ns per packet here; docs/architecture.md "Per-packet cost").
+ * (each helper call costs ~20-30 ns per packet here; docs/measurements.md "One rewrite per packet").
  * The ports' update is apart from the addresses': they are the L4 header's data, not its
  * pseudo header, which the kernel treats differently (CHECKSUM_PARTIAL, CHECKSUM_COMPLETE). */
 static __always_inline int kp_rewrite(struct __sk_buff *skb, struct kp_pkt *p,

@@ -13,7 +13,7 @@ each rule a table of cases, one per branch of the C, is given to both:
   then the packet, and what the C did is what trace said it would do;
 - trace() for the socket path's ClientIP affinity (the netns cookie as the client), with
   lib/lb.h run directly (kp_lb_run);
-- datapath/maps/layout.py ct_keeps_backend: tc_lb.c kp_ct_usable for a flow whose backend id
+- datapath/maps/layout.py ct_keeps_backend: lib/ct_pkt.h kp_ct_usable for a flow whose backend id
   names another address now (the C keeps or re-balances a mid-stream packet); and ct_scope,
   the scope the C marks a flow with (KP_CT_F_POD);
 - datapath/flows/conntrack.py purge's reply tuple: lib/ct.h kp_ct_reply_key (the kp_rnat row the
@@ -390,7 +390,7 @@ def test_trace_walks_the_lookups_of_a_pods_packet(harness):
 
 def test_ct_keeps_backend_is_kp_ct_usable(harness):
     """layout.ct_keeps_backend(flags, proto) says which tracked flows keep their backend
-    whatever the backend id names now; tc_lb.c kp_ct_usable, for a packet that is not a
+    whatever the backend id names now; lib/ct_pkt.h kp_ct_usable, for a packet that is not a
     client SYN (the only packets the agent's purge stands for), keeps exactly those."""
     a = V4
     nsutil.set_route(NETNS, "10.244.1.0/24", "kpt1")

@@ -371,7 +371,7 @@ def test_udp_flows_from_outside_drain_from_a_terminating_pod_and_move_when_it_go
     terminating but serving, and moves once the pod is deleted, as kube-proxy's conntrack
     cleanup does (it deletes the flows of endpoints that no longer serve). Here the writer
     keeps the backend row of a serving endpoint that left the slots (Frontend.draining), which
-    tc_lb.c's kp_ct_usable checks, and the purge keeps kube-proxy's rule (established.py)."""
+    lib/ct_pkt.h's kp_ct_usable checks, and the purge keeps kube-proxy's rule (established.py)."""
     backends(cluster, "np-drain", ["np-drain-a", "np-drain-b"])
     core = client.CoreV1Api(cluster.api())
     core.create_namespaced_service("default", {

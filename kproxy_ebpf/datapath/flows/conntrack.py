@@ -10,7 +10,7 @@ frontends' flows only, and fully on full syncs.
 
 Flows opened by a pod of this node (KP_CT_F_POD, the per-packet ClusterIP path) belong to
 scope-SOCK frontends. Their TCP connections keep their backend (layout.ct_keeps_backend, the
-rule of tc_lb.c's kp_ct_usable) and are never purged: the socket path translates a connect()
+rule of lib/ct_pkt.h's kp_ct_usable) and are never purged: the socket path translates a connect()
 once and the connection keeps its backend until it ends, so the per-packet path does the same
 (kube-proxy, too, leaves TCP conntrack entries of removed endpoints alone and clears only UDP
 ones). Their UDP flows are purged like any other.

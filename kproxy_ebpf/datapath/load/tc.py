@@ -175,7 +175,7 @@ class TcDatapath:
 def write_config(bpffs_dir: Path, snat_addrs: Iterable[str], ports: tuple[int, int]) -> None:
     """The SNAT addresses (at most one per family) and port range (kp_tccfg[0]), read by every
     packet that needs SNAT, and the CPU id bound (pinned.cpu_id_bound), which splits the range
-    into per-CPU slices for reusing the ports of ended flows (tc_lb.c kp_snat_alloc). One row of
+    into per-CPU slices for reusing the ports of ended flows (lib/snat.h kp_snat_alloc). One row of
     fixed-size fields, rewritten whole: a reader sees the old or the new one."""
     row = L.TcCfg(port_min=ports[0], port_max=ports[1], ncpus=cpu_id_bound())
     for addr in snat_addrs:

@@ -256,7 +256,7 @@ class MapWriter:
     def _hold_drain(self, prog: Programmed, want: frozenset[BackendKey], res: ApplyResult,
                     writes: Writes) -> None:
         """References the backends of `want` without a slot (Frontend.draining): their rows,
-        and ids, live on for the TC path's flows (tc_lb.c kp_ct_usable checks the row)."""
+        and ids, live on for the TC path's flows (lib/ct_pkt.h kp_ct_usable checks the row)."""
         held = self.held
         for b in sorted(want - prog.drain):
             if held.backend_ids.get(b) is None:
