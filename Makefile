@@ -18,7 +18,7 @@ KIND_APT_PACKAGES := $(IMAGE_APT_PACKAGES) golang-github-containernetworking-plu
                      containernetworking-plugins iptables
 IMAGE ?= localhost/kproxy-ebpf:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
-.PHONY: setup apt venv headers k8s test unit fuzz soak faults datapath integration lab-e2e conformance demo lab-down \
+.PHONY: setup apt venv headers k8s test fast slow unit fuzz soak faults datapath integration lab-e2e conformance demo lab-down \
         lint clean image image-apt apt-install chart-test kind-apt kind-tools kind-up kind-down e2e \
         bench scale change-cost bench-tools layout dashboard
 
@@ -67,11 +67,19 @@ LOCK := flock /run/lock/kproxy-ebpf-tests.lock
 kind-tools: kind-apt
 	@tools/k8s/build.sh kind >/dev/null
 
-# The whole suite: unit, then the root tests (real namespaces, BPF, kube-apiserver), and the
-# kind smoke (tests/kind: make kind-up's path, helm test, and the [Conformance] specs of
-# [sig-network] Services from upstream e2e.test against kproxy-ebpf).
-test: setup image kind-tools
-	KPROXY_REQUIRE_ROOT=1 KPROXY_REQUIRE_CONTROLPLANE=1 $(LOCK) $(PY) -m pytest -q tests
+# The whole suite in two stages. The fast one (unit tests and a quarter of the fuzz cases:
+# minutes, no root, nothing built) fails early; then the root suites (real namespaces, BPF,
+# kube-apiserver), the whole fuzz run, and the kind smoke (tests/kind: make kind-up's path,
+# helm test, and the [Conformance] specs of [sig-network] Services from upstream e2e.test
+# against kproxy-ebpf).
+test: fast slow
+
+fast: $(VENV)/.installed
+	KPROXY_FUZZ_SHARE=0.25 $(PY) -m pytest -q tests/unit tests/fuzz
+
+slow: setup image kind-tools
+	KPROXY_REQUIRE_ROOT=1 KPROXY_REQUIRE_CONTROLPLANE=1 $(LOCK) $(PY) -m pytest -q tests \
+	  --ignore=tests/unit
 
 unit: $(VENV)/.installed
 	$(PY) -m pytest -q tests/unit
