@@ -18,7 +18,7 @@ KIND_APT_PACKAGES := $(IMAGE_APT_PACKAGES) golang-github-containernetworking-plu
                      containernetworking-plugins iptables
 IMAGE ?= localhost/kproxy-ebpf:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
-.PHONY: setup apt venv headers k8s test fast slow unit fuzz soak faults datapath integration lab-e2e conformance demo lab-down \
+.PHONY: setup apt venv headers k8s test fast slow unit fuzz soak faults datapath integration lab-cli conformance demo lab-down \
         lint clean image image-apt apt-install chart-test kind-apt kind-tools kind-up kind-down e2e \
         bench scale change-cost bench-tools layout dashboard
 
@@ -94,8 +94,8 @@ datapath: setup
 integration: setup
 	$(LOCK) $(PY) -m pytest -q tests/integration
 
-lab-e2e: setup
-	$(LOCK) $(PY) -m pytest -q tests/e2e
+lab-cli: setup
+	$(LOCK) $(PY) -m pytest -q tests/lab
 
 # Differential Service tests: every scenario against kproxy, kube-proxy nftables and iptables,
 # printing the table test x proxy at the end (`make test` runs the kproxy and nftables columns).

@@ -1,6 +1,6 @@
 """The lab CLI end to end, as separate processes (the interface the demo and benchmarks use):
 lab up, pod create, kubectl against the lab's API server, probe, exec, services -o json,
-pod delete, lab down. Lab "e2e": node1/node2, pods web-1 (node1), web-2 and client (node2)."""
+pod delete, lab down. Lab "labcli": node1/node2, pods web-1 (node1), web-2 and client (node2)."""
 from __future__ import annotations
 
 import json
@@ -16,7 +16,7 @@ from ..support import require_controlplane, wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 
-LAB = ["--lab", "e2e"]
+LAB = ["--lab", "labcli"]
 
 
 def kp(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -67,7 +67,7 @@ def test_lab_cli_round_trip(lab_up):
     wait_until(lambda: served_by(all_ok=True) == {"web-1", "web-2"}, 30, "both pods behind the Service",
                step=0.3)
 
-    bpffs = "/sys/fs/bpf/kproxy-e2e-node2"        # kproxy-<lab>-<node>
+    bpffs = "/sys/fs/bpf/kproxy-labcli-node2"        # kproxy-<lab>-<node>
     services = json.loads(kp("lab", "exec", *LAB, "--node", "node2", "--", sys.executable, "-m",
                              "kproxy_ebpf.cli.main", "services", "--bpffs-dir", bpffs, "-o",
                              "json").stdout)
@@ -80,7 +80,7 @@ def test_lab_cli_round_trip(lab_up):
                 "kproxy_ebpf.cli.main"]
     status = kp(*on_node2, "status").stdout
     assert f"pinned under {bpffs}" in status, status
-    assert "connect4      prog" in status and "kproxy-e2e/node2" in status, status
+    assert "connect4      prog" in status and "kproxy-labcli/node2" in status, status
     assert "agent: healthy" in status, status
     # The README's forms exactly as written: the checkout's kproxy-ebpf on the node's PATH,
     # the node's hook cgroup passed (trace --from a pod's address finds its netns).
