@@ -185,7 +185,7 @@ lint: $(VENV)/.installed headers
 	$(VENV)/bin/ruff check .
 	$(PY) tools/bpflint.py
 
-# kproxy_ebpf/datapath/maps/kproxy_h.py from bpf/kproxy.h (clang, bpftool); tests/unit/test_layout.py
+# kproxy_ebpf/datapath/maps/kproxy_h.py from bpf/kproxy.h (clang, bpftool); tests/unit/datapath/test_layout.py
 # fails while the committed table is stale.
 layout: venv
 	$(PY) tools/layoutgen.py

@@ -6,7 +6,7 @@
  * reads the structs and enums back from the BTF (sizes, offsets, byte order from the __be
  * typedefs, every enumerator) and the map table from the preprocessor, into the generated
  * kproxy_ebpf/datapath/maps/kproxy_h.py that the Python side builds its ctypes types from.
- * tests/unit/test_layout.py regenerates it and fails if the committed copy is stale, and the
+ * tests/unit/datapath/test_layout.py regenerates it and fails if the committed copy is stale, and the
  * agent compares the result with bcc's compiled view and each pinned map before it writes.
  *
  * Rules: byte order is in the types (__be* are network order), padding is written out (bcc

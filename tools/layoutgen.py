@@ -5,7 +5,7 @@ The header is the one definition. clang compiles it for the BPF target with BTF,
 reads the BTF back: every struct's size and field offsets, each field's type (the __be
 typedefs carry byte order) and every enumerator. The map table (KP_MAPS) comes from the
 preprocessor. Nothing is parsed with regular expressions, and the result is a plain table that
-layout.py turns into ctypes types. tests/unit/test_layout.py regenerates it and fails when the
+layout.py turns into ctypes types. tests/unit/datapath/test_layout.py regenerates it and fails when the
 committed copy is stale, so changing the header without regenerating cannot go unnoticed.
 """
 from __future__ import annotations

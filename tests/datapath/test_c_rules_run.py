@@ -20,7 +20,7 @@ each rule a table of cases, one per branch of the C, is given to both:
   C wrote for each kind of flow is the one purge deletes).
 
 The Maglev hash itself (model/maglev.py flow_hash) is test_maglev_run.py's; MAX_SIZE and SEED
-are compared with kproxy.h by tests/unit/test_maglev.py and at import by maglev_tables.py.
+are compared with kproxy.h by tests/unit/model/test_maglev.py and at import by maglev_tables.py.
 """
 from __future__ import annotations
 

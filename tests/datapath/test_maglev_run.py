@@ -5,7 +5,7 @@ on maps the real MapWriter programmed.
 What it shows: the BPF flow hash is kproxy_ebpf/model/maglev.py's; two "nodes" (two pinned map sets)
 whose slots hold the same backends in another order send every flow to the same backend; over
 a sample of tuples each backend's share is within 1 % of uniform (the table itself is, within
-one entry: tests/unit/test_maglev.py) and chi-square does not tell it from uniform; removing one of E backends
+one entry: tests/unit/model/test_maglev.py) and chi-square does not tell it from uniform; removing one of E backends
 moves at most 1/E + 1 % of the flows (and only those of the backend that left get moved more
 than the table's disruption); the same frontend without a table picks at random.
 """

@@ -3,7 +3,7 @@
 Nothing here is written by hand twice: kproxy_h.py (generated from the header's BTF by
 tools/layoutgen.py) gives every struct's fields, offsets and sizes, every enum constant and the map
 table, and the ctypes types are built from it at import (and checked against its offsets).
-tests/unit/test_layout.py regenerates the table and fails when it is stale; the agent also
+tests/unit/datapath/test_layout.py regenerates the table and fails when it is stale; the agent also
 compares the types with bcc's view of the compiled maps and the kernel's key/value sizes of
 each pinned map before it writes a byte.
 

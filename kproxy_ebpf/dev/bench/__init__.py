@@ -4,7 +4,7 @@
 path to a pod, in the lab, on one machine, in one run (issue 9), and the 10,000-Service scale
 run (issue 11, `--scale`). Numbers are printed and stored in bench/results/ (the history of
 every committed run); nothing here is a test and nothing is asserted. The unit tests of this
-code are tests/unit/test_bench_*.py. Not in the agent's image (Dockerfile).
+code are tests/unit/dev/bench/test_bench_*.py. Not in the agent's image (Dockerfile).
 
 Modules, one job each: stats (pure statistics), goals (performance.md section 10 as checks),
 report/plots (latest.md, README section, PNGs), env (what the numbers were measured on),
