@@ -8,6 +8,7 @@ and the standard library.
     topology.py   Cluster set, Local set, has-any, topology hints               (1.3-1.6)
     frontends.py  one Service -> its frontends and verdicts for local traffic   (1.2, 1.5, 1.7)
     state.py      all objects + dirty tracking -> the whole frontend table
+    claims.py     the Services' own frontends -> one table (first claimant wins), problems
 """
 from .endpoints import EndpointInfo, PortKey, endpoints_by_port
 from .frontends import ServicePortPlan, is_proxied, service_frontends, service_port_endpoints

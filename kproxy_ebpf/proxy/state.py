@@ -7,22 +7,16 @@ The result of each Service is cached, and so are the current problems, so comput
 O(changed services): the table goes out as a read-only view, never as a copy, and nothing walks
 the Services that did not change. A fill of N Services is therefore O(N), not O(N^2).
 
-Two Services may claim the same ip:port/protocol (the same externalIP, an LB IP equal to a node
-address, ...). The table must still be deterministic and the same on every node and after every
-restart, so the claim of the first Service in (namespace, name) order wins and the others get a
-FrontendConflict problem. When the winner goes away the next claimant takes over.
+Which Service keeps a frontend two of them claim, and the problems, are claims.py's.
 """
 from __future__ import annotations
 
-import bisect
 import dataclasses
-from collections import Counter
 from collections.abc import Iterable, KeysView, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 
 from kproxy_ebpf.model import maglev
-from kproxy_ebpf.model.desired import Frontend, FrontendKey, Problem, Scope, ServiceCIDRSet, ServicePortName
+from kproxy_ebpf.model.desired import Frontend, FrontendKey, Problem, ServiceCIDRSet, ServicePortName
 from kproxy_ebpf.model.objects import (
     EndpointSlice,
     IPFamily,
@@ -32,6 +26,7 @@ from kproxy_ebpf.model.objects import (
     ServiceCIDR,
     ServiceKey,
 )
+from .claims import Claims
 from .endpoints import endpoints_by_port
 from .external import allow_external_ips, service_ext_frontends
 from .healthcheck import HealthCheck, health_check
@@ -108,17 +103,8 @@ class ProxyState:
         self._endpoints_changed: set[ServiceKey] = set()
         self.service_changes_total = 0
         self.endpoint_changes_total = 0
-        # Per-service cache: its own frontends (before conflict resolution) and problems.
-        self._raw: dict[ServiceKey, dict[FrontendKey, Frontend]] = {}
-        self._own_problems: dict[ServiceKey, list[Problem]] = {}
-        # Claimants of each frontend key, sorted: owners[k][0] wins.
-        self._owners: dict[FrontendKey, list[ServiceKey]] = {}
-        self._merged: dict[FrontendKey, Frontend] = {}
-        self._view = MappingProxyType(self._merged)
-        # Current problems (own and conflicts) of each Service that has any, kept up to date
-        # by compute() for the Services it touched, and their number by reason.
-        self._problems: dict[ServiceKey, list[Problem]] = {}
-        self._problem_counts: Counter[str] = Counter()
+        # Per-service cache of the last compute(): own frontends, the merged table, problems.
+        self._claims = Claims()
         # ServiceCIDRs and allocated ClusterIPs (proxy/servicecidr.py), with a cached result.
         self._service_cidrs: dict[str, ServiceCIDR] = {}
         # healthCheckNodePort servers of the Services that need one, kept by compute().
@@ -137,7 +123,7 @@ class ProxyState:
     def dirty(self) -> frozenset[ServiceKey]:
         """Services waiting for the next compute() (all known ones after a node change)."""
         if self._all_dirty:
-            return frozenset(self._dirty | set(self._services) | set(self._raw))
+            return frozenset(self._dirty | set(self._services) | set(self._claims.claimants()))
         return frozenset(self._dirty)
 
     @property
@@ -305,51 +291,28 @@ class ProxyState:
 
     def frontends_by_service(self) -> dict[ServiceKey, list[Frontend]]:
         """The effective (post-conflict) frontends of the last compute(), per Service."""
-        out: dict[ServiceKey, list[Frontend]] = {}
-        for key in sorted(self._merged):
-            fe = self._merged[key]
-            out.setdefault((fe.service.namespace, fe.service.name), []).append(fe)
-        return out
+        return self._claims.frontends_by_service()
 
     def problems(self) -> list[Problem]:
         """Every current problem as of the last compute(), in Service order. O(problems)."""
-        return [p for k in sorted(self._problems) for p in self._problems[k]]
+        return self._claims.problems()
 
     def problem_counts(self) -> Mapping[str, int]:
         """Current problems by reason (a live read-only view). O(1)."""
-        return MappingProxyType(self._problem_counts)
+        return self._claims.problem_counts()
 
     def _node_or_blank(self) -> Node:
         return self._node if self._node is not None else Node(name="")
 
-    def _problems_of(self, key: ServiceKey) -> list[Problem]:
-        out = list(self._own_problems.get(key, ()))
-        for fkey, fe in sorted(self._raw.get(key, {}).items()):
-            winner = self._owners[fkey][0]
-            if winner != key and fkey.scope is Scope.SOCK:   # EXT keys mirror a socket key
-                out.append(Problem(key[0], key[1], "Service", "FrontendConflict",
-                                   f"{fe.kind.value} {fkey} is also claimed "
-                                   f"by {winner[0]}/{winner[1]}, which keeps it (first in "
-                                   "namespace/name order)"))
-        return out
-
     # -- compute --------------------------------------------------------------------------------
-
-    def _set_problems(self, key: ServiceKey, probs: list[Problem]) -> None:
-        for p in self._problems.pop(key, ()):
-            self._problem_counts[p.reason] -= 1
-            if not self._problem_counts[p.reason]:
-                del self._problem_counts[p.reason]
-        if probs:
-            self._problems[key] = probs
-            self._problem_counts.update(p.reason for p in probs)
 
     def compute(self, full: bool = False) -> ChangeSet:
         """Recompute the dirty Services (all with full=True) and return the whole table (as a
         read-only view). The work is proportional to the Services recomputed."""
         targets = set(self._dirty)
         if full or self._all_dirty:
-            targets |= set(self._services) | set(self._raw) | set(self._own_problems)
+            targets |= (set(self._services) | set(self._claims.claimants())
+                        | set(self._claims.with_problems()))
         self._dirty.clear()
         self._all_dirty = False
         self._service_changed.clear()
@@ -380,53 +343,19 @@ class ProxyState:
                 self._health[key] = hc
             else:
                 self._health.pop(key, None)
-            if probs:
-                self._own_problems[key] = probs
-            else:
-                self._own_problems.pop(key, None)
             new = {fe.key: fe for fe in fronts}
-            old = self._raw.get(key, {})
             recomputed.update(new)
-            recomputed.update(old)
-            if new == old:
-                continue
-            changed_services.add(key)
-            for fkey in old.keys() - new.keys():
-                owners = self._owners[fkey]
-                owners.remove(key)
-                if not owners:
-                    del self._owners[fkey]
-            for fkey in new.keys() - old.keys():
-                bisect.insort(self._owners.setdefault(fkey, []), key)
-            if new:
-                self._raw[key] = new
-            else:
-                self._raw.pop(key, None)
-            affected.update(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+            recomputed.update(self._claims.own(key))
+            changed = self._claims.set_own(key, new, probs)
+            if changed:
+                changed_services.add(key)
+                affected |= changed
 
-        report = set(targets)
-        changed_keys: set[FrontendKey] = set()
-        for fkey in affected:
-            owners = self._owners.get(fkey)
-            prev = self._merged.get(fkey)
-            cur = self._raw[owners[0]][fkey] if owners else None
-            if cur is None:
-                self._merged.pop(fkey, None)
-            else:
-                self._merged[fkey] = cur
-                report.update(owners)      # a winner change alters the others' conflicts
-            if prev != cur:
-                changed_keys.add(fkey)
-                for fe in (prev, cur):
-                    if fe is not None:
-                        changed_services.add((fe.service.namespace, fe.service.name))
-
-        problems: list[Problem] = []
-        for k in sorted(report):
-            probs = self._problems_of(k)
-            self._set_problems(k, probs)
-            problems += probs
-        return ChangeSet(frontends=self._view, changed_keys=frozenset(changed_keys),
+        changed_keys, owners_changed, claimants = self._claims.merge(affected)
+        changed_services |= owners_changed
+        report = set(targets) | claimants      # a winner change alters the others' conflicts
+        problems = self._claims.report(report)
+        return ChangeSet(frontends=self._claims.view, changed_keys=frozenset(changed_keys),
                          changed_services=frozenset(changed_services), problems=problems,
                          reported=frozenset(report), recomputed_keys=frozenset(recomputed))
 

@@ -44,6 +44,7 @@ from kproxy_ebpf.model.objects import (
 )
 from kproxy_ebpf.agent.drift_watch import DriftWatch
 from kproxy_ebpf.proxy import state as state_mod
+from kproxy_ebpf.proxy.claims import Claims
 
 from ..fakemaps import FakeMap
 
@@ -111,7 +112,7 @@ class Harness:
 
     def _spy(self, monkeypatch) -> None:
         counts = self.counts
-        real_frontends, real_problems = state_mod.service_frontends, state_mod.ProxyState._problems_of
+        real_frontends, real_problems = state_mod.service_frontends, Claims._problems_of
         real_apply = MapWriter.apply
 
         def service_frontends(*args, **kw):
@@ -120,15 +121,15 @@ class Harness:
             counts["frontends"] += len(fronts)
             return fronts, probs
 
-        def problems_of(state, key):
+        def problems_of(claims, key):
             counts["problem_evals"] += 1
-            return real_problems(state, key)
+            return real_problems(claims, key)
 
         def apply(writer, desired, candidates=None, res=None):
             return real_apply(writer, CountingTable(desired, counts), candidates, res)
 
         monkeypatch.setattr(state_mod, "service_frontends", service_frontends)
-        monkeypatch.setattr(state_mod.ProxyState, "_problems_of", problems_of)
+        monkeypatch.setattr(Claims, "_problems_of", problems_of)
         monkeypatch.setattr(MapWriter, "apply", apply)
         # Row gauges are refreshed by time (ROW_COUNT_EVERY), never on a partial sync here.
         monkeypatch.setattr(sync_report, "ROW_COUNT_EVERY", float("inf"))

@@ -6,12 +6,12 @@ import json
 import yaml
 from click.testing import CliRunner
 
-from kproxy_ebpf.cli import main as cli
+from kproxy_ebpf.cli import main as cli, node
 from kproxy_ebpf.datapath.maps import reader
 
 
 def test_json_and_yaml_carry_the_same_rows(monkeypatch):
-    monkeypatch.setattr(cli, "_open_maps", lambda d: {"stats": None})
+    monkeypatch.setattr(node, "open_maps", lambda d: {"stats": None})
     monkeypatch.setattr(reader, "counters", lambda m: {"forward": 3, "tc_icmp_err": 1})
     as_json = CliRunner().invoke(cli.main, ["stats", "-o", "json"])
     as_yaml = CliRunner().invoke(cli.main, ["stats", "-o", "yaml"])

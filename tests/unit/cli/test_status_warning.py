@@ -1,5 +1,5 @@
 """`kproxy-ebpf status` warns when the hooks sit on the machine's root cgroup (the kind trap)."""
-from kproxy_ebpf.cli.main import _attach_warnings
+from kproxy_ebpf.cli.node import _attach_warnings
 
 
 def test_status_warns_only_for_the_machines_root_cgroup():

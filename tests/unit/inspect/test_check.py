@@ -158,14 +158,14 @@ def test_check_lists_through_kube_with_pagination_and_the_agent_selectors(cluste
 
 
 def test_check_honours_the_agent_config_file(cluster, tmp_path, monkeypatch):
-    from kproxy_ebpf.cli import main as cli
+    from kproxy_ebpf.cli import check as check_cli, main as cli
     from kproxy_ebpf.datapath.maps import reader
 
     config = tmp_path / "agent.yaml"
     config.write_text("kubeconfig: /etc/kproxy/kubeconfig\nmaster: 10.0.0.1:6443\n"
                       "hostnameOverride: Node-A\nbpffsDir: /sys/fs/bpf/kproxy-test\n")
     opened = []
-    monkeypatch.setattr(cli, "_open_maps", lambda d: opened.append(d) or {})
+    monkeypatch.setattr(check_cli, "open_maps", lambda d: opened.append(d) or {})
     monkeypatch.setattr(reader, "services", lambda maps: [])
     result = CliRunner().invoke(cli.main, ["check", "--config", str(config)])
     assert result.exit_code == 1, result.output          # nothing programmed: 5 missing
@@ -214,11 +214,11 @@ def test_an_unreachable_api_server_is_a_sentence_that_says_where_not_a_traceback
 
 
 def test_status_says_where_it_looked_for_the_agent(monkeypatch):
-    from kproxy_ebpf.cli import main as cli
+    from kproxy_ebpf.cli import main as cli, node
     from kproxy_ebpf.datapath.maps import reader
 
-    monkeypatch.setattr(cli, "_open_maps", lambda d: {"stats": None})
-    monkeypatch.setattr(cli, "_fill", lambda m: {"entries": 0, "max_entries": 1})
+    monkeypatch.setattr(node, "open_maps", lambda d: {"stats": None})
+    monkeypatch.setattr(node, "fill", lambda m: {"entries": 0, "max_entries": 1})
     monkeypatch.setattr(reader, "hooks", lambda *a, **k: [])
     monkeypatch.setattr(reader, "counters", lambda m: {})
     result = CliRunner().invoke(cli.main, ["status", "--bpffs-dir", "/x", "--healthz",
