@@ -5,7 +5,7 @@ kube-proxy keeps a UDP flow while its endpoint is a serving endpoint of the Serv
 whatever the traffic policies, topology or termination say about new connections ("changes to
 the service should not affect existing flows", pkg/proxy/conntrack/cleanup.go,
 CleanStaleEntries, v1.36): a pod that is shutting down but still serving drains its flows. So
-here a backend keeps its sockets while lookups can still pick it (MapWriter.serves) or, failing
+here a backend keeps its sockets while lookups can still pick it (its slots, MapWriter.backends_of) or, failing
 that, while it is a serving endpoint of the frontend's Service port in the API's view. A
 frontend that is gone keeps nothing, a deliberate difference: kube-proxy clears the flows of
 Service IPs that still exist only, so a deleted UDP Service's flows reach their old backend

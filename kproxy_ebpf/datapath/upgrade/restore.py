@@ -157,7 +157,7 @@ def _restore_filters(led: Ledger, ext_addrs: HeldAddrs | None,
                      ext_locals: HeldAddrs | None) -> None:
     """The TC filter rows of the EXT frontends found (see HeldAddrs.restore). A frontend
     whose row could not be written does not hold it, so the next apply rewrites it (see
-    Planner.unchanged) and reports the failure."""
+    Planner.to_write) and reports the failure."""
     ext = [(k, p) for k, p in led.frontends.items()
            if k.scope is Scope.EXT and p.count is not None]
     if ext_addrs is not None:

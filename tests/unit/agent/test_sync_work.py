@@ -1,6 +1,6 @@
 """A partial sync does work proportional to the change, not to the cluster (issues 6 and 11).
 
-The agent's real sync (Agent._sync: ProxyState.compute, problem reports, metrics, the real
+The agent's real sync (SyncLoop.sync: ProxyState.compute, problem reports, metrics, the real
 MapWriter on in-memory maps) runs one change at a time on a cluster of 100 and of 10,000
 unchanged Services. What it does is counted, not timed:
 
