@@ -97,13 +97,13 @@ class CidrWriter:
         """ClusterIP rows put, then new ranges (before the frontends are written). Failures go
         into `res`; True when all was written (else the caller retries with a full apply)."""
         self._note(ch)
-        put = {ip: a for ip, a in ch.actions.items()
-               if a is not None and self.cluster_ips.get(ip) != a}
-        puts = sorted(put)
+        to_put = {ip: a for ip, a in ch.actions.items()
+                  if a is not None and self.cluster_ips.get(ip) != a}
+        puts = sorted(to_put)
         complete = True
-        for ip in () if self._put_ips_batched(puts, put, res) else puts:
+        for ip in () if self._put_ips_batched(puts, to_put, res) else puts:
             complete &= self._try(res, f"ClusterIP {ip}",
-                                  lambda ip=ip: self._put_ip(ip, put[ip]))
+                                  lambda ip=ip: self._put_ip(ip, to_put[ip]))
         # A range added while one of its ClusterIP rows is missing would drop that address.
         for cidr in sorted(ch.cidrs - self.cidrs) if complete else ():
             complete &= self._try(res, f"ServiceCIDR {cidr}", lambda c=cidr: self._put_cidr(c))
