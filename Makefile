@@ -178,11 +178,13 @@ OUTAGE ?= 180
 faults: setup
 	$(KP) bench --faults --fault-outage $(OUTAGE) $(ARGS)
 
-# ruff with the pinned version and pyproject's rules over the whole tree, then every BPF program
-# compiled as bcc compiles it, with -Wall -Werror (tools/bpflint.py: clang, libbcc, the headers).
+# ruff with the pinned version and pyproject's rules over the whole tree, mypy over the product
+# (pyproject's [tool.mypy]: kproxy_ebpf/ less dev/), then every BPF program compiled as bcc
+# compiles it, with -Wall -Werror (tools/bpflint.py: clang, libbcc, the headers).
 lint: $(VENV)/.installed headers
 	@$(MAKE) -s apt-install PKGS="clang python3-bpfcc"
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(PY) tools/bpflint.py
 
 # kproxy_ebpf/datapath/maps/kproxy_h.py from bpf/kproxy.h (clang, bpftool); tests/unit/datapath/test_layout.py

@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -228,7 +229,7 @@ def _coerce(name: str, value: object) -> object:
     return None if value is None else str(value)
 
 
-def load(path: str | None = None, env: dict[str, str] | None = None,
+def load(path: str | None = None, env: Mapping[str, str] | None = None,
          overrides: dict[str, object] | None = None) -> AgentConfig:
     cfg = AgentConfig()
     names = [f.name for f in dataclasses.fields(AgentConfig)]

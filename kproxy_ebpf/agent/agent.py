@@ -117,6 +117,7 @@ class Agent:
                                     self.cfg.service_metrics_limit)
         self._serve()
         threading.Thread(target=self._start_runner, name="wait-synced", daemon=True).start()
+        assert self.node.writer is not None and self.node.cidrs is not None     # adopt() made them
         DriftWatch(DriftCheck(self.node.writer, self.node.cidrs), self.loop.lock, self.metrics,
                    self.loop.kernel_drift, self.node.sweep_service_counters).start(
             self.cfg.sync_period * KERNEL_CHECK_EVERY, self._stop)

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 class NodeDatapath:
     def __init__(self, cfg: AgentConfig, metrics: Metrics) -> None:
         self.cfg, self.metrics = cfg, metrics
+        assert cfg.cgroup is not None       # AgentConfig.validate() requires it
         self.sock = SockDatapath(Path(cfg.bpffs_dir), Path(cfg.cgroup), cfg.map_sizes,
                                  Path(cfg.program_cache) if cfg.program_cache else None)
         self.tc: TcDatapath | None = None
@@ -76,6 +77,7 @@ class NodeDatapath:
         self.cidrs = CidrWriter(self.maps)
         self.cidrs.restore()
         if self.cfg.socket_lb:
+            assert self.cfg.cgroup is not None
             stale = StaleSockets.of(self.maps, self.cfg.cgroup,
                                     reset_tcp=self.cfg.stale_sockets_tcp)
             self.sweep = SocketSweep(stale, self.metrics,

@@ -6,12 +6,16 @@ write errors are logged one by one only up to ERROR_LINES per sync.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from kproxy_ebpf.datapath.write.apply_result import Outcome
 from kproxy_ebpf.model.desired import Problem
 from kproxy_ebpf.kube.convert import Rejection
 from kproxy_ebpf.serve.metrics import Metrics
 from kproxy_ebpf.model.objects import ServiceKey
+
+if TYPE_CHECKING:
+    from kproxy_ebpf.kube.events import EventRecorder    # imported with the API client only
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +25,7 @@ ERROR_LINES = 5             # write errors logged one by one per sync; the rest 
 class Reporter:
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
-        self.events = None          # kube/events.EventRecorder, once there is an API server
+        self.events: EventRecorder | None = None      # once there is an API server
         # Current problems per Service, already told (only Services that have some).
         self.told: dict[ServiceKey, set[tuple[str, str]]] = {}
 

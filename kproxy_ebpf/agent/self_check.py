@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from kproxy_ebpf.model.desired import ServiceCIDRSet
+from kproxy_ebpf.model.desired import Frontend, FrontendKey, ServiceCIDRSet
 
 MIN_INTERVAL_S = 1.0
 DRIFT_LINES = 50          # a node with more says how many and shows the first ones
@@ -29,7 +29,7 @@ DRIFT_LINES = 50          # a node with more says how many and shows the first o
 class CheckInput:
     """What one check compares, taken while no sync runs."""
     node: str
-    desired: object                  # Mapping[FrontendKey, Frontend]: the last computed
+    desired: Mapping[FrontendKey, Frontend]     # the last computed
     kernel: list[dict]               # reader.services()
     hooks: list[dict]                # reader.hooks()
     hooks_expected: bool             # socketLB: the socket hooks must be attached

@@ -133,6 +133,7 @@ class SyncLoop:
         first = not self.policy.synced_once
         with self._lock:
             self.set_pending()
+        assert self.node.writer is not None     # adopted before the first sync (Agent.start)
         self.report.record(full, first, elapsed, len(changes.frontends), outcome,
                            self.node.writer.stats(), self.node.row_counts)
         self.policy.finished()
@@ -151,6 +152,7 @@ class SyncLoop:
             if not self.policy.synced_once or writer is None:
                 return CheckInput(node=self.cfg.node_name, desired={}, kernel=[], hooks=[],
                                   hooks_expected=self.cfg.socket_lb, synced=False)
+            assert node.cidrs is not None       # adopt() made it with the writer
             return CheckInput(node=self.cfg.node_name, desired=self.desired,
                               kernel=node.kernel_services(), hooks=node.hooks(),
                               hooks_expected=self.cfg.socket_lb, synced=True,

@@ -231,7 +231,7 @@ def _affinity(t: Trace, maps, head, ip: str, scope: Scope, source: str | None,
     fresh = row is not None and now - row.last_used <= head.affinity_timeout * 10 ** 9
     # lib/lb.h kp_lb_from_affinity: fresh, its slot within the count, and that slot still
     # naming the backend the row remembers.
-    if (not fresh or not 1 <= row.slot <= len(slots) or slots[row.slot - 1][0] is None
+    if (row is None or not fresh or not 1 <= row.slot <= len(slots) or slots[row.slot - 1][0] is None
             or slots[row.slot - 1][2] != row.backend_id):
         t.add("affinity", "no fresh row for this client",
               "a new choice is made (and remembered for the affinity timeout)")

@@ -97,6 +97,7 @@ def diff(old: Snapshot, new: Snapshot) -> list[Change]:
     for key in sorted(old.keys() | new.keys()):
         before, after = old.get(key), new.get(key)
         if before is None:
+            assert after is not None        # the key is old's or new's
             out.append(Change(ChangeKind.ADDED, after))
         elif after is None:
             out.append(Change(ChangeKind.REMOVED, before))

@@ -183,7 +183,7 @@ class Columns(Sequence[_Row]):
     subclass names its columns in __slots__, in its constructor's order, the first one as
     long as the sequence, and makes a record in __getitem__ and __iter__. Equal to a tuple of
     the same records (and hashed as it), so that a test can write either."""
-    __slots__ = ()
+    __slots__: tuple[str, ...] = ()
 
     def _columns(self) -> tuple:
         return tuple(getattr(self, name) for name in self.__slots__)
@@ -196,7 +196,7 @@ class Columns(Sequence[_Row]):
 
     def __eq__(self, other: object) -> bool:
         if type(other) is type(self):
-            return self._columns() == other._columns()      # type: ignore[union-attr]
+            return self._columns() == other._columns()
         if isinstance(other, tuple):
             return tuple(self) == other
         return NotImplemented
@@ -278,9 +278,11 @@ class Endpoints(Columns[Endpoint]):
     def __getitem__(self, i: int | slice) -> Endpoint | Endpoints:
         if isinstance(i, slice):
             return Endpoints.of(list(self)[i])
-        cols = (self.node_names, self.zones, self.hints)
+        node_names, zones, hints = self.node_names, self.zones, self.hints
         return Endpoint(self.addresses[i], self.conditions[i],
-                        *(c[i] if c is not None else None for c in cols))
+                        node_names[i] if node_names is not None else None,
+                        zones[i] if zones is not None else None,
+                        hints[i] if hints is not None else None)
 
     def __iter__(self) -> Iterator[Endpoint]:
         return starmap(Endpoint, self.rows())

@@ -45,7 +45,7 @@ def node_port_ips(node: Node, node_port_addresses: Sequence[str] = ()) -> tuple[
     """The node addresses NodePorts answer on (kube-proxy's nodePortAddresses semantics)."""
     if not node_port_addresses or list(node_port_addresses) == [PRIMARY]:
         return tuple(node.addresses[:1])
-    nets = []
+    nets: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
     for cidr in node_port_addresses:
         if cidr == PRIMARY:
             nets.extend(ipaddress.ip_network(f"{ip}/32") for ip in node.addresses[:1])

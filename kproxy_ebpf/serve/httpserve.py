@@ -25,7 +25,9 @@ class LocalHTTPServer(ThreadingHTTPServer):
 
     def server_bind(self) -> None:
         socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = self.server_address[:2]
+        host, port = self.server_address[:2]
+        assert isinstance(host, str)        # getsockname()'s: text, never bytes
+        self.server_name, self.server_port = host, port
 
 
 class LocalHTTPServer6(LocalHTTPServer):

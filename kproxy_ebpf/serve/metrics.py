@@ -105,7 +105,8 @@ class Metrics:
         self.sync_failures = PerFamily(Counter(P + "sync_proxy_rules_failures_total",
                                                "Syncs that left something unprogrammed.", fam,
                                                registry=r))
-        self._programming = {f: self.programming.labels(f) for f in IP_FAMILIES}
+        # By the family's string (IPFamily is a StrEnum): an FQDN slice's finds none.
+        self._programming: dict[str, Histogram] = {f: self.programming.labels(f) for f in IP_FAMILIES}
         self.healthz = Counter(P + "proxy_healthz_total", "/healthz answers, by HTTP code.",
                                ["code"], registry=r)
         self.livez = Counter(P + "proxy_livez_total", "/livez answers, by HTTP code.",

@@ -67,8 +67,10 @@ def purge(maps: Mapping[str, PinnedMap], keeps: Keeps,
             continue
         protocol = L.PROTO_BY_NUM.get(proto)
         ip = L.ip_str(daddr)
-        fkey = FrontendKey(ip, L.port_host(dport), protocol, L.ct_scope(flags), family_of(ip))
-        if keeps(fkey, (L.ip_str(be_addr), L.port_host(be_port), protocol)):
+        # A protocol no frontend has is kept by none (keeps() finds no such key).
+        if protocol is not None and keeps(
+                FrontendKey(ip, L.port_host(dport), protocol, L.ct_scope(flags), family_of(ip)),
+                (L.ip_str(be_addr), L.port_host(be_port), protocol)):
             continue
         addr = L.IP16.from_buffer_copy
         reply = L.CtKey(saddr=addr(be_addr), sport=be_port, proto=proto)

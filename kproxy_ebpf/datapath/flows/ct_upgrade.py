@@ -17,7 +17,7 @@ import logging
 import struct
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.upgrade.carry import Pair, RowCarry
@@ -96,5 +96,6 @@ def find(bpffs_dir: Path) -> RowCarry | None:
         return None
     targets = {old.target: PinnedMap(Path(bpffs_dir) / L.MAPS[old.target].name,
                                      L.MAPS[old.target]) for old in found}
-    return RowCarry([Pair(PinnedMap(Path(bpffs_dir) / old.pin, _OldSpec(old)),
+    # A stand-in MapSpec: RowCarry reads these maps by raw rows, which need no more of it.
+    return RowCarry([Pair(PinnedMap(Path(bpffs_dir) / old.pin, cast(L.MapSpec, _OldSpec(old))),
                           targets[old.target], old.key, old.value) for old in found])

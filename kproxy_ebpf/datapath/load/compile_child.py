@@ -69,7 +69,7 @@ def check_bcc_layout(bpf) -> None:
             if ctypes.sizeof(ours) != ctypes.sizeof(theirs):
                 raise LayoutMismatch(f"{spec.name}: {ours.__name__} is {ctypes.sizeof(ours)} "
                                      f"bytes, the compiled map says {ctypes.sizeof(theirs)}")
-            if ours in STRUCTS.values():
+            if ours in STRUCTS.values() and issubclass(ours, ctypes.Structure):
                 for fname, *_ in ours._fields_:
                     if getattr(ours, fname).offset != getattr(theirs, fname).offset:
                         raise LayoutMismatch(f"{spec.name}: field {fname} offset differs")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -39,7 +40,7 @@ HELPERS = {  # name -> (id, kernel that added it)
 class Feature:
     what: str
     since: str
-    check: object      # () -> bool
+    check: Callable[[], bool]
 
 
 class KernelUnsupported(RuntimeError):
@@ -70,9 +71,12 @@ def _features() -> list[Feature]:
     ]
     for name, (fid, since) in HELPERS.items():
         out.append(Feature(f"helper {name} in cgroup sock_addr programs", since,
-                           lambda fid=fid: lib.libbpf_probe_bpf_helper(
-                               PROG_CGROUP_SOCK_ADDR, fid, None) == 1))
+                           _helper_probe(lib, fid)))
     return out
+
+
+def _helper_probe(lib: ctypes.CDLL, fid: int) -> Callable[[], bool]:
+    return lambda: lib.libbpf_probe_bpf_helper(PROG_CGROUP_SOCK_ADDR, fid, None) == 1
 
 
 def missing(features: list[Feature] | None = None) -> list[Feature]:

@@ -31,6 +31,8 @@ BPF_NOEXIST = 1
 class BpfError(OSError):
     """A libbpf call failed; .errno tells why (E2BIG: map full, ENOENT: no such key)."""
 
+    done: int       # set by the batch calls only: entries processed before the failing one
+
 
 class _MapInfo(ctypes.Structure):
     _fields_ = [
@@ -251,6 +253,8 @@ class ProgLoadOpts(ctypes.Structure):
 
 class VerifierRejected(BpfError):
     """bpf_prog_load failed; .log holds the verifier's log (its tail when it was longer)."""
+
+    log: str
 
 
 def map_create(map_type: int, name: str, key_size: int, value_size: int, max_entries: int,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,7 +74,7 @@ class SockDatapath:
     def links_dir(self) -> Path:
         return self.bpffs_dir / "links"
 
-    def start_load(self, extra: list[Program] = ()) -> LoadJob:
+    def start_load(self, extra: Sequence[Program] = ()) -> LoadJob:
         """Starts compiling sock_lb.c (and `extra` programs, e.g. the TC ones, which share the
         maps) in a child process; bcc there adopts the maps already pinned in bpffs_dir."""
         kernel.require(str(self.cgroup))      # a clear error before bcc's compile errors

@@ -18,7 +18,7 @@ import ipaddress
 import logging
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -101,7 +101,8 @@ class TcDatapath:
     snat_ports: tuple[int, int] = (61000, 65535)
     sizes: MapSizes = field(default_factory=MapSizes)
     pod_globs: tuple[str, ...] | None = None
-    runner: object = None      # PodDeviceWatcher's runner (tests: enter the node's netns)
+    # PodDeviceWatcher's runner (tests: enter the node's netns)
+    runner: Callable[[Callable[[], None]], None] | None = None
     _fds: dict[str, int] = field(default_factory=dict)
     _pods: PodDeviceWatcher | None = None
     _upgrade: RowCarry | None = None

@@ -52,7 +52,7 @@ def backend_row(b: BackendKey) -> bytes:
 
 
 _BACKEND_TAIL: dict[tuple[int, Protocol], bytes] = {}
-if L.G.STRUCTS["kp_backend"]["fields"][0] != ("addr", 0, "struct kp_ip"):
+if L.STRUCT_SPECS["kp_backend"]["fields"][0] != ("addr", 0, "struct kp_ip"):
     raise ImportError("kp_backend no longer starts with its struct kp_ip addr: fix backend_row")
 
 

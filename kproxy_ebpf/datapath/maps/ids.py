@@ -13,13 +13,16 @@ restart, so they are used last of all: only after the cursor wraps and the queue
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Iterator, KeysView
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)      # what holds an id: a backend, a service port, a table
 
 
 class IdsExhausted(RuntimeError):
     """Every id is in use: the map behind this allocator is full."""
 
 
-class IdAllocator:
+class IdAllocator(Generic[K]):
     """Maps keys to ids in 1..max_id; see the module docstring for the reuse order."""
 
     def __init__(self, max_id: int, name: str = "ids") -> None:
@@ -30,7 +33,7 @@ class IdAllocator:
         # Keys to ids only: no reverse index (5 MiB at 100,000 backends). An id is bound iff
         # some key holds it; the rare questions by id (restore's checks, the wrap-around scan)
         # build one from _by_key for the occasion.
-        self._by_key: dict[Hashable, int] = {}
+        self._by_key: dict[K, int] = {}
         self._next = 1                         # every id >= _next is free and never handed out
         self._freed: dict[int, None] = {}      # free ids below _next, oldest first (ordered set)
 
@@ -40,7 +43,7 @@ class IdAllocator:
     def __contains__(self, key: object) -> bool:
         return key in self._by_key
 
-    def __iter__(self) -> Iterator[tuple[Hashable, int]]:
+    def __iter__(self) -> Iterator[tuple[K, int]]:
         return iter(list(self._by_key.items()))
 
     def drain(self) -> None:
@@ -49,18 +52,18 @@ class IdAllocator:
             self._by_key.popitem()
         self._freed.clear()
 
-    def keys(self) -> KeysView[Hashable]:
+    def keys(self) -> KeysView[K]:
         """The keys holding an id (a live view)."""
         return self._by_key.keys()
 
-    def get(self, key: Hashable) -> int | None:
+    def get(self, key: K) -> int | None:
         return self._by_key.get(key)
 
-    def key_of(self, id_: int) -> Hashable | None:
+    def key_of(self, id_: int) -> K | None:
         """The key holding id_ (O(n): for tests and tools, not the write path)."""
         return next((k for k, i in self._by_key.items() if i == id_), None)
 
-    def by_id(self) -> dict[int, Hashable]:
+    def by_id(self) -> dict[int, K]:
         """Every bound id with its key: a new dict, for one bulk question by id (restore)."""
         return {i: k for k, i in self._by_key.items()}
 
@@ -82,16 +85,16 @@ class IdAllocator:
                 return id_
         return None
 
-    def _bind(self, key: Hashable, id_: int) -> int:
+    def _bind(self, key: K, id_: int) -> int:
         self._by_key[key] = id_
         return id_
 
-    def restore(self, key: Hashable, id_: int) -> None:
+    def restore(self, key: K, id_: int) -> None:
         """Record that key already holds id_ (read back from kernel state). O(n): a whole
         map's worth goes through restore_all."""
         self.restore_all([(key, id_)])
 
-    def restore_all(self, pairs: Iterable[tuple[Hashable, int]]) -> None:
+    def restore_all(self, pairs: Iterable[tuple[K, int]]) -> None:
         """Record that each key already holds its id; an id held by another key, or a key
         restored with a second id, is a ValueError (the pairs before it are kept)."""
         owners = {i: k for k, i in self._by_key.items()}     # for this call only
@@ -112,7 +115,7 @@ class IdAllocator:
             owners[id_] = key
             self._bind(key, id_)
 
-    def acquire(self, key: Hashable) -> int:
+    def acquire(self, key: K) -> int:
         """The id of key, allocating one if it has none yet."""
         held = self._by_key.get(key)
         if held is not None:
@@ -130,7 +133,7 @@ class IdAllocator:
                                "raise the map size")
         return self._bind(key, id_)
 
-    def release(self, key: Hashable) -> int | None:
+    def release(self, key: K) -> int | None:
         """Free the id of key (None if it held none); it is reused last."""
         id_ = self._by_key.pop(key, None)
         if id_ is None:

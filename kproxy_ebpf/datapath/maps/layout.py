@@ -16,17 +16,32 @@ import ctypes
 import ipaddress
 import socket
 import struct
+from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict, cast
 
 from kproxy_ebpf.model.desired import Action, Backend, FrontendKey, FrontendKind, Scope, ServiceInfo
 from kproxy_ebpf.model.objects import IPFamily, Protocol
 from . import kproxy_h as G
 
-_SCALARS = {"u8": ctypes.c_uint8, "u16": ctypes.c_uint16, "u32": ctypes.c_uint32,
-            "u64": ctypes.c_uint64, "be16": ctypes.c_uint16, "be32": ctypes.c_uint32,
-            "be64": ctypes.c_uint64, "char": ctypes.c_char,
-            "int": ctypes.c_int32}        # socket storage's key (the kernel wants a BTF int)
+# A map key's, value's or field's ctypes type (a string: _SimpleCData takes no [] at run time).
+CType: TypeAlias = "type[ctypes._SimpleCData[Any]] | type[ctypes.Structure] | type[ctypes.Array[Any]]"
+
+_SCALARS: dict[str, type[ctypes._SimpleCData[Any]]] = {
+    "u8": ctypes.c_uint8, "u16": ctypes.c_uint16, "u32": ctypes.c_uint32,
+    "u64": ctypes.c_uint64, "be16": ctypes.c_uint16, "be32": ctypes.c_uint32,
+    "be64": ctypes.c_uint64, "char": ctypes.c_char,
+    "int": ctypes.c_int32}        # socket storage's key (the kernel wants a BTF int)
 
 STRUCTS: dict[str, type[ctypes.Structure]] = {}
+
+
+class StructSpec(TypedDict):
+    """A struct of kproxy_h.STRUCTS: (field, offset, type as spelled) rows and the size."""
+    fields: list[tuple[str, int, str]]
+    size: int
+
+
+# kproxy_h.py is a plain literal (mypy would see dict[str, object] rows); this is its shape.
+STRUCT_SPECS = cast(dict[str, StructSpec], G.STRUCTS)
 
 # struct kp_ip (either family, IPv4 as IPv4-mapped) as 16 raw bytes: `bytes(row.addr)` is the
 # address in network order, which ip_text/ip16 convert; "16s" in bulk reads.
@@ -34,7 +49,7 @@ IP16 = ctypes.c_uint8 * 16
 _IP_STRUCT = "struct kp_ip"
 
 
-def _ctype(spelled: str):
+def _ctype(spelled: str) -> CType:
     """A field type as tools/layoutgen.py spells it (u32, be16, char[64], struct x, u8[2])."""
     if spelled.endswith("]"):
         base, _, count = spelled[:-1].partition("[")
@@ -42,14 +57,14 @@ def _ctype(spelled: str):
     if spelled in (_IP_STRUCT, "kp_ip"):    # a field's type, or a map's key as KP_MAPS names it
         return IP16
     name = spelled.removeprefix("struct ")
-    if name in G.STRUCTS:
+    if name in STRUCT_SPECS:
         return _struct(name)
     return _SCALARS[spelled.removeprefix("__")]
 
 
 def _struct(cname: str) -> type[ctypes.Structure]:
     if cname not in STRUCTS:
-        spec = G.STRUCTS[cname]
+        spec = STRUCT_SPECS[cname]
         cls = type(cname, (ctypes.Structure,), {
             "_fields_": [(f, _ctype(t)) for f, _, t in spec["fields"]], "__doc__": f"struct {cname}"})
         # ctypes lays fields out by natural alignment, as clang does for these types; a
@@ -63,8 +78,47 @@ def _struct(cname: str) -> type[ctypes.Structure]:
     return STRUCTS[cname]
 
 
-for _name in G.STRUCTS:
+for _name in STRUCT_SPECS:
     _struct(_name)
+
+# The row types by name. Their fields come from kproxy_h.py at import, so mypy knows each
+# only as a ctypes.Structure (whose field attributes are Any).
+if TYPE_CHECKING:
+    class SvcKey(ctypes.Structure): ...
+    class SvcVal(ctypes.Structure): ...
+    class BackendRow(ctypes.Structure): ...
+    class SknatKey(ctypes.Structure): ...
+    class SknatVal(ctypes.Structure): ...
+    class AffKey(ctypes.Structure): ...
+    class AffVal(ctypes.Structure): ...
+    class SvcMeta(ctypes.Structure): ...
+    class CipVal(ctypes.Structure): ...
+    class CidrKey(ctypes.Structure): ...
+    class LbReq(ctypes.Structure): ...
+    class LbRes(ctypes.Structure): ...
+    class CtKey(ctypes.Structure): ...
+    class CtVal(ctypes.Structure): ...
+    class TcCfg(ctypes.Structure): ...
+    class SrcRangeKey(ctypes.Structure): ...
+    class NssrcKey(ctypes.Structure): ...
+else:
+    SvcKey = STRUCTS["kp_svc_key"]
+    SvcVal = STRUCTS["kp_svc_val"]
+    BackendRow = STRUCTS["kp_backend"]
+    SknatKey = STRUCTS["kp_sknat_key"]
+    SknatVal = STRUCTS["kp_sknat_val"]
+    AffKey = STRUCTS["kp_aff_key"]
+    AffVal = STRUCTS["kp_aff_val"]
+    SvcMeta = STRUCTS["kp_svc_meta"]
+    CipVal = STRUCTS["kp_cip_val"]
+    CidrKey = STRUCTS["kp_cidr_key"]
+    LbReq = STRUCTS["kp_lb_req"]
+    LbRes = STRUCTS["kp_lb_res"]
+    CtKey = STRUCTS["kp_ct_key"]
+    CtVal = STRUCTS["kp_ct_val"]
+    TcCfg = STRUCTS["kp_tc_cfg"]
+    SrcRangeKey = STRUCTS["kp_srcrange_key"]
+    NssrcKey = STRUCTS["kp_nssrc_key"]
 
 
 _FORMAT = {"u8": "B", "u16": "H", "u32": "I", "u64": "Q", "be16": "H", "be32": "I",
@@ -78,10 +132,10 @@ def struct_format(spelled: str) -> str:
     name = spelled.removeprefix("struct ")
     if name == "kp_ip":
         return "=16s"
-    if name not in G.STRUCTS:
+    if name not in STRUCT_SPECS:
         return "=" + _FORMAT[name.removeprefix("__")]
     out = []
-    for field_name, _, t in G.STRUCTS[name]["fields"]:
+    for field_name, _, t in STRUCT_SPECS[name]["fields"]:
         if t == _IP_STRUCT:
             out.append("16s")
             continue
@@ -104,19 +158,6 @@ def enum_names(prefix: str) -> dict[int, str]:
     """value -> lower-case name without the prefix, e.g. enum_names("KP_STAT_")."""
     return {v: k.removeprefix(prefix).lower() for k, v in G.ENUMS.items() if k.startswith(prefix)}
 
-
-SvcKey = STRUCTS["kp_svc_key"]
-SvcVal = STRUCTS["kp_svc_val"]
-BackendRow = STRUCTS["kp_backend"]
-SknatKey = STRUCTS["kp_sknat_key"]
-SknatVal = STRUCTS["kp_sknat_val"]
-AffKey = STRUCTS["kp_aff_key"]
-AffVal = STRUCTS["kp_aff_val"]
-SvcMeta = STRUCTS["kp_svc_meta"]
-CipVal = STRUCTS["kp_cip_val"]
-CidrKey = STRUCTS["kp_cidr_key"]
-LbReq = STRUCTS["kp_lb_req"]
-LbRes = STRUCTS["kp_lb_res"]
 
 U32 = ctypes.c_uint32
 U64 = ctypes.c_uint64
@@ -159,8 +200,6 @@ F_LOCAL, F_TERMINATING, F_NOT_READY = (const("KP_BE_F_LOCAL"), const("KP_BE_F_TE
 STAT_NAMES = {v: n for v, n in enum_names("KP_STAT_").items() if n != "max"}
 CT_STATE_NAMES = {const(f"KP_CT_{n.upper()}"): n for n in ("new", "established", "closing",
                                                           "closed")}
-CtKey = STRUCTS["kp_ct_key"]
-CtVal = STRUCTS["kp_ct_val"]
 _LIFE_TIME = const("KP_CT_LIFE_TIME_SHIFT")
 _LIFE_FIELDS = {"flags": (0, const("KP_CT_LIFE_FLAGS")),
                 "state": (const("KP_CT_LIFE_STATE_SHIFT"), const("KP_CT_LIFE_STATE")),
@@ -210,9 +249,6 @@ def ct_keeps_backend(flags: int, proto: int) -> bool:
     return bool(flags & CT_F_POD) and proto == PROTO_NUM[Protocol.TCP]
 
 
-TcCfg = STRUCTS["kp_tc_cfg"]
-SrcRangeKey = STRUCTS["kp_srcrange_key"]
-NssrcKey = STRUCTS["kp_nssrc_key"]
 FE_F_SRC_RANGES = const("KP_FE_F_SRC_RANGES")
 _SRCRANGE_FE_BITS = const("KP_SRCRANGE_FE_BITS")     # kp_srcrange_key's frontend part
 SCOPE_SOCK = const("KP_SCOPE_SOCK")

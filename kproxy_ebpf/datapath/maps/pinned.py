@@ -129,7 +129,8 @@ class PinnedMap:
 
     def keys(self) -> list:
         """A snapshot of the keys (iterating while deleting restarts a hash walk)."""
-        out, prev = [], None
+        out: list = []
+        prev = None
         while True:
             nxt = self.spec.key()
             if not libbpf.map_next_key(self.fd, prev, nxt):

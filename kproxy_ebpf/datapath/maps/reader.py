@@ -12,6 +12,7 @@ import socket
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from . import layout as L
 from .pinned import PinnedMap
@@ -102,7 +103,7 @@ def _flags(value: int, prefix: str) -> list[str]:
     return out + ([hex(rest)] if rest else [])
 
 
-def _field(name: str, spelled: str, value) -> object:
+def _field(name: str, spelled: str, value) -> Any:
     """One field as the header types it: __be integers in host order, an address as text
     (None when it is all zeros: no address, e.g. a flow without SNAT), a constant by name."""
     if spelled == "struct kp_ip":
@@ -120,7 +121,7 @@ def _field(name: str, spelled: str, value) -> object:
     return _plain(value)
 
 
-def _plain(obj) -> object:
+def _plain(obj) -> Any:
     """ctypes value -> JSON-able, each struct field decoded by its type in bpf/kproxy.h."""
     if isinstance(obj, bytes):          # a char[] field reads as bytes
         return obj.decode(errors="replace")
@@ -134,7 +135,7 @@ def _plain(obj) -> object:
         return obj.value
     if not isinstance(obj, ctypes.Structure):
         return obj
-    types = {f: t for f, _, t in L.G.STRUCTS[type(obj).__name__]["fields"]}
+    types = {f: t for f, _, t in L.STRUCT_SPECS[type(obj).__name__]["fields"]}
     return {name: _field(name, types[name], getattr(obj, name))
             for name, *_ in obj._fields_ if name != "pad"}
 

@@ -61,14 +61,18 @@ class SocketWhere:
         found: dict[int, Namespace] = {}
         latest: dict[tuple[int, int], int] = {}
         rows = self.rows.raw_items()
-        heads = None if callable(wanted) else {
-            a + _PORT.pack(port) + bytes((proto,)) for a, port, proto in wanted}
+        predicate: Callable[[Peer], bool] | None
+        heads: set[bytes] | None
+        if callable(wanted):
+            predicate, heads = wanted, None
+        else:
+            predicate, heads = None, {a + _PORT.pack(port) + bytes((proto,)) for a, port, proto in wanted}
         for key, value in rows:
             if heads is not None and key[:19] not in heads:
                 continue
             addr, port, proto, family, netns = _KEY.unpack(key)
             peer = (addr, _PORT.unpack(port)[0], proto)
-            if heads is None and not wanted(peer):
+            if predicate is not None and not predicate(peer):
                 continue
             cgroup, last = _VAL.unpack(value)
             ns = found.get(netns)

@@ -50,7 +50,7 @@ Serves = Callable[[FrontendKey, BackendKey], bool]
 _SKSVC = struct.Struct("!16s16sHHI")   # kp_sksvc_val (svc_id in host order: unused here)
 _STATES = {socket.IPPROTO_TCP: sockdiag.CONNECTED_TCP, socket.IPPROTO_UDP: sockdiag.CONNECTED_UDP}
 _AF = {4: socket.AF_INET, 6: socket.AF_INET6}
-_FAMILY = {socket.AF_INET: 4, socket.AF_INET6: 6}
+_FAMILY: dict[int, int] = {socket.AF_INET: 4, socket.AF_INET6: 6}
 RACE_NS = 1_000_000_000   # a row this much older than the search is no connect racing it
 
 

@@ -167,7 +167,7 @@ def _restore_filters(led: Ledger, ext_addrs: HeldAddrs | None,
             if p.addr_held:
                 ext_addrs.adopt(k.ip)
     if ext_locals is not None:
-        local = {k: frozenset(row[0][0] for row in map(p.rows.get, range(1, p.count + 1))
+        local = {k: frozenset(row[0][0] for row in map(p.rows.get, range(1, (p.count or 0) + 1))
                               if row is not None and row[1] & L.F_LOCAL) for k, p in ext}
         failed = ext_locals.restore(set().union(*local.values()))
         for k, p in ext:

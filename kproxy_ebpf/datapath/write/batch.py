@@ -73,7 +73,8 @@ class BatchedWrites:
                  one_by_one: Sequence[PinnedMap]) -> None:
         self.svc = svc
         self._maps = [(m, True) for m in (svc, *batched)] + [(m, False) for m in one_by_one]
-        self._ops = {id(m): {p: ([], []) for p in Phase} for m, _ in self._maps}
+        self._ops: dict[int, dict[Phase, tuple[list, list]]] = {
+            id(m): {p: ([], []) for p in Phase} for m, _ in self._maps}
 
     def _put(self, m: PinnedMap, phase: Phase, keys: Sequence, values: Sequence) -> None:
         ops_keys, ops_values = self._ops[id(m)][phase]

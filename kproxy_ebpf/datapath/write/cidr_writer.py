@@ -97,12 +97,13 @@ class CidrWriter:
         """ClusterIP rows put, then new ranges (before the frontends are written). Failures go
         into `res`; True when all was written (else the caller retries with a full apply)."""
         self._note(ch)
-        puts = sorted(ip for ip, a in ch.actions.items()
-                      if a is not None and self.cluster_ips.get(ip) != a)
+        to_put = {ip: a for ip, a in ch.actions.items()
+                  if a is not None and self.cluster_ips.get(ip) != a}
+        puts = sorted(to_put)
         complete = True
-        for ip in () if self._put_ips_batched(puts, ch.actions, res) else puts:
+        for ip in () if self._put_ips_batched(puts, to_put, res) else puts:
             complete &= self._try(res, f"ClusterIP {ip}",
-                                  lambda ip=ip: self._put_ip(ip, ch.actions[ip]))
+                                  lambda ip=ip: self._put_ip(ip, to_put[ip]))
         # A range added while one of its ClusterIP rows is missing would drop that address.
         for cidr in sorted(ch.cidrs - self.cidrs) if complete else ():
             complete &= self._try(res, f"ServiceCIDR {cidr}", lambda c=cidr: self._put_cidr(c))
@@ -133,7 +134,7 @@ class CidrWriter:
         if (len(ips) < BATCH_MIN or not hasattr(self.cip, "put_batch")
                 or len(self.cluster_ips) + len(ips) > self.cip.max_entries):
             return False
-        values = {a: L.raw(L.CipVal(action=a)) for a in set(actions.values()) if a is not None}
+        values = {a: L.raw(L.CipVal(action=a)) for a in set(actions.values())}
         try:
             self.cip.put_batch([L.addr_key(ip) for ip in ips],
                                [values[actions[ip]] for ip in ips])

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 from kproxy_ebpf.datapath.maps import layout as L
 from .batch import Writes
-from kproxy_ebpf.datapath.maps.pinned import MapFull
+from kproxy_ebpf.datapath.maps.pinned import MapFull, PinnedMap
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ _ROW = struct.pack("=I", 1)
 
 
 class HeldAddrs:
-    def __init__(self, bpf_map):
+    def __init__(self, bpf_map: PinnedMap) -> None:
         self.map = bpf_map
         self.refs: Counter[str] = Counter()
 

@@ -57,7 +57,7 @@ class MaglevTables:
 
     def __init__(self, m: PinnedMap) -> None:
         self.map = m
-        self.ids = IdAllocator(MAX_ID, "Maglev tables")
+        self.ids: IdAllocator[int] = IdAllocator(MAX_ID, "Maglev tables")   # keyed by serial
         self._owner: dict[int, int] = {}       # table id -> its allocator key (a serial)
         self._serial = itertools.count(1)
         self.rows = 0                          # rows held, for the writer's room checks
@@ -124,5 +124,5 @@ class MaglevTables:
             prog.maglev = HeldTable(tid if rows else 0, size, order if same else ())
         self.ids.restore_all(adopted)
         for rows in found.values():
-            for k in rows:
-                self.map.delete(k)
+            for raw_key in rows:
+                self.map.delete(raw_key)

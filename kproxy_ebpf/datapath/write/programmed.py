@@ -36,8 +36,9 @@ class SlotRows:
 
     def get(self, slot: int, default=None) -> Slot | None:
         i = slot - 1
-        if 0 <= i < len(self._be) and self._be[i] is not None:
-            return (self._be[i], self._flags[i])
+        be = self._be[i] if 0 <= i < len(self._be) else None
+        if be is not None:
+            return (be, self._flags[i])
         return default
 
     def __getitem__(self, slot: int) -> Slot:
@@ -174,8 +175,8 @@ class Ledger:
 
     def __init__(self) -> None:
         self.frontends: dict[FrontendKey, Programmed] = {}
-        self.backend_ids = IdAllocator(MAX_ID, "backend ids")
-        self.svc_ids = IdAllocator(MAX_ID, "service ids")
+        self.backend_ids: IdAllocator[BackendKey] = IdAllocator(MAX_ID, "backend ids")
+        self.svc_ids: IdAllocator[ServicePortName] = IdAllocator(MAX_ID, "service ids")
         self.refs = RefCounts()                           # rows naming each backend
         self.svc_refs: Counter[ServicePortName] = Counter()  # frontends of each service port
         self.named: dict[ServicePortName, MetaView] = {}  # service ports with a meta row

@@ -34,7 +34,7 @@ that stopped needing it. The writer never decides policy.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from kproxy_ebpf.model.desired import Frontend, FrontendKey, Scope, ServicePortName
 from kproxy_ebpf.datapath.maps import encode as E
@@ -96,7 +96,7 @@ class MapWriter:
         return frozenset(prog.order()) if prog is not None else frozenset()
 
     def sock_backends(self, keys: Iterable[FrontendKey] | None = None
-                      ) -> dict[FrontendKey, tuple[BackendKey, ...]]:
+                      ) -> dict[FrontendKey, Collection[BackendKey]]:
         """The backends lookups of the scope-SOCK frontends among `keys` (None: all) can pick
         now: what a socket connected through them may be talking to. Tuples, not sets: a full
         sync holds one per frontend while it writes."""
@@ -189,6 +189,7 @@ class MapWriter:
             self._hold_filters(key, local, prog, res, writes)  # before the slot 0 needing them
         ranges = self.plan.ranges(fe)
         for cidr in sorted(ranges - prog.ranges):      # rows before the flag that needs them
+            assert self.src is not None                # Planner.ranges: none without the map
             writes.row(self.src, L.srcrange_key(key, cidr), L.U32(0))
             prog.ranges = prog.ranges | {cidr}
             held.range_rows += 1
@@ -200,6 +201,7 @@ class MapWriter:
         prog.range_flag, prog.maglev = bool(ranges), table
         res.writes += 1
         if old_table is not None and old_table is not table:  # after slot 0 let go
+            assert self.tables is not None                     # it held the table
             res.writes += self.tables.drop(old_table, writes)
         self._drop_ranges(key, prog, prog.ranges - ranges, res, writes)   # after the flag let go
         for addr in sorted(prog.local_held - local):   # after slot 0 let go
@@ -221,6 +223,7 @@ class MapWriter:
         size = self.plan.maglev(fe)
         if not size:
             return None
+        assert self.tables is not None      # Planner.maglev: 0 without the map
         held, slots = prog.maglev, tuple(order)
         if held is not None and held.built_for(size, slots):
             return held
@@ -234,6 +237,7 @@ class MapWriter:
         writes.drop_head(L.frontend_svc_key(key))     # first: the frontend disappears at once
         prog.count = None
         if prog.maglev is not None:
+            assert self.tables is not None      # it held the table
             res.writes += self.tables.drop(prog.maglev, writes)
             prog.maglev = None
         held.set_service(prog, None)
@@ -248,6 +252,7 @@ class MapWriter:
             self._release_local(prog, addr, res, writes)
         self._hold_drain(prog, frozenset(), res, writes)
         if prog.addr_held:
+            assert self.ext_addrs is not None   # held only where the map is (_hold_filters)
             self.ext_addrs.release(key.ip, res, writes)
             prog.addr_held = False
         del held.frontends[key]
@@ -274,16 +279,19 @@ class MapWriter:
             self.ext_addrs.hold(key.ip, res, writes)
             prog.addr_held = True
         for addr in sorted(local - prog.local_held):
+            assert self.ext_locals is not None     # Planner.locals: none without the map
             self.ext_locals.hold(addr, res, writes)
             prog.local_held = prog.local_held | {addr}
 
     def _release_local(self, prog: Programmed, addr: str, res: ApplyResult, writes: Writes) -> None:
+        assert self.ext_locals is not None      # prog held addr in it (_hold_filters)
         self.ext_locals.release(addr, res, writes)
         prog.local_held = prog.local_held - {addr}
 
     def _drop_ranges(self, key: FrontendKey, prog: Programmed, gone: frozenset[str],
                      res: ApplyResult, writes: Writes) -> None:
         for cidr in sorted(gone):
+            assert self.src is not None                 # prog held the row in it
             writes.drop(self.src, L.srcrange_key(key, cidr))
             prog.ranges = prog.ranges - {cidr}
             self.held.range_rows -= 1
