@@ -99,9 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise PluginError(f"--all-nodes runs {', '.join(ALL_NODES)}; for check use "
                                   "`kubectl kproxy check --all-nodes`")
             rc = 0
-            for node in sorted(pods):
-                print(f"== node {node} ({pods[node]})", flush=True)
-                rc = max(rc, _exec(opts, pods[node], args))
+            for name in sorted(pods):
+                print(f"== node {name} ({pods[name]})", flush=True)
+                rc = max(rc, _exec(opts, pods[name], args))
             return rc
         node = opts["node"] or (next(iter(pods)) if len(pods) == 1 else None)
         if node is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -62,7 +63,7 @@ def status(bpffs_dir: str, output: str, healthz: str) -> None:
 
     maps_ = open_maps(bpffs_dir)
     hooks = reader.hooks(Path(bpffs_dir), cgroup_roots=STATUS_CGROUP_ROOTS)
-    out = {"bpffs_dir": bpffs_dir, "hooks": hooks,
+    out: dict[str, Any] = {"bpffs_dir": bpffs_dir, "hooks": hooks,
            "tc": [{"device": d, "direction": w, "program": p} for d, w, p in tc.attached()],
            "maps": {k: fill(m) for k, m in maps_.items()},
            "counters": reader.counters(maps_["stats"]),

@@ -82,7 +82,7 @@ class Claims:
             owners = self._owners.get(fkey)
             prev = self._merged.get(fkey)
             cur = self._raw[owners[0]][fkey] if owners else None
-            if cur is None:
+            if cur is None or owners is None:
                 self._merged.pop(fkey, None)
             else:
                 self._merged[fkey] = cur

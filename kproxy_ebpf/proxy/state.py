@@ -324,9 +324,10 @@ class ProxyState:
         recomputed: set[FrontendKey] = set()
         for key in sorted(targets):
             svc = self._services.get(key)
-            if svc is None:
-                fronts, probs, slices = [], [], []
-            else:
+            fronts: list[Frontend] = []
+            probs: list[Problem] = []
+            slices: list[EndpointSlice] = []
+            if svc is not None:
                 slices = self.slices_of(*key)
                 fronts, probs = service_frontends(svc, slices, node,
                                                   prefer_same_node=self.prefer_same_node)
