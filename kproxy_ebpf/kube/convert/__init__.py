@@ -18,6 +18,7 @@ live in proxy/, which sees the raw "unset" as None. Addresses of both families a
 canonical text and in API order, so a dual-stack Service keeps its primary family first; proxy/
 plans each family apart, as kube-proxy runs a proxier per family.
 
+    by_kind.py        from_api(kind, raw): the one entry point of the LIST and WATCH paths
     service.py        Services
     endpointslice.py  EndpointSlices (and the short path for endpoints as the API writes them)
     cluster.py        the Node and ServiceCIDRs
@@ -25,12 +26,14 @@ plans each family apart, as kube-proxy runs a proxier per family.
     fields.py         Rejection and the checks every kind shares
 """
 from .addresses import cidr_sloppy
+from .by_kind import Converted, ObjectKey, deleted, from_api
 from .cluster import node_from_api, service_cidr_from_api
 from .endpointslice import slice_from_api
 from .fields import Rejection
 from .service import DEFAULT_AFFINITY_TIMEOUT, MAX_AFFINITY_TIMEOUT, service_from_api
 
 __all__ = [
-    "DEFAULT_AFFINITY_TIMEOUT", "MAX_AFFINITY_TIMEOUT", "Rejection", "cidr_sloppy",
-    "node_from_api", "service_cidr_from_api", "service_from_api", "slice_from_api",
+    "DEFAULT_AFFINITY_TIMEOUT", "MAX_AFFINITY_TIMEOUT", "Converted", "ObjectKey", "Rejection",
+    "cidr_sloppy", "deleted", "from_api", "node_from_api", "service_cidr_from_api",
+    "service_from_api", "slice_from_api",
 ]
