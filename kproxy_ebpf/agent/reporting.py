@@ -30,7 +30,7 @@ class Reporter:
         self.told: dict[ServiceKey, set[tuple[str, str]]] = {}
 
     def rejected(self, rejections: list[Rejection]) -> None:
-        """Objects (or fields) the API edge (kube/convert.py) could not use."""
+        """Objects (or fields) the API edge (kube/convert/) could not use."""
         for r in rejections:
             log.warning("rejected %s %s/%s: %s (%s)", r.kind, r.namespace, r.name, r.message, r.reason)
             self.metrics.rejected.labels(r.kind, r.reason).inc()

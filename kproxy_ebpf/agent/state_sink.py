@@ -3,6 +3,9 @@
 Each Kind has its own way into the state, looked up in one table that covers every Kind: an
 object of a kind the table does not know raises, it cannot end up as some other kind's
 update. The Node is the odd one: it is set, never deleted (the datapath stays as it is).
+
+The kind arrives as a Kind: the sources name it once, when they bind a reflector (or a
+manifest list) to it, and nothing here converts it again.
 """
 from __future__ import annotations
 
@@ -12,13 +15,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from kproxy_ebpf.kube.convert import Rejection
+from kproxy_ebpf.kube.convert import ObjectKey, Rejection
 from kproxy_ebpf.model.objects import Kind, Node
 from kproxy_ebpf.proxy.state import ProxyState
 
 log = logging.getLogger(__name__)
-
-ObjectKey = tuple[str, str]     # (namespace, name); "" for cluster-scoped objects
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,6 @@ class StateSink:
         self.triggers: list[tuple[float, str]] = []
 
     def replace(self, kind: Kind, objs: list[Any], keep: set[ObjectKey] = frozenset()) -> None:
-        kind = Kind(kind)
         with self.lock:
             if kind is Kind.NODE:
                 changed = bool(objs) and self._set_node(objs[0])
@@ -73,14 +73,12 @@ class StateSink:
             self.on_change()
 
     def upsert(self, kind: Kind, obj: Any) -> None:
-        kind = Kind(kind)
         with self.lock:
             changed = self._set_node(obj) if kind is Kind.NODE else self._upsert(kind, obj)
         if changed:
             self.on_change()
 
     def delete(self, kind: Kind, namespace: str, name: str) -> None:
-        kind = Kind(kind)
         if kind is Kind.NODE:
             log.warning("node %s was deleted; keeping the datapath as it is", name)
             return

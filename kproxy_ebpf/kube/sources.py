@@ -8,6 +8,7 @@ typo into an outage.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -15,8 +16,9 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from kproxy_ebpf.model.objects import EndpointSlice, Kind, Node, Service
-from .convert import Rejection, node_from_api, service_cidr_from_api, service_from_api, slice_from_api
+from .convert import Converted, Rejection, deleted, from_api
 from .manifests import load_manifests
+from .reflector.event import Decode, Event, EventType
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +46,6 @@ class Sink(Protocol):
     def rejected(self, rejections: list[Rejection]) -> None: ...
 
 
-_CONVERT: dict[Kind, Callable[[dict], tuple[Any, list[Rejection]]]] = {
-    Kind.SERVICE: service_from_api,
-    Kind.ENDPOINT_SLICE: slice_from_api,
-    Kind.NODE: lambda obj: (node_from_api(obj), []),
-    Kind.SERVICE_CIDR: service_cidr_from_api,
-}
-
-
 def _selection(resource: str, node_name: str) -> dict[str, Any]:
     """What of a resource the agent reads: its own Node; Services and slices for this proxy."""
     if resource == "node":
@@ -72,7 +66,7 @@ def list_cluster(api_client: Any, node_name: str
     bad: list[Rejection] = []
     for resource, kind in ApiSource.RESOURCES.items():
         out[kind] = []
-        for _, obj, rej in list_once(api_client, resource, transform=_listed(kind),
+        for _, obj, rej in list_once(api_client, resource, transform=functools.partial(from_api, kind),
                                      **_selection(resource, node_name)):
             bad += rej
             if obj is not None:
@@ -89,7 +83,8 @@ def list_service_cidrs(api_client: Any) -> list | None:
     from .reflector import list_once
 
     try:
-        listed = list_once(api_client, "servicecidrs", transform=_listed(Kind.SERVICE_CIDR))
+        listed = list_once(api_client, "servicecidrs",
+                           transform=functools.partial(from_api, Kind.SERVICE_CIDR))
     except ApiException as exc:
         if exc.status in (403, 404):
             return None
@@ -97,19 +92,13 @@ def list_service_cidrs(api_client: Any) -> list | None:
     return [obj for _, obj, _ in listed if obj is not None]
 
 
-def _listed(kind: Kind) -> Callable[[dict], tuple[tuple[str, str], Any, list[Rejection]]]:
-    """The reflector's LIST transform: (key, model object or None, rejections) of one listed
-    object, made while its page is at hand, so the JSON of a whole LIST is never held."""
-    convert = _CONVERT[kind]
-
-    def transform(raw: dict) -> tuple[tuple[str, str], Any, list[Rejection]]:
-        obj, rej = convert(raw)
-        if obj is not None:
-            return (getattr(obj, "namespace", ""), obj.name), obj, rej
-        meta = raw.get("metadata") if isinstance(raw, dict) else None
-        meta = meta if isinstance(meta, dict) else {}
-        return (meta.get("namespace") or "", meta.get("name") or ""), None, rej
-    return transform
+def decoder(kind: Kind) -> Decode:
+    """The reflectors' decode for `kind`: every object through from_api() on the reflector's
+    thread, a listed one while its page is at hand (so the JSON of a whole LIST is never
+    held); a deleted one needs only its key."""
+    def decode(etype: EventType, raw: dict) -> Converted:
+        return deleted(raw) if etype is EventType.DELETED else from_api(kind, raw)
+    return decode
 
 
 class ApiSource:
@@ -133,11 +122,11 @@ class ApiSource:
         for resource, kind in self.RESOURCES.items():
             self.reflectors[resource] = reflector_for(
                 api_client, resource, self._handler(kind), on_contact=self._wake_all,
-                transform=_listed(kind), progress_timeout=progress_timeout,
+                decode=decoder(kind), progress_timeout=progress_timeout,
                 **_selection(resource, node_name))
         self.reflectors["servicecidrs"] = service_cidr_reflector(
             api_client, self._handler(Kind.SERVICE_CIDR), on_contact=self._wake_all,
-            transform=_listed(Kind.SERVICE_CIDR), progress_timeout=progress_timeout)
+            decode=decoder(Kind.SERVICE_CIDR), progress_timeout=progress_timeout)
 
     def _wake_all(self) -> None:
         """One reflector got through after failures: the API server is back, so the others
@@ -145,30 +134,24 @@ class ApiSource:
         for r in self.reflectors.values():
             r.wake()
 
-    def _handler(self, kind: Kind) -> Callable[[str, Any], None]:
-        convert = _CONVERT[kind]
-
-        def on_event(etype: str, payload: Any) -> None:
-            if etype == "SYNC":
-                objs, bad, keep = [], [], set()
-                for key, obj, rej in payload:       # converted page by page: see _listed()
-                    bad.extend(rej)
-                    if obj is not None:
-                        objs.append(obj)
-                    else:
-                        keep.add(key)
-                if bad:
-                    self.sink.rejected(bad)
-                self.sink.replace(kind, objs, keep)
-            elif etype == "DELETED":
-                meta = payload.get("metadata") or {}
-                self.sink.delete(kind, meta.get("namespace") or "", meta.get("name") or "")
-            elif etype in ("ADDED", "MODIFIED"):
-                obj, rej = convert(payload)
-                if rej:
-                    self.sink.rejected(rej)
-                if obj is not None:
-                    self.sink.upsert(kind, obj)
+    def _handler(self, kind: Kind) -> Callable[[Event], None]:
+        def on_event(event: Event[Converted]) -> None:
+            sink = self.sink
+            if event.type is EventType.DELETED:
+                for c in event.objects:
+                    sink.delete(kind, *c.key)
+                return
+            bad = [r for c in event.objects for r in c.rejections]
+            if bad:
+                sink.rejected(bad)
+            if event.type is EventType.SYNC:
+                # An object that failed conversion is kept (its last good version stays).
+                sink.replace(kind, [c.obj for c in event.objects if c.obj is not None],
+                             {c.key for c in event.objects if c.obj is None})
+            else:
+                for c in event.objects:
+                    if c.obj is not None:
+                        sink.upsert(kind, c.obj)
         return on_event
 
     @property
@@ -194,7 +177,7 @@ class ApiSource:
                 for name, r in self.reflectors.items()}
 
 
-def service_cidr_reflector(api_client: Any, on_event: Callable[[str, Any], None], **options: Any):
+def service_cidr_reflector(api_client: Any, on_event: Callable[[Event], None], **options: Any):
     """A Reflector for networking.k8s.io/v1 ServiceCIDRs (cluster-scoped). The agent needs RBAC
     list and watch on servicecidrs.networking.k8s.io, as kube-proxy's ClusterRole has."""
     from kubernetes import client

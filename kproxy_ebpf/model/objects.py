@@ -1,6 +1,6 @@
 """Lean, immutable model of the Kubernetes objects the proxy needs.
 
-kube/ builds these from API objects (or YAML files); proxy/ reads only these. kube/convert.py is
+kube/ builds these from API objects (or YAML files); proxy/ reads only these. kube/convert/ is
 the one validator: every address the proxy may program (ClusterIPs, external and load balancer
 IPs, node addresses, the endpoints of an IPv4 slice) is canonical IPv4 text and every CIDR a
 canonical IPv4 network, so proxy/ uses them without parsing them again. Fields keep the
@@ -31,7 +31,7 @@ class IPFamily(enum.StrEnum):
 
 
 def family_of(ip: str) -> IPFamily:
-    """The family of a canonical address (kube/convert.py writes IPv6 with a colon, IPv4
+    """The family of a canonical address (kube/convert/ writes IPv6 with a colon, IPv4
     never)."""
     return IPFamily.IPV6 if ":" in ip else IPFamily.IPV4
 

@@ -1,5 +1,5 @@
 """Hostile input, generated (hypothesis): Services and EndpointSlices as the API could hand them
-to us, valid and invalid, through conversion (kube/convert.py), policy (ProxyState) and the
+to us, valid and invalid, through conversion (kube/convert/), policy (ProxyState) and the
 writer against in-memory maps. What must hold for every case:
 
 * nothing raises;

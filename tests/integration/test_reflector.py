@@ -28,11 +28,12 @@ from kubernetes.client.exceptions import ApiException
 from kproxy_ebpf.kube.client import make_api_client
 from kproxy_ebpf.kube.convert import Rejection, node_from_api, service_from_api, slice_from_api
 from kproxy_ebpf.kube.events import EventRecorder
-from kproxy_ebpf.kube.reflector import SYNC, Reflector, reflector_for
+from kproxy_ebpf.kube.reflector import Event, EventType, Reflector, reflector_for
 
 from ..support import wait_until
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(180)]
+SYNC = EventType.SYNC
 
 
 # ---------------------------------------------------------------------------------------------
@@ -50,16 +51,18 @@ class Store:
         self.objects: dict[tuple[str, str], dict] = {}
         self.log: list[tuple[str, Any]] = []
 
-    def __call__(self, etype: str, payload: Any) -> None:
+    def __call__(self, event: Event) -> None:
+        etype, payload = event
         with self.lock:
-            if etype == SYNC:
+            if etype is SYNC:
                 keys = [_key(o) for o in payload]
                 assert len(keys) == len(set(keys)), f"duplicate objects in one SYNC: {keys}"
                 self.objects = {_key(o): o for o in payload}
                 self.log.append((SYNC, keys))
             else:
+                [payload] = payload
                 key = _key(payload)
-                if etype == "DELETED":
+                if etype is EventType.DELETED:
                     self.objects.pop(key, None)
                 else:
                     self.objects[key] = payload

@@ -3,7 +3,7 @@
 
 The objects are the JSON an API server sends (metadata with managedFields, full specs, slices
 with targetRefs), serialised to bytes and fed through the agent's real ingest path: the
-reflector's line parser and page handling, kube/convert.py, the ApiSource handler, the Agent's
+reflector's line parser and page handling, kube/convert/, the ApiSource handler, the Agent's
 sink and ProxyState, and the Agent's sync (compute, problem reports, metrics). Only the datapath
 writer is replaced by a stand-in that reads what the real writer reads (`desired[k]` for the
 candidate keys, the whole table on a full sync) and writes nothing, so the numbers are the
@@ -44,7 +44,11 @@ from kproxy_ebpf.datapath.write.apply_result import ApplyResult
 from kproxy_ebpf.kube.reflector import Reflector
 from kproxy_ebpf.kube.sources import ApiSource
 
-try:        # the LIST transform (absent before the scale work: run against older code too)
+try:        # one decode for LIST and WATCH (issue 43; before it, a LIST transform: older code too)
+    from kproxy_ebpf.kube.sources import decoder
+except ImportError:
+    decoder = None
+try:
     from kproxy_ebpf.kube.sources import _listed
 except ImportError:
     _listed = None
@@ -265,7 +269,7 @@ def make_agent() -> tuple[Agent, ApiSource, dict[str, Reflector]]:
     source.sink = getattr(agent, "sink", agent)     # the agent itself was the sink before
     refl = {}
     for resource, kind in ApiSource.RESOURCES.items():
-        opts = {"transform": _listed(kind)} if _listed else {}
+        opts = ({"decode": decoder(kind)} if decoder else {"transform": _listed(kind)} if _listed else {})
         refl[resource] = Reflector(resource, lambda **_: None, None, source._handler(kind), **opts)
     source.reflectors = refl
     agent.source = source

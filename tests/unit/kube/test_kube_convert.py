@@ -471,7 +471,8 @@ def test_service_cidr_without_a_name_is_rejected():
 def test_the_short_endpoint_path_gives_what_the_checked_one_gives(entry, address_type):
     """_endpoints' short path (entries as the API server writes them) and _endpoint's field by
     field checks agree on every entry: the same Endpoint, the same rejections."""
-    from kproxy_ebpf.kube.convert import _Collector, _endpoint, _endpoints
+    from kproxy_ebpf.kube.convert.endpointslice import _endpoint, _endpoints
+    from kproxy_ebpf.kube.convert.fields import _Collector
 
     short, checked = _Collector("EndpointSlice", "ns", "s", ""), _Collector("EndpointSlice", "ns", "s", "")
     got = _endpoints([entry], address_type, short)

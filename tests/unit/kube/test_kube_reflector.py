@@ -9,7 +9,7 @@ backoff sequence is asserted exactly and nothing sleeps. The threaded tests wait
 events the fakes set where the reflector's thread blocks (FakeResponse.blocked, WatchedPause),
 and a fixture stops every reflector and checks that no thread is left behind.
 
-The fakes model what reflector.py uses of a urllib3 response with _preload_content=False:
+The fakes model what the reflector uses of a urllib3 response with _preload_content=False:
 `.data` (a LIST body), `.stream(amt, decode_content)` (a WATCH body), `.release_conn()`,
 `.close()`, `.shutdown()`. Like the real client, HTTP errors are raised by the call itself as
 kubernetes ApiException, transport errors as urllib3 exceptions.
@@ -27,7 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import MaxRetryError, ProtocolError, ReadTimeoutError
 
 from kproxy_ebpf.kube import reflector as reflector_mod
-from kproxy_ebpf.kube.reflector import SYNC, Reflector, ResourceExpired, WatchError, WatchStalled
+from kproxy_ebpf.kube.reflector import Event, EventType, Reflector, ResourceExpired, WatchError, WatchStalled
 
 from ...support import wait_until
 
@@ -42,7 +42,7 @@ HOLD_LIMIT = 5.0     # a held request that nobody cuts fails the test instead of
 # -- fake API server ------------------------------------------------------------------------------
 
 class FakeResponse:
-    """A urllib3 response, as far as reflector.py reads it."""
+    """A urllib3 response, as far as the reflector reads it."""
 
     def __init__(self, *, body: bytes = b"", chunks: tuple[bytes, ...] = (),
                  error: BaseException | None = None, hold: bool = False) -> None:
@@ -203,15 +203,16 @@ def conn_refused() -> MaxRetryError:
                          reason=ConnectionRefusedError(111, "Connection refused"))
 
 
-Seen = list[tuple[str, Any]]
+SYNC = EventType.SYNC
+Seen = list[Event]
 
 
-def drive(api: FakeAPI, on_event: Callable[[str, Any], None] | None = None,
+def drive(api: FakeAPI, on_event: Callable[[Event], None] | None = None,
           **options: Any) -> tuple[Reflector, Seen]:
     """Run a reflector over the script on this thread, until the script is used up."""
     seen: Seen = []
     refl = Reflector("services", api.list_fn, api.watch_fn,
-                     on_event or (lambda t, p: seen.append((t, p))), **{**FAST, **options})
+                     on_event or seen.append, **{**FAST, **options})
     refl._pause = RecordingStop()   # see the module docstring: backoff without sleeping
     api.reflector = refl
     refl.run()
@@ -228,7 +229,7 @@ def names(payload: list[dict]) -> list[str]:
 
 def summary(seen: Seen) -> list[tuple[str, Any]]:
     """Events as (type, name) and (SYNC, [names]) for compact assertions."""
-    return [(t, names(p)) if t == SYNC else (t, p["metadata"]["name"]) for t, p in seen]
+    return [(t, names(p)) if t == SYNC else (t, p[0]["metadata"]["name"]) for t, p in seen]
 
 
 def assert_backoff(actual: list[float], expected: list[float]) -> None:
@@ -291,27 +292,30 @@ def test_paginated_list_delivers_exactly_one_sync_with_all_items():
     assert first_watch["_request_timeout"] == (refl.connect_timeout, refl.progress_timeout)
 
 
-def test_transform_converts_each_page_as_it_arrives():
-    """With a transform, the SYNC carries its results and each page is converted when it
-    arrives (the LIST of 10k slices is never held as JSON); watch events still carry the
-    JSON. The next page is requested while this one is converted: page 1's objects wait here
-    until that request has come, so a LIST that asks in turn fails the test."""
-    converted: list[tuple[str, int]] = []
+def test_decode_converts_each_page_as_it_arrives_and_each_watched_object():
+    """With a decode, every Event carries its results: the SYNC's objects are decoded as their
+    page arrives (the LIST of 10k slices is never held as JSON), each watched object before
+    on_event, told the event it came in. The next page is requested while this one is
+    decoded: page 1's objects wait here until that request has come, so a LIST that asks in
+    turn fails the test."""
+    converted: list[tuple[str, str, int]] = []
 
-    def transform(o: dict) -> str:
+    def decode(etype: EventType, o: dict) -> str:
+        assert type(etype) is EventType
         if o["metadata"]["name"] in ("a", "b"):
             wait_until(lambda: len(api.list_calls) >= 2, 2.0, "the request for page 2")
-        converted.append((o["metadata"]["name"], len(api.list_calls)))
+        converted.append((etype, o["metadata"]["name"], len(api.list_calls)))
         return o["metadata"]["name"].upper()
 
     api = FakeAPI(lists=[page([obj("a", "5"), obj("b", "7")], rv="100", cont="tok-1"),
                          page([obj("c", "9")], rv="100")],
-                  watches=[watch(ev("ADDED", obj("d", "101")))])
-    refl, seen = drive(api, transform=transform)
-    assert converted == [("a", 2), ("b", 2), ("c", 2)]
+                  watches=[watch(ev("ADDED", obj("d", "101")), ev("DELETED", obj("a", "102")))])
+    refl, seen = drive(api, decode=decode)
+    assert converted == [("SYNC", "a", 2), ("SYNC", "b", 2), ("SYNC", "c", 2),
+                         ("ADDED", "d", 2), ("DELETED", "a", 2)]
     assert [c.get("_continue") for c in api.list_calls] == [None, "tok-1"]
-    assert seen[0] == (SYNC, ["A", "B", "C"])
-    assert seen[1][0] == "ADDED" and seen[1][1]["metadata"]["name"] == "d"
+    assert seen == [(SYNC, ["A", "B", "C"]), ("ADDED", ["D"]), ("DELETED", ["A"])]
+    assert all(type(e) is Event and type(e.type) is EventType for e in seen)
 
 
 def _keyed_pages(bodies: dict[str | None, bytes]) -> tuple[Callable[..., bytes], list]:
@@ -357,7 +361,7 @@ def test_empty_list_still_syncs():
 def test_watch_fn_defaults_to_list_fn():
     api = FakeAPI(lists=[page([], rv="1"), watch(ev("ADDED", obj("a", "2")))])
     seen: Seen = []
-    refl = Reflector("node", api.list_fn, None, lambda t, p: seen.append((t, p)), **FAST)
+    refl = Reflector("node", api.list_fn, None, seen.append, **FAST)
     api.reflector = refl
     refl.run()
     assert summary(seen) == [(SYNC, []), ("ADDED", "a")]
@@ -431,7 +435,7 @@ def test_watch_events_are_delivered_in_order_however_the_stream_is_chunked(sizes
 
     assert summary(seen) == [(SYNC, ["a"]), ("ADDED", "b"), ("MODIFIED", "a"), ("DELETED", "b"),
                              ("ADDED", "c")]
-    assert seen[2][1]["spec"] == {"x": 1}        # the object is passed through as a plain dict
+    assert seen[2].objects[0]["spec"] == {"x": 1}        # the object is passed through as a plain dict
     assert refl.events == 4 and refl.resource_version == "14"
     # The server ended the watch (its timeout): resume at once from the last event, no backoff.
     assert api.watch_rvs == ["10", "14"]
@@ -619,9 +623,9 @@ def test_handler_exception_is_counted_and_the_watch_continues(caplog):
     caplog.set_level(logging.ERROR, logger="kproxy_ebpf.kube.reflector")
     seen: Seen = []
 
-    def on_event(etype: str, payload: Any) -> None:
-        seen.append((etype, payload))
-        if etype == SYNC or payload["metadata"]["name"].startswith("boom"):
+    def on_event(event: Event) -> None:
+        seen.append(event)
+        if event.type is SYNC or event.objects[0]["metadata"]["name"].startswith("boom"):
             raise RuntimeError("handler bug")
 
     api = FakeAPI(lists=[page([obj("a", "1")], rv="10")], watches=[
@@ -679,7 +683,7 @@ def test_start_runs_in_a_daemon_thread_and_stop_ends_a_held_watch_promptly(start
     api = FakeAPI(lists=[page([], rv="10")], watches=[held])
     seen: Seen = []
     refl = started(Reflector("services", api.list_fn, api.watch_fn,
-                             lambda t, p: seen.append((t, p)), **FAST))
+                             seen.append, **FAST))
     assert refl.synced.wait(1.0)
     wait_until(lambda: refl.events == 1, 2.0, "the ADDED event")
     assert refl.alive and refl._thread.daemon and refl._thread.name == "kproxy-reflector-services"
@@ -707,7 +711,7 @@ def test_stop_ends_the_thread_promptly_wherever_it_waits(where, started):
         api = FakeAPI(lists=[api_error(500, "Internal Server Error")])
         opts = {**FAST, "backoff_initial": 60.0, "backoff_max": 60.0}
     seen: Seen = []
-    refl = Reflector("services", api.list_fn, api.watch_fn, lambda t, p: seen.append((t, p)), **opts)
+    refl = Reflector("services", api.list_fn, api.watch_fn, seen.append, **opts)
     refl._pause = pause = WatchedPause()
     started(refl)
     if where == "backoff":
@@ -730,9 +734,9 @@ def test_nothing_is_delivered_after_stop(started):
     release = threading.Event()
     seen: Seen = []
 
-    def on_event(etype: str, payload: Any) -> None:
-        seen.append((etype, payload))
-        if etype == "ADDED":
+    def on_event(event: Event) -> None:
+        seen.append(event)
+        if event.type is EventType.ADDED:
             gate.set()
             release.wait(1.0)     # the consumer is busy while stop() is called
 
@@ -752,7 +756,7 @@ def test_nothing_is_delivered_after_stop(started):
 
 def test_stop_before_start_and_stop_twice_are_harmless():
     api = FakeAPI(lists=[page([], rv="10")])
-    refl = Reflector("services", api.list_fn, api.watch_fn, lambda t, p: None, **FAST)
+    refl = Reflector("services", api.list_fn, api.watch_fn, lambda e: None, **FAST)
     refl.stop()
     refl.run()                   # returns at once: stop was requested
     assert api.list_calls == [] and not refl.alive
@@ -774,22 +778,22 @@ def test_reflector_for_binds_the_node_field_selector(monkeypatch):
 
     import kubernetes.client
     monkeypatch.setattr(kubernetes.client, "CoreV1Api", FakeCore)
-    refl = reflector_mod.reflector_for(object(), "node", lambda t, p: None, node_name="n1", **FAST)
+    refl = reflector_mod.reflector_for(object(), "node", lambda e: None, node_name="n1", **FAST)
     refl._pause = RecordingStop()
     refl._pause.wait = lambda timeout=None: refl._stop.set() or True  # type: ignore[method-assign]
     refl.run()
     assert calls and calls[0]["field_selector"] == "metadata.name=n1" and calls[0]["limit"] == 2
     with pytest.raises(ValueError, match="node_name"):
-        reflector_mod.reflector_for(object(), "node", lambda t, p: None)
+        reflector_mod.reflector_for(object(), "node", lambda e: None)
     with pytest.raises(ValueError, match="unknown resource"):
-        reflector_mod.reflector_for(object(), "pods", lambda t, p: None)
+        reflector_mod.reflector_for(object(), "pods", lambda e: None)
 
 
 def test_wake_cuts_a_backoff_short_and_contact_after_failure_is_reported():
     """ApiSource wakes its other reflectors when one gets through after an outage."""
     contacts: list[int] = []
     api = FakeAPI(lists=[conn_refused(), page([obj("a", "5")], rv="5")], watches=[])
-    refl = Reflector("services", api.list_fn, api.watch_fn, lambda t, p: None,
+    refl = Reflector("services", api.list_fn, api.watch_fn, lambda e: None,
                      **{**FAST, "backoff_initial": 30.0, "backoff_max": 30.0},
                      on_contact=lambda: contacts.append(1))
     api.reflector = refl

@@ -7,7 +7,9 @@ from typing import Any
 
 from kubernetes import client
 
-from kproxy_ebpf.kube.sources import ApiSource, _listed
+from kproxy_ebpf.kube.reflector import Event, EventType
+from kproxy_ebpf.kube.sources import ApiSource, decoder
+from kproxy_ebpf.model.objects import Kind
 
 
 class Sink:
@@ -84,9 +86,27 @@ def test_service_cidr_events_reach_the_sink_converted():
     handler = s.reflectors["servicecidrs"]._on_event
     listed = [{"metadata": {"name": "kubernetes"}, "spec": {"cidrs": ["10.96.0.0/16"]}},
               {"metadata": {"name": "bad"}, "spec": {"cidrs": ["nope"]}}]
-    handler("SYNC", [_listed("ServiceCIDR")(raw) for raw in listed])   # as the LIST delivers
-    handler("DELETED", {"metadata": {"name": "kubernetes"}})
+    decode = decoder(Kind.SERVICE_CIDR)
+    handler(Event(EventType.SYNC, [decode(EventType.SYNC, raw) for raw in listed]))   # as the LIST delivers
+    handler(Event(EventType.DELETED, [decode(EventType.DELETED, {"metadata": {"name": "kubernetes"}})]))
     calls = s.sink.calls
     assert calls[0] == ("rejected", [("bad", "InvalidCIDR")])
     assert calls[1] == ("replace", "ServiceCIDR", ["kubernetes", "bad"], set())
     assert calls[2] == ("delete", "ServiceCIDR", "", "kubernetes")
+
+
+def test_watched_objects_are_converted_as_listed_ones_are():
+    """One conversion for both paths: a watch event's object goes through the same from_api()
+    on the reflector's thread, before the handler; a deleted one is known by its key."""
+    sink = Sink()
+    refl = ApiSource(object(), "node-a", sink).reflectors["services"]
+    for etype, raw in (("ADDED", service("a")), ("MODIFIED", service("bad", type="Bogus")),
+                       ("DELETED", service("a")), ("DELETED", {"metadata": "not an object"})):
+        refl._handle_line(json.dumps({"type": etype, "object": raw}).encode())
+    assert sink.calls == [
+        ("upsert", "Service", "a"),
+        ("rejected", [("bad", "InvalidServiceType")]),
+        ("delete", "Service", "ns", "a"),
+    ]
+    # A DELETED whose metadata is no object fails in the handler, counted, as it always did.
+    assert refl.handler_errors == 1 and refl.events == 4

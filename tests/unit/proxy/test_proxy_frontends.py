@@ -149,7 +149,7 @@ def test_every_frontend_kind():
 
 
 def test_ipv6_external_ip_skipped_quietly_and_garbage_reported():
-    """Addresses are validated once, at the API edge (kube/convert.py): an IPv6 externalIP or
+    """Addresses are validated once, at the API edge (kube/convert/): an IPv6 externalIP or
     LB ingress IP is left out quietly there, garbage is a rejection, and the policy programs
     what remains, in either scope."""
     s, rejections = service_from_api({

@@ -1,4 +1,4 @@
-"""loadBalancerSourceRanges: parsing (kube/convert.py), which frontends they restrict and with
+"""loadBalancerSourceRanges: parsing (kube/convert/), which frontends they restrict and with
 what (proxy/external.py), and the writer's order for the trie rows and the slot-0 flag.
 
 kube-proxy v1.36 is the reference: pkg/proxy/util MapCIDRsByIPFamily (trim, ParseCIDRSloppy,
