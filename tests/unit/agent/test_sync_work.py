@@ -37,6 +37,7 @@ from kproxy_ebpf.model.objects import (
     Endpoint,
     EndpointPort,
     EndpointSlice,
+    Kind,
     Node,
     Protocol,
     Service,
