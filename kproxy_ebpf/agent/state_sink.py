@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +56,7 @@ class StateSink:
         # (trigger time, the slice's addressType): network programming latency per family
         self.triggers: list[tuple[float, str]] = []
 
-    def replace(self, kind: Kind, objs: list[Any], keep: set[ObjectKey] = frozenset()) -> None:
+    def replace(self, kind: Kind, objs: list[Any], keep: Collection[ObjectKey] = frozenset()) -> None:
         with self.lock:
             if kind is Kind.NODE:
                 changed = bool(objs) and self._set_node(objs[0])

@@ -197,6 +197,7 @@ class EventRecorder:
                     entry.last_post = self._clock()
 
     def _post(self, key: _Key, entry: _Entry) -> str:
+        assert self._api is not None      # record() queues nothing without a client
         kind, namespace, name, reason, message = key
         event_ns = namespace or "default"    # Events of cluster-scoped objects live in "default"
         timeout = (5.0, 10.0)

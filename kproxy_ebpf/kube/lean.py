@@ -28,6 +28,7 @@ class LazyPackage(types.ModuleType):
     """A package whose names are imported on first access."""
 
     _names: dict[str, str]
+    __version__: str        # the client's, read from its __init__ without importing it
 
     def __getattr__(self, name: str):
         if name.startswith("__"):

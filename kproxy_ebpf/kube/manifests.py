@@ -102,7 +102,7 @@ def _load_doc(doc: Any, implied_kind: str | None, path: Path, services: list[Ser
     elif kind == "EndpointSlice":
         api_version = doc.get("apiVersion", _SLICE_API_VERSION)
         if api_version != _SLICE_API_VERSION:
-            meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+            meta: dict = doc["metadata"] if isinstance(doc.get("metadata"), dict) else {}
             rejections.append(Rejection(
                 "EndpointSlice", str(meta.get("namespace") or "default"), str(meta.get("name") or ""),
                 "UnsupportedAPIVersion", f"{path}: apiVersion {api_version!r}, only {_SLICE_API_VERSION} "

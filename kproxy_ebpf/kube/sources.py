@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -38,7 +38,7 @@ class ApiCounters(NamedTuple):
 
 
 class Sink(Protocol):
-    def replace(self, kind: Kind, objs: list[Any], keep: set[tuple[str, str]] = ...) -> None:
+    def replace(self, kind: Kind, objs: list[Any], keep: Collection[tuple[str, str]] = ...) -> None:
         """The whole set of `kind`; keys in `keep` (objects that failed conversion) are not
         deleted: their last good version stays."""
     def upsert(self, kind: Kind, obj: Any) -> None: ...
@@ -205,7 +205,7 @@ class ManifestSource:
         return out
 
     def _stamps(self) -> tuple:
-        stamps = []
+        stamps: list[tuple[str, int | None, int | None]] = []
         for f in self._files():
             try:
                 st = f.stat()

@@ -16,11 +16,12 @@ import ctypes
 import ipaddress
 import socket
 import struct
-from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict, cast
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from kproxy_ebpf.model.desired import Action, Backend, FrontendKey, FrontendKind, Scope, ServiceInfo
 from kproxy_ebpf.model.objects import IPFamily, Protocol
 from . import kproxy_h as G
+from .row_format import IP_STRUCT, STRUCT_SPECS, struct_format
 
 # A map key's, value's or field's ctypes type (a string: _SimpleCData takes no [] at run time).
 CType: TypeAlias = "type[ctypes._SimpleCData[Any]] | type[ctypes.Structure] | type[ctypes.Array[Any]]"
@@ -34,19 +35,9 @@ _SCALARS: dict[str, type[ctypes._SimpleCData[Any]]] = {
 STRUCTS: dict[str, type[ctypes.Structure]] = {}
 
 
-class StructSpec(TypedDict):
-    """A struct of kproxy_h.STRUCTS: (field, offset, type as spelled) rows and the size."""
-    fields: list[tuple[str, int, str]]
-    size: int
-
-
-# kproxy_h.py is a plain literal (mypy would see dict[str, object] rows); this is its shape.
-STRUCT_SPECS = cast(dict[str, StructSpec], G.STRUCTS)
-
 # struct kp_ip (either family, IPv4 as IPv4-mapped) as 16 raw bytes: `bytes(row.addr)` is the
 # address in network order, which ip_text/ip16 convert; "16s" in bulk reads.
 IP16 = ctypes.c_uint8 * 16
-_IP_STRUCT = "struct kp_ip"
 
 
 def _ctype(spelled: str) -> CType:
@@ -54,7 +45,7 @@ def _ctype(spelled: str) -> CType:
     if spelled.endswith("]"):
         base, _, count = spelled[:-1].partition("[")
         return _ctype(base) * int(count)
-    if spelled in (_IP_STRUCT, "kp_ip"):    # a field's type, or a map's key as KP_MAPS names it
+    if spelled in (IP_STRUCT, "kp_ip"):    # a field's type, or a map's key as KP_MAPS names it
         return IP16
     name = spelled.removeprefix("struct ")
     if name in STRUCT_SPECS:
@@ -119,35 +110,6 @@ else:
     TcCfg = STRUCTS["kp_tc_cfg"]
     SrcRangeKey = STRUCTS["kp_srcrange_key"]
     NssrcKey = STRUCTS["kp_nssrc_key"]
-
-
-_FORMAT = {"u8": "B", "u16": "H", "u32": "I", "u64": "Q", "be16": "H", "be32": "I",
-           "be64": "Q", "char": "c", "int": "i"}
-
-
-def struct_format(spelled: str) -> str:
-    """A struct module format ('=' native order, no alignment) for a map key or value type,
-    so bulk reads decode rows without a ctypes object each. Pad fields are skipped; char[]
-    reads as bytes. __be fields come out as the same integers the ctypes types hold."""
-    name = spelled.removeprefix("struct ")
-    if name == "kp_ip":
-        return "=16s"
-    if name not in STRUCT_SPECS:
-        return "=" + _FORMAT[name.removeprefix("__")]
-    out = []
-    for field_name, _, t in STRUCT_SPECS[name]["fields"]:
-        if t == _IP_STRUCT:
-            out.append("16s")
-            continue
-        base, _, count = t.partition("[")
-        count = count.rstrip("]")
-        if field_name == "pad":
-            out.append(f"{count or 1}x" if base == "u8" else f"{int(count or 1) * struct.calcsize(_FORMAT[base])}x")
-        elif base == "char":
-            out.append(f"{count}s")
-        else:
-            out.append(f"{count}{_FORMAT[base]}" if count else _FORMAT[base])
-    return "=" + "".join(out)
 
 
 def const(name: str) -> int:

@@ -131,8 +131,12 @@ def _endpoints(raw: Any, address_type: str, col: _Collector) -> Endpoints:
                     continue
         ep = _endpoint(f"endpoints[{i}]", entry, address_type, col)
         if ep is not None:
-            for column, value in zip((addrs, conds, nodes, zones, hints), ep, strict=True):
-                column.append(value)
+            addr, cond, node, zone, hint = ep
+            addrs.append(addr)
+            conds.append(cond)
+            nodes.append(node)
+            zones.append(zone)
+            hints.append(hint)
     if not addrs:
         return NO_ENDPOINTS
     return Endpoints(addrs, conds, nodes, zones, hints)

@@ -42,7 +42,7 @@ def list_pages(fetch: PageFunc, *, page_size: int = 500,
         try:
             body = json_object(raw, "list response")
             del raw
-            meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+            meta: dict = body["metadata"] if isinstance(body.get("metadata"), dict) else {}
             page = body.get("items")
             if page is not None and not isinstance(page, list):
                 raise WatchError(f"list response items is a {type(page).__name__}, not a list")

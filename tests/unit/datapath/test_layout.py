@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kproxy_ebpf.datapath.maps import kproxy_h, layout
+from kproxy_ebpf.datapath.maps import kproxy_h, layout, row_format
 from kproxy_ebpf.datapath.load.paths import bpf_dir
 
 _GEN = Path(__file__).resolve().parents[3] / "tools" / "layoutgen.py"
@@ -123,7 +123,7 @@ def test_hand_written_row_formats_are_the_headers():
     from kproxy_ebpf.datapath.sockets import sock_where, stale_sockets
 
     def same(fmt, cname: str, port_fields=0) -> None:
-        gen = layout.struct_format(cname)
+        gen = row_format.struct_format(cname)
         # the port fields a module reads as bytes ("2s") are u16s ("H") in the generated one
         mine = fmt.format.replace("2s", "H", port_fields) if port_fields else fmt.format
         assert mine[1:] == gen[1:], (cname, fmt.format, gen)
