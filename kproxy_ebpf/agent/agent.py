@@ -37,7 +37,7 @@ from .state_sink import StateSink
 from .sync import SyncLoop
 from .sync_policy import KERNEL_CHECK_EVERY
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("kproxy_ebpf.agent")   # the agent's lines under one name, as before the split
 
 
 class Agent:

@@ -15,7 +15,7 @@ from kproxy_ebpf.datapath.write.drift import DriftCheck
 from kproxy_ebpf.serve.metrics import Metrics
 from .process_tuning import collector_paused, release_heap, sharing_the_gil
 
-log = logging.getLogger("kproxy_ebpf.agent.agent")
+log = logging.getLogger("kproxy_ebpf.agent")
 
 
 class DriftWatch:

@@ -33,7 +33,7 @@ from .established import Established
 from .socket_sweep import SocketSweep
 from .step import Step
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("kproxy_ebpf.agent")   # the agent's lines under one name, as before the split
 
 
 class NodeDatapath:

@@ -22,7 +22,7 @@ from kproxy_ebpf.model.desired import FrontendKey
 from .established import Established, KeptBackends, Snapshot
 from kproxy_ebpf.serve.metrics import Metrics
 
-log = logging.getLogger("kproxy_ebpf.agent.agent")
+log = logging.getLogger("kproxy_ebpf.agent")
 
 
 class SocketSweep:

@@ -34,7 +34,7 @@ from .step import Step
 from .sync_policy import SyncPlan, SyncPolicy
 from .sync_report import SyncReport
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("kproxy_ebpf.agent")   # the agent's lines under one name, as before the split
 
 
 class SyncLoop:

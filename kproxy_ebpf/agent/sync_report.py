@@ -11,7 +11,7 @@ from kproxy_ebpf.datapath.write.apply_result import Outcome
 from kproxy_ebpf.serve.health import ProxyHealth
 from kproxy_ebpf.serve.metrics import Metrics
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("kproxy_ebpf.agent")   # the agent's lines under one name, as before the split
 
 ROW_COUNT_EVERY = 5.0       # seconds between two refreshes of the map row gauges (O(frontends))
 
