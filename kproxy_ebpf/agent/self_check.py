@@ -42,7 +42,39 @@ class CheckInput:
     tc_missing: tuple[str, ...] = ()   # the external devices' TC filters not attached
 
 
-def evaluate(inp: CheckInput) -> dict:
+@dataclass(frozen=True)
+class CheckVerdict:
+    """One check's answer; body() is its /checkz JSON (check_nodes.py reads it there)."""
+    node: str
+    frontends: int | None            # the frontends computed; None before a first sync
+    drift: tuple[str, ...]           # the first DRIFT_LINES lines of it
+    drift_count: int
+    unprogrammed: int
+    hooks_attached: int
+    hooks_detached: tuple[str, ...]
+    tc_missing: tuple[str, ...]
+    problems: tuple[str, ...]
+    checked_at: float
+
+    @property
+    def clean(self) -> bool:
+        return not self.problems
+
+    @property
+    def repair(self) -> bool:
+        """Whether the agent must re-read and rewrite now: frontends that did not fit are
+        retried by the agent already, more than those is drift behind its back."""
+        return self.drift_count > self.unprogrammed or bool(self.tc_missing)
+
+    def body(self) -> dict:
+        return {"node": self.node, "frontends": self.frontends, "drift": list(self.drift),
+                "driftCount": self.drift_count, "unprogrammed": self.unprogrammed,
+                "hooksAttached": self.hooks_attached, "hooksDetached": list(self.hooks_detached),
+                "tcMissing": list(self.tc_missing), "clean": self.clean,
+                "problems": list(self.problems), "checkedAt": self.checked_at}
+
+
+def evaluate(inp: CheckInput) -> CheckVerdict:
     from kproxy_ebpf.inspect.check import compare, compare_cidrs
 
     drifts = [str(d) for d in compare(inp.desired, inp.kernel)] if inp.synced else []
@@ -58,34 +90,35 @@ def evaluate(inp: CheckInput) -> dict:
         problems.append(f"hooks not attached: {', '.join(detached)}")
     if inp.tc_missing:
         problems.append(f"TC filters not attached: {', '.join(inp.tc_missing)}")
-    return {"node": inp.node, "frontends": len(inp.desired) if inp.synced else None,
-            "drift": drifts[:DRIFT_LINES], "driftCount": len(drifts),
-            "unprogrammed": inp.unprogrammed,
-            "hooksAttached": sum(1 for h in inp.hooks if h["pinned"]),
-            "hooksDetached": detached, "tcMissing": list(inp.tc_missing),
-            "clean": not problems, "problems": problems,
-            "checkedAt": time.time()}
+    return CheckVerdict(node=inp.node, frontends=len(inp.desired) if inp.synced else None,
+                        drift=tuple(drifts[:DRIFT_LINES]), drift_count=len(drifts),
+                        unprogrammed=inp.unprogrammed,
+                        hooks_attached=sum(1 for h in inp.hooks if h["pinned"]),
+                        hooks_detached=tuple(detached), tc_missing=tuple(inp.tc_missing),
+                        problems=tuple(problems), checked_at=time.time())
 
 
 class SelfCheck:
     """Runs `take()` (which gathers a CheckInput under the agent's sync lock), evaluates it,
-    and calls `on_drift(body)` when the datapath differs, at most once per MIN_INTERVAL_S."""
+    and calls `on_drift(verdict)` when the datapath differs, at most once per MIN_INTERVAL_S.
+    Called, it answers /checkz's body."""
 
-    def __init__(self, take: Callable[[], CheckInput], on_drift: Callable[[dict], None],
+    def __init__(self, take: Callable[[], CheckInput], on_drift: Callable[[CheckVerdict], None],
                  clock: Callable[[], float] = time.monotonic):
         self._take, self._on_drift, self._clock = take, on_drift, clock
         self._lock = threading.Lock()
-        self._last: tuple[float, dict] | None = None
+        self._last: tuple[float, CheckVerdict] | None = None
 
     def __call__(self) -> dict:
+        return self.check().body()
+
+    def check(self) -> CheckVerdict:
         with self._lock:
             now = self._clock()
             if self._last is not None and now - self._last[0] < MIN_INTERVAL_S:
                 return self._last[1]
-            body = evaluate(self._take())
-            self._last = (now, body)
-        # Frontends that did not fit are retried by the agent already: more than those is
-        # drift behind its back.
-        if body["driftCount"] > body["unprogrammed"] or body["tcMissing"]:
-            self._on_drift(body)
-        return body
+            verdict = evaluate(self._take())
+            self._last = (now, verdict)
+        if verdict.repair:
+            self._on_drift(verdict)
+        return verdict

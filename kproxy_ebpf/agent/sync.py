@@ -28,7 +28,7 @@ from kproxy_ebpf.serve.service_health import ServiceHealthServers
 from .node_datapath import NodeDatapath
 from .process_tuning import FullCollections, GcPause, release_heap
 from .reporting import Reporter
-from .self_check import CheckInput
+from .self_check import CheckInput, CheckVerdict
 from .state_sink import StateSink
 from .step import Step
 from .sync_policy import SyncPlan, SyncPolicy
@@ -166,13 +166,13 @@ class SyncLoop:
             self.policy.drift_found()
         self.request()
 
-    def drift_found(self, body: dict) -> None:
+    def drift_found(self, verdict: CheckVerdict) -> None:
         """A self-check found the datapath changed behind this agent: the next sync re-reads
         the maps and rewrites the difference; missing TC filters are attached again now."""
         log.warning("self-check: %s; the next sync re-reads the maps and rewrites the "
-                    "difference", "; ".join(body["problems"]))
+                    "difference", "; ".join(verdict.problems))
         with self.lock:
             self.policy.drift_found()
-            if body["tcMissing"]:
+            if verdict.tc_missing:
                 self.node.reattach_tc()
         self.request()

@@ -10,6 +10,7 @@ reject or pass row, the ranges). Every difference is one line.
 """
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -20,9 +21,15 @@ from kproxy_ebpf.model.objects import Node, hostport
 from kproxy_ebpf.proxy.state import ProxyState
 
 
+class DriftKind(enum.StrEnum):
+    MISSING = "missing"        # the cluster wants it, the maps lack it
+    STALE = "stale"            # the maps hold it, the cluster does not want it
+    DIFFERENT = "different"    # both have it, with other values
+
+
 @dataclass(frozen=True)
 class Drift:
-    what: str          # "missing", "stale" or "different"
+    what: DriftKind
     frontend: str      # "10.96.0.10:80/TCP"
     detail: str
 
@@ -61,14 +68,14 @@ def compare(desired: Mapping[FrontendKey, Frontend], kernel: list[dict]) -> list
     for fkey, fe in sorted(desired.items()):
         key = (fkey.ip, fkey.port, fkey.protocol.value, L.SCOPE_NUM[fkey.scope])
         if key not in held:
-            drifts.append(Drift("missing", _name(*key), f"{fe.service} ({fe.action.value})"))
+            drifts.append(Drift(DriftKind.MISSING, _name(*key), f"{fe.service} ({fe.action.value})"))
             continue
         want, have = _wanted(fe), _held(held.pop(key))
         diff = [f"{k}: kernel {have[k]} != cluster {want[k]}" for k in want if want[k] != have[k]]
         if diff:
-            drifts.append(Drift("different", _name(*key), "; ".join(diff)))
+            drifts.append(Drift(DriftKind.DIFFERENT, _name(*key), "; ".join(diff)))
     for key, entry in sorted(held.items()):
-        drifts.append(Drift("stale", _name(*key), f"{entry['service']}: not in the cluster"))
+        drifts.append(Drift(DriftKind.STALE, _name(*key), f"{entry['service']}: not in the cluster"))
     return drifts
 
 
@@ -145,15 +152,15 @@ def compare_cidrs(want: ServiceCIDRSet, cluster_ips: Mapping[str, str],
     """The allocated ClusterIPs' rows (ip -> "reject" | "pass") and the ranges the maps hold
     (CidrWriter.restore()'s view) against `want`."""
     wanted = {**dict.fromkeys(want.foreign_ips, "pass"), **dict.fromkeys(want.cluster_ips, "reject")}
-    drifts = [Drift("missing", f"ClusterIP {ip}", f"no {a} row")
+    drifts = [Drift(DriftKind.MISSING, f"ClusterIP {ip}", f"no {a} row")
               for ip, a in sorted(wanted.items()) if ip not in cluster_ips]
-    drifts += [Drift("different", f"ClusterIP {ip}", f"kernel {cluster_ips[ip]} != cluster {a}")
+    drifts += [Drift(DriftKind.DIFFERENT, f"ClusterIP {ip}", f"kernel {cluster_ips[ip]} != cluster {a}")
                for ip, a in sorted(wanted.items()) if cluster_ips.get(ip, a) != a]
-    drifts += [Drift("stale", f"ClusterIP {ip}", "not allocated in the cluster")
+    drifts += [Drift(DriftKind.STALE, f"ClusterIP {ip}", "not allocated in the cluster")
                for ip in sorted(cluster_ips.keys() - wanted.keys())]
-    drifts += [Drift("missing", f"ServiceCIDR {c}", "range not enforced")
+    drifts += [Drift(DriftKind.MISSING, f"ServiceCIDR {c}", "range not enforced")
                for c in sorted(want.cidrs - cidrs)]
-    drifts += [Drift("stale", f"ServiceCIDR {c}", "no such ServiceCIDR in the cluster")
+    drifts += [Drift(DriftKind.STALE, f"ServiceCIDR {c}", "no such ServiceCIDR in the cluster")
                for c in sorted(cidrs - want.cidrs)]
     return drifts
 

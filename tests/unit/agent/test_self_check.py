@@ -28,14 +28,14 @@ def inp(kernel, hooks=HOOKS, **kw) -> self_check.CheckInput:
 
 def test_a_clean_node_and_each_kind_of_problem():
     ok = self_check.evaluate(inp([kernel_row("10.96.0.10", ["10.244.1.10"])]))
-    assert ok["clean"] and ok["driftCount"] == 0 and ok["hooksAttached"] == 2
+    assert ok.clean and ok.drift_count == 0 and ok.hooks_attached == 2
     gone = self_check.evaluate(inp([]))
-    assert not gone["clean"] and gone["driftCount"] == 1 and gone["drift"][0].startswith("missing")
+    assert not gone.clean and gone.drift_count == 1 and gone.drift[0].startswith("missing")
     detached = self_check.evaluate(inp([kernel_row("10.96.0.10", ["10.244.1.10"])],
                                        hooks=[HOOKS[0], {"hook": "sendmsg4", "pinned": False}]))
-    assert detached["problems"] == ["hooks not attached: sendmsg4"]
+    assert detached.problems == ("hooks not attached: sendmsg4",)
     early = self_check.evaluate(self_check.CheckInput("n1", {}, [], [], True, synced=False))
-    assert early["problems"] == ["not synced yet"]
+    assert early.problems == ("not synced yet",)
 
 
 def test_drift_asks_for_one_reread_and_requests_share_a_check():
@@ -60,9 +60,9 @@ def test_drift_asks_for_one_reread_and_requests_share_a_check():
 def test_all_nodes_reads_each_agents_answers():
     bodies = {"http://10.0.0.1:10256/healthz": (200, {}),
               "http://10.0.0.1:10256/checkz": (200, self_check.evaluate(
-                  inp([kernel_row("10.96.0.10", ["10.244.1.10"])]))),
+                  inp([kernel_row("10.96.0.10", ["10.244.1.10"])])).body()),
               "http://10.0.0.2:10256/healthz": (503, {}),
-              "http://10.0.0.2:10256/checkz": (200, self_check.evaluate(inp([])))}
+              "http://10.0.0.2:10256/checkz": (200, self_check.evaluate(inp([])).body())}
 
     def get(url):
         if "10.0.0.3" in url:
@@ -94,10 +94,10 @@ def test_a_service_cidr_row_deleted_behind_the_writer_is_drift():
                                   foreign_ips=frozenset({"10.96.0.11"})), ApplyResult())
     row = [kernel_row("10.96.0.10", ["10.244.1.10"])]
     clean = self_check.evaluate(inp(row, cidrs_written=w.written(), cidrs_held=w.held()))
-    assert clean["clean"], clean
+    assert clean.clean, clean
     maps["clusterip"].delete(L.ip16("10.96.0.11"))
     got = self_check.evaluate(inp(row, cidrs_written=w.written(), cidrs_held=w.held()))
-    assert got["driftCount"] == 1 and got["drift"][0].split()[:3] == ["missing", "ClusterIP",
+    assert got.drift_count == 1 and got.drift[0].split()[:3] == ["missing", "ClusterIP",
                                                                      "10.96.0.11"], got
 
 
