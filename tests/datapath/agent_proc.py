@@ -9,6 +9,7 @@ from pathlib import Path
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.maps import reader
 from kproxy_ebpf.datapath.load.bpffs import open_pinned_maps
+from kproxy_ebpf.dev.lab.binaries import cli_module
 
 def service_manifest(name: str, cluster_ip: str, endpoints) -> str:
     """YAML for `run --manifests`: Service default/<name> on <cluster_ip>:80 (http, to 8080)
@@ -41,7 +42,7 @@ def start_agent(lab, manifest: Path, name: str, flags: tuple[str, ...] = (),
                 tree: Path | None = None):
     """`tree`: run the agent of another checkout (an older release, for upgrade tests)."""
     node = lab.node("node1")
-    argv = [sys.executable, "-m", "kproxy_ebpf.cli.main", "run", "--manifests", str(manifest),
+    argv = [sys.executable, "-m", cli_module(tree), "run", "--manifests", str(manifest),
             "--cgroup", node.cgroup, "--bpffs-dir", node.bpffs, "--hostname-override", "node1",
             "--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "",
             "--min-sync-period", "50ms",

@@ -29,6 +29,14 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parents[3]
 
 
+def cli_module(tree: Path | str | None = None) -> str:
+    """What `python -m` runs the command from, in this checkout or in another one (`tree`):
+    the upgrade tests and the change-cost bench run older checkouts' agents, and the command
+    moved from kproxy_ebpf/cli.py to kproxy_ebpf/cli/main.py."""
+    root = Path(tree) if tree else repo_root()
+    return "kproxy_ebpf.cli.main" if (root / "kproxy_ebpf/cli/main.py").exists() else "kproxy_ebpf.cli"
+
+
 def build_script() -> Path:
     return repo_root() / "tools" / "k8s" / "build.sh"
 

@@ -19,7 +19,7 @@ import yaml
 
 from kproxy_ebpf.model.objects import hostport
 from . import agent_image, kubeobjects
-from .binaries import ensure_binaries
+from .binaries import cli_module, ensure_binaries
 from .controlplane import ControlPlane
 from .lballoc import DEFAULT_POOL, DEFAULT_POOL6
 from .addressing import PLANS, choice_of, families
@@ -258,7 +258,7 @@ class Cluster:
         if mode == "kproxy" and self.info.agent == "image":
             argv, env = agent_image.start_command(self.image_endpoint, info)
         elif mode == "kproxy":
-            argv = [sys.executable, "-m", "kproxy_ebpf.cli.main", "run",
+            argv = [sys.executable, "-m", cli_module(cwd), "run",
                     "--kubeconfig", self.info.lab_kubeconfig, "--hostname-override", node,
                     "--cgroup", info.cgroup, "--bpffs-dir", info.bpffs,
                     "--program-cache", self.program_cache_dir,
