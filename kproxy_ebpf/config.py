@@ -17,11 +17,10 @@ from pathlib import Path
 
 import yaml
 
-from .model import maglev
-from .datapath.maps.map_sizes import MapSizes
-from .model.objects import LBAlgorithm
 from .datapath.load.pod_devices import DEFAULT_GLOBS as DEFAULT_POD_GLOBS
-
+from .datapath.maps.map_sizes import MapSizes
+from .model import maglev
+from .model.objects import LBAlgorithm
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 
 from kproxy_ebpf.datapath.sockets.netns_sources import POLL_S, NetnsSources, Refresh, is_range_limited
 from kproxy_ebpf.model.desired import Frontend, FrontendKey
-from kproxy_ebpf.serve.metrics import Metrics
 from kproxy_ebpf.model.objects import IPFamily
+from kproxy_ebpf.serve.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

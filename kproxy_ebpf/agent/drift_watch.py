@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from kproxy_ebpf.datapath.write.drift import DriftCheck
 from kproxy_ebpf.serve.metrics import Metrics
+
 from .process_tuning import collector_paused, release_heap, sharing_the_gil
 
 log = logging.getLogger("kproxy_ebpf.agent")

@@ -9,13 +9,13 @@ import logging
 from typing import TYPE_CHECKING
 
 from kproxy_ebpf.datapath.write.apply_result import Outcome
-from kproxy_ebpf.model.desired import Problem
 from kproxy_ebpf.kube.convert import Rejection
-from kproxy_ebpf.serve.metrics import Metrics
+from kproxy_ebpf.model.desired import Problem
 from kproxy_ebpf.model.objects import ServiceKey
+from kproxy_ebpf.serve.metrics import Metrics
 
 if TYPE_CHECKING:
-    from kproxy_ebpf.kube.events import EventRecorder    # imported with the API client only
+    from kproxy_ebpf.kube.events import EventRecorder  # imported with the API client only
 
 log = logging.getLogger(__name__)
 

@@ -66,9 +66,10 @@ def run(config_file, **flags) -> None:
         raise click.ClickException(str(exc)) from exc
     logging.basicConfig(level=cfg.log_level.upper(),
                         format="%(asctime)s %(levelname).1s %(name)s: %(message)s")
-    from .agent import Agent
     from kproxy_ebpf.datapath.load.kernel import KernelUnsupported
     from kproxy_ebpf.datapath.maps.pinned import LayoutMismatch
+
+    from .agent import Agent
 
     try:
         Agent(cfg).run_until_signalled()

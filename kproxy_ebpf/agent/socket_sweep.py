@@ -19,8 +19,9 @@ from kproxy_ebpf.datapath.sockets.sock_where import Held
 from kproxy_ebpf.datapath.sockets.stale_sockets import StaleSockets, peer_of
 from kproxy_ebpf.datapath.write.writer import MapWriter
 from kproxy_ebpf.model.desired import FrontendKey
-from .established import Established, KeptBackends, Snapshot
 from kproxy_ebpf.serve.metrics import Metrics
+
+from .established import Established, KeptBackends, Snapshot
 
 log = logging.getLogger("kproxy_ebpf.agent")
 

@@ -10,7 +10,6 @@ from kproxy_ebpf.model.desired import Frontend, FrontendKey, ServiceCIDRSet
 
 from .established import Serving
 
-
 # The ServiceCIDR rows to write: the whole set, or the ranges and the ClusterIPs that changed.
 CidrInput = ServiceCIDRSet | tuple[frozenset[str], Mapping[str, str | None]]
 

@@ -6,6 +6,7 @@ import sys
 import click
 
 from kproxy_ebpf.agent.run import DEFAULT_BPFFS
+
 from .options import output_option
 from .output import structured, table
 from .pinned import open_maps
@@ -31,9 +32,9 @@ from .pinned import open_maps
 @output_option
 def check(config_file, all_nodes: bool, healthz_port: int | None, output: str, **flags) -> None:
     """Compare the datapath with what the cluster says; exit 1 on any difference."""
-    from kproxy_ebpf.inspect import check as chk
     from kproxy_ebpf.config import ConfigError, load
     from kproxy_ebpf.datapath.maps import reader
+    from kproxy_ebpf.inspect import check as chk
     from kproxy_ebpf.kube.client import ConfigError as KubeConfigError
 
     try:

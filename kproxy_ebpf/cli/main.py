@@ -17,6 +17,7 @@ import click
 
 from kproxy_ebpf import __version__
 from kproxy_ebpf.agent.run import run
+
 from .check import check
 from .cleanup import cleanup
 from .maps import ct, maps

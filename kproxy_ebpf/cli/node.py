@@ -56,10 +56,10 @@ def status(bpffs_dir: str, output: str, healthz: str) -> None:
     import urllib.error
     import urllib.request
 
+    from kproxy_ebpf.datapath.load import tc
     from kproxy_ebpf.datapath.maps import reader
 
     from . import status_text
-    from kproxy_ebpf.datapath.load import tc
 
     maps_ = open_maps(bpffs_dir)
     hooks = reader.hooks(Path(bpffs_dir), cgroup_roots=STATUS_CGROUP_ROOTS)

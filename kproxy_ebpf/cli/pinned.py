@@ -31,8 +31,9 @@ def service_rows(maps, service: str | None) -> list[dict]:
     """reader.services, each row saying whom its frontend serves ("from": the node's own
     sockets, or packets from outside), limited to `service` (NS/NAME: an error when it has no
     frontend)."""
-    from .names import require_service
     from kproxy_ebpf.datapath.maps import reader
+
+    from .names import require_service
 
     rows = reader.services(maps)
     for r in rows:

@@ -7,6 +7,7 @@ import click
 from kproxy_ebpf.datapath.maps import svc_counters
 from kproxy_ebpf.model.desired import Scope
 from kproxy_ebpf.model.objects import hostport
+
 from .names import namespace_option, service_ref
 from .options import bpffs_option, output_option
 from .output import si, structured, table

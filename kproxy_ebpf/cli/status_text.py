@@ -12,7 +12,7 @@ def node_families() -> list[str]:
     the health body names both whatever the node has)."""
     import ipaddress
 
-    from pyroute2 import IPRoute        # the agent's netlink library; loaded on use
+    from pyroute2 import IPRoute  # the agent's netlink library; loaded on use
 
     out = set()
     with IPRoute() as ipr:

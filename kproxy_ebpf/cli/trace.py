@@ -4,6 +4,7 @@ from __future__ import annotations
 import click
 
 from kproxy_ebpf.model.objects import Protocol
+
 from .options import bpffs_option, output_option
 from .output import structured
 from .pinned import open_maps
@@ -59,8 +60,8 @@ def trace_cmd(target: str, source: str | None, from_outside: bool, source_port: 
     """Every lookup the datapath would make for a connect or packet to ADDR:PORT, in order,
     from what the kernel holds: frontend, ServiceCIDR, source ranges, action, backends,
     affinity, conntrack; the verdict and the backend."""
-    from kproxy_ebpf.model.desired import Scope
     from kproxy_ebpf.inspect.trace import trace
+    from kproxy_ebpf.model.desired import Scope
 
     ip, port, proto = _parse_target(target)
     maps = open_maps(bpffs_dir)

@@ -28,8 +28,8 @@ def watch_command(bpffs_dir: str, namespace: str | None, service_filter: str | N
     watch the backends follow)."""
     import time
 
-    from kproxy_ebpf.inspect import watch
     from kproxy_ebpf.datapath.maps import reader
+    from kproxy_ebpf.inspect import watch
 
     service_filter = service_ref(service_filter, namespace)
     if service_filter:

@@ -22,10 +22,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from kproxy_ebpf.model import maglev
 from kproxy_ebpf.datapath.flows import conntrack
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap
+from kproxy_ebpf.model import maglev
 from kproxy_ebpf.model.desired import Action, FrontendKind, Scope
 from kproxy_ebpf.model.objects import Protocol, hostport
 

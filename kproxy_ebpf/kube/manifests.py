@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from kproxy_ebpf.model.objects import EndpointSlice, Service
+
 from .convert import Rejection, service_from_api, slice_from_api
 
 log = logging.getLogger("kproxy_ebpf.kube.manifests")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from kproxy_ebpf.model.objects import EndpointSlice, Kind, Node, Service
+
 from .convert import Converted, Rejection, deleted, from_api
 from .manifests import load_manifests
 from .reflector.event import Decode, Event, EventType

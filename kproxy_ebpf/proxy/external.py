@@ -35,6 +35,7 @@ from collections.abc import Iterable, Sequence
 from kproxy_ebpf.model import maglev
 from kproxy_ebpf.model.desired import Action, Frontend, FrontendKey, FrontendKind, Problem, Scope
 from kproxy_ebpf.model.objects import EndpointSlice, IPFamily, LBAlgorithm, Node, Protocol, Service
+
 from .families import node_view, service_families, service_view
 from .frontends import draining, lb_source_ranges, port_plans, service_info, verdict
 

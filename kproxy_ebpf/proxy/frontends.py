@@ -46,6 +46,7 @@ from kproxy_ebpf.model.objects import (
     ServiceType,
     hostport,
 )
+
 from .endpoints import EndpointInfo, endpoints_by_port
 from .families import node_view, service_families, service_view
 from .topology import PortEndpoints, categorize

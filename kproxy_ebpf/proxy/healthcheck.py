@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kproxy_ebpf.model.objects import EndpointSlice, Node, Service, ServiceType
+
 from .endpoints import endpoints_by_port
 from .families import service_families
 from .frontends import is_proxied

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 
 from kproxy_ebpf.model.desired import ServiceCIDRSet
 from kproxy_ebpf.model.objects import Service, ServiceCIDR, ServiceKey
+
 from .frontends import is_proxied
 
 

@@ -26,11 +26,12 @@ from kproxy_ebpf.model.objects import (
     ServiceCIDR,
     ServiceKey,
 )
+
 from .claims import Claims
 from .endpoints import endpoints_by_port
 from .external import allow_external_ips, service_ext_frontends
-from .healthcheck import HealthCheck, health_check
 from .frontends import service_frontends, service_port_endpoints
+from .healthcheck import HealthCheck, health_check
 from .servicecidr import ClusterIPIndex, service_cidr_set
 from .topology import PortEndpoints
 

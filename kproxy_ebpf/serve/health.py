@@ -17,11 +17,12 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
 
-from . import httpserve
 from kproxy_ebpf.model.objects import IPFamily
+
+from . import httpserve
 
 # The proxiers this agent is (kube-proxy's per-family status): one sync programs both.
 IP_FAMILIES = tuple(IPFamily)

@@ -23,8 +23,9 @@ from prometheus_client.registry import Collector
 
 from kproxy_ebpf.datapath.maps.svc_counters import ServiceCounters, ServicePortId
 from kproxy_ebpf.kube.sources import ApiCounters
-from .kubeproxy_names import K, KubeProxyNames
 from kproxy_ebpf.model.objects import IPFamily
+
+from .kubeproxy_names import K, KubeProxyNames
 
 P = "kproxy_"
 IP_FAMILIES = tuple(IPFamily)     # each per-proxier metric has a child per family

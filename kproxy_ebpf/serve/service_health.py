@@ -13,9 +13,10 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 
+from kproxy_ebpf.proxy.healthcheck import HealthCheck
+
 from . import httpserve
 from .health import json_response
-from kproxy_ebpf.proxy.healthcheck import HealthCheck
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,8 @@ import pytest
 import yaml
 
 from kproxy_ebpf.config import load as load_config
-from kproxy_ebpf.datapath.maps.layout import MAPS
 from kproxy_ebpf.datapath.load.pod_devices import DEFAULT_GLOBS
-
+from kproxy_ebpf.datapath.maps.layout import MAPS
 from kproxy_ebpf.dev.lab import agent_image
 from kproxy_ebpf.dev.lab.nsutil import LabError
 

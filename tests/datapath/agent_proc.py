@@ -6,10 +6,11 @@ import os
 import sys
 from pathlib import Path
 
+from kproxy_ebpf.datapath.load.bpffs import open_pinned_maps
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.maps import reader
-from kproxy_ebpf.datapath.load.bpffs import open_pinned_maps
 from kproxy_ebpf.dev.lab.binaries import cli_module
+
 
 def service_manifest(name: str, cluster_ip: str, endpoints) -> str:
     """YAML for `run --manifests`: Service default/<name> on <cluster_ip>:80 (http, to 8080)

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kproxy_ebpf.datapath.maps import reader
 from kproxy_ebpf.datapath.load import tc
 from kproxy_ebpf.datapath.load.bpffs import remove_pins
 from kproxy_ebpf.datapath.load.sock_hooks import SockDatapath
+from kproxy_ebpf.datapath.maps import reader
 from kproxy_ebpf.datapath.write.writer import MapWriter
 from kproxy_ebpf.dev.lab import Lab, nsutil
 from kproxy_ebpf.model.objects import (

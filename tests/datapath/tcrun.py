@@ -13,15 +13,15 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.load import libbpf
 from kproxy_ebpf.datapath.load.bpffs import open_pinned_maps, remove_pins
 from kproxy_ebpf.datapath.load.compile_child import compile_program
 from kproxy_ebpf.datapath.load.paths import bpf_dir
 from kproxy_ebpf.datapath.load.tc import PROGRAMS, write_config
+from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.write.writer import MapWriter
-from kproxy_ebpf.model.desired import Frontend
 from kproxy_ebpf.dev.lab import nsutil
+from kproxy_ebpf.model.desired import Frontend
 from kproxy_ebpf.model.objects import Protocol
 
 BPFFS = Path("/sys/fs/bpf/kproxy-tcrun")

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from kproxy_ebpf.datapath.load.bpffs import open_pinned_maps, remove_pins
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.maps import reader
-from kproxy_ebpf.datapath.load.bpffs import open_pinned_maps, remove_pins
 
 from ..support import wait_until
 from .agent_proc import log_of, metrics, sample, service_manifest

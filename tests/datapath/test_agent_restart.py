@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kproxy_ebpf.datapath.load.bpffs import open_pinned_maps, remove_pins
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.maps import reader
-from kproxy_ebpf.datapath.load.bpffs import open_pinned_maps, remove_pins
 from kproxy_ebpf.dev.lab import LabError
 
 from ..support import wait_until

@@ -40,12 +40,10 @@ from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.write.writer import MapWriter
 from kproxy_ebpf.dev.lab import nsutil
 from kproxy_ebpf.inspect.trace import Verdict, tc_client, trace
-from kproxy_ebpf.model.desired import (Action, Backend, Frontend, FrontendKind, Scope,
-                                       ServicePortName)
+from kproxy_ebpf.model.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
 from kproxy_ebpf.model.objects import hostport
 
-from .tcrun import (ACK, FAMILIES, NETNS, TC_ACT_OK, TC_ACT_SHOT, TCP, UDP, V4, Addrs,
-                    TcRun, packet, parse)
+from .tcrun import ACK, FAMILIES, NETNS, TC_ACT_OK, TC_ACT_SHOT, TCP, UDP, V4, Addrs, TcRun, packet, parse
 
 pytestmark = pytest.mark.root
 

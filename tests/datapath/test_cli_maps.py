@@ -38,7 +38,7 @@ def test_status_shows_every_map_socket_storage_included(lab, node1):
 def test_ipv6_frontends_and_backends_read_in_canonical_form(lab, node1):
     """What the kernel holds for a dual-stack Service, as `services` and `maps dump` print it:
     each family's frontend with its own backends, IPv6 in RFC 5952 form, [v6]:port in tables."""
-    from kproxy_ebpf.model.objects import Service, ServicePort, Protocol
+    from kproxy_ebpf.model.objects import Protocol, Service, ServicePort
 
     from .dplab import Fam
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from kproxy_ebpf.datapath.upgrade import downgrade
 from kproxy_ebpf.datapath.load import libbpf
-from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.load.bpffs import remove_pins
+from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap
+from kproxy_ebpf.datapath.upgrade import downgrade
 from kproxy_ebpf.model.desired import FrontendKey, Scope
 from kproxy_ebpf.model.objects import IPFamily, Protocol
 

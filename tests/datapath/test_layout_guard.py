@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.load import libbpf
 from kproxy_ebpf.datapath.load.bpffs import remove_pins
 from kproxy_ebpf.datapath.load.sock_hooks import SockDatapath
+from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.maps.pinned import LayoutMismatch
 
 pytestmark = pytest.mark.root

@@ -11,7 +11,6 @@ from kproxy_ebpf.model.objects import LoadBalancerIngress, ServiceType
 
 from .dplab import assert_untouched, endpoints, pod_of, service
 
-
 pytestmark = pytest.mark.root
 
 

@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from kproxy_ebpf.model import maglev
-from kproxy_ebpf.dev.bench.stats import spread
-from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.load import libbpf
 from kproxy_ebpf.datapath.load.bpffs import open_pinned_maps, remove_pins
 from kproxy_ebpf.datapath.load.compile_child import compile_program
 from kproxy_ebpf.datapath.load.paths import bpf_dir
+from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.write.writer import MapWriter
+from kproxy_ebpf.dev.bench.stats import spread
+from kproxy_ebpf.model import maglev
 from kproxy_ebpf.model.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
 from kproxy_ebpf.model.objects import Protocol
 

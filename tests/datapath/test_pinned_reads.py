@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.load import libbpf
 from kproxy_ebpf.datapath.load.bpffs import ensure_bpffs
+from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap
 from kproxy_ebpf.model.desired import FrontendKey, Scope
 from kproxy_ebpf.model.objects import IPFamily, Protocol

@@ -7,7 +7,6 @@ Addresses of Services another proxy owns and addresses outside every ServiceCIDR
 untouched."""
 from __future__ import annotations
 
-
 import pytest
 
 from kproxy_ebpf.datapath.maps import reader

@@ -18,18 +18,16 @@ import time
 from pathlib import Path
 
 import pytest
-
 from click.testing import CliRunner
 
 from kproxy_ebpf.cli.main import main
 from kproxy_ebpf.datapath.flows import conntrack
 from kproxy_ebpf.datapath.load.bpffs import open_pinned_maps, remove_pins
+from kproxy_ebpf.datapath.load.tc import TcDatapath, attached, detach_all, write_config
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.maps.pinned import cpu_id_bound
-from kproxy_ebpf.datapath.load.tc import TcDatapath, attached, detach_all, write_config
 from kproxy_ebpf.datapath.write.writer import MapWriter
-from kproxy_ebpf.dev.lab import Lab
-from kproxy_ebpf.dev.lab import nsutil
+from kproxy_ebpf.dev.lab import Lab, nsutil
 from kproxy_ebpf.dev.lab.addressing import PLANS
 from kproxy_ebpf.model.objects import IPFamily, Node, Protocol, Service, ServicePort, ServiceType, hostport
 from kproxy_ebpf.serve.service_health import ServiceHealthServers

@@ -11,12 +11,29 @@ import pytest
 
 from kproxy_ebpf.datapath.flows import conntrack
 from kproxy_ebpf.datapath.maps import layout as L
-from kproxy_ebpf.model.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
 from kproxy_ebpf.dev.lab import nsutil
+from kproxy_ebpf.model.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
 
-from .tcrun import (ACK, FIN, LOCAL_BE, NETNS, NODE, PORTS, REMOTE_BE, RST, SYN, TC_ACT_OK,
-                    TC_ACT_REDIRECT, TCP, UDP, TcRun, ct_key, moved_snat_reply, packet,
-                    parse)
+from .tcrun import (
+    ACK,
+    FIN,
+    LOCAL_BE,
+    NETNS,
+    NODE,
+    PORTS,
+    REMOTE_BE,
+    RST,
+    SYN,
+    TC_ACT_OK,
+    TC_ACT_REDIRECT,
+    TCP,
+    UDP,
+    TcRun,
+    ct_key,
+    moved_snat_reply,
+    packet,
+    parse,
+)
 
 pytestmark = pytest.mark.root
 

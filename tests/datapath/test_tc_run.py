@@ -20,9 +20,32 @@ from kproxy_ebpf.datapath.maps.pinned import cpu_id_bound
 from kproxy_ebpf.model.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
 from kproxy_ebpf.model.objects import hostport
 
-from .tcrun import (ACK, BPFFS, FAMILIES, FIN, PORTS, RST, SYN, TC_ACT_OK, TC_ACT_REDIRECT,
-                    TC_ACT_SHOT, TCP, UDP, V4, Addrs, TcRun, csum, ct_key, icmp_error,
-                    moved_snat_reply, ntop, packet, parse, pton, snat_reply_key)
+from .tcrun import (
+    ACK,
+    BPFFS,
+    FAMILIES,
+    FIN,
+    PORTS,
+    RST,
+    SYN,
+    TC_ACT_OK,
+    TC_ACT_REDIRECT,
+    TC_ACT_SHOT,
+    TCP,
+    UDP,
+    V4,
+    Addrs,
+    TcRun,
+    csum,
+    ct_key,
+    icmp_error,
+    moved_snat_reply,
+    ntop,
+    packet,
+    parse,
+    pton,
+    snat_reply_key,
+)
 
 pytestmark = pytest.mark.root
 

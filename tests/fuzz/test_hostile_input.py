@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.write.writer import MapWriter
-from kproxy_ebpf.model.desired import Action
 from kproxy_ebpf.kube.convert import Rejection, service_from_api, slice_from_api
+from kproxy_ebpf.model.desired import Action
 from kproxy_ebpf.model.objects import Node
 from kproxy_ebpf.proxy.state import ProxyState
 

@@ -14,7 +14,8 @@ from kproxy_ebpf.dev.lab.cluster import Cluster
 from kproxy_ebpf.dev.lab.probe import is_reply
 
 from ..support import lab_cluster, wait_until
-from .lab_services import http_service as service, seen_from_outside, served_by, services_on
+from .lab_services import http_service as service
+from .lab_services import seen_from_outside, served_by, services_on
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 

@@ -3,7 +3,6 @@ nodes (the agent finds eth0 from the node's addresses, SNATs to the node address
 external client at 10.250.0.250, a backend pod on node2 only."""
 from __future__ import annotations
 
-
 import pytest
 from kubernetes import client
 

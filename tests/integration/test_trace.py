@@ -15,16 +15,17 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from kproxy_ebpf.agent.self_check import MIN_INTERVAL_S
+from kproxy_ebpf.datapath.load.sock_hooks import SOCK_HOOKS
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap
-from kproxy_ebpf.datapath.load.sock_hooks import SOCK_HOOKS
 from kproxy_ebpf.dev.lab.cluster import Cluster
 from kproxy_ebpf.dev.lab.probe import is_reply
 from kproxy_ebpf.model.objects import Protocol
-from kproxy_ebpf.agent.self_check import MIN_INTERVAL_S
 
 from ..support import lab_cluster, wait_until
-from .lab_services import http_service as service, seen_from_outside, served_by
+from .lab_services import http_service as service
+from .lab_services import seen_from_outside, served_by
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 

@@ -2,8 +2,8 @@
 import errno
 import struct
 
-from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.load.libbpf import BpfError
+from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.maps.pinned import MapFull
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conformance import verdicts
-from tests.conformance.verdicts import (Divergence, cell, compare_row, expected, http_cell,
-                                        sticky_cell)
+from tests.conformance.verdicts import Divergence, cell, compare_row, expected, http_cell, sticky_cell
 
 ROLES = {"10.244.1.10": "pod", "10.250.0.11": "node"}
 

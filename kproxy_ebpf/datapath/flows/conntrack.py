@@ -26,11 +26,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
-from kproxy_ebpf.model.desired import FrontendKey
-from kproxy_ebpf.model.objects import family_of, hostport
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap
 from kproxy_ebpf.datapath.write.programmed import BackendKey
+from kproxy_ebpf.model.desired import FrontendKey
+from kproxy_ebpf.model.objects import family_of, hostport
 
 
 class Purge(NamedTuple):

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import NamedTuple, cast
 
 from kproxy_ebpf.datapath.maps import layout as L
-from kproxy_ebpf.datapath.upgrade.carry import Pair, RowCarry
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap
+from kproxy_ebpf.datapath.upgrade.carry import Pair, RowCarry
 
 log = logging.getLogger(__name__)
 

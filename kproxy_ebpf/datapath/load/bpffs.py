@@ -12,9 +12,10 @@ import logging
 import subprocess
 from pathlib import Path
 
-from .kernel import fs_magic
 from kproxy_ebpf.datapath.maps.layout import MAPS
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap
+
+from .kernel import fs_magic
 
 log = logging.getLogger(__name__)
 

@@ -22,12 +22,13 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from . import libbpf, progcache
-from .bpffs import ensure_bpffs
 from kproxy_ebpf.datapath.maps.layout import MAPS, STRUCTS
 from kproxy_ebpf.datapath.maps.map_sizes import MapSizes
-from .paths import bpf_dir, kernel_headers
 from kproxy_ebpf.datapath.maps.pinned import LayoutMismatch
+
+from . import libbpf, progcache
+from .bpffs import ensure_bpffs
+from .paths import bpf_dir, kernel_headers
 from .source import expand
 
 PR_SET_PDEATHSIG = 1

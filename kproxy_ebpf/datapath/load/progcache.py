@@ -33,10 +33,11 @@ import re
 import struct
 from pathlib import Path
 
-from kproxy_ebpf.datapath.maps.map_sizes import MapSizes
 from kproxy_ebpf.datapath.maps import kproxy_h as G
-from . import libbpf
 from kproxy_ebpf.datapath.maps.layout import MAPS, MapSpec
+from kproxy_ebpf.datapath.maps.map_sizes import MapSizes
+
+from . import libbpf
 
 FORMAT = 1                # bump when the entry's shape changes
 DEFAULT_DIR = "/var/cache/kproxy-ebpf/programs"

@@ -20,10 +20,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import compile_child, libbpf
-from .bpffs import ensure_bpffs, remove_stage, remove_stale_stages
 from kproxy_ebpf.datapath.maps.map_sizes import MapSizes
 from kproxy_ebpf.datapath.maps.pinned import LayoutMismatch
+
+from . import compile_child, libbpf
+from .bpffs import ensure_bpffs, remove_stage, remove_stale_stages
 
 log = logging.getLogger(__name__)
 

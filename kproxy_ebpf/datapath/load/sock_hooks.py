@@ -16,12 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import kernel, libbpf
-from kproxy_ebpf.datapath.upgrade import resize
-from kproxy_ebpf.datapath.upgrade.carry import RowCarry
 from kproxy_ebpf.datapath.maps.layout import MAPS
 from kproxy_ebpf.datapath.maps.map_sizes import MapSizes
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap
+from kproxy_ebpf.datapath.upgrade import resize
+from kproxy_ebpf.datapath.upgrade.carry import RowCarry
+
+from . import kernel, libbpf
 from .progload import CGROUP_SOCK_ADDR, LoadJob, Program, spawn
 
 log = logging.getLogger(__name__)

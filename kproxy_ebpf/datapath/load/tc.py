@@ -22,11 +22,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kproxy_ebpf.datapath.maps.map_sizes import MapSizes
 from kproxy_ebpf.datapath.flows import ct_upgrade
-from kproxy_ebpf.datapath.upgrade.carry import RowCarry
 from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.maps.map_sizes import MapSizes
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap, cpu_id_bound
+from kproxy_ebpf.datapath.upgrade.carry import RowCarry
+
 from .pod_devices import PodDeviceWatcher
 from .progload import SCHED_CLS, LoadJob, Program, spawn
 
@@ -49,7 +50,7 @@ def tc_programs() -> list[Program]:
 
 
 def _ipr():
-    from pyroute2 import IPRoute      # late: only root code paths need netlink
+    from pyroute2 import IPRoute  # late: only root code paths need netlink
 
     return IPRoute()
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 import struct
 import sys
 
+from kproxy_ebpf.datapath.write.programmed import BackendKey, HeldTable
 from kproxy_ebpf.model.desired import Frontend, ServicePortName
 from kproxy_ebpf.model.objects import Protocol
+
 from . import layout as L
-from kproxy_ebpf.datapath.write.programmed import BackendKey, HeldTable
 
 _SVC_KEY = struct.Struct(L.MAPS["svc"].key_format)
 _SVC_VAL = struct.Struct(L.MAPS["svc"].value_format).pack

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from kproxy_ebpf.model.desired import Action, Backend, FrontendKey, FrontendKind, Scope, ServiceInfo
 from kproxy_ebpf.model.objects import IPFamily, Protocol
+
 from . import kproxy_h as G
 from .row_format import IP_STRUCT, STRUCT_SPECS, struct_format
 

@@ -10,8 +10,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from kproxy_ebpf.datapath.load import libbpf
-from .layout import MapSpec, raw
 
+from .layout import MapSpec, raw
 
 ENOTSUPP = 524     # the kernel's internal "not supported", which bpf() can return
 

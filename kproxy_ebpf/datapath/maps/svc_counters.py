@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from kproxy_ebpf.model.desired import Scope
+
 from . import layout as L
 from .encode import text_of
 from .pinned import PinnedMap

@@ -24,11 +24,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.maps.pinned import MapFull, PinnedMap
 from kproxy_ebpf.model.desired import Frontend, FrontendKind, Scope
 from kproxy_ebpf.model.objects import IPFamily
-from kproxy_ebpf.datapath.maps import layout as L
+
 from . import netns_scope
-from kproxy_ebpf.datapath.maps.pinned import MapFull, PinnedMap
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ _FAMILY_NUM = {IPFamily.IPV4: 4, IPFamily.IPV6: 6}
 
 def _sources(targets: Mapping[IPFamily, str]) -> dict[IPFamily, str]:
     """In the calling thread's namespace: the source towards each family's target."""
-    from pyroute2 import IPRoute        # the agent's netlink library (tc.py); loaded on use
+    from pyroute2 import IPRoute  # the agent's netlink library (tc.py); loaded on use
 
     out: dict[IPFamily, str] = {}
     with IPRoute() as ipr:

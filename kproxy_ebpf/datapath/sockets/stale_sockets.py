@@ -33,15 +33,16 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from kproxy_ebpf.datapath.load import libbpf
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.maps.pinned import PinnedMap
+from kproxy_ebpf.datapath.write.programmed import BackendKey
 from kproxy_ebpf.model.desired import FrontendKey, Scope
 from kproxy_ebpf.model.objects import Protocol, family_of, hostport
-from kproxy_ebpf.datapath.maps import layout as L
-from kproxy_ebpf.datapath.load import libbpf
+
 from . import netns_scope, reconnect, sockdiag
 from .cgroup_procs import CgroupProcs
 from .netns_door import NetnsDoor
-from kproxy_ebpf.datapath.maps.pinned import PinnedMap
-from kproxy_ebpf.datapath.write.programmed import BackendKey
 from .sock_where import Held, Namespace, Peer, SocketWhere, clock_ns
 
 log = logging.getLogger(__name__)

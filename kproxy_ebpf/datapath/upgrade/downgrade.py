@@ -25,8 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.load import libbpf
+from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap
 
 log = logging.getLogger(__name__)

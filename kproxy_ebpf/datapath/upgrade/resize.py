@@ -16,10 +16,11 @@ import logging
 import os
 from pathlib import Path
 
-from .carry import Pair, RowCarry
 from kproxy_ebpf.datapath.maps.layout import MAPS
 from kproxy_ebpf.datapath.maps.map_sizes import MapSizes
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap
+
+from .carry import Pair, RowCarry
 
 log = logging.getLogger(__name__)
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from collections import Counter
 
-from kproxy_ebpf.model.desired import Action, FrontendKey, FrontendKind, Scope, ServicePortName
-from kproxy_ebpf.model.objects import IPFamily, Protocol
 from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.maps.encode import text_of
+from kproxy_ebpf.datapath.maps.pinned import PinnedMap
 from kproxy_ebpf.datapath.write.held_addrs import HeldAddrs
 from kproxy_ebpf.datapath.write.maglev_tables import MaglevTables
-from kproxy_ebpf.datapath.maps.pinned import PinnedMap
-from kproxy_ebpf.datapath.maps.encode import text_of
 from kproxy_ebpf.datapath.write.programmed import BackendKey, Ledger, Programmed
+from kproxy_ebpf.model.desired import Action, FrontendKey, FrontendKind, Scope, ServicePortName
+from kproxy_ebpf.model.objects import IPFamily, Protocol
 
 
 def read_back(svc: PinnedMap, be: PinnedMap, meta: PinnedMap, src: PinnedMap | None,

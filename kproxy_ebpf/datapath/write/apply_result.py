@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from kproxy_ebpf.model.desired import FrontendKey, ServicePortName
 from kproxy_ebpf.datapath.maps.pinned import MapFull
+from kproxy_ebpf.model.desired import FrontendKey, ServicePortName
 
 
 @dataclass

@@ -17,9 +17,10 @@ import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kproxy_ebpf.model.desired import ServiceCIDRSet
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.maps.pinned import MapFull, PinnedMap
+from kproxy_ebpf.model.desired import ServiceCIDRSet
+
 from .apply_result import ApplyResult
 from .batch import BATCH_MIN
 

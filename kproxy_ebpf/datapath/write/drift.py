@@ -24,10 +24,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kproxy_ebpf.datapath.upgrade.restore import read_back
 from kproxy_ebpf.model.desired import FrontendKey
+
 from .cidr_writer import CidrWriter
 from .programmed import Ledger, Programmed
-from kproxy_ebpf.datapath.upgrade.restore import read_back
 from .writer import MapWriter
 
 

@@ -14,8 +14,9 @@ from collections import Counter
 from collections.abc import Iterable
 
 from kproxy_ebpf.datapath.maps import layout as L
-from .batch import Writes
 from kproxy_ebpf.datapath.maps.pinned import MapFull, PinnedMap
+
+from .batch import Writes
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,12 @@ import struct
 from collections import defaultdict
 from collections.abc import Iterable
 
-from kproxy_ebpf.model import maglev
 from kproxy_ebpf.datapath.maps import layout as L
-from .batch import Writes
 from kproxy_ebpf.datapath.maps.ids import IdAllocator
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap
+from kproxy_ebpf.model import maglev
+
+from .batch import Writes
 from .programmed import BackendKey, HeldTable, Programmed
 
 ROW = L.const("KP_MAGLEV_ROW")

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.model.desired import Action, Backend, Frontend, FrontendKey, Scope
 from kproxy_ebpf.model.objects import Protocol
-from kproxy_ebpf.datapath.maps import layout as L
+
 from .programmed import BackendKey, Ledger, Programmed
 
 # be_flags of each Backend.state, as a bytes.translate table: a frontend's state bytes become

@@ -11,9 +11,9 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from kproxy_ebpf.model.desired import Action, BackendKey, FrontendKey, FrontendKind, ServicePortName
 from kproxy_ebpf.datapath.maps.ids import IdAllocator
 from kproxy_ebpf.datapath.maps.layout import MetaView
+from kproxy_ebpf.model.desired import Action, BackendKey, FrontendKey, FrontendKind, ServicePortName
 
 Slot = tuple[BackendKey, int]            # the backend a slot names, and its be_flags
 

@@ -36,21 +36,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Iterable, Mapping
 
-from kproxy_ebpf.model.desired import Frontend, FrontendKey, Scope, ServicePortName
 from kproxy_ebpf.datapath.maps import encode as E
-from .apply_result import ApplyResult
 from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.maps.ids import IdsExhausted
+from kproxy_ebpf.datapath.maps.pinned import PinnedMap
+from kproxy_ebpf.datapath.upgrade.restore import read_back
+from kproxy_ebpf.model.desired import Frontend, FrontendKey, Scope, ServicePortName
+
+from .apply_result import ApplyResult
 from .batch import BatchedWrites, DirectWrites, Writes
 from .capacity import Capacity
 from .garbage import collect
-from .slots import fill_slots, new_backend, write_slots
 from .held_addrs import HeldAddrs
 from .maglev_tables import MaglevTables, row_count
-from kproxy_ebpf.datapath.maps.ids import IdsExhausted
-from kproxy_ebpf.datapath.maps.pinned import PinnedMap
 from .plan import Planner, drained, slot_order
 from .programmed import BackendKey, HeldTable, Ledger, Programmed
-from kproxy_ebpf.datapath.upgrade.restore import read_back
+from .slots import fill_slots, new_backend, write_slots
 
 log = logging.getLogger(__name__)
 

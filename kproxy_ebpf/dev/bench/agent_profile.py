@@ -250,8 +250,8 @@ def make_agent() -> tuple[Agent, ApiSource, dict[str, Reflector]]:
     cfg = AgentConfig(hostname_override=NODE, bpffs_dir=tmp, cgroup=tmp,
                       healthz_bind_address="", metrics_bind_address="")
     agent = Agent(cfg)
-    from kproxy_ebpf.datapath.write.cidr_writer import CidrWriter
     from kproxy_ebpf.datapath.maps.layout import MAPS
+    from kproxy_ebpf.datapath.write.cidr_writer import CidrWriter
     if WRITER == "maps":
         from kproxy_ebpf.datapath.write.writer import MapWriter
         # Every map the writer and the sync touch (per-socket storage has no rows to hold).

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from kproxy_ebpf.dev.lab import idle_pods
+
 from . import bpfcost
 from .fill import SERVICE_PORT
 from .procstat import cpu_between
@@ -157,6 +158,7 @@ class ChangeCost:
 
 def run_change_cost(cfg: ChangeCostConfig, log: Callable[[str], None]) -> dict:
     from kproxy_ebpf.dev.lab.binaries import ensure_binaries
+
     from . import env
 
     t0 = time.monotonic()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]

@@ -15,14 +15,14 @@ import json
 import time
 from pathlib import Path
 
-from kproxy_ebpf.datapath.write import batch
-from kproxy_ebpf.datapath.write import writer as W
+from kproxy_ebpf.agent.process_tuning import pause_gc
 from kproxy_ebpf.datapath.load.bpffs import open_pinned_maps, remove_pins
 from kproxy_ebpf.datapath.load.compile_child import compile_program
 from kproxy_ebpf.datapath.load.paths import bpf_dir
+from kproxy_ebpf.datapath.write import batch
+from kproxy_ebpf.datapath.write import writer as W
 from kproxy_ebpf.model.desired import Action, Backend, Frontend, FrontendKind, ServicePortName
 from kproxy_ebpf.model.objects import Protocol
-from kproxy_ebpf.agent.process_tuning import pause_gc
 
 PINS = Path("/sys/fs/bpf/kproxy-wbench")
 

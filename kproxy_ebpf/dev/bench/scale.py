@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from kproxy_ebpf.dev.lab import idle_pods
+
 from . import fill
 from .procstat import CpuSample, cpu_between
 from .rawapi import ApiError
@@ -381,6 +382,7 @@ def per_change_cpu(idle: list[Sub], busy: list[Sub]) -> dict:
 
 def run_scale(cfg: ScaleConfig, log: Callable[[str], None]) -> dict:
     from kproxy_ebpf.dev.lab.binaries import ensure_binaries
+
     from . import env
 
     modes = [m for m in cfg.all_modes if m in (cfg.modes or cfg.all_modes)]

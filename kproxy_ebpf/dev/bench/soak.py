@@ -36,6 +36,7 @@ from pathlib import Path
 from kproxy_ebpf.dev.lab.cluster import Cluster
 from kproxy_ebpf.dev.lab.namespaces import PROBE_SCRIPT
 from kproxy_ebpf.dev.lab.probe import is_reply, stamped
+
 from . import fill
 from .procstat import ProxyMeter
 from .rawapi import RawApi

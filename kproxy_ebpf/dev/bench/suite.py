@@ -25,9 +25,10 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 
+from kproxy_ebpf.dev.lab.nsutil import LabError
+
 from . import bpfcost, stats
 from .fill import SERVICE_PORT, SINK_PORT, SINK_SERVICE_PORT, TARGET_PORT, Churner, churn_summary
-from kproxy_ebpf.dev.lab.nsutil import LabError
 from .loadgen import ProxyDied
 from .procstat import CpuSample, cpu_between, ns_per_packet, read_proc_stat
 from .testbed import KPROXY_ARGS, KPROXY_MODES, M5_SERVICE, MIN_SYNC_S, TARGET, Testbed

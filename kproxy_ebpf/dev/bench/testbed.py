@@ -27,6 +27,7 @@ from kproxy_ebpf.dev.lab import cgroups, nsutil, procs
 from kproxy_ebpf.dev.lab.binaries import ensure_binaries
 from kproxy_ebpf.dev.lab.cluster import Cluster
 from kproxy_ebpf.dev.lab.nsutil import LabError
+
 from . import fill
 from .loadgen import CLIENT, SERVER, Client, find_tools, start_server, wait_answers
 from .procstat import ProxyMeter

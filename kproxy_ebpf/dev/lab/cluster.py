@@ -18,11 +18,12 @@ from pathlib import Path
 import yaml
 
 from kproxy_ebpf.model.objects import hostport
+
 from . import agent_image, kubeobjects
+from .addressing import PLANS, choice_of, families
 from .binaries import cli_module, ensure_binaries
 from .controlplane import ControlPlane
 from .lballoc import DEFAULT_POOL, DEFAULT_POOL6
-from .addressing import PLANS, choice_of, families
 from .namespaces import CONTROL_PLANE_IP, Lab, PodInfo, external_cidr
 from .nsutil import LabError
 

@@ -19,13 +19,14 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from .pki import Pki, generate_pki, write_kubeconfig
 from kproxy_ebpf.model.objects import hostport
+
+from .pki import Pki, generate_pki, write_kubeconfig
 
 LOOPBACK = "127.0.0.1"
 # The lab's relay address: lab nodes reach the apiserver at RELAY_ADDRESS:RELAY_PORT through the

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 
 from kubernetes import client
 from kubernetes.client import ApiClient

@@ -66,6 +66,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kproxy_ebpf.model.objects import IPFamily, family_of
+
 from . import cgroups, nsutil, procs, state
 from .addressing import PLANS, FamilyPlan
 from .nsutil import LabError

@@ -21,7 +21,8 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from pyroute2 import IPRoute, netns as pr_netns
+from pyroute2 import IPRoute
+from pyroute2 import netns as pr_netns
 from pyroute2.netlink import NETLINK_ROUTE
 from pyroute2.netlink.exceptions import NetlinkError
 

@@ -3,12 +3,11 @@ UDP flows (a serving endpoint of the Service port keeps them, whatever policies,
 termination say about new connections), on a real ProxyState and MapWriter (fake maps)."""
 from __future__ import annotations
 
-
 import pytest
 
+from kproxy_ebpf.agent.established import Established, KeptBackends
 from kproxy_ebpf.datapath.write.writer import MapWriter
 from kproxy_ebpf.model.desired import FrontendKey
-from kproxy_ebpf.agent.established import Established, KeptBackends
 from kproxy_ebpf.model.objects import Node, Protocol
 from kproxy_ebpf.proxy.state import ProxyState
 

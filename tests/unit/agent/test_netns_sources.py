@@ -14,8 +14,8 @@ from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.sockets import netns_scope, netns_sources
 from kproxy_ebpf.datapath.sockets.netns_sources import NetnsSources
 from kproxy_ebpf.model.desired import FrontendKind, Scope
-from kproxy_ebpf.serve.metrics import Metrics
 from kproxy_ebpf.model.objects import IPFamily
+from kproxy_ebpf.serve.metrics import Metrics
 
 from ...builders import fe
 from ..fakemaps import FakeMap

@@ -3,9 +3,9 @@ drift, detached hooks and an unhealthy or silent agent are each a problem; a che
 asks the agent to re-read its maps, once, and repeated requests are answered from one check."""
 from __future__ import annotations
 
-from kproxy_ebpf.inspect import check_nodes
 from kproxy_ebpf.agent import self_check
 from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.inspect import check_nodes
 
 from ...builders import fe, table
 
@@ -81,8 +81,8 @@ def test_all_nodes_reads_each_agents_answers():
 
 
 def test_a_service_cidr_row_deleted_behind_the_writer_is_drift():
-    from kproxy_ebpf.datapath.write.cidr_writer import CidrWriter
     from kproxy_ebpf.datapath.write.apply_result import ApplyResult
+    from kproxy_ebpf.datapath.write.cidr_writer import CidrWriter
     from kproxy_ebpf.model.desired import ServiceCIDRSet
 
     from ..fakemaps import fake_maps

@@ -3,16 +3,15 @@
 tested in test_stale_sockets.py and in the lab."""
 from __future__ import annotations
 
-
 import pytest
 
+from kproxy_ebpf.agent.established import Established
+from kproxy_ebpf.agent.socket_sweep import SocketSweep
 from kproxy_ebpf.datapath.sockets.stale_sockets import Outcome, Reaped, peer_of
 from kproxy_ebpf.datapath.write.writer import MapWriter
-from kproxy_ebpf.agent.established import Established
-from kproxy_ebpf.serve.metrics import Metrics
 from kproxy_ebpf.model.objects import Node, Protocol
 from kproxy_ebpf.proxy.state import ProxyState
-from kproxy_ebpf.agent.socket_sweep import SocketSweep
+from kproxy_ebpf.serve.metrics import Metrics
 
 from ...builders import ep, sl, svc
 from ..fakemaps import checked_maps

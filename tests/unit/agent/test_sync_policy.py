@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from kproxy_ebpf.agent.sync_policy import FULL_MAP_RETRY_EVERY, KERNEL_CHECK_EVERY, SyncPolicy
 from kproxy_ebpf.model.desired import FrontendKey, Scope
 from kproxy_ebpf.model.objects import Protocol
-from kproxy_ebpf.agent.sync_policy import FULL_MAP_RETRY_EVERY, KERNEL_CHECK_EVERY, SyncPolicy
 
 TCP = Protocol.TCP
 A, B = FrontendKey("10.96.0.1", 80, TCP), FrontendKey("10.96.0.2", 80, TCP)

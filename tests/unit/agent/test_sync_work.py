@@ -24,9 +24,9 @@ from collections.abc import Mapping
 
 import pytest
 
-from kproxy_ebpf.agent import sync_report
-from kproxy_ebpf.agent import process_tuning, reporting, sync_policy
+from kproxy_ebpf.agent import process_tuning, reporting, sync_policy, sync_report
 from kproxy_ebpf.agent.agent import Agent
+from kproxy_ebpf.agent.drift_watch import DriftWatch
 from kproxy_ebpf.config import AgentConfig
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.write.cidr_writer import CidrWriter
@@ -43,7 +43,6 @@ from kproxy_ebpf.model.objects import (
     Service,
     ServicePort,
 )
-from kproxy_ebpf.agent.drift_watch import DriftWatch
 from kproxy_ebpf.proxy import state as state_mod
 from kproxy_ebpf.proxy.claims import Claims
 

@@ -6,7 +6,8 @@ import json
 import yaml
 from click.testing import CliRunner
 
-from kproxy_ebpf.cli import main as cli, node
+from kproxy_ebpf.cli import main as cli
+from kproxy_ebpf.cli import node
 from kproxy_ebpf.datapath.maps import reader
 
 

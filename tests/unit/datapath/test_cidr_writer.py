@@ -5,8 +5,8 @@ from __future__ import annotations
 import ipaddress
 
 from kproxy_ebpf.datapath.maps import layout as L
-from kproxy_ebpf.datapath.write.cidr_writer import CIP_PASS, CIP_REJECT, CidrWriter
 from kproxy_ebpf.datapath.write.apply_result import ApplyResult
+from kproxy_ebpf.datapath.write.cidr_writer import CIP_PASS, CIP_REJECT, CidrWriter
 from kproxy_ebpf.model.desired import ServiceCIDRSet
 
 from ..fakemaps import FakeMap

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kproxy_ebpf.datapath.maps import kproxy_h, layout, row_format
 from kproxy_ebpf.datapath.load.paths import bpf_dir
+from kproxy_ebpf.datapath.maps import kproxy_h, layout, row_format
 
 _GEN = Path(__file__).resolve().parents[3] / "tools" / "layoutgen.py"
 _spec = importlib.util.spec_from_file_location("layoutgen", _GEN)

@@ -8,8 +8,8 @@ import struct
 import pytest
 
 from kproxy_ebpf.datapath.load import compile_child, libbpf, progcache, progload
-from kproxy_ebpf.datapath.maps.map_sizes import MapSizes
 from kproxy_ebpf.datapath.load.progcache import CacheMiss
+from kproxy_ebpf.datapath.maps.map_sizes import MapSizes
 
 INSN = struct.Struct("<BBhi")
 

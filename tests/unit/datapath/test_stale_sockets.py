@@ -22,6 +22,7 @@ from kproxy_ebpf.model.objects import Protocol
 
 from ..fakemaps import FakeMap
 
+
 def each_netns(paths, fn):
     """in_each_netns without entering anything: the tests' sockets are FakeDiag's."""
     for path in paths:

@@ -8,10 +8,10 @@ import functools
 
 import pytest
 
-from kproxy_ebpf.model import maglev
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.write.maglev_tables import ROW, row_count
 from kproxy_ebpf.datapath.write.writer import MapWriter
+from kproxy_ebpf.model import maglev
 from kproxy_ebpf.model.desired import Action, BackendState, FrontendKind, Scope, ServicePortName
 from kproxy_ebpf.model.objects import Protocol
 

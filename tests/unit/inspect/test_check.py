@@ -4,8 +4,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from kproxy_ebpf.inspect.check import compare, desired_for
 from kproxy_ebpf.config import AgentConfig
+from kproxy_ebpf.inspect.check import compare, desired_for
 from kproxy_ebpf.kube.sources import SLICE_LABEL_SELECTOR
 from kproxy_ebpf.model.desired import Action, FrontendKey, ServicePortName
 from kproxy_ebpf.model.objects import Protocol
@@ -158,7 +158,8 @@ def test_check_lists_through_kube_with_pagination_and_the_agent_selectors(cluste
 
 
 def test_check_honours_the_agent_config_file(cluster, tmp_path, monkeypatch):
-    from kproxy_ebpf.cli import check as check_cli, main as cli
+    from kproxy_ebpf.cli import check as check_cli
+    from kproxy_ebpf.cli import main as cli
     from kproxy_ebpf.datapath.maps import reader
 
     config = tmp_path / "agent.yaml"
@@ -214,7 +215,8 @@ def test_an_unreachable_api_server_is_a_sentence_that_says_where_not_a_traceback
 
 
 def test_status_says_where_it_looked_for_the_agent(monkeypatch):
-    from kproxy_ebpf.cli import main as cli, node
+    from kproxy_ebpf.cli import main as cli
+    from kproxy_ebpf.cli import node
     from kproxy_ebpf.datapath.maps import reader
 
     monkeypatch.setattr(node, "open_maps", lambda d: {"stats": None})

@@ -6,9 +6,9 @@ import dataclasses
 
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.write.writer import MapWriter
+from kproxy_ebpf.inspect.trace import Verdict, tc_client, trace
 from kproxy_ebpf.model.desired import Action, FrontendKind, Scope
 from kproxy_ebpf.model.objects import Protocol
-from kproxy_ebpf.inspect.trace import Verdict, tc_client, trace
 
 from ...builders import fe
 from ..fakemaps import FakeMap

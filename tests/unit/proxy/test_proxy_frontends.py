@@ -11,6 +11,7 @@ import functools
 
 import pytest
 
+from kproxy_ebpf.kube.convert import service_from_api
 from kproxy_ebpf.model.desired import Action, FrontendKind, ServicePortName
 from kproxy_ebpf.model.objects import (
     EndpointPort,
@@ -20,7 +21,6 @@ from kproxy_ebpf.model.objects import (
     ServicePort,
     ServiceType,
 )
-from kproxy_ebpf.kube.convert import service_from_api
 from kproxy_ebpf.proxy.external import service_ext_frontends
 from kproxy_ebpf.proxy.frontends import is_proxied, service_frontends, service_port_endpoints
 

@@ -14,8 +14,8 @@ import pytest
 
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.write.writer import MapWriter
-from kproxy_ebpf.model.desired import FrontendKind, Scope, ServicePortName
 from kproxy_ebpf.kube.convert import cidr_sloppy, service_from_api
+from kproxy_ebpf.model.desired import FrontendKind, Scope, ServicePortName
 from kproxy_ebpf.model.objects import LoadBalancerIngress, Node, Protocol, Service, ServicePort, ServiceType
 from kproxy_ebpf.proxy.external import lb_source_ranges, service_ext_frontends
 from kproxy_ebpf.proxy.frontends import service_frontends

@@ -6,10 +6,10 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kproxy_ebpf.serve.metrics import Metrics
 from kproxy_ebpf.model.objects import EndpointPort, IPFamily, Node, ServicePort, ServiceType
 from kproxy_ebpf.proxy.no_local import EXTERNAL, INTERNAL, NoLocalEndpoints
 from kproxy_ebpf.proxy.state import ProxyState
+from kproxy_ebpf.serve.metrics import Metrics
 
 from ...builders import TCP, ep, sl, svc
 

@@ -2,8 +2,8 @@
 the per-proxier metrics, none on the node-wide ones."""
 from __future__ import annotations
 
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from kproxy_ebpf.serve.metrics import Metrics
 

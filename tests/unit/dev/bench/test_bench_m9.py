@@ -4,6 +4,7 @@ The numbers are fixtures, not measurements."""
 import pytest
 
 from kproxy_ebpf.dev.bench import fill, goals, procstat, report, stats, suite
+
 from .test_bench_report import by_goal, make_doc
 
 

@@ -4,7 +4,7 @@ import math
 import pytest
 
 from kproxy_ebpf.dev.bench import stats
-from kproxy_ebpf.dev.bench.procstat import cpu_between, parse_cpu_stat, parse_stat, CpuSample
+from kproxy_ebpf.dev.bench.procstat import CpuSample, cpu_between, parse_cpu_stat, parse_stat
 
 
 def test_percentile_nearest_rank():
