@@ -26,6 +26,7 @@ from kproxy_ebpf.datapath.upgrade import downgrade
 from kproxy_ebpf.datapath.write.apply_result import ApplyResult, Outcome
 from kproxy_ebpf.datapath.write.cidr_writer import CidrWriter
 from kproxy_ebpf.datapath.write.writer import MapWriter
+from kproxy_ebpf.model.desired import ServiceCIDRSet
 from kproxy_ebpf.serve.metrics import Metrics
 
 from .client_sources import ClientSources
@@ -146,8 +147,8 @@ class NodeDatapath:
                    if self.sweep is not None else None)
         if self.client_sources is not None:
             self.client_sources.before_apply(step.frontends, keys)
-        cidr_changes = (cidrs.whole(step.cidrs) if step.cidrs_all  # type: ignore[arg-type]
-                        else cidrs.changes(*step.cidrs))            # type: ignore[misc]
+        cidr_changes = (cidrs.whole(step.cidrs) if isinstance(step.cidrs, ServiceCIDRSet)
+                        else cidrs.changes(*step.cidrs))
         result = ApplyResult()
         cidrs_done = cidrs.write_additions(cidr_changes, result)
         writer.apply(step.frontends, keys, result)

@@ -22,8 +22,7 @@ class Step:
     # Changed or recomputed (a draining endpoint that goes changes no frontend): the
     # frontends whose TC flows the purge looks at after a partial sync.
     touched: frozenset[FrontendKey]
-    cidrs: CidrInput
-    cidrs_all: bool                             # the ServiceCIDR rows are written whole
+    cidrs: CidrInput                            # a whole ServiceCIDRSet, or what changed
     reread: bool                                # re-read the maps first (after drift)
     purge_conntrack: bool                       # the TC conntrack purge runs after the writes
     serving: Serving

@@ -108,7 +108,7 @@ class SyncLoop:
             frontends=changes.frontends,
             keys=None if full else frozenset(changes.changed_keys | plan.retry),
             recomputed=frozenset(changes.recomputed_keys), touched=frozenset(touched),
-            cidrs=cidrs, cidrs_all=plan.cidrs_all, reread=plan.reread,
+            cidrs=cidrs, reread=plan.reread,
             purge_conntrack=plan.purges_conntrack(touched, pod_path=not self.cfg.socket_lb),
             serving=self._serving))
         self.policy.cidrs_written(outcome.cidrs_written)
