@@ -55,6 +55,11 @@ enum kp_fe_flags {              /* kp_svc_val.fe_flags (slot 0): what else appli
 	KP_FE_F_SRC_RANGES  = 0x01, /* loadBalancerSourceRanges: the source must match a kp_srcrange
 				     * row of this frontend (lib/srcrange.h); rows land before the
 				     * flag is set and go only after it is cleared */
+	/* How a new connection picks its slot (kproxy-ebpf.io/lb-algorithm, lib/sched.h). Neither
+	 * flag: at random, or by the Maglev table slot 0's backend_id names. Programs older than
+	 * these flags read them as "at random", which is what an older agent's rows meant. */
+	KP_FE_F_ROUND_ROBIN = 0x02, /* the slot after the last one taken (the frontend's kp_rr) */
+	KP_FE_F_LEAST_CONN  = 0x04, /* the slot whose backend has the fewest kp_conns on this node */
 };
 
 enum kp_aff_type {              /* kp_aff_key.type */
@@ -95,6 +100,10 @@ enum kp_stat {                  /* index into the per-CPU counter array kp_stats
 	KP_STAT_SRC_DENY      = 21, /* a connect/sendmsg from outside the ranges: EPERM */
 	KP_STAT_SRC_UNKNOWN   = 22, /* ... from a netns whose address the agent has not learnt yet:
 				     * EPERM (fail closed), the netns noted in kp_nsmiss */
+	KP_STAT_RR_NO_CURSOR  = 23, /* a round-robin frontend without its kp_rr row: picked at
+				     * random (the agent writes the row right after slot 0) */
+	KP_STAT_CONN_UNCOUNTED = 24, /* a connected socket least-conn could not count (no memory
+				      * for its kp_skconn storage or its kp_conns row) */
 	KP_STAT_MAX           = 32,
 };
 
@@ -129,6 +138,10 @@ enum kp_tunables {
 	/* A kp_skwhere row's last connect is rewritten only once it is this old: a client that
 	 * connects often writes once a second, not on every connect. */
 	KP_WHERE_REFRESH_MS = 1000,
+	/* Slots a least-conn pick compares (lib/sched.h): all of a frontend with this many
+	 * backends or fewer, else this many in a row from a random one, so a connect's cost
+	 * stays bounded however large the Service. */
+	KP_LC_SCAN = 32,
 };
 
 enum kp_maglev {                /* Maglev tables (lib/maglev.h, kproxy_ebpf/model/maglev.py) */
@@ -271,6 +284,30 @@ struct kp_aff_val {
 	__u16 slot;       /* the slot that held backend_id when chosen: checked on reuse, so a
 	                   * backend that left the service is never picked from affinity */
 	__u8  pad[2];
+};
+
+/* Round robin (lib/sched.h): a frontend's cursor in kp_rr, keyed by its slot-0 kp_svc_key.
+ * connect takes next with one atomic fetch-and-add, so connects on every CPU share one
+ * rotation; the agent writes the row, with the position the rotation goes on from, after each
+ * slot 0 that changes the frontend's backends. */
+struct kp_rr_val {
+	__u64 next;       /* the next pick takes slot next % count + 1 */
+};
+
+/* Least connection (lib/sched.h): a backend's connections on this node, keyed by its id.
+ * Counted by the programs with atomic adds; a row is made by the first connection and
+ * deleted by the agent when it frees the id. */
+struct kp_conns {
+	__s64 sock;       /* sockets connected to it (TCP and UDP), from connect to close */
+	__s64 flows;      /* reserved: flows from outside (TC path), not counted yet */
+};
+
+/* Which backend a connected socket is counted on (kp_skconn, BPF_MAP_TYPE_SK_STORAGE): set
+ * by connect, cleared by the release hook, so each socket adds and takes away exactly once,
+ * and a socket connected again moves its count. */
+struct kp_skconn_val {
+	__u32 backend_id; /* 0: counted nowhere */
+	__u32 pad;
 };
 
 /* Names and policies for the CLI, keyed by svc_id; never read by the programs. */
@@ -420,6 +457,9 @@ _Static_assert(sizeof(struct kp_svcstat_key) == 8, "kp_svcstat_key");
 _Static_assert(sizeof(struct kp_aff_key) == 16, "kp_aff_key");
 _Static_assert(sizeof(struct kp_aff_val) == 16, "kp_aff_val");
 _Static_assert(sizeof(struct kp_svc_meta) == 152, "kp_svc_meta");
+_Static_assert(sizeof(struct kp_rr_val) == 8, "kp_rr_val");
+_Static_assert(sizeof(struct kp_conns) == 16, "kp_conns");
+_Static_assert(sizeof(struct kp_skconn_val) == 8, "kp_skconn_val");
 _Static_assert(sizeof(struct kp_svc_stat) == 64, "kp_svc_stat");
 _Static_assert(sizeof(struct kp_cip_val) == 4, "kp_cip_val");
 _Static_assert(sizeof(struct kp_cidr_key) == 20, "kp_cidr_key");
@@ -575,7 +615,10 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 40, "kp_tc_cfg");
 	X(nsmiss,      kp_nsmiss,   1, lru_hash,     __u64,                __u64,                KP_NSMISS_SIZE,   0) \
 	X(svcstat,     kp_svcstat,  2, percpu_hash,  struct kp_svcstat_key, struct kp_svc_stat, KP_SVCSTAT_SIZE,  KP_NO_PREALLOC) \
 	X(svczero,     kp_svczero,  1, array,        __u32,                struct kp_svc_stat,   1,                0) \
-	X(maglev,      kp_maglev,   1, hash,         struct kp_maglev_key, struct kp_maglev_row, KP_MAGLEV_SIZE,   KP_NO_PREALLOC)
+	X(maglev,      kp_maglev,   1, hash,         struct kp_maglev_key, struct kp_maglev_row, KP_MAGLEV_SIZE,   KP_NO_PREALLOC) \
+	X(rr,          kp_rr,       1, hash,         struct kp_svc_key,    struct kp_rr_val,     KP_RR_SIZE,       0) \
+	X(conns,       kp_conns,    1, hash,         __u32,                struct kp_conns,      KP_CONNS_SIZE,    0) \
+	X(skconn,      kp_skconn,   1, sk_storage,   int,                  struct kp_skconn_val, KP_SKCONN_SIZE,   KP_NO_PREALLOC)
 
 #ifndef KP_SVC_SIZE
 #define KP_SVC_SIZE   262144  /* frontends plus one row per backend slot (10k x 10: 110k) */
@@ -634,6 +677,16 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 40, "kp_tc_cfg");
 #define KP_MAGLEV_SIZE 16384  /* Maglev table rows (allocated as used, ~1 KiB each): a table of
 			       * 16381 entries takes 35, and a changed table is written beside
 			       * the old before the old goes */
+#endif
+#ifndef KP_RR_SIZE
+#define KP_RR_SIZE    16384   /* round-robin cursors: one per frontend that uses one */
+#endif
+#ifndef KP_CONNS_SIZE
+#define KP_CONNS_SIZE 131072  /* least-conn counters: one per backend with a connection (as
+			       * many as kp_be can hold) */
+#endif
+#ifndef KP_SKCONN_SIZE
+#define KP_SKCONN_SIZE 0      /* socket storage: no size, one row per connected socket */
 #endif
 #ifndef KP_SVCCIDR_SIZE
 #define KP_SVCCIDR_SIZE 256   /* ServiceCIDR ranges */

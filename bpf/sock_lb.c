@@ -126,6 +126,33 @@ static __always_inline void sock_note_where(const struct kp_lb_res *res, bool v6
 	kp_skwhere.update(&key, &val);
 }
 
+/* Counts a connected socket on its backend for least-conn (kproxy.h kp_skconn_val): its own
+ * storage remembers where, so the release hook takes back exactly what connect added, and a
+ * socket connected again (UDP, or the agent's reconnect of a stale one) moves its count. */
+static __always_inline void sock_count_conn(struct bpf_sock_addr *ctx, __u32 backend_id)
+{
+	struct kp_skconn_val *own;
+	__u32 was;
+
+	if (!ctx->sk)
+		return;
+	own = kp_skconn.sk_storage_get(ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!own) {
+		kp_count(KP_STAT_CONN_UNCOUNTED);
+		return;
+	}
+	was = own->backend_id;
+	if (was == backend_id)
+		return;
+	if (was)
+		kp_conns_add(was, -1);
+	own->backend_id = 0;
+	if (kp_conns_add(backend_id, 1))
+		own->backend_id = backend_id;
+	else
+		kp_count(KP_STAT_CONN_UNCOUNTED);
+}
+
 /* The address the socket's traffic to frontend fe leaves from: the one it asks for (a sendmsg
  * with IP_PKTINFO) or is bound to (also a UDP socket connected before, which the kernel bound to
  * its route's source), else the one the agent learnt for its network namespace (kp_nssrc; the
@@ -224,8 +251,10 @@ static __always_inline int sock_xlate_fwd(struct bpf_sock_addr *ctx, bool v6, st
 	if (res.verdict != KP_LB_FORWARD)
 		return kp_lb_refusal(&res, KP_LB_PATH_SOCK);
 	sock_remember(ctx, &res, addr, *port);
-	if (!unconnected_udp)
+	if (!unconnected_udp) {
 		sock_note_where(&res, v6, req.client, req.now);
+		sock_count_conn(ctx, res.backend_id);
+	}
 	*addr = res.be.addr;
 	*port = res.be.port;
 	kp_count(KP_STAT_FORWARD);
@@ -335,6 +364,19 @@ static __always_inline int sock_rev(struct bpf_sock_addr *ctx, bool v6)
 
 	if (sock_xlate_rev(ctx, &addr, &port))
 		sock_set_addr(ctx, v6, &addr, port);
+	return SYS_PROCEED;
+}
+
+/* A socket's close (cgroup inet_sock_release, both families): the connection it counted for
+ * least-conn ends. Runs once per socket, when its last file reference goes. */
+int kp_release(struct bpf_sock *sk)
+{
+	struct kp_skconn_val *own = kp_skconn.sk_storage_get(sk, 0, 0);
+
+	if (own && own->backend_id) {
+		kp_conns_add(own->backend_id, -1);
+		own->backend_id = 0;
+	}
 	return SYS_PROCEED;
 }
 

@@ -59,10 +59,11 @@ class AgentConfig:
     devices: list[str] = field(default_factory=list)   # external devices; []: from the routes
     node_port_addresses: list[str] = field(default_factory=list)  # CIDRs or "primary"; []: primary
     snat_port_range: str = "61000-65535"  # above Linux's ephemeral range (32768-60999)
-    # How NodePort/ExternalIP/LB frontends pick a backend for a new flow from outside: random,
-    # or maglev (every node picks the same backend for a flow, for ECMP in front of the nodes;
-    # a table of maglevTableSize entries, a prime, at least 100 per backend). A Service's
-    # annotation kproxy-ebpf.io/lb-algorithm overrides it.
+    # How frontends pick a backend for a new connection: random; round-robin or least-conn
+    # (IPVS's rr and lc, on both paths); or maglev (frontends for traffic from outside only:
+    # every node picks the same backend for a flow, for ECMP in front of the nodes; a table of
+    # maglevTableSize entries, a prime, at least 100 per backend). A Service's annotation
+    # kproxy-ebpf.io/lb-algorithm overrides it.
     lb_algorithm: str = "random"
     maglev_table_size: int = 16381
     # ExternalIPs outside these CIDRs are not programmed (CVE-2020-8554); None: all allowed.
@@ -124,7 +125,8 @@ class AgentConfig:
         errors = validate_node_port_addresses(self.node_port_addresses)
         errors += validate_cidrs(self.external_ip_allowlist or [], "externalIpAllowlist")
         if self.lb_algorithm not in {a.value for a in LBAlgorithm}:
-            errors.append(f"lbAlgorithm must be random or maglev, not {self.lb_algorithm!r}")
+            errors.append(f"lbAlgorithm must be one of {', '.join(a.value for a in LBAlgorithm)}, "
+                          f"not {self.lb_algorithm!r}")
         if (why := maglev.validate_size(self.maglev_table_size)) is not None:
             errors.append(why)
         if not self.socket_lb and not [g for g in self.pod_devices if g]:

@@ -20,6 +20,7 @@
 #include "ip.h"
 #include "maglev.h"
 #include "maps.h"
+#include "sched.h"
 #include "stats.h"
 
 /* Which program family asks: its verdicts go to its own counters (enum kp_stat). */
@@ -159,14 +160,19 @@ static __always_inline __u64 kp_lb_affinity_key(const struct kp_lb_req *req,
 	return 0;
 }
 
-/* The slot a fresh pick takes: by the frontend's Maglev table when it has one and the caller
- * named the flow (its hash, lib/maglev.h, computed only then), at random otherwise. 0: the
- * table's row vanished or belongs to another version (retry). */
-static __always_inline __u16 kp_lb_pick(const struct kp_svc_val *svc, __u32 rnd,
-					const struct kp_ct_key *flow)
+/* The slot a fresh pick takes: by the frontend's scheduler when slot 0 names one
+ * (lib/sched.h), by its Maglev table when it has one and the caller named the flow (its hash,
+ * lib/maglev.h, computed only then), at random otherwise. 0: the slot or table row read
+ * vanished or belongs to another version (retry). */
+static __always_inline __u16 kp_lb_pick(const struct kp_svc_key *fe, const struct kp_svc_val *svc,
+					__u32 rnd, const struct kp_ct_key *flow)
 {
 	__u16 slot;
 
+	if (svc->fe_flags & KP_FE_F_ROUND_ROBIN)
+		return kp_rr_pick(fe, svc->count, rnd);
+	if (svc->fe_flags & KP_FE_F_LEAST_CONN)
+		return kp_lc_pick(fe, svc->count, rnd);
 	if (!svc->backend_id || !flow)
 		return (rnd % svc->count) + 1;
 	slot = kp_maglev_slot(svc->backend_id, svc->maglev_size, kp_flow_hash(flow));
@@ -219,7 +225,7 @@ static __always_inline int kp_lb_attempt(const struct kp_lb_req *req, struct kp_
 			}
 		}
 	}
-	res->slot = kp_lb_pick(&svc, rnd, flow);
+	res->slot = kp_lb_pick(&key, &svc, rnd, flow);
 	if (res->slot == 0 || kp_lb_slot(&key, res->slot, res) != 0)
 		return 0;
 	if (timeout_ns) {

@@ -10,6 +10,8 @@ import logging
 
 import click
 
+from kproxy_ebpf.model.objects import LBAlgorithm
+
 DEFAULT_BPFFS = "/sys/fs/bpf/kproxy"
 
 
@@ -47,10 +49,11 @@ DEFAULT_BPFFS = "/sys/fs/bpf/kproxy"
 @click.option("--pod-devices", multiple=True,
               help="Globs of the pod-facing devices for --socket-lb=false.  [default: veth*,cali*,lxc*,kpv*]")
 @click.option("--snat-port-range", help="SNAT source ports for remote backends.  [default: 61000-65535]")
-@click.option("--lb-algorithm", type=click.Choice(["random", "maglev"]),
-              help="How frontends for traffic from outside pick a backend for a new flow "
-                   "[random]; maglev: every node picks the same one (a Service's annotation "
-                   "kproxy-ebpf.io/lb-algorithm overrides it).")
+@click.option("--lb-algorithm", type=click.Choice([a.value for a in LBAlgorithm]),
+              help="How frontends pick a backend for a new connection [random]; round-robin "
+                   "and least-conn as IPVS's rr and lc; maglev: every node picks the same one "
+                   "for a flow from outside (a Service's annotation kproxy-ebpf.io/lb-algorithm "
+                   "overrides it).")
 @click.option("--maglev-table-size", type=int,
               help="Entries of a Maglev table, a prime; grown to 1000 per backend.  [default: 16381]")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),

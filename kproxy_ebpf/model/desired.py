@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple, overload
 
-from .objects import Columns, IPFamily, Protocol, family_of, hostport
+from .objects import Columns, IPFamily, LBAlgorithm, Protocol, family_of, hostport
 
 
 class FrontendKind(enum.StrEnum):
@@ -230,6 +230,9 @@ class Frontend:
     # Scope EXT: the entries of its Maglev table (a prime), so that every node picks the same
     # backend for a flow; 0: a backend at random (proxy/external.py lb_algorithm).
     maglev: int = 0
+    # The scheduler of a new connection when it is not Maglev's: RANDOM, ROUND_ROBIN or
+    # LEAST_CONN (proxy/schedulers.py).
+    algorithm: LBAlgorithm = LBAlgorithm.RANDOM
 
     def __post_init__(self) -> None:
         if type(self.backends) is not Backends:         # Backend records (tests, tools)

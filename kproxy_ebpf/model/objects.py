@@ -51,10 +51,13 @@ class Kind(enum.StrEnum):
 
 
 class LBAlgorithm(enum.StrEnum):
-    """How a frontend for traffic from outside the node picks a backend for a new flow
-    (annotation kproxy-ebpf.io/lb-algorithm, node default lbAlgorithm)."""
+    """How a frontend picks a backend for a new connection (annotation
+    kproxy-ebpf.io/lb-algorithm, node default lbAlgorithm; bpf/lib/sched.h, lib/maglev.h)."""
     RANDOM = "random"      # uniformly at random, per node
     MAGLEV = "maglev"      # by a Maglev table: every node picks the same backend for a flow
+    #                        (frontends for traffic from outside; the others pick at random)
+    ROUND_ROBIN = "round-robin"  # each backend in turn, per frontend and node (IPVS rr)
+    LEAST_CONN = "least-conn"    # the backend with the fewest connections from this node (lc)
 
 
 class ServiceType(enum.StrEnum):

@@ -32,6 +32,7 @@ from .endpoints import endpoints_by_port
 from .external import allow_external_ips, service_ext_frontends
 from .frontends import service_frontends, service_port_endpoints
 from .healthcheck import HealthCheck, health_check
+from .schedulers import effective, with_scheduler
 from .servicecidr import ClusterIPIndex, service_cidr_set
 from .topology import PortEndpoints
 
@@ -337,6 +338,7 @@ class ProxyState:
                         svc, slices, node, prefer_same_node=self.prefer_same_node,
                         node_port_addresses=self.node_port_addresses, problems=probs,
                         lb_algorithm=self.lb_algorithm, maglev_table_size=self.maglev_table_size)
+                fronts = with_scheduler(fronts, effective(svc, self.lb_algorithm))
             if self.external_ip_allowlist is not None:
                 fronts, refused = allow_external_ips(fronts, self.external_ip_allowlist)
                 probs = probs + refused

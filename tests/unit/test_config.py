@@ -160,7 +160,7 @@ def test_lb_algorithm_and_maglev_table_size(tmp_path, cgroup2):
     assert load(None, env={}).planning["lb_algorithm"] is LBAlgorithm.RANDOM
 
 
-@pytest.mark.parametrize("text,why", [("lbAlgorithm: ring\n", "lbAlgorithm must be random or "
+@pytest.mark.parametrize("text,why", [("lbAlgorithm: ring\n", "lbAlgorithm must be one of random, "
                                        "maglev"),
                                       ("maglevTableSize: 16384\n", "must be a prime"),
                                       ("maglevTableSize: 131071\n", "between 251 and 65521"),

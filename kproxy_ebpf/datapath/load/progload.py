@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 # program types (enum bpf_prog_type, as bcc's BPF.<NAME> constants)
 SCHED_CLS = "SCHED_CLS"
 CGROUP_SOCK_ADDR = "CGROUP_SOCK_ADDR"
+CGROUP_SOCK = "CGROUP_SOCK"
 
 
 class LoadError(RuntimeError):
@@ -41,7 +42,7 @@ class LoadError(RuntimeError):
 class Program:
     source: str           # file under bpf/
     name: str             # function name in the source
-    prog_type: str        # SCHED_CLS or CGROUP_SOCK_ADDR
+    prog_type: str        # SCHED_CLS, CGROUP_SOCK_ADDR or CGROUP_SOCK
     attach_type: int | None = None     # expected attach type (sock_addr programs need one)
 
 

@@ -23,7 +23,7 @@ from kproxy_ebpf.datapath.upgrade import resize
 from kproxy_ebpf.datapath.upgrade.carry import RowCarry
 
 from . import kernel, libbpf
-from .progload import CGROUP_SOCK_ADDR, LoadJob, Program, spawn
+from .progload import CGROUP_SOCK, CGROUP_SOCK_ADDR, LoadJob, Program, spawn
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +38,16 @@ SOCK_HOOKS = {
     "kp_sendmsg6": (libbpf.ATTACH_CGROUP_UDP6_SENDMSG, "sendmsg6"),
     "kp_recvmsg6": (libbpf.ATTACH_CGROUP_UDP6_RECVMSG, "recvmsg6"),
     "kp_getpeername6": (libbpf.ATTACH_CGROUP_INET6_GETPEERNAME, "getpeername6"),
+    # a socket's close, both families: the end of what least-conn counts (kp_skconn)
+    "kp_release": (libbpf.ATTACH_CGROUP_INET_SOCK_RELEASE, "release"),
 }
 
 
 def sock_programs() -> list[Program]:
     """The socket hooks of sock_lb.c, as the child process loads them."""
-    return [Program("sock_lb.c", prog, CGROUP_SOCK_ADDR, attach_type)
+    return [Program("sock_lb.c", prog,
+                    CGROUP_SOCK if attach_type == libbpf.ATTACH_CGROUP_INET_SOCK_RELEASE
+                    else CGROUP_SOCK_ADDR, attach_type)
             for prog, (attach_type, _) in SOCK_HOOKS.items()]
 
 

@@ -63,7 +63,8 @@ def head_value(fe: Frontend, svc_id: int, count: int, ranges: bool,
     kp_srcrange rows the programs must check; `table`: the Maglev table it picks by)."""
     return L.SvcVal(svc_id=svc_id, affinity_timeout=fe.affinity_timeout, count=count,
                     action=L.ACTION_NUM[fe.action], kind=L.KIND_NUM[fe.kind],
-                    fe_flags=L.FE_F_SRC_RANGES if ranges else 0,
+                    fe_flags=(L.FE_F_SRC_RANGES if ranges else 0)
+                    | L.SCHED_FLAG.get(fe.algorithm, 0),
                     backend_id=table.table if table else 0,
                     maglev_size=table.size if table else 0)
 

@@ -19,7 +19,7 @@ import struct
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from kproxy_ebpf.model.desired import Action, Backend, FrontendKey, FrontendKind, Scope, ServiceInfo
-from kproxy_ebpf.model.objects import IPFamily, Protocol
+from kproxy_ebpf.model.objects import IPFamily, LBAlgorithm, Protocol
 
 from . import kproxy_h as G
 from .row_format import IP_STRUCT, STRUCT_SPECS, struct_format
@@ -29,7 +29,7 @@ CType: TypeAlias = "type[ctypes._SimpleCData[Any]] | type[ctypes.Structure] | ty
 
 _SCALARS: dict[str, type[ctypes._SimpleCData[Any]]] = {
     "u8": ctypes.c_uint8, "u16": ctypes.c_uint16, "u32": ctypes.c_uint32,
-    "u64": ctypes.c_uint64, "be16": ctypes.c_uint16, "be32": ctypes.c_uint32,
+    "u64": ctypes.c_uint64, "s64": ctypes.c_int64, "be16": ctypes.c_uint16, "be32": ctypes.c_uint32,
     "be64": ctypes.c_uint64, "char": ctypes.c_char,
     "int": ctypes.c_int32}        # socket storage's key (the kernel wants a BTF int)
 
@@ -213,6 +213,14 @@ def ct_keeps_backend(flags: int, proto: int) -> bool:
 
 
 FE_F_SRC_RANGES = const("KP_FE_F_SRC_RANGES")
+# slot 0's scheduler flag (bpf/lib/sched.h); neither: at random, or by its Maglev table
+SCHED_FLAG = {LBAlgorithm.ROUND_ROBIN: const("KP_FE_F_ROUND_ROBIN"),
+              LBAlgorithm.LEAST_CONN: const("KP_FE_F_LEAST_CONN")}
+
+
+def scheduler_of(fe_flags: int) -> LBAlgorithm:
+    """The scheduler slot 0's flags name (RANDOM when none: Maglev is told by its table)."""
+    return next((a for a, f in SCHED_FLAG.items() if fe_flags & f), LBAlgorithm.RANDOM)
 _SRCRANGE_FE_BITS = const("KP_SRCRANGE_FE_BITS")     # kp_srcrange_key's frontend part
 SCOPE_SOCK = const("KP_SCOPE_SOCK")
 SCOPE_EXT = const("KP_SCOPE_EXT")

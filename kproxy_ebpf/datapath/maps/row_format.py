@@ -19,7 +19,7 @@ class StructSpec(TypedDict):
 # kproxy_h.py is a plain literal (mypy would see dict[str, object] rows); this is its shape.
 STRUCT_SPECS = cast(dict[str, StructSpec], G.STRUCTS)
 
-_FORMAT = {"u8": "B", "u16": "H", "u32": "I", "u64": "Q", "be16": "H", "be32": "I",
+_FORMAT = {"u8": "B", "u16": "H", "u32": "I", "u64": "Q", "s64": "q", "be16": "H", "be32": "I",
            "be64": "Q", "char": "c", "int": "i"}
 
 

@@ -74,7 +74,8 @@ def read_back(svc: PinnedMap, be: PinnedMap, meta: PinnedMap, src: PinnedMap | N
             prog = record(ip, port, proto, scope, Programmed(
                 kind=L.KIND_BY_NUM.get(kind, FrontendKind.CLUSTER_IP), service=None,
                 action=L.ACTION_BY_NUM.get(action, Action.REJECT), affinity=affinity,
-                count=count, range_flag=bool(fe_flags & L.FE_F_SRC_RANGES)))
+                count=count, range_flag=bool(fe_flags & L.FE_F_SRC_RANGES),
+                algorithm=L.scheduler_of(fe_flags)))
             led.set_service(prog, names.get(sid))
             if table:
                 named_tables.append((prog, table, maglev_size))

@@ -23,6 +23,7 @@ class Phase(enum.Enum):
     PUT_ROWS = "put-rows"          # backend, meta, source-range and TC filter rows
     PUT_SLOTS = "put-slots"        # kp_svc slots 1..n
     PUT_HEADS = "put-heads"        # kp_svc slot 0
+    PUT_CURSORS = "put-cursors"    # round-robin cursors, after the slot 0 they follow
     DEL_HEADS = "del-heads"
     DEL_SLOTS = "del-slots"
     DEL_GARBAGE = "del-garbage"    # rows no slot (or slot 0) needs any more
@@ -56,6 +57,9 @@ class DirectWrites:
         self.svc.delete(key)
 
     drop_slot = drop_head
+
+    def cursor(self, m: PinnedMap, key, value) -> None:
+        m.put(key, value)
 
     def drop(self, m: PinnedMap, key) -> None:
         m.delete(key)
@@ -101,6 +105,9 @@ class BatchedWrites:
 
     def drop_slot(self, key) -> None:
         self._ops[id(self.svc)][Phase.DEL_SLOTS][0].append(key)
+
+    def cursor(self, m: PinnedMap, key, value) -> None:
+        self._put(m, Phase.PUT_CURSORS, (key,), (value,))
 
     def drop(self, m: PinnedMap, key) -> None:
         self._ops[id(m)][Phase.DEL_GARBAGE][0].append(key)

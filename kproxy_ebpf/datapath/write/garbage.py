@@ -12,14 +12,17 @@ from .programmed import Ledger
 
 
 def collect(held: Ledger, be: PinnedMap, meta: PinnedMap, writes: Writes,
-            res: ApplyResult | None = None) -> list[int]:
+            res: ApplyResult | None = None, conns: PinnedMap | None = None) -> list[int]:
     """Frees what no row references; returns the service ids freed (their per-Service
-    counter rows go after the sync)."""
+    counter rows go after the sync). A freed backend's least-conn counter goes with it (a
+    socket still counted on it then takes away from nothing: kp_conns_add)."""
     for bkey in held.unref:
         bid = held.backend_ids.get(bkey)
         if bid is None or held.refs.count(bkey) > 0:
             continue
         writes.drop(be, E.backend_id_key(bid))
+        if conns is not None:
+            writes.drop(conns, E.backend_id_key(bid))
         held.backend_ids.release(bkey)
         held.refs.freed(bkey)
         if res:

@@ -116,5 +116,5 @@ class Planner:
             fe.kind, fe.service, fe.action, fe.affinity_timeout) and p.live() == wanted \
             and p.count == len(wanted) and ledger.named.get(fe.service) == L.meta_view(fe.info) \
             and p.ranges == self.ranges(fe) and p.range_flag == bool(p.ranges) \
-            and p.drain == drained(fe) and self.table_held(p, fe)
+            and p.drain == drained(fe) and self.table_held(p, fe) and p.algorithm is fe.algorithm
         return None if same else wanted

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from kproxy_ebpf.datapath.maps.ids import IdAllocator
 from kproxy_ebpf.datapath.maps.layout import MetaView
 from kproxy_ebpf.model.desired import Action, BackendKey, FrontendKey, FrontendKind, ServicePortName
+from kproxy_ebpf.model.objects import LBAlgorithm
 
 Slot = tuple[BackendKey, int]            # the backend a slot names, and its be_flags
 
@@ -160,6 +161,7 @@ class Programmed:
     local_held: frozenset[str] = frozenset()        # EXT: its local backends' kp_extbe rows
     drain: frozenset[BackendKey] = frozenset()      # EXT: backend rows held for old flows
     maglev: HeldTable | None = None                 # EXT: the Maglev table slot 0 names
+    algorithm: LBAlgorithm = LBAlgorithm.RANDOM     # slot 0's scheduler flag
 
     def order(self) -> tuple[BackendKey, ...]:
         """The backends of slots 1..count (those present)."""

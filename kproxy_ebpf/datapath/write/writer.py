@@ -42,6 +42,7 @@ from kproxy_ebpf.datapath.maps.ids import IdsExhausted
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap
 from kproxy_ebpf.datapath.upgrade.restore import read_back
 from kproxy_ebpf.model.desired import Frontend, FrontendKey, Scope, ServicePortName
+from kproxy_ebpf.model.objects import LBAlgorithm
 
 from .apply_result import ApplyResult
 from .batch import BatchedWrites, DirectWrites, Writes
@@ -51,6 +52,7 @@ from .held_addrs import HeldAddrs
 from .maglev_tables import MaglevTables, row_count
 from .plan import Planner, drained, slot_order
 from .programmed import BackendKey, HeldTable, Ledger, Programmed
+from .rr_cursors import Cursors
 from .slots import fill_slots, new_backend, write_slots
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,9 @@ class MapWriter:
         self.ext_locals = HeldAddrs(maps["extbe"]) if "extbe" in maps else None
         # Maglev tables of EXT frontends (None where the map is missing: tests' fakes).
         self.tables = MaglevTables(maps["maglev"]) if "maglev" in maps else None
+        # Round-robin cursors and least-conn counters (None where missing: tests' fakes).
+        self.cursors = Cursors(maps["rr"]) if "rr" in maps else None
+        self.conns = maps.get("conns")
         self.plan = Planner(self.src is not None, self.ext_addrs is not None,
                             self.ext_locals is not None, self.tables is not None)
         self.capacity = Capacity(self.svc, self.be, self.meta, self.src, self.ext_addrs,
@@ -113,10 +118,12 @@ class MapWriter:
         self.held = read_back(self.svc, self.be, self.meta, self.src, self.ext_addrs,
                               self.ext_locals, self.tables, previous=self.held)
         self._gc(DirectWrites(self.svc))
+        if self.cursors is not None:    # of frontends no longer round-robin
+            self.cursors.sweep(self.held.frontends)
         return len(self.held.frontends)
 
     def _gc(self, writes: Writes, res: ApplyResult | None = None) -> None:
-        self._freed_svc_ids += collect(self.held, self.be, self.meta, writes, res)
+        self._freed_svc_ids += collect(self.held, self.be, self.meta, writes, res, self.conns)
 
     # -- apply -----------------------------------------------------------------------------
     def apply(self, desired: Mapping[FrontendKey, Frontend],
@@ -134,10 +141,11 @@ class MapWriter:
         if not self.capacity.fits_batch(desired, keys, self.held, self.tables, self.plan):
             self._apply_keys(desired, keys, res, DirectWrites(self.svc))
             return res
-        filters = [f.map for f in (self.ext_addrs, self.ext_locals) if f is not None]
+        few = (self.src, self.conns, *(o.map for o in (self.ext_addrs, self.ext_locals,
+                                                       self.cursors) if o is not None))
         tables = [self.tables.map] if self.tables is not None else []
         writes = BatchedWrites(self.svc, [self.be, self.meta, *tables],
-                               [m for m in (self.src, *filters) if m is not None])
+                               [m for m in few if m is not None])
         self._apply_keys(desired, keys, res, writes)
         # A failure here leaves the bookkeeping ahead of the kernel: the caller must
         # restore() before the next apply (the agent does, after any failed sync).
@@ -171,6 +179,7 @@ class MapWriter:
         if prog is None:
             prog = held.frontends[key] = Programmed(fe.kind, None, fe.action, 0, None)
         order = slot_order(prog, wanted)
+        rotated = prog.order() if prog.algorithm is LBAlgorithm.ROUND_ROBIN else ()  # as it was
 
         svc_id = held.svc_ids.acquire(fe.service)
         held.svc_unref.add(fe.service)     # in case this write fails before slot 0
@@ -201,6 +210,9 @@ class MapWriter:
         writes.head(head, E.head_value(fe, svc_id, len(order), bool(ranges), table))
         prog.range_flag, prog.maglev = bool(ranges), table
         res.writes += 1
+        if self.cursors is not None:                          # after the slot 0 it follows
+            res.writes += self.cursors.update(fe, prog.algorithm, rotated, order, writes)
+        prog.algorithm = fe.algorithm
         if old_table is not None and old_table is not table:  # after slot 0 let go
             assert self.tables is not None                     # it held the table
             res.writes += self.tables.drop(old_table, writes)
@@ -237,6 +249,8 @@ class MapWriter:
         prog = held.frontends[key]
         writes.drop_head(L.frontend_svc_key(key))     # first: the frontend disappears at once
         prog.count = None
+        if self.cursors is not None:
+            res.writes += self.cursors.update(None, prog.algorithm, (), [], writes, key)
         if prog.maglev is not None:
             assert self.tables is not None      # it held the table
             res.writes += self.tables.drop(prog.maglev, writes)

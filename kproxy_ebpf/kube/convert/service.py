@@ -95,7 +95,8 @@ def _lb_algorithm(annotations: dict, col: _Collector) -> LBAlgorithm | None:
         return LBAlgorithm(value)
     except ValueError:
         col.add("InvalidLBAlgorithm", f"annotation {ANNOTATION_LB_ALGORITHM}: {_short(value)} is "
-                f"neither maglev nor random; the node's default (lbAlgorithm) is used")
+                f"not one of {', '.join(a.value for a in LBAlgorithm)}; the node's default "
+                "(lbAlgorithm) is used")
         return None
 
 

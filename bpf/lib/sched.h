@@ -1,0 +1,118 @@
+/* lib/sched.h: the schedulers IPVS had, for a frontend whose slot 0 asks for one
+ * (kproxy-ebpf.io/lb-algorithm): round robin and least connection. Random and Maglev stay
+ * in lib/lb.h's kp_lb_pick, which calls these.
+ *
+ * Round robin keeps one cursor per frontend (kp_rr) that every CPU advances with an atomic
+ * fetch-and-add: n consecutive connects, on any CPUs, take n consecutive positions, so over
+ * k x count of them each slot gets exactly k. A connect racing the agent's rewrite of a
+ * frontend may pair the new count with the old cursor (the agent writes the cursor right
+ * after slot 0): that one connect lands out of turn, the next follow the new rotation.
+ *
+ * Least connection reads each slot's backend id and that backend's count (kp_conns): the
+ * sockets connected to it from this node (counted by sock_lb.c from connect to close). It
+ * takes the first slot with the fewest, starting from a random slot so that ties spread.
+ */
+#ifndef KPROXY_LIB_SCHED_H
+#define KPROXY_LIB_SCHED_H
+
+#include "maps.h"
+#include "stats.h"
+
+/* The slot (1..count) after the frontend's last round-robin pick; at random when its cursor
+ * is missing (not written yet), which is what the frontend did before it asked for one. */
+static __always_inline __u16 kp_rr_pick(const struct kp_svc_key *fe, __u16 count, __u32 rnd)
+{
+	struct kp_svc_key key = *fe;
+	struct kp_rr_val *row;
+	__u64 n;
+
+	key.slot = 0;
+	row = kp_rr.lookup(&key);
+	if (!row) {
+		kp_count(KP_STAT_RR_NO_CURSOR);
+		return (rnd % count) + 1;
+	}
+	n = __sync_fetch_and_add(&row->next, 1);
+	return (n % count) + 1;
+}
+
+/* A backend's connections on this node (0 without a row: none counted yet). */
+static __always_inline __s64 kp_conns_of(__u32 backend_id)
+{
+	struct kp_conns *row = kp_conns.lookup(&backend_id);
+
+	return row ? row->sock + row->flows : 0;
+}
+
+/* Adds delta to a backend's socket count; a row is made for an increment only. False when
+ * there is no row to count in. */
+static __always_inline bool kp_conns_add(__u32 backend_id, __s64 delta)
+{
+	struct kp_conns *row = kp_conns.lookup(&backend_id);
+	struct kp_conns zero = {};
+
+	if (!row && delta > 0) {
+		kp_conns.insert(&backend_id, &zero);  /* BPF_NOEXIST: a racing CPU's row stays */
+		row = kp_conns.lookup(&backend_id);
+	}
+	if (!row)
+		return false;
+	__sync_fetch_and_add(&row->sock, delta);
+	return true;
+}
+
+/* One slot of a least-conn scan: s->best becomes slot if its backend has fewer connections
+ * than s->least. Without a branch on the counts: the verifier then sees two paths per slot
+ * (row there or not) that meet again, not a tree of comparisons it walks to every leaf. */
+struct kp_lc_scan {
+	__u64 best;             /* the slot, 0 until one was read */
+	__s64 least;
+};
+
+static __always_inline void kp_lc_step(struct kp_svc_key *key, __u16 slot, struct kp_lc_scan *s)
+{
+	struct kp_svc_val *row;
+	struct kp_conns *c;
+	__s64 n, diff, take;
+	__u32 id;
+
+	key->slot = slot;
+	row = kp_svc.lookup(key);
+	if (!row)
+		return;
+	id = row->backend_id;
+	c = kp_conns.lookup(&id);
+	n = c ? c->sock + c->flows : 0;
+	n &= ~(n >> 63);                /* a count below zero (see kproxy.h) as zero */
+	diff = n - s->least;
+	asm volatile("" : "+r"(diff));  /* so that clang keeps the sign test below as arithmetic */
+	take = diff >> 63;              /* all ones when n < least */
+	s->best = (s->best & ~take) | (slot & take);
+	s->least = (s->least & ~take) | (n & take);
+}
+
+/* The slot whose backend has the fewest connections among up to KP_LC_SCAN slots from a
+ * random one; 0 when every slot read vanished under a writer (the caller reads slot 0 again).
+ * Unrolled by hand: as a loop, clang folds its two bounds into one counter the verifier
+ * cannot bound. */
+static __always_inline __u16 kp_lc_pick(const struct kp_svc_key *fe, __u16 count, __u32 rnd)
+{
+	struct kp_lc_scan s = {0, 0x7fffffffffffffffLL};
+	struct kp_svc_key key = *fe;
+	__u16 first = rnd % count;
+
+#define KP_LC_STEP(i) \
+	if ((i) >= count) \
+		goto out; \
+	kp_lc_step(&key, (first + (i)) % count + 1, &s);
+#define KP_LC_STEP8(i) KP_LC_STEP(i) KP_LC_STEP(i + 1) KP_LC_STEP(i + 2) KP_LC_STEP(i + 3) \
+	KP_LC_STEP(i + 4) KP_LC_STEP(i + 5) KP_LC_STEP(i + 6) KP_LC_STEP(i + 7)
+	KP_LC_STEP8(0) KP_LC_STEP8(8) KP_LC_STEP8(16) KP_LC_STEP8(24)
+#undef KP_LC_STEP8
+#undef KP_LC_STEP
+	_Static_assert(KP_LC_SCAN == 32, "KP_LC_SCAN: the steps above");
+out:
+	return s.best;
+}
+
+#endif

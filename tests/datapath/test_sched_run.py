@@ -1,0 +1,102 @@
+"""bpf/lib/sched.h under BPF_PROG_TEST_RUN (bpf/tests/lb_run.c): round robin's rotation and
+least connection's choice, on real maps programmed by the real MapWriter, with the test
+choosing the random numbers and the connection counts. Both families (test_lb_run's `fam`)."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.model.objects import LBAlgorithm, Protocol
+
+from . import test_lb_run as lb
+from .test_lb_run import FORWARD, backend_of, frontend, run
+
+harness, program, fam = lb.harness, lb.program, lb.fam     # the same fixtures
+
+pytestmark = pytest.mark.root
+RR, LC = LBAlgorithm.ROUND_ROBIN, LBAlgorithm.LEAST_CONN
+TCP = Protocol.TCP
+Conns = L.STRUCTS["kp_conns"]
+
+
+def picks(fd, fam, port: int, n: int, rnd=lambda i: (i * 7919, i * 104729)) -> list[tuple[str, int]]:
+    out = []
+    for i in range(n):
+        res = run(fd, fam, port, rnd=rnd(i))
+        assert res.verdict == FORWARD
+        out.append(backend_of(res))
+    return out
+
+
+def test_round_robin_gives_each_backend_its_turn_whatever_the_random_numbers(program, fam):
+    fd, _, apply = program
+    ips = [fam.pod(i) for i in range(10, 14)]
+    apply(replace(frontend(fam, 90, ips), algorithm=RR))
+    got = picks(fd, fam, 90, 12)
+    assert Counter(got) == {(ip, 8080): 3 for ip in ips}
+    assert got[:4] == got[4:8] == got[8:], "one rotation, in slot order, repeated"
+
+
+def test_round_robin_goes_on_after_a_change_without_skipping_or_doubling(program, fam):
+    """Slots A B C D; two picks (A, B); C leaves and E comes (into C's slot). The rotation
+    goes on at D, the first after B still there; then A, B, E, D in turn."""
+    fd, _, apply = program
+    a, b, c, d, e = (fam.pod(i) for i in range(10, 15))
+    w = apply(replace(frontend(fam, 91, [a, b, c, d]), algorithm=RR))
+    order = [k[0] for k in w.programmed[frontend(fam, 91).key].order()]
+    assert order == [a, b, c, d]
+    assert [ip for ip, _ in picks(fd, fam, 91, 2)] == [a, b]
+    w = apply(replace(frontend(fam, 91, [a, b, d, e]), algorithm=RR))
+    assert [k[0] for k in w.programmed[frontend(fam, 91).key].order()] == [a, b, e, d]
+    assert [ip for ip, _ in picks(fd, fam, 91, 5)] == [d, a, b, e, d]
+
+
+def test_round_robin_without_its_cursor_picks_at_random_and_counts_it(program, fam):
+    fd, maps, apply = program
+    apply(replace(frontend(fam, 92, [fam.pod(10), fam.pod(11)]), algorithm=RR))
+    maps["rr"].delete(L.svc_key(fam.vip, 92, TCP))
+    stat = L.U32(L.const("KP_STAT_RR_NO_CURSOR"))
+    before = sum(maps["stats"].get(stat))
+    assert {ip for ip, _ in picks(fd, fam, 92, 2, rnd=lambda i: (i, i))} == {fam.pod(10), fam.pod(11)}
+    assert sum(maps["stats"].get(stat)) == before + 2
+
+
+def _set_conns(maps, w, fam, counts: dict[str, int]) -> None:
+    for ip, n in counts.items():
+        bid = w.backend_ids.get((ip, 8080, TCP))
+        maps["conns"].put(L.U32(bid), Conns(sock=n))
+
+
+def test_least_conn_takes_the_backend_with_the_fewest_connections(program, fam):
+    fd, maps, apply = program
+    a, b, c = (fam.pod(i) for i in range(10, 13))
+    w = apply(replace(frontend(fam, 93, [a, b, c]), algorithm=LC))
+    _set_conns(maps, w, fam, {a: 5, b: 2, c: 7})
+    assert {ip for ip, _ in picks(fd, fam, 93, 6)} == {b}
+    _set_conns(maps, w, fam, {b: 9})
+    assert {ip for ip, _ in picks(fd, fam, 93, 6)} == {a}
+    # Ties spread (the scan starts at a random slot); a count below zero reads as zero.
+    _set_conns(maps, w, fam, {a: 0, b: -3, c: 1})
+    assert {ip for ip, _ in picks(fd, fam, 93, 12, rnd=lambda i: (i, i))} == {a, b}
+    # A backend without a row has none counted.
+    maps["conns"].delete(L.U32(w.backend_ids.get((c, 8080, TCP))))
+    _set_conns(maps, w, fam, {a: 1, b: 1})
+    assert {ip for ip, _ in picks(fd, fam, 93, 6)} == {c}
+
+
+def test_least_conn_scans_a_bounded_window_of_a_large_service(program, fam):
+    """KP_LC_SCAN slots from a random one: with 40 backends, the 8 outside the window the
+    random number opens are never read, however few connections they have."""
+    fd, maps, apply = program
+    scan = L.const("KP_LC_SCAN")
+    ips = [fam.pod(i) for i in range(10, 10 + scan + 8)]
+    w = apply(replace(frontend(fam, 94, ips), algorithm=LC))
+    order = [k[0] for k in w.programmed[frontend(fam, 94).key].order()]
+    _set_conns(maps, w, fam, dict.fromkeys(order[:scan], 1) | dict.fromkeys(order[scan:], 0))
+    res = run(fd, fam, 94, rnd=(0, 0))          # window: slots 1..scan, all with 1
+    assert res.slot == 1
+    res = run(fd, fam, 94, rnd=(scan, scan))    # window: slots scan+1.., 8 of them with 0
+    assert order[res.slot - 1] in order[scan:]
