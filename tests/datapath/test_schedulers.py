@@ -1,0 +1,169 @@
+"""Round robin and least connection with real sockets in the dp lab (dplab.py): clients in a
+pod of node1, echo servers in pods of both nodes, node1 programmed in-process.
+
+Round robin on both ClusterIP paths (the socket hooks and, with `socketLB: false`, the TC
+programs on the pod veths: one lib/sched.h for both). Least connection counts what the socket
+hooks see from connect to close (kp_conns): the tests hold connections in a client process and
+check the choice and the counts, down to zero after every way a connection ends: close, a RST,
+the process killed.
+"""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+
+from kproxy_ebpf.dev.lab import procs
+from kproxy_ebpf.model.objects import LBAlgorithm
+
+from ..support import wait_until
+from .dplab import LB_PATHS, pod_of, service
+
+pytestmark = pytest.mark.root
+HTTP, HTTP_EP = ("http", "TCP", 80), ("http", "TCP", 8080)
+DNS, DNS_EP = ("dns", "UDP", 53), ("dns", "UDP", 5353)
+BACKENDS = ["a1", "a2", "b1", "b2"]
+
+# A client that holds connections: each stdin line is a command, answered by one line.
+HOLDER = """
+import socket, struct, sys
+vip, af = sys.argv[1], getattr(socket, sys.argv[2])
+held = []
+for line in sys.stdin:
+    cmd, *arg = line.split()
+    if cmd == "tcp":
+        s = socket.create_connection((vip, 80), timeout=3)
+        held.append(s)
+        print(s.recv(100).decode().split()[0], flush=True)
+    elif cmd == "udp":
+        u = socket.socket(af, socket.SOCK_DGRAM)
+        u.settimeout(3)
+        u.connect((vip, 53))
+        u.send(b"x")
+        held.append(u)
+        print(u.recv(100).decode().split()[0], flush=True)
+    elif cmd == "close":
+        held[int(arg[0])].close()
+        print("closed", flush=True)
+    elif cmd == "rst":
+        s = held[int(arg[0])]
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()
+        print("reset", flush=True)
+"""
+
+
+class Holder:
+    """HOLDER running in the client pod (its netns and node1's cgroup, so the hooks see it)."""
+
+    def __init__(self, lab, fam, vip: str):
+        t = lab.target("client")
+        af = "AF_INET6" if fam.v6 else "AF_INET"
+        self.p = subprocess.Popen(procs.trampoline(t.netns, t.cgroup, [
+            sys.executable, "-c", HOLDER, vip, af]), stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True)
+
+    def do(self, cmd: str) -> str:
+        assert self.p.stdin and self.p.stdout
+        self.p.stdin.write(cmd + "\n")
+        self.p.stdin.flush()
+        line = self.p.stdout.readline().strip()
+        assert line, f"the client died on {cmd!r}"
+        return line
+
+    def kill(self) -> None:
+        self.p.send_signal(signal.SIGKILL)
+        self.p.wait(10)
+
+
+def counts(node1, lab, fam) -> Counter:
+    """Connections kp_conns holds per backend pod."""
+    ids = {bid: b for b, bid in node1.writer.backend_ids}
+    pod_by_ip = {fam.ip(lab, p): p for p in BACKENDS}
+    out: Counter = Counter()
+    for key, row in node1.datapath.maps["conns"].items():
+        b = ids.get(key.value if hasattr(key, "value") else int(key))
+        if b is not None and row.sock:
+            out[pod_by_ip[b[0]]] += row.sock
+    return out
+
+
+@pytest.mark.parametrize("lb_path", LB_PATHS, indirect=True)
+def test_round_robin_gives_every_backend_its_turn(lab, node1, fam, lb_path):
+    svc = replace(service("web", fam.vip(30), HTTP), lb_algorithm=LBAlgorithm.ROUND_ROBIN)
+    node1.program(svc, fam.endpoints(lab, "web", BACKENDS, HTTP_EP))
+    got = [pod_of(x) for x in lab.probe("client", fam.vip(30), 80, count=40)]
+    assert Counter(got) == dict.fromkeys(BACKENDS, 10), got
+    assert all(got[i] == got[i % 4] for i in range(40)), f"one rotation, repeated: {got}"
+
+
+def test_least_conn_follows_the_connections_held(lab, node1, fam):
+    svc = replace(service("web", fam.vip(31), HTTP, DNS), lb_algorithm=LBAlgorithm.LEAST_CONN)
+    node1.program(svc, fam.endpoints(lab, "web", BACKENDS, HTTP_EP, DNS_EP))
+    h = Holder(lab, fam, fam.vip(31))
+    try:
+        first = [h.do("tcp") for _ in range(3)]
+        assert len(set(first)) == 3, first
+        (rest,) = set(BACKENDS) - set(first)
+        assert h.do("tcp") == rest, "the one backend without a connection"
+        assert counts(node1, lab, fam) == dict.fromkeys(BACKENDS, 1)
+        assert h.do("close 0") == "closed"
+        assert h.do("tcp") == first[0], "the backend whose connection closed"
+        # A connected UDP socket is a connection while it lives; a RST ends one as a close does.
+        udp = h.do("udp")
+        before = counts(node1, lab, fam)
+        assert before[udp] == 2 and sum(before.values()) == 5
+        assert h.do("rst 1") == "reset"
+        before[first[1]] -= 1
+        assert counts(node1, lab, fam) == +before
+    finally:
+        h.kill()
+    # The process killed with its sockets open: their release still takes each back.
+    wait_until(lambda: not counts(node1, lab, fam), 10, "every count back to zero")
+
+
+def test_a_socket_connected_again_moves_its_count(lab, node1, fam):
+    """A UDP socket connected to the Service twice (the agent's reconnect of a stale one
+    does the same) is counted once, on its latest backend."""
+    svc = replace(service("dns", fam.vip(32), DNS), lb_algorithm=LBAlgorithm.LEAST_CONN)
+    node1.program(svc, fam.endpoints(lab, "dns", ["a1", "b1"], DNS_EP))
+    script = (
+        "import socket\n"
+        f"u = socket.socket({fam.af}, socket.SOCK_DGRAM); u.settimeout(3)\n"
+        "for _ in range(5):\n"
+        f"    u.connect(('{fam.vip(32)}', 53)); u.send(b'x'); print(u.recv(100).decode().split()[0])\n"
+        "input()\n")
+    t = lab.target("client")
+    p = subprocess.Popen(procs.trampoline(t.netns, t.cgroup, [sys.executable, "-c", script]),
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        seen = [p.stdout.readline().strip() for _ in range(5)]
+        assert set(seen) <= {"a1", "b1"}, seen
+        assert sum(counts(node1, lab, fam).values()) == 1
+    finally:
+        p.kill()
+        p.wait(10)
+    wait_until(lambda: not counts(node1, lab, fam), 10, "the count back to zero")
+
+
+def test_counts_of_a_removed_backend_go_with_its_id(lab, node1, fam):
+    svc = replace(service("web", fam.vip(33), HTTP), lb_algorithm=LBAlgorithm.LEAST_CONN)
+    node1.program(svc, fam.endpoints(lab, "web", ["a1", "b1"], HTTP_EP))
+    h = Holder(lab, fam, fam.vip(33))
+    try:
+        got = {h.do("tcp"), h.do("tcp")}
+        assert got == {"a1", "b1"}
+        node1.program(svc, fam.endpoints(lab, "web", ["a1"], HTTP_EP))
+        assert set(counts(node1, lab, fam)) == {"a1"}, "b1's id freed, its row with it"
+        rows = len(node1.datapath.maps["conns"].keys())
+        assert rows == 1, rows
+    finally:
+        h.kill()
+    wait_until(lambda: not counts(node1, lab, fam), 10, "the count back to zero")
+    assert all(row.sock == 0 for _, row in node1.datapath.maps["conns"].items()), \
+        "b1's socket, closed after its row went, took nothing from anyone"
