@@ -181,10 +181,9 @@ class MapWriter:
             held.named[fe.service] = view
             res.writes += 1
 
-        head = L.frontend_svc_key(key)      # encoded once; slot keys are packed from it
-        fields = E.slot_fields(head)
+        key_of = E.svc_keys(key)       # slot -> kp_svc key, the frontend encoded once
         slots = fill_slots if not prog.rows and writes.batching else write_slots
-        slots(held, self.be, prog, fields, order, wanted, res, writes)
+        slots(held, self.be, prog, key_of, order, wanted, res, writes)
         local = self.plan.locals(fe)
         if key.scope is Scope.EXT:
             self._hold_filters(key, local, prog, res, writes)  # before the slot 0 needing them
@@ -198,7 +197,7 @@ class MapWriter:
         old_table = prog.maglev
         table = self._table(fe, prog, order, res, writes)    # before the slot 0 naming it
         # Only now may slot 0 announce the new count.
-        writes.head(head, E.head_value(fe, svc_id, len(order), bool(ranges), table))
+        writes.head(key_of(0), E.head_value(fe, svc_id, len(order), bool(ranges), table))
         prog.range_flag, prog.maglev = bool(ranges), table
         res.writes += 1
         if old_table is not None and old_table is not table:  # after slot 0 let go
@@ -212,7 +211,7 @@ class MapWriter:
         prog.kind, prog.action = fe.kind, fe.action
         prog.affinity, prog.count = fe.affinity_timeout, len(order)
         for slot in prog.rows.above(len(order)):
-            writes.drop_slot(L.frontend_svc_key(key, slot))
+            writes.drop_slot(key_of(slot))
             held.ref(prog, slot, None)
             res.writes += 1
         res.updated += 1
@@ -234,8 +233,8 @@ class MapWriter:
 
     def _delete_frontend(self, key: FrontendKey, res: ApplyResult, writes: Writes) -> None:
         held = self.held
-        prog = held.frontends[key]
-        writes.drop_head(L.frontend_svc_key(key))     # first: the frontend disappears at once
+        prog, key_of = held.frontends[key], E.svc_keys(key)
+        writes.drop_head(key_of(0))     # first: the frontend disappears at once
         prog.count = None
         if prog.maglev is not None:
             assert self.tables is not None      # it held the table
@@ -246,7 +245,7 @@ class MapWriter:
         prog.range_flag = False
         self._drop_ranges(key, prog, prog.ranges, res, writes)
         for slot in sorted(prog.rows):
-            writes.drop_slot(L.frontend_svc_key(key, slot))
+            writes.drop_slot(key_of(slot))
             held.ref(prog, slot, None)
             res.writes += 1
         for addr in sorted(prog.local_held):           # after its slot 0 is gone
