@@ -12,7 +12,7 @@ from kproxy_ebpf.model.objects import Node, Protocol
 from kproxy_ebpf.proxy.state import ProxyState
 
 from ...builders import CLUSTER_IP, ep, sl, svc
-from ..fakemaps import checked_maps
+from ...fakemaps import checked_maps
 
 TCP = Protocol.TCP
 KEY = FrontendKey(CLUSTER_IP, 80, TCP)

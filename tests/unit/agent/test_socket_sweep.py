@@ -14,7 +14,7 @@ from kproxy_ebpf.proxy.state import ProxyState
 from kproxy_ebpf.serve.metrics import Metrics
 
 from ...builders import ep, sl, svc
-from ..fakemaps import checked_maps
+from ...fakemaps import checked_maps
 
 TCP = Protocol.TCP
 

@@ -46,7 +46,7 @@ from kproxy_ebpf.model.objects import (
 from kproxy_ebpf.proxy import state as state_mod
 from kproxy_ebpf.proxy.claims import Claims
 
-from ..fakemaps import FakeMap
+from ...fakemaps import FakeMap
 
 TCP = Protocol.TCP
 NODE = "node-a"

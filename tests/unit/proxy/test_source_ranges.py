@@ -21,7 +21,7 @@ from kproxy_ebpf.proxy.external import lb_source_ranges, service_ext_frontends
 from kproxy_ebpf.proxy.frontends import service_frontends
 
 from ...builders import fe
-from ..fakemaps import FakeMap, consistent
+from ...fakemaps import FakeMap, consistent
 
 TCP = Protocol.TCP
 NODE = Node(name="node-a", addresses=("192.168.0.1",))
