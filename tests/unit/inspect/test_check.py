@@ -10,7 +10,7 @@ from kproxy_ebpf.kube.sources import SLICE_LABEL_SELECTOR
 from kproxy_ebpf.model.desired import Action, FrontendKey, ServicePortName
 from kproxy_ebpf.model.objects import Protocol
 
-from ...builders import fe
+from ...builders import api_ep, api_service, api_slice, fe
 
 TCP = Protocol.TCP
 SPN = ServicePortName("default", "web", "http", TCP)
@@ -86,13 +86,11 @@ class FakeCluster:
         self.calls: list[tuple[str, dict]] = []
         ips = [f"10.96.0.{i}" for i in range(1, 6)]
         self.items = {
-            "services": [{"metadata": {"namespace": "default", "name": f"s{i}"},
-                          "spec": {"clusterIP": ip, "ports": [{"port": 80}]}}
+            "services": [api_service(f"s{i}", "default", clusterIP=ip)
                          for i, ip in enumerate(ips)],
-            "endpointslices": [{"metadata": {"namespace": "default", "name": f"s{i}-x",
-                                             "labels": {"kubernetes.io/service-name": f"s{i}"}},
-                                "addressType": "IPv4", "ports": [{"name": "", "port": 8080}],
-                                "endpoints": [{"addresses": [f"10.244.0.{i + 1}"]}]}
+            "endpointslices": [api_slice(f"s{i}-x", f"s{i}", "default",
+                                         ports=[{"name": "", "port": 8080}],
+                                         endpoints=[api_ep(f"10.244.0.{i + 1}")])
                                for i in range(5)],
             "nodes": [{"metadata": {"name": "node-a"},
                        "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.1"}]}}],

@@ -2,6 +2,7 @@
 its wiring (selectors, ServiceCIDRs) with reflectors built but never started."""
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -10,6 +11,8 @@ from kubernetes import client
 from kproxy_ebpf.kube.reflector import Event, EventType
 from kproxy_ebpf.kube.sources import ApiSource, decoder
 from kproxy_ebpf.model.objects import Kind
+
+from ...builders import api_service
 
 
 class Sink:
@@ -38,9 +41,7 @@ class Page:
         pass
 
 
-def service(name: str, **spec: Any) -> dict:
-    return {"metadata": {"namespace": "ns", "name": name},
-            "spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 80}], **spec}}
+service = functools.partial(api_service, clusterIP="10.96.0.1")      # ns/<name>, port 80
 
 
 def test_list_is_converted_and_bad_objects_are_kept_not_deleted():
