@@ -617,15 +617,15 @@ def test_purge_removes_flows_of_a_backend_that_left_their_frontend(tc):
     key, ct = tc.ct(40009, NP_REMOTE)
     reply = snat_reply_key(key, ct)
     assert tc.maps["rnat"].get(reply) is not None
-    assert conntrack.purge(tc.maps, lambda k, b: b in tc.writer.backends_of(k)).removed == 0, "nothing changed yet"
+    assert conntrack.purge(tc.maps, lambda k, b: b in tc.writer.held.backends_of(k)).removed == 0, "nothing changed yet"
     # The remote backend leaves NP_REMOTE (it still exists: NP_UDP uses it).
     moved = ext(tc.a, NP_REMOTE, [(tc.a.local_be, True)])
     assert tc.writer.apply({moved.key: moved}, candidates=[moved.key]).ok
     # A partial sync checks the flows of the frontends it changed only.
     other = ext(tc.a, NP_LOCAL, [(tc.a.local_be, True)])
-    res = conntrack.purge(tc.maps, lambda k, b: b in tc.writer.backends_of(k), frontends=[other.key])
+    res = conntrack.purge(tc.maps, lambda k, b: b in tc.writer.held.backends_of(k), frontends=[other.key])
     assert res.removed == 0 and res.entries >= 2
-    assert conntrack.purge(tc.maps, lambda k, b: b in tc.writer.backends_of(k), frontends=[moved.key]).removed == 1
+    assert conntrack.purge(tc.maps, lambda k, b: b in tc.writer.held.backends_of(k), frontends=[moved.key]).removed == 1
     assert tc.ct(40009, NP_REMOTE)[1] is None and tc.maps["rnat"].get(reply) is None
     assert tc.ct(40010, NP_LOCAL)[1] is not None
     rows = conntrack.entries(tc.maps)

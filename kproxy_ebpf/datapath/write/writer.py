@@ -34,7 +34,7 @@ that stopped needing it. The writer never decides policy.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from kproxy_ebpf.datapath.maps import encode as E
 from kproxy_ebpf.datapath.maps import layout as L
@@ -76,6 +76,8 @@ class MapWriter:
         # (kp_svcstat, svc_counters.py) go after the sync.
         self._freed_svc_ids: list[int] = []
 
+    # Questions about what the maps hold go to self.held (the Ledger), read anew each time:
+    # restore() replaces it.
     @property
     def programmed(self) -> Mapping[FrontendKey, Programmed]:
         """What the kernel holds, per frontend (read-only: the writer keeps it)."""
@@ -84,26 +86,6 @@ class MapWriter:
     @property
     def backend_ids(self):
         return self.held.backend_ids
-
-    def holds(self, peer: tuple[bytes, int, int]) -> bool:
-        """Whether some frontend still names the backend (16-byte address, port, IP
-        protocol number): its row is programmed."""
-        addr, port, proto = peer
-        return (L.ip_text(addr), port, L.PROTO_BY_NUM[proto]) in self.held.backend_ids
-
-    def backends_of(self, key: FrontendKey) -> frozenset[BackendKey]:
-        """The backends a lookup of frontend `key` (either scope) can pick now."""
-        prog = self.held.frontends.get(key)
-        return frozenset(prog.order()) if prog is not None else frozenset()
-
-    def sock_backends(self, keys: Iterable[FrontendKey] | None = None
-                      ) -> dict[FrontendKey, Collection[BackendKey]]:
-        """The backends lookups of the scope-SOCK frontends among `keys` (None: all) can pick
-        now: what a socket connected through them may be talking to. Tuples, not sets: a full
-        sync holds one per frontend while it writes."""
-        held = self.held.frontends
-        return {k: prog.order() for k in (held if keys is None else keys)
-                if k.scope is Scope.SOCK and (prog := held.get(k)) is not None}
 
     def restore(self) -> int:
         """Rebuilds the bookkeeping from the maps; returns the number of frontends found."""
@@ -301,10 +283,6 @@ class MapWriter:
         """The service ids freed since the last call."""
         freed, self._freed_svc_ids = self._freed_svc_ids, []
         return freed
-
-    def svc_ids_held(self) -> set[int]:
-        """Every service id some frontend holds now."""
-        return {sid for _, sid in self.held.svc_ids}
 
     def row_counts(self) -> dict[str, int]:
         """Rows the writer keeps in each map it owns (without iterating the kernel maps)."""

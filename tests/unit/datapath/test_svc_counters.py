@@ -57,7 +57,7 @@ def test_a_freed_id_loses_its_row_so_the_next_holder_starts_from_zero():
     assert maps["svcstat"].ids() == {ids["api"]}
     # A row created for an id a moment before it was freed: the drift check's sweep.
     maps["svcstat"].count(ids["web"], 1, conns=1)
-    assert svc_counters.sweep(maps["svcstat"], writer.svc_ids_held()) == 1
+    assert svc_counters.sweep(maps["svcstat"], writer.held.svc_ids_held()) == 1
     assert maps["svcstat"].ids() == {ids["api"]}
 
 
