@@ -12,7 +12,7 @@ import pytest
 from kproxy_ebpf.datapath.flows import conntrack
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.dev.lab import nsutil
-from kproxy_ebpf.model.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
+from kproxy_ebpf.model.desired import Action, Frontend, FrontendKind, Scope
 
 from .tcrun import (
     ACK,
@@ -30,6 +30,7 @@ from .tcrun import (
     UDP,
     TcRun,
     ct_key,
+    frontend,
     moved_snat_reply,
     packet,
     parse,
@@ -42,9 +43,8 @@ REMOTE, LOCAL, REJECT, DROP, HAIRPIN, DNS = 80, 81, 82, 83, 84, 53
 
 
 def cip(port, backends, action=Action.FORWARD, proto=TCP) -> Frontend:
-    bs = tuple(Backend.of(ip, 8080, proto, local=local) for ip, local in backends)
-    return Frontend(VIP, port, proto, FrontendKind.CLUSTER_IP,
-                    ServicePortName("t", f"cip{port}", "", proto), action, bs, 0, Scope.SOCK)
+    return frontend(VIP, port, FrontendKind.CLUSTER_IP, f"cip{port}", backends, action, proto,
+                    scope=Scope.SOCK)
 
 
 class PodRun(TcRun):
