@@ -5,12 +5,13 @@
   8080/TCP);
 - numbered model objects (numbered_svc, numbered_slice): cluster i of N for scale tests;
 - API objects as JSON dicts (api_service, api_slice, api_ep): what the API server sends or
-  a test creates through it.
+  a test creates through it; a LIST page of them (api_list, ListPage).
 
 A module that needs other defaults binds them once with functools.partial; every field is a
 keyword."""
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -125,3 +126,20 @@ def api_slice(name: str = "s1", service: str | None = "svc", ns: str | None = "n
     obj["ports"] = [dict(p) for p in ports] if isinstance(ports, tuple) else ports
     obj["endpoints"] = list(endpoints) if isinstance(endpoints, tuple) else endpoints
     return obj
+
+
+def api_list(items: list, rv: str = "", cont: str = "", kind: str | None = None) -> dict[str, Any]:
+    """A LIST response's body: metadata (resourceVersion and continue where given) before
+    the items, in the order the API server sends them (the pager reads them in that order)."""
+    meta = {k: v for k, v in (("resourceVersion", rv), ("continue", cont)) if v}
+    return {**({} if kind is None else {"kind": kind}), "metadata": meta, "items": items}
+
+
+class ListPage:
+    """A LIST response as the reflector reads it without preloading: raw JSON bytes."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.data = json.dumps(body).encode()
+
+    def release_conn(self) -> None:
+        pass

@@ -1,5 +1,4 @@
 """`check`: desired frontends against what the maps hold (as reader.services() decodes it)."""
-import json
 
 import pytest
 from click.testing import CliRunner
@@ -10,7 +9,7 @@ from kproxy_ebpf.kube.sources import SLICE_LABEL_SELECTOR
 from kproxy_ebpf.model.desired import Action, FrontendKey, ServicePortName
 from kproxy_ebpf.model.objects import Protocol
 
-from ...builders import api_ep, api_service, api_slice, fe
+from ...builders import ListPage, api_ep, api_list, api_service, api_slice, fe
 
 TCP = Protocol.TCP
 SPN = ServicePortName("default", "web", "http", TCP)
@@ -70,14 +69,6 @@ def test_a_frontend_without_its_maglev_table_is_drift():
 
 # -- the cluster side: the agent's list code and the agent's configuration ------------------------
 
-class FakeResponse:
-    def __init__(self, body: dict) -> None:
-        self.data = json.dumps(body).encode()
-
-    def release_conn(self) -> None:
-        pass
-
-
 class FakeCluster:
     """kubernetes.client's CoreV1Api/DiscoveryV1Api for 5 Services with one slice each,
     serving at most 2 items per page (whatever `limit` says) so that paging is exercised."""
@@ -102,10 +93,9 @@ class FakeCluster:
         assert _preload_content is False            # raw JSON, as the reflector reads it
         self.calls.append((what, {"_continue": _continue, "limit": limit, **kw}))
         start = int(_continue or 0)
-        meta = {"resourceVersion": "42"}
-        if start + 2 < len(self.items[what]):
-            meta["continue"] = str(start + 2)
-        return FakeResponse({"metadata": meta, "items": self.items[what][start:start + 2]})
+        more = start + 2 < len(self.items[what])
+        return ListPage(api_list(self.items[what][start:start + 2], "42",
+                                 str(start + 2) if more else ""))
 
     def api(self, api_client):
         cluster = self

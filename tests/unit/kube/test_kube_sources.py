@@ -12,7 +12,7 @@ from kproxy_ebpf.kube.reflector import Event, EventType
 from kproxy_ebpf.kube.sources import ApiSource, decoder
 from kproxy_ebpf.model.objects import Kind
 
-from ...builders import api_service
+from ...builders import ListPage, api_list, api_service
 
 
 class Sink:
@@ -32,13 +32,8 @@ class Sink:
         self.calls.append(("rejected", [(r.name, r.reason) for r in rejections]))
 
 
-class Page:
-    def __init__(self, items: list[dict], cont: str = "") -> None:
-        meta = {"resourceVersion": "9", **({"continue": cont} if cont else {})}
-        self.data = json.dumps({"metadata": meta, "items": items}).encode()
-
-    def release_conn(self) -> None:
-        pass
+def page(items: list[dict], cont: str = "") -> ListPage:
+    return ListPage(api_list(items, "9", cont))
 
 
 service = functools.partial(api_service, clusterIP="10.96.0.1")      # ns/<name>, port 80
@@ -48,8 +43,8 @@ def test_list_is_converted_and_bad_objects_are_kept_not_deleted():
     sink = Sink()
     source = ApiSource(object(), "node-a", sink)       # no request is made: lists are faked
     refl = source.reflectors["services"]
-    pages = iter([Page([service("a"), service("bad", type="Bogus")], cont="2"),
-                  Page([service("c"), {"metadata": {"namespace": "ns"}}])])
+    pages = iter([page([service("a"), service("bad", type="Bogus")], cont="2"),
+                  page([service("c"), {"metadata": {"namespace": "ns"}}])])
     refl._list_fn = lambda **kw: next(pages)
     refl._list()
     assert sink.calls == [
