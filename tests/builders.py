@@ -96,7 +96,8 @@ def api_service(name: str = "svc", ns: str | None = "ns", *, ports: Any = ({"por
                 meta: Mapping[str, Any] | None = None, status: dict | None = None,
                 typed: bool = False, **spec: Any) -> dict[str, Any]:
     """A Service's JSON: metadata name, namespace and `meta`; spec ports (a list, or any
-    value a test wants the converter to meet) and `spec`; `typed`: with apiVersion and kind."""
+    value a test wants the converter to meet) and `spec`; `typed`: with apiVersion and kind.
+    A tuple of ports (the default) is copied, so a test may change what it gets."""
     obj: dict[str, Any] = {"apiVersion": "v1", "kind": "Service"} if typed else {}
     obj["metadata"] = _meta(name, ns, meta)
     obj["spec"] = {"ports": [dict(p) for p in ports] if isinstance(ports, tuple) else ports,
