@@ -5,7 +5,7 @@ kube-proxy keeps a UDP flow while its endpoint is a serving endpoint of the Serv
 whatever the traffic policies, topology or termination say about new connections ("changes to
 the service should not affect existing flows", pkg/proxy/conntrack/cleanup.go,
 CleanStaleEntries, v1.36): a pod that is shutting down but still serving drains its flows. So
-here a backend keeps its sockets while lookups can still pick it (its slots, MapWriter.backends_of) or, failing
+here a backend keeps its sockets while lookups can still pick it (its slots, Ledger.backends_of) or, failing
 that, while it is a serving endpoint of the frontend's Service port in the API's view. A
 frontend that is gone keeps nothing, a deliberate difference: kube-proxy clears the flows of
 Service IPs that still exist only, so a deleted UDP Service's flows reach their old backend
@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping
 
-from kproxy_ebpf.datapath.write.programmed import BackendKey
-from kproxy_ebpf.datapath.write.writer import MapWriter
+from kproxy_ebpf.datapath.write.programmed import BackendKey, Ledger
 from kproxy_ebpf.model.desired import Frontend, FrontendKey, ServicePortName
 from kproxy_ebpf.model.objects import IPFamily
 
@@ -26,12 +25,13 @@ Serving = Callable[[ServicePortName, IPFamily], frozenset[tuple[str, int]]]
 
 
 class Established:
-    """`frontends`: the desired table of the sync that just wrote (ChangeSet.frontends). One
-    per sync: the serving sets are cached for its duration."""
+    """`ledger`: the writer's, after the write; `frontends`: the desired table of the sync that
+    just wrote (ChangeSet.frontends). One per sync: the serving sets are cached for its
+    duration."""
 
-    def __init__(self, writer: MapWriter, frontends: Mapping[FrontendKey, Frontend],
+    def __init__(self, ledger: Ledger, frontends: Mapping[FrontendKey, Frontend],
                  serving: Serving) -> None:
-        self.writer, self.frontends, self.serving = writer, frontends, serving
+        self.ledger, self.frontends, self.serving = ledger, frontends, serving
         self._serving: dict[tuple[ServicePortName, IPFamily], frozenset[tuple[str, int]]] = {}
         # Each frontend's slots, read once: a full sync asks about every backend of every
         # frontend, and reading them rebuilds the frontend's slot table.
@@ -41,12 +41,12 @@ class Established:
         """The backends lookups of `key` can pick now, not cached: settle() asks once for every
         frontend of a full sync, and 50,000 cached sets were ~36 MiB for the sync's length."""
         live = self._live.get(key)
-        return live if live is not None else self.writer.backends_of(key)
+        return live if live is not None else self.ledger.backends_of(key)
 
     def keeps(self, key: FrontendKey, backend: BackendKey) -> bool:
         live = self._live.get(key)
         if live is None:
-            live = self._live[key] = self.writer.backends_of(key)
+            live = self._live[key] = self.ledger.backends_of(key)
         if backend in live:
             return True
         fe = self.frontends.get(key)
@@ -79,9 +79,10 @@ class KeptBackends:
         """Frontends with a backend remembered beyond their slots."""
         return len(self._held)
 
-    def before(self, writer: MapWriter, keys: Iterable[FrontendKey] | None) -> Snapshot:
-        """Taken before a sync writes the frontends among `keys` (None: all)."""
-        out: Snapshot = writer.sock_backends(keys)
+    def before(self, ledger: Ledger, keys: Iterable[FrontendKey] | None) -> Snapshot:
+        """Taken from the writer's `ledger` before a sync writes the frontends among `keys`
+        (None: all)."""
+        out: Snapshot = ledger.sock_backends(keys)
         held = self._held
         mine = held.keys() if keys is None else [k for k in keys if k in held]
         for k in mine:

@@ -143,7 +143,7 @@ class NodeDatapath:
             cidrs.restore()
             self.sweep_service_counters()
         keys = step.keys
-        sockets = (self.sweep.before(writer, None if keys is None else step.recomputed | keys)
+        sockets = (self.sweep.before(writer.held, None if keys is None else step.recomputed | keys)
                    if self.sweep is not None else None)
         if self.client_sources is not None:
             self.client_sources.before_apply(step.frontends, keys)
@@ -153,9 +153,9 @@ class NodeDatapath:
         cidrs_done = cidrs.write_additions(cidr_changes, result)
         writer.apply(step.frontends, keys, result)
         self._forget_service_counters(writer.take_freed_svc_ids())
-        established = Established(writer, step.frontends, step.serving)
+        established = Established(writer.held, step.frontends, step.serving)
         if self.sweep is not None and sockets is not None:
-            self.sweep.after(sockets, established, step.full, writer.holds)
+            self.sweep.after(sockets, established, step.full, writer.held.holds)
         cidrs_done &= cidrs.write_removals(cidr_changes, result)
         if self.tc is not None and step.purge_conntrack:
             self._purge_conntrack(established.keeps, None if step.full else step.touched)
@@ -183,7 +183,7 @@ class NodeDatapath:
         or left by an agent stopped before it deleted them)."""
         assert self.writer is not None
         try:
-            n = svc_counters.sweep(self.maps["svcstat"], self.writer.svc_ids_held())
+            n = svc_counters.sweep(self.maps["svcstat"], self.writer.held.svc_ids_held())
         except OSError as exc:
             log.warning("could not sweep the per-Service counters (%s); retried at the next "
                         "drift check", exc)

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 from kproxy_ebpf.datapath.sockets.sock_where import Held
 from kproxy_ebpf.datapath.sockets.stale_sockets import StaleSockets, peer_of
-from kproxy_ebpf.datapath.write.writer import MapWriter
+from kproxy_ebpf.datapath.write.programmed import Ledger
 from kproxy_ebpf.model.desired import FrontendKey
 from kproxy_ebpf.serve.metrics import Metrics
 
@@ -36,9 +36,10 @@ class SocketSweep:
         self._everywhere = new_where
         metrics.socket_destroy_supported.set(int(stale.supported))
 
-    def before(self, writer: MapWriter, keys: Iterable[FrontendKey] | None) -> Snapshot:
-        """Taken before a sync writes the frontends among `keys` (None: all of them)."""
-        return self.kept.before(writer, keys)
+    def before(self, ledger: Ledger, keys: Iterable[FrontendKey] | None) -> Snapshot:
+        """Taken from the writer's `ledger` before a sync writes the frontends among `keys`
+        (None: all of them)."""
+        return self.kept.before(ledger, keys)
 
     def after(self, before: Snapshot, keeps: Established, full: bool,
               held: Held) -> None:

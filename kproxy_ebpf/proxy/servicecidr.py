@@ -14,7 +14,7 @@ them alone (see desired.ServiceCIDRSet).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, KeysView
 
 from kproxy_ebpf.model.desired import ServiceCIDRSet
 from kproxy_ebpf.model.objects import Service, ServiceCIDR, ServiceKey
@@ -83,3 +83,46 @@ class ClusterIPIndex:
 def service_cidr_set(cidrs: Iterable[ServiceCIDR], index: ClusterIPIndex) -> ServiceCIDRSet:
     return ServiceCIDRSet(cidrs=frozenset(c for sc in cidrs for c in sc.cidrs),
                           cluster_ips=index.ours(), foreign_ips=index.foreign())
+
+
+class ServiceCIDRs:
+    """ProxyState's part for addresses no frontend matched: the ServiceCIDR objects by name,
+    the allocated ClusterIPs (`cluster_ips`, which ProxyState updates per Service), and the
+    ServiceCIDRSet they make, cached until either changes."""
+
+    def __init__(self) -> None:
+        self._objects: dict[str, ServiceCIDR] = {}
+        self.cluster_ips = ClusterIPIndex()
+        self._version = 0           # bumped whenever the ranges may have changed
+        self._whole: tuple[tuple[int, int], ServiceCIDRSet] | None = None
+
+    def names(self) -> KeysView[str]:
+        return self._objects.keys()
+
+    def upsert(self, sc: ServiceCIDR) -> bool:
+        old = self._objects.get(sc.name)
+        self._objects[sc.name] = sc
+        if old is not None and old.cidrs == sc.cidrs:
+            return False
+        self._version += 1
+        return True
+
+    def delete(self, name: str) -> bool:
+        if self._objects.pop(name, None) is None:
+            return False
+        self._version += 1
+        return True
+
+    def changes(self) -> tuple[frozenset[str], dict[str, str | None]]:
+        """The ranges, and the ClusterIPs whose action ("reject", "pass" or None: gone) may
+        have changed since the last call: what a partial sync writes, in O(changes)."""
+        cidrs = frozenset(c for sc in self._objects.values() for c in sc.cidrs)
+        return cidrs, self.cluster_ips.drain()
+
+    def whole(self) -> ServiceCIDRSet:
+        """Service ranges and allocated ClusterIPs, for addresses no frontend matched."""
+        self.cluster_ips.drain()          # a whole set covers whatever was touched
+        version = (self._version, self.cluster_ips.version)
+        if self._whole is None or self._whole[0] != version:
+            self._whole = (version, service_cidr_set(self._objects.values(), self.cluster_ips))
+        return self._whole[1]

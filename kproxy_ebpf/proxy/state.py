@@ -33,7 +33,7 @@ from .external import allow_external_ips, service_ext_frontends
 from .frontends import service_frontends, service_port_endpoints
 from .healthcheck import HealthCheck, health_check
 from .schedulers import effective, with_scheduler
-from .servicecidr import ClusterIPIndex, service_cidr_set
+from .servicecidr import ServiceCIDRs
 from .topology import PortEndpoints
 
 SliceKey = tuple[str, str]                   # (namespace, slice name)
@@ -108,12 +108,9 @@ class ProxyState:
         # Per-service cache of the last compute(): own frontends, the merged table, problems.
         self._claims = Claims()
         # ServiceCIDRs and allocated ClusterIPs (proxy/servicecidr.py), with a cached result.
-        self._service_cidrs: dict[str, ServiceCIDR] = {}
+        self._cidrs = ServiceCIDRs()
         # healthCheckNodePort servers of the Services that need one, kept by compute().
         self._health: dict[ServiceKey, HealthCheck] = {}
-        self._cluster_ips = ClusterIPIndex()
-        self._cidr_set: tuple[tuple[int, int], ServiceCIDRSet] | None = None
-        self._cidr_version = 0
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -162,7 +159,7 @@ class ProxyState:
 
     def service_cidr_keys(self) -> set[tuple[str, str]]:
         """The ServiceCIDRs held, keyed as their model objects are (cluster-scoped)."""
-        return {("", name) for name in self._service_cidrs}
+        return {("", name) for name in self._cidrs.names()}
 
     def set_node(self, node: Node) -> bool:
         changed = _node_view(self._node) != _node_view(node)
@@ -172,7 +169,7 @@ class ProxyState:
         return changed
 
     def upsert_service(self, svc: Service) -> bool:
-        self._cluster_ips.update(svc.key, svc)
+        self._cidrs.cluster_ips.update(svc.key, svc)
         old = self._services.get(svc.key)
         self._services[svc.key] = svc
         if old is not None and _same(old, svc):
@@ -183,7 +180,7 @@ class ProxyState:
     def delete_service(self, namespace: str, name: str) -> bool:
         if self._services.pop((namespace, name), None) is None:
             return False
-        self._cluster_ips.update((namespace, name), None)
+        self._cidrs.cluster_ips.update((namespace, name), None)
         self._service_change((namespace, name))
         return True
 
@@ -228,33 +225,18 @@ class ProxyState:
         return True
 
     def upsert_service_cidr(self, sc: ServiceCIDR) -> bool:
-        old = self._service_cidrs.get(sc.name)
-        self._service_cidrs[sc.name] = sc
-        if old is not None and old.cidrs == sc.cidrs:
-            return False
-        self._cidr_version += 1
-        return True
+        return self._cidrs.upsert(sc)
 
     def delete_service_cidr(self, name: str) -> bool:
-        if self._service_cidrs.pop(name, None) is None:
-            return False
-        self._cidr_version += 1
-        return True
+        return self._cidrs.delete(name)
 
     def service_cidr_changes(self) -> tuple[frozenset[str], dict[str, str | None]]:
-        """The ranges, and the ClusterIPs whose action ("reject", "pass" or None: gone) may have
-        changed since the last call: what a partial sync writes, in O(changes)."""
-        cidrs = frozenset(c for sc in self._service_cidrs.values() for c in sc.cidrs)
-        return cidrs, self._cluster_ips.drain()
+        """What a partial sync writes (ServiceCIDRs.changes)."""
+        return self._cidrs.changes()
 
     def service_cidr_set(self) -> ServiceCIDRSet:
-        """Service ranges and allocated ClusterIPs, for addresses no frontend matched."""
-        self._cluster_ips.drain()         # a full set covers whatever was touched
-        version = (self._cidr_version, self._cluster_ips.version)
-        if self._cidr_set is None or self._cidr_set[0] != version:
-            self._cidr_set = (version, service_cidr_set(self._service_cidrs.values(),
-                                                        self._cluster_ips))
-        return self._cidr_set[1]
+        """What a full sync writes (ServiceCIDRs.whole)."""
+        return self._cidrs.whole()
 
     # -- reads ----------------------------------------------------------------------------------
 

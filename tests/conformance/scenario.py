@@ -17,6 +17,7 @@ from kproxy_ebpf.dev.lab import agent_image, kubeobjects
 from kproxy_ebpf.dev.lab.cluster import NAMESPACE, Cluster
 from kproxy_ebpf.model.objects import IPFamily, hostport
 
+from ..builders import api_ep, api_service, api_slice
 from ..support import wait_until
 from . import verdicts
 
@@ -71,9 +72,9 @@ class Scenario:
                 labels: dict[str, str] | None = None, **spec: Any) -> str:
         if self.family == "dual":
             spec.setdefault("ipFamilyPolicy", "RequireDualStack")
-        body = {"apiVersion": "v1", "kind": "Service",
-                "metadata": {"name": name, "labels": labels or {}},
-                "spec": {"selector": {"app": app} if app else None, "ports": list(ports), **spec}}
+        spec = {"selector": {"app": app} if app else None, **spec}
+        body = api_service(name, None, typed=True, meta={"labels": labels or {}},
+                           ports=list(ports), **spec)
         self._services.append(name)
         created = self.core.create_namespaced_service(NAMESPACE, body).spec
         if self.family == "dual":
@@ -86,16 +87,14 @@ class Scenario:
         Service, one per family of the lab; removed with the Service (no garbage collector
         runs in the lab)."""
         for family in self.c.lab.families:
-            body = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-                    "metadata": {"name": f"{service}-manual-{family.lower()}", "labels": {
-                        kubeobjects.SERVICE_NAME_LABEL: service,
-                        "endpointslice.kubernetes.io/managed-by": "kproxy-conformance",
-                        **(labels or {})}},
-                    "addressType": str(family),
-                    "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
-                    "endpoints": [{"addresses": [self.c.lab.pod(p).ip_of(family)], "nodeName":
-                                   self.c.lab.pod(p).node, "conditions": {"ready": True}}
-                                  for p in pods]}
+            lab = self.c.lab
+            body = api_slice(f"{service}-manual-{family.lower()}", service, None, typed=True,
+                             labels={"endpointslice.kubernetes.io/managed-by": "kproxy-conformance",
+                                     **(labels or {})},
+                             address_type=str(family),
+                             ports=[{"name": "http", "port": port, "protocol": "TCP"}],
+                             endpoints=[api_ep(lab.pod(p).ip_of(family), lab.pod(p).node,
+                                               {"ready": True}) for p in pods])
             client.DiscoveryV1Api(self.c.api()).create_namespaced_endpoint_slice(NAMESPACE,
                                                                                  body)
             self._slices.append(body["metadata"]["name"])

@@ -25,7 +25,6 @@ from kproxy_ebpf.datapath.maps import reader
 from kproxy_ebpf.datapath.write.writer import MapWriter
 from kproxy_ebpf.dev.lab import Lab, nsutil
 from kproxy_ebpf.model.objects import (
-    Endpoint,
     EndpointPort,
     EndpointSlice,
     Node,
@@ -34,6 +33,8 @@ from kproxy_ebpf.model.objects import (
     ServicePort,
 )
 from kproxy_ebpf.proxy.state import ProxyState
+
+from .. import builders
 
 LAB = "dp"
 PODS = {"client": "node1", "a1": "node1", "a2": "node1", "b1": "node2", "b2": "node2"}
@@ -131,18 +132,20 @@ def cluster_view(node: Node, objs, cidrs=(), **options) -> ProxyState:
 
 def service(name: str, ip: str, *ports: tuple[str, str, int], affinity: int = 0,
             itp_local: bool = False) -> Service:
-    return Service("default", name, cluster_ips=(ip,),
-                   ports=tuple(ServicePort(n, Protocol(p), port) for n, p, port in ports),
-                   session_affinity_timeout=affinity, internal_traffic_local=itp_local)
+    return builders.svc(name, ip, ns="default",
+                        ports=(ServicePort(n, Protocol(p), port) for n, p, port in ports),
+                        session_affinity_timeout=affinity, internal_traffic_local=itp_local)
 
 
 def endpoints(lab: Lab, svc: str, pods: list[str], *ports: tuple[str, str, int],
               ready: bool = True, serving: bool = True, terminating: bool = False,
               slice_name: str | None = None, fam: Fam = V4) -> EndpointSlice:
-    eps = tuple(Endpoint.of(fam.ip(lab, p), ready=ready, serving=serving,
-                         terminating=terminating, node_name=lab.pod(p).node) for p in pods)
-    return EndpointSlice("default", slice_name or f"{svc}-{6 if fam.v6 else 1}", svc, fam.family,
-                         tuple(EndpointPort(n, Protocol(p), port) for n, p, port in ports), eps)
+    eps = (builders.ep(fam.ip(lab, p), lab.pod(p).node, ready=ready, serving=serving,
+                       terminating=terminating) for p in pods)
+    return builders.sl(*eps,
+                       name=slice_name or f"{svc}-{6 if fam.v6 else 1}", svc=svc, ns="default",
+                       ports=(EndpointPort(n, Protocol(p), port) for n, p, port in ports),
+                       family=fam.family)
 
 
 def pod_of(line: str) -> str:

@@ -10,6 +10,7 @@ import contextlib
 import os
 import socket
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from kproxy_ebpf.datapath.load.tc import PROGRAMS, write_config
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.write.writer import MapWriter
 from kproxy_ebpf.dev.lab import nsutil
-from kproxy_ebpf.model.desired import Frontend
+from kproxy_ebpf.model.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
 from kproxy_ebpf.model.objects import Protocol
 
 BPFFS = Path("/sys/fs/bpf/kproxy-tcrun")
@@ -73,6 +74,19 @@ TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT = 0, 2, 7
 SYN, ACK, FIN, RST = 0x02, 0x10, 0x01, 0x04
 PORTS = (61000, 61003)
 ISN = 1000                  # the sequence number of the test clients' SYNs
+
+
+# -- frontends -----------------------------------------------------------------------------------
+
+def frontend(ip: str, port: int, kind: FrontendKind, name: str,
+             backends: Iterable[tuple[str, bool]] = (), action: Action = Action.FORWARD,
+             proto: Protocol = TCP, affinity: int = 0, scope: Scope = Scope.EXT,
+             ranges: Iterable[str] = (), maglev: int = 0) -> Frontend:
+    """A frontend of Service t/<name> (unnamed port); `backends`: (address, local) pairs on
+    port 8080, kept in the order given (slot order: the programs' picks depend on it)."""
+    bs = tuple(Backend.of(b, 8080, proto, local=local) for b, local in backends)
+    return Frontend(ip, port, proto, kind, ServicePortName("t", name, "", proto), action, bs,
+                    affinity, scope, source_ranges=tuple(ranges), maglev=maglev)
 
 
 # -- packets --------------------------------------------------------------------------------------

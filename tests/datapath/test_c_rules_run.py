@@ -40,9 +40,10 @@ from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.write.writer import MapWriter
 from kproxy_ebpf.dev.lab import nsutil
 from kproxy_ebpf.inspect.trace import Verdict, tc_client, trace
-from kproxy_ebpf.model.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
+from kproxy_ebpf.model.desired import Action, Frontend, FrontendKind, Scope
 from kproxy_ebpf.model.objects import hostport
 
+from . import tcrun
 from .tcrun import ACK, FAMILIES, NETNS, TC_ACT_OK, TC_ACT_SHOT, TCP, UDP, V4, Addrs, TcRun, packet, parse
 
 pytestmark = pytest.mark.root
@@ -61,17 +62,13 @@ def ext(a: Addrs, port: int, ips=(), action=Action.FORWARD, affinity=0, maglev=0
         proto=TCP) -> Frontend:
     """A NodePort whose backends are pods of this node (no SNAT: the C's answer is the
     packet itself, DNATed, with no route lookup)."""
-    bs = tuple(Backend.of(ip, 8080, proto, local=True) for ip in ips)
-    return Frontend(a.node, port, proto, FrontendKind.NODE_PORT,
-                    ServicePortName("t", f"np{port}", "", proto), action, bs, affinity,
-                    Scope.EXT, maglev=maglev)
+    return tcrun.frontend(a.node, port, FrontendKind.NODE_PORT, f"np{port}",
+                          [(ip, True) for ip in ips], action, proto, affinity, maglev=maglev)
 
 
 def lb(a: Addrs, ranges, action=Action.FORWARD) -> Frontend:
-    bs = (Backend.of(a.local_be, 8080, TCP, local=True),) if action is Action.FORWARD else ()
-    return Frontend(a.lb_ip, 80, TCP, FrontendKind.LOAD_BALANCER,
-                    ServicePortName("t", "lb", "", TCP), action, bs, 0, Scope.EXT,
-                    source_ranges=tuple(ranges))
+    bs = [(a.local_be, True)] if action is Action.FORWARD else []
+    return tcrun.frontend(a.lb_ip, 80, FrontendKind.LOAD_BALANCER, "lb", bs, action, ranges=ranges)
 
 
 def pods(a: Addrs, n: int) -> list[str]:
@@ -347,9 +344,8 @@ VIP, OTHER_CIP, POD = "10.96.0.10", "10.96.0.20", "10.244.1.5"
 
 
 def cip(ip: str, port: int, ips=(), action=Action.FORWARD) -> Frontend:
-    bs = tuple(Backend.of(b, 8080, TCP, local=True) for b in ips)
-    return Frontend(ip, port, TCP, FrontendKind.CLUSTER_IP,
-                    ServicePortName("t", f"cip{port}", "", TCP), action, bs, 0, Scope.SOCK)
+    return tcrun.frontend(ip, port, FrontendKind.CLUSTER_IP, f"cip{port}",
+                          [(b, True) for b in ips], action, scope=Scope.SOCK)
 
 
 def test_trace_walks_the_lookups_of_a_pods_packet(harness):
@@ -394,9 +390,8 @@ def test_ct_keeps_backend_is_kp_ct_usable(harness):
     nsutil.set_route(NETNS, "10.244.1.0/24", "kpt1")
     fes = [ext(a, NP_ONE, [a.local_be]), ext(a, NP_ONE, [a.local_be], proto=UDP),
            cip(VIP, 80, [a.local_be]),
-           Frontend(VIP, 53, UDP, FrontendKind.CLUSTER_IP, ServicePortName("t", "dns", "", UDP),
-                    Action.FORWARD, (Backend.of(a.local_be, 8080, UDP, local=True),), 0,
-                    Scope.SOCK)]
+           tcrun.frontend(VIP, 53, FrontendKind.CLUSTER_IP, "dns", [(a.local_be, True)],
+                          proto=UDP, scope=Scope.SOCK)]
     cases = [("kp_from_outside", a.client, a.node, NP_ONE, TCP),
              ("kp_from_outside", a.client, a.node, NP_ONE, UDP),
              ("kp_from_pod", POD, VIP, 80, TCP),
@@ -433,9 +428,7 @@ def test_purge_deletes_the_reply_row_the_c_wrote(harness, fam):
     flow with SNAT (a remote backend) and one without, the rows the C wrote are the ones it
     deletes."""
     a = fam
-    remote = Frontend(a.node, NP_TWO, TCP, FrontendKind.NODE_PORT,
-                      ServicePortName("t", "remote", "", TCP), Action.FORWARD,
-                      (Backend.of(a.remote_be, 8080, TCP),), 0, Scope.EXT)
+    remote = tcrun.frontend(a.node, NP_TWO, FrontendKind.NODE_PORT, "remote", [(a.remote_be, False)])
     fes = [ext(a, NP_ONE, [a.local_be]), ext(a, NP_ONE, [a.local_be], proto=UDP), remote]
     with running(harness, fes) as run:
         forget_flows(run)
@@ -480,8 +473,8 @@ def test_trace_keys_socket_affinity_by_the_netns_cookie(lb_run):
     fd, maps, writer = lb_run
     for vip, pod in (("10.96.7.1", "10.244.1.{}"), ("fd00:96::7:1", "fd00:244:1::{}")):
         ips = [pod.format(10 + i) for i in range(4)]
-        f = Frontend(vip, 80, TCP, FrontendKind.CLUSTER_IP, ServicePortName("t", "aff", "", TCP),
-                     Action.FORWARD, tuple(Backend.of(ip, 8080, TCP) for ip in ips), 30)
+        f = tcrun.frontend(vip, 80, FrontendKind.CLUSTER_IP, "aff", [(ip, False) for ip in ips],
+                           affinity=30, scope=Scope.SOCK)
         assert writer.apply({f.key: f}).ok
         now = now_ns()
         for cookie in (1, 77, 1 << 40):

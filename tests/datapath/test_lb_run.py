@@ -20,8 +20,10 @@ from kproxy_ebpf.datapath.load.compile_child import compile_program
 from kproxy_ebpf.datapath.load.paths import bpf_dir
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.write.writer import MapWriter
-from kproxy_ebpf.model.desired import Action, Backend, Frontend, FrontendKind, ServicePortName
+from kproxy_ebpf.model.desired import Action, Frontend, ServicePortName
 from kproxy_ebpf.model.objects import IPFamily, Protocol
+
+from ..builders import fe
 
 pytestmark = pytest.mark.root
 
@@ -76,9 +78,8 @@ def run(fd: int, fam: Family, port: int, rnd=(0, 0), client=0, flow=0, now=None,
 
 
 def frontend(fam: Family, port: int, ips=(), action=Action.FORWARD, affinity=0) -> Frontend:
-    bs = tuple(Backend.of(ip, 8080, TCP) for ip in ips)
-    return Frontend(fam.vip, port, TCP, FrontendKind.CLUSTER_IP,
-                    ServicePortName("t", f"svc{port}", "", TCP), action, bs, affinity)
+    return fe(fam.vip, port, ips, action, service=ServicePortName("t", f"svc{port}", "", TCP),
+              affinity=affinity)
 
 
 @pytest.fixture

@@ -28,8 +28,10 @@ from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.write.writer import MapWriter
 from kproxy_ebpf.dev.bench.stats import spread
 from kproxy_ebpf.model import maglev
-from kproxy_ebpf.model.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
+from kproxy_ebpf.model.desired import Frontend, FrontendKind, Scope, ServicePortName
 from kproxy_ebpf.model.objects import Protocol
+
+from ..builders import fe
 
 pytestmark = pytest.mark.root
 
@@ -75,10 +77,8 @@ def nodes():
 
 
 def frontend(ips, size: int) -> Frontend:
-    bs = tuple(sorted(Backend.of(ip, 8080, TCP) for ip in ips))
-    return Frontend(*NODE_PORT, TCP, FrontendKind.NODE_PORT,
-                    ServicePortName("t", "np", "", TCP), Action.FORWARD, bs,
-                    scope=Scope.EXT, maglev=size)
+    return fe(*NODE_PORT, ips, kind=FrontendKind.NODE_PORT,
+              service=ServicePortName("t", "np", "", TCP), scope=Scope.EXT, maglev=size)
 
 
 def run(node: Node, client: str, sport: int, rnd=(0, 0)) -> tuple[str, int]:

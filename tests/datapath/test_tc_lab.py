@@ -219,7 +219,7 @@ def test_removed_backend_answers_no_more_and_its_entries_are_gone(lab, nodes, fa
     assert any(r["backend"] == hostport(b1, 5353) and r["snat"] for r in json.loads(out.output))
 
     program(nodes, lab, fam, nodeport(fam, "np-purge"), ["a1"])
-    assert conntrack.purge(node1.maps, lambda k, b: b in node1.writer.backends_of(k)).removed >= 3
+    assert conntrack.purge(node1.maps, lambda k, b: b in node1.writer.held.backends_of(k)).removed >= 3
     assert not any(r["backend"] in (hostport(b1, 5353), hostport(b1, 8080))
                    for r in conntrack.entries(node1.maps))
     lines = lab.probe("ext", fam.node_ip(lab, "node1"), 30053, udp=True, count=3)

@@ -12,7 +12,7 @@ import pytest
 from kproxy_ebpf.datapath.flows import conntrack
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.dev.lab import nsutil
-from kproxy_ebpf.model.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
+from kproxy_ebpf.model.desired import Action, Frontend, FrontendKind, Scope
 
 from .tcrun import (
     ACK,
@@ -30,6 +30,7 @@ from .tcrun import (
     UDP,
     TcRun,
     ct_key,
+    frontend,
     moved_snat_reply,
     packet,
     parse,
@@ -42,9 +43,8 @@ REMOTE, LOCAL, REJECT, DROP, HAIRPIN, DNS = 80, 81, 82, 83, 84, 53
 
 
 def cip(port, backends, action=Action.FORWARD, proto=TCP) -> Frontend:
-    bs = tuple(Backend.of(ip, 8080, proto, local=local) for ip, local in backends)
-    return Frontend(VIP, port, proto, FrontendKind.CLUSTER_IP,
-                    ServicePortName("t", f"cip{port}", "", proto), action, bs, 0, Scope.SOCK)
+    return frontend(VIP, port, FrontendKind.CLUSTER_IP, f"cip{port}", backends, action, proto,
+                    scope=Scope.SOCK)
 
 
 class PodRun(TcRun):
@@ -165,10 +165,13 @@ def test_hairpin_gets_snat_both_ways(pod):
 def test_purge_keeps_pod_tcp_connections_and_drops_udp_flows_of_a_removed_backend(pod):
     pod.from_pod(packet(POD, 40006, VIP, REMOTE))
     pod.from_pod(packet(POD, 5001, VIP, DNS, proto=UDP))
-    assert conntrack.purge(pod.maps, lambda k, b: b in pod.writer.backends_of(k)).removed == 0, "nothing changed yet"
+    def keeps(k, b):        # the slots only
+        return b in pod.writer.held.backends_of(k)
+
+    assert conntrack.purge(pod.maps, keeps).removed == 0, "nothing changed yet"
     moved = [cip(REMOTE, [(LOCAL_BE, True)]), cip(DNS, [(LOCAL_BE, True)], proto=UDP)]
     assert pod.writer.apply({f.key: f for f in moved}, candidates=[f.key for f in moved]).ok
-    assert conntrack.purge(pod.maps, lambda k, b: b in pod.writer.backends_of(k)).removed == 1
+    assert conntrack.purge(pod.maps, keeps).removed == 1
     assert pod.ct(5001, DNS, UDP) is None and pod.ct(40006, REMOTE) is not None
     rows = conntrack.entries(pod.maps)
     assert [(r["client"], r["frontend"], r["backend"], r["path"]) for r in rows] == [

@@ -17,7 +17,7 @@ from kproxy_ebpf.datapath.flows import ct_upgrade
 from kproxy_ebpf.datapath.load import libbpf
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.maps.pinned import cpu_id_bound
-from kproxy_ebpf.model.desired import Action, Backend, Frontend, FrontendKind, Scope, ServicePortName
+from kproxy_ebpf.model.desired import Action, Frontend, FrontendKind
 from kproxy_ebpf.model.objects import hostport
 
 from .tcrun import (
@@ -38,6 +38,7 @@ from .tcrun import (
     TcRun,
     csum,
     ct_key,
+    frontend,
     icmp_error,
     moved_snat_reply,
     ntop,
@@ -54,9 +55,8 @@ NP_REMOTE, NP_LOCAL, NP_REJECT, NP_DROP, NP_UDP = 30080, 30081, 30082, 30083, 30
 
 
 def ext(a: Addrs, port, backends, action=Action.FORWARD, proto=TCP, affinity=0) -> Frontend:
-    bs = tuple(Backend.of(ip, 8080, proto, local=local) for ip, local in backends)
-    return Frontend(a.node, port, proto, FrontendKind.NODE_PORT,
-                    ServicePortName("t", f"np{port}", "", proto), action, bs, affinity, Scope.EXT)
+    return frontend(a.node, port, FrontendKind.NODE_PORT, f"np{port}", backends, action, proto,
+                    affinity)
 
 
 class ExtRun(TcRun):
@@ -150,9 +150,8 @@ def test_a_snat_reply_is_translated_with_no_frontend_on_the_snat_address(harness
     # An external IP's flow to a remote backend: the reply comes to the node address, which
     # no frontend uses here; the SNAT address in kp_tccfg lets it through.
     eip = fam.eip
-    run = ExtRun(harness, fam, [Frontend(eip, 80, TCP, FrontendKind.EXTERNAL_IP,
-                                         ServicePortName("t", "eip", "", TCP), Action.FORWARD,
-                                         (Backend.of(fam.remote_be, 8080, TCP),), 0, Scope.EXT)])
+    run = ExtRun(harness, fam, [frontend(eip, 80, FrontendKind.EXTERNAL_IP, "eip",
+                                         [(fam.remote_be, False)])])
     try:
         assert [L.ip_text(k) for k in run.maps["extaddr"].keys()] == [eip]
         _, out = run.ingress(packet(fam.client, 40020, eip, 80))
@@ -617,15 +616,15 @@ def test_purge_removes_flows_of_a_backend_that_left_their_frontend(tc):
     key, ct = tc.ct(40009, NP_REMOTE)
     reply = snat_reply_key(key, ct)
     assert tc.maps["rnat"].get(reply) is not None
-    assert conntrack.purge(tc.maps, lambda k, b: b in tc.writer.backends_of(k)).removed == 0, "nothing changed yet"
+    assert conntrack.purge(tc.maps, lambda k, b: b in tc.writer.held.backends_of(k)).removed == 0, "nothing changed yet"
     # The remote backend leaves NP_REMOTE (it still exists: NP_UDP uses it).
     moved = ext(tc.a, NP_REMOTE, [(tc.a.local_be, True)])
     assert tc.writer.apply({moved.key: moved}, candidates=[moved.key]).ok
     # A partial sync checks the flows of the frontends it changed only.
     other = ext(tc.a, NP_LOCAL, [(tc.a.local_be, True)])
-    res = conntrack.purge(tc.maps, lambda k, b: b in tc.writer.backends_of(k), frontends=[other.key])
+    res = conntrack.purge(tc.maps, lambda k, b: b in tc.writer.held.backends_of(k), frontends=[other.key])
     assert res.removed == 0 and res.entries >= 2
-    assert conntrack.purge(tc.maps, lambda k, b: b in tc.writer.backends_of(k), frontends=[moved.key]).removed == 1
+    assert conntrack.purge(tc.maps, lambda k, b: b in tc.writer.held.backends_of(k), frontends=[moved.key]).removed == 1
     assert tc.ct(40009, NP_REMOTE)[1] is None and tc.maps["rnat"].get(reply) is None
     assert tc.ct(40010, NP_LOCAL)[1] is not None
     rows = conntrack.entries(tc.maps)
@@ -636,10 +635,8 @@ def test_purge_removes_flows_of_a_backend_that_left_their_frontend(tc):
 # -- loadBalancerSourceRanges ---------------------------------------------------------------------
 
 def lb(a: Addrs, backends, ranges, action=Action.FORWARD) -> Frontend:
-    bs = tuple(Backend.of(ip, 8080, TCP, local=local) for ip, local in backends)
-    return Frontend(a.lb_ip, 80, TCP, FrontendKind.LOAD_BALANCER,
-                    ServicePortName("t", "lb", "", TCP), action, bs, 0, Scope.EXT,
-                    source_ranges=tuple(ranges))
+    return frontend(a.lb_ip, 80, FrontendKind.LOAD_BALANCER, "lb", backends, action,
+                    ranges=ranges)
 
 
 def test_source_ranges_admit_one_range_and_drop_another(tc):

@@ -32,7 +32,7 @@ from kproxy_ebpf.model.desired import Action
 from kproxy_ebpf.model.objects import Node
 from kproxy_ebpf.proxy.state import ProxyState
 
-from ..unit.fakemaps import FakeMap, consistent
+from ..fakemaps import FakeMap, consistent
 
 # KPROXY_FUZZ_SHARE: the share of the cases the fast stage of `make test` runs (derandomized:
 # always the same ones); the slow stage runs them all.

@@ -16,23 +16,23 @@ from kubernetes import client
 from kproxy_ebpf.dev.lab.cluster import Cluster
 from kproxy_ebpf.dev.lab.probe import is_reply
 
+from ..builders import api_service
+
+HTTP = {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}
+
 
 def make_service(c: Cluster, name: str, app: str, udp: bool = False) -> str:
-    ports = [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]
-    if udp:
-        ports.append({"name": "dns", "port": 53, "targetPort": 5353, "protocol": "UDP"})
-    body = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
-            "spec": {"selector": {"app": app}, "ports": ports}}
+    ports = [HTTP] + ([{"name": "dns", "port": 53, "targetPort": 5353, "protocol": "UDP"}]
+                      if udp else [])
+    body = api_service(name, None, typed=True, selector={"app": app}, ports=ports)
     return client.CoreV1Api(c.api()).create_namespaced_service("default", body).spec.cluster_ip
 
 
 def http_service(core: client.CoreV1Api, name: str, app: str, **spec) -> client.V1Service:
     """Service default/<name> selecting app=<app>, port http 80 -> 8080/TCP; `spec`: more of
     its spec (type, policies, ...)."""
-    body = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
-            "spec": {"selector": {"app": app}, "ports": [
-                {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}], **spec}}
-    return core.create_namespaced_service("default", body)
+    return core.create_namespaced_service(
+        "default", api_service(name, None, typed=True, selector={"app": app}, ports=[HTTP], **spec))
 
 
 def delete_service(c: Cluster, name: str) -> None:

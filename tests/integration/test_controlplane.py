@@ -20,6 +20,7 @@ from kproxy_ebpf.dev.lab import kubeobjects as ko
 from kproxy_ebpf.dev.lab.binaries import read_versions
 from kproxy_ebpf.dev.lab.controlplane import RELAY_ADDRESS, WATCHED_RESOURCES, ControlPlane
 
+from ..builders import api_service
 from ..support import wait_until
 
 pytestmark = pytest.mark.controlplane
@@ -52,13 +53,9 @@ def namespace(apiserver, request) -> Iterator[str]:
 
 
 def make_service(api: client.ApiClient, namespace: str, name: str, selector: dict[str, str]) -> client.V1Service:
-    return client.CoreV1Api(api).create_namespaced_service(namespace, client.V1Service(
-        metadata=client.V1ObjectMeta(name=name),
-        spec=client.V1ServiceSpec(
-            selector=selector,
-            ports=[client.V1ServicePort(name="http", port=80, target_port="http", protocol="TCP")],
-        ),
-    ))
+    return client.CoreV1Api(api).create_namespaced_service(namespace, api_service(
+        name, None, selector=selector,
+        ports=[{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]))
 
 
 def endpoints_by_ip(slices: list[client.V1EndpointSlice]) -> dict[str, client.V1Endpoint]:

@@ -14,6 +14,7 @@ from kubernetes import client
 from kproxy_ebpf.dev.lab.binaries import k8s_bin_dir
 from kproxy_ebpf.dev.lab.cluster import Cluster
 
+from ..builders import api_service
 from ..support import lab_cluster, wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
@@ -23,8 +24,8 @@ pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 def cluster(request):
     with lab_cluster(f"kpc-{request.param}", request.param) as c:
         c.create_pod("backend", "node2", labels={"app": "kpc"})
-        body = {"metadata": {"name": "kpc"},
-                "spec": {"selector": {"app": "kpc"}, "ports": [{"port": 80, "targetPort": 8080}]}}
+        body = api_service("kpc", None, selector={"app": "kpc"},
+                           ports=[{"port": 80, "targetPort": 8080}])
         ip = client.CoreV1Api(c.api()).create_namespaced_service("default", body).spec.cluster_ip
         for node in ("node1", "node2"):      # kube-proxy has programmed the Service everywhere
             wait_until(lambda node=node: ip in ruleset(c, node), 30,

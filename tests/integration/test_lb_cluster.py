@@ -22,8 +22,9 @@ from kproxy_ebpf.dev.lab.cluster import Cluster
 from kproxy_ebpf.dev.lab.lballoc import DEFAULT_POOL
 from kproxy_ebpf.dev.lab.probe import is_reply
 
+from ..builders import api_service
 from ..support import lab_cluster, wait_until
-from .lab_services import seen_from_outside
+from .lab_services import HTTP, seen_from_outside
 
 pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 
@@ -47,10 +48,8 @@ def core(cluster):
 
 
 def lb_service(name: str, **spec) -> dict:
-    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
-            "spec": {"type": "LoadBalancer", "selector": {"app": "lbb"},
-                     "ports": [{"name": "http", "port": 80, "targetPort": 8080,
-                                "protocol": "TCP"}], **spec}}
+    return api_service(name, None, typed=True, ports=[HTTP],
+                       **{"type": "LoadBalancer", "selector": {"app": "lbb"}, **spec})
 
 
 def patch(core, name: str, body: dict) -> None:

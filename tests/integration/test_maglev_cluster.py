@@ -15,6 +15,7 @@ import sys
 import pytest
 from kubernetes import client
 
+from ..builders import api_service
 from ..support import lab_cluster, wait_until
 from .lab_services import services_on
 
@@ -35,13 +36,10 @@ def cluster():
 
 
 def service(name: str, node_port: int, algorithm: str | None) -> dict:
-    meta = {"name": name}
-    if algorithm:
-        meta["annotations"] = {"kproxy-ebpf.io/lb-algorithm": algorithm}
-    return {"apiVersion": "v1", "kind": "Service", "metadata": meta,
-            "spec": {"type": "NodePort", "selector": {"app": "mg"},
-                     "ports": [{"name": "dns", "port": 53, "targetPort": 5353,
-                                "nodePort": node_port, "protocol": "UDP"}]}}
+    meta = {"annotations": {"kproxy-ebpf.io/lb-algorithm": algorithm}} if algorithm else {}
+    return api_service(name, None, typed=True, meta=meta, type="NodePort", selector={"app": "mg"},
+                       ports=[{"name": "dns", "port": 53, "targetPort": 5353,
+                               "nodePort": node_port, "protocol": "UDP"}])
 
 
 def backend(cluster, node_ip: str, node_port: int, sport: int) -> str:

@@ -30,6 +30,7 @@ from kproxy_ebpf.kube.convert import Rejection, node_from_api, service_from_api,
 from kproxy_ebpf.kube.events import EventRecorder
 from kproxy_ebpf.kube.reflector import Event, EventType, Reflector, reflector_for
 
+from ..builders import api_ep, api_service, api_slice
 from ..support import wait_until
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(180)]
@@ -176,20 +177,16 @@ def _ignore_404(fn: Callable[..., Any], *args: Any) -> None:
 
 
 def service_body(name: str, port: int = 80, labels: dict | None = None) -> dict:
-    return {"metadata": {"name": name, "labels": labels or {}},
-            "spec": {"ports": [{"name": "http", "port": port, "protocol": "TCP"}]}}
+    return api_service(name, None, meta={"labels": labels or {}},
+                       ports=[{"name": "http", "port": port, "protocol": "TCP"}])
 
 
 def slice_body(name: str, service: str, ips: list[str], ready: bool | None = True) -> dict:
     conditions = {} if ready is None else {"ready": ready}
-    return {
-        "metadata": {"name": name, "labels": {"kubernetes.io/service-name": service,
-                                              # not the EndpointSlice controller's: it leaves these alone
-                                              "endpointslice.kubernetes.io/managed-by": "kproxy-test"}},
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-        "endpoints": [{"addresses": [ip], "conditions": conditions, "nodeName": "kproxy-test-node"} for ip in ips],
-    }
+    # managed-by: not the EndpointSlice controller's, which leaves these alone
+    return api_slice(name, service, None, labels={"endpointslice.kubernetes.io/managed-by": "kproxy-test"},
+                     ports=[{"name": "http", "port": 8080, "protocol": "TCP"}],
+                     endpoints=[api_ep(ip, "kproxy-test-node", conditions) for ip in ips])
 
 
 def services_reflector(api: client.ApiClient, store: Store, gate: bool = False,

@@ -19,6 +19,7 @@ from kubernetes.client.rest import ApiException
 
 from kproxy_ebpf.dev.lab.cluster import Cluster
 
+from ..builders import api_ep, api_service, api_slice
 from ..support import lab_cluster, wait_until
 from .lab_services import delete_service, make_service, metric, served_by, services_on
 
@@ -81,16 +82,13 @@ def test_headless_label_on_an_endpointslice_takes_its_endpoints_away(cluster):
     """e2e "should implement service.kubernetes.io/headless" (v1.36 test/e2e/network/service.go)."""
     cluster.create_pod("hl-1", "node2", ports=(("tcp", 8080),))
     core, disc = client.CoreV1Api(cluster.api()), client.DiscoveryV1Api(cluster.api())
-    ip = core.create_namespaced_service("default", {
-        "metadata": {"name": "hl"},
-        "spec": {"ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}}).spec.cluster_ip
+    ip = core.create_namespaced_service("default", api_service(
+        "hl", None, ports=[{"name": "http", "port": 80, "protocol": "TCP"}])).spec.cluster_ip
     pod_ip = core.read_namespaced_pod("hl-1", "default").status.pod_ip
-    disc.create_namespaced_endpoint_slice("default", {
-        "metadata": {"name": "hl-custom", "labels": {"kubernetes.io/service-name": "hl",
-                                                     "endpointslice.kubernetes.io/managed-by": "test"}},
-        "addressType": "IPv4",
-        "endpoints": [{"addresses": [pod_ip], "conditions": {"ready": True}}],
-        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]})
+    disc.create_namespaced_endpoint_slice("default", api_slice(
+        "hl-custom", "hl", None, labels={"endpointslice.kubernetes.io/managed-by": "test"},
+        endpoints=[api_ep(pod_ip, conditions={"ready": True})],
+        ports=[{"name": "http", "port": 8080, "protocol": "TCP"}]))
     wait_until(lambda: served_by(cluster, ip) == {"hl-1"}, 15, "the custom slice to serve")
     disc.patch_namespaced_endpoint_slice("hl-custom", "default",
                                          {"metadata": {"labels": {HEADLESS: ""}}})

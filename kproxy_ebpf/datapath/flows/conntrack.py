@@ -18,7 +18,7 @@ ones). Their UDP flows are purged like any other.
 Which backend a flow keeps is the caller's rule (`keeps`): the agent passes kube-proxy's
 (established.py: still in the slots, or a serving endpoint of the Service port), so a pod that
 is shutting down but still serving drains its flows from outside too; tests pass
-MapWriter.backends_of (the slots only).
+Ledger.backends_of (the slots only).
 """
 from __future__ import annotations
 

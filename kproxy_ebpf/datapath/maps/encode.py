@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import struct
 import sys
+from collections.abc import Callable
+from functools import partial
 
 from kproxy_ebpf.datapath.write.programmed import BackendKey, HeldTable
-from kproxy_ebpf.model.desired import Frontend, ServicePortName
+from kproxy_ebpf.model.desired import Frontend, FrontendKey, ServicePortName
 from kproxy_ebpf.model.objects import Protocol
 
 from . import layout as L
@@ -26,13 +28,14 @@ _BACKEND = struct.Struct(L.MAPS["backend"].value_format).pack
 NAME_MAX = L.const("KP_NAME_LEN") - 1
 PORT_NAME_MAX = L.const("KP_PORT_NAME_LEN") - 1
 
-pack_svc_key = _SVC_KEY.pack          # (addr, port, proto, scope, slot) as kp_svc_key holds them
 backend_id_key = _ID                  # kp_backend's key: the backend id
 
 
-def slot_fields(head: L.SvcKey) -> tuple[bytes, int, int, int]:
-    """(addr, port, proto, scope) of a frontend's slot 0 key, which its slot keys share."""
-    return bytes(head.addr), head.port, head.proto, head.scope
+def svc_keys(fkey: FrontendKey) -> Callable[[int], bytes]:
+    """slot -> the kp_svc key of that row of frontend `fkey` (0: slot 0), packed straight
+    from the frontend's fields, encoded once (the same bytes as layout.frontend_svc_key)."""
+    return partial(_SVC_KEY.pack, L.ip_bytes(fkey.ip), L.port_be(fkey.port),
+                   L.PROTO_NUM[fkey.protocol], L.SCOPE_NUM[fkey.scope])
 
 
 def slot_value(backend_id: int, be_flags: int) -> bytes:

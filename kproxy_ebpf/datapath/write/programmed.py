@@ -8,12 +8,19 @@ restore.py rebuilds a Ledger from the pinned maps; writer.py keeps it up to date
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from kproxy_ebpf.datapath.maps.ids import IdAllocator
-from kproxy_ebpf.datapath.maps.layout import MetaView
-from kproxy_ebpf.model.desired import Action, BackendKey, FrontendKey, FrontendKind, ServicePortName
+from kproxy_ebpf.datapath.maps.layout import PROTO_BY_NUM, MetaView, ip_text
+from kproxy_ebpf.model.desired import (
+    Action,
+    BackendKey,
+    FrontendKey,
+    FrontendKind,
+    Scope,
+    ServicePortName,
+)
 from kproxy_ebpf.model.objects import LBAlgorithm
 
 Slot = tuple[BackendKey, int]            # the backend a slot names, and its be_flags
@@ -216,3 +223,29 @@ class Ledger:
         prog.service = spn
         if spn is not None:
             self.svc_refs[spn] += 1
+
+    # -- what the maps hold now, for the stale-socket search, the conntrack purge and the
+    #    counters: answered from the bookkeeping, never by reading a map
+    def holds(self, peer: tuple[bytes, int, int]) -> bool:
+        """Whether some frontend still names the backend (16-byte address, port, IP
+        protocol number): its row is programmed."""
+        addr, port, proto = peer
+        return (ip_text(addr), port, PROTO_BY_NUM[proto]) in self.backend_ids
+
+    def backends_of(self, key: FrontendKey) -> frozenset[BackendKey]:
+        """The backends a lookup of frontend `key` (either scope) can pick now."""
+        prog = self.frontends.get(key)
+        return frozenset(prog.order()) if prog is not None else frozenset()
+
+    def sock_backends(self, keys: Iterable[FrontendKey] | None = None
+                      ) -> dict[FrontendKey, Collection[BackendKey]]:
+        """The backends lookups of the scope-SOCK frontends among `keys` (None: all) can pick
+        now: what a socket connected through them may be talking to. Tuples, not sets: a full
+        sync holds one per frontend while it writes."""
+        held = self.frontends
+        return {k: prog.order() for k in (held if keys is None else keys)
+                if k.scope is Scope.SOCK and (prog := held.get(k)) is not None}
+
+    def svc_ids_held(self) -> set[int]:
+        """Every service id some frontend holds now."""
+        return {sid for _, sid in self.svc_ids}

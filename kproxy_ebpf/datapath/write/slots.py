@@ -7,6 +7,8 @@ writer.py's docstring).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kproxy_ebpf.datapath.maps import encode as E
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap
 
@@ -31,12 +33,12 @@ def new_backend(held: Ledger, be: PinnedMap, b: BackendKey, res: ApplyResult,
     return bid
 
 
-def write_slots(held: Ledger, be: PinnedMap, prog: Programmed, fields: tuple,
+def write_slots(held: Ledger, be: PinnedMap, prog: Programmed, key_of: Callable[[int], bytes],
                 order: list[BackendKey], wanted: dict[BackendKey, int], res: ApplyResult,
                 writes: Writes) -> None:
     """Slot rows 1..n that differ from what the kernel holds, each with its bookkeeping."""
     rows, refs, unref, ids = prog.rows, held.refs, held.unref, held.backend_ids
-    pack_key, slot_value = E.pack_svc_key, E.slot_value
+    slot_value = E.slot_value
     for slot, bkey in enumerate(order, start=1):
         row = (bkey, wanted[bkey])
         old = rows.get(slot)
@@ -44,7 +46,7 @@ def write_slots(held: Ledger, be: PinnedMap, prog: Programmed, fields: tuple,
             bid = ids.get(bkey)
             if bid is None:
                 bid = new_backend(held, be, bkey, res, writes)
-            writes.slot(pack_key(*fields, slot), slot_value(bid, row[1]))
+            writes.slot(key_of(slot), slot_value(bid, row[1]))
             # the bookkeeping of Ledger.ref(prog, slot, row), inline: this runs per endpoint
             if old is not None:
                 refs.add(old[0], -1)
@@ -56,7 +58,7 @@ def write_slots(held: Ledger, be: PinnedMap, prog: Programmed, fields: tuple,
             res.writes += 1
 
 
-def fill_slots(held: Ledger, be: PinnedMap, prog: Programmed, fields: tuple,
+def fill_slots(held: Ledger, be: PinnedMap, prog: Programmed, key_of: Callable[[int], bytes],
                order: list[BackendKey], wanted: dict[BackendKey, int], res: ApplyResult,
                writes: Writes) -> None:
     """write_slots for a frontend without slot rows while the writes are batched (a cold
@@ -65,7 +67,7 @@ def fill_slots(held: Ledger, be: PinnedMap, prog: Programmed, fields: tuple,
     a failure (a bad address, no id left) leaves every id taken named by a slot row; the
     slots recorded until then are kept, as write_slots keeps them."""
     get, acquire = held.backend_ids.get, held.backend_ids.acquire
-    pack_key, slot_value, (addr, port, proto, scope) = E.pack_svc_key, E.slot_value, fields
+    slot_value = E.slot_value
     be_keys: list[bytes] = []
     be_rows: list[bytes] = []
     keys: list[bytes] = []
@@ -80,7 +82,7 @@ def fill_slots(held: Ledger, be: PinnedMap, prog: Programmed, fields: tuple,
                 fresh.add(bkey)
                 be_keys.append(E.backend_id_key(bid))
                 be_rows.append(row)
-            keys.append(pack_key(addr, port, proto, scope, slot))
+            keys.append(key_of(slot))
             values.append(slot_value(bid, wanted[bkey]))
     finally:
         done = order[:len(keys)]

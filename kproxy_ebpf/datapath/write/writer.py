@@ -34,7 +34,7 @@ that stopped needing it. The writer never decides policy.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from kproxy_ebpf.datapath.maps import encode as E
 from kproxy_ebpf.datapath.maps import layout as L
@@ -81,6 +81,8 @@ class MapWriter:
         # (kp_svcstat, svc_counters.py) go after the sync.
         self._freed_svc_ids: list[int] = []
 
+    # Questions about what the maps hold go to self.held (the Ledger), read anew each time:
+    # restore() replaces it.
     @property
     def programmed(self) -> Mapping[FrontendKey, Programmed]:
         """What the kernel holds, per frontend (read-only: the writer keeps it)."""
@@ -89,26 +91,6 @@ class MapWriter:
     @property
     def backend_ids(self):
         return self.held.backend_ids
-
-    def holds(self, peer: tuple[bytes, int, int]) -> bool:
-        """Whether some frontend still names the backend (16-byte address, port, IP
-        protocol number): its row is programmed."""
-        addr, port, proto = peer
-        return (L.ip_text(addr), port, L.PROTO_BY_NUM[proto]) in self.held.backend_ids
-
-    def backends_of(self, key: FrontendKey) -> frozenset[BackendKey]:
-        """The backends a lookup of frontend `key` (either scope) can pick now."""
-        prog = self.held.frontends.get(key)
-        return frozenset(prog.order()) if prog is not None else frozenset()
-
-    def sock_backends(self, keys: Iterable[FrontendKey] | None = None
-                      ) -> dict[FrontendKey, Collection[BackendKey]]:
-        """The backends lookups of the scope-SOCK frontends among `keys` (None: all) can pick
-        now: what a socket connected through them may be talking to. Tuples, not sets: a full
-        sync holds one per frontend while it writes."""
-        held = self.held.frontends
-        return {k: prog.order() for k in (held if keys is None else keys)
-                if k.scope is Scope.SOCK and (prog := held.get(k)) is not None}
 
     def restore(self) -> int:
         """Rebuilds the bookkeeping from the maps; returns the number of frontends found."""
@@ -190,10 +172,9 @@ class MapWriter:
             held.named[fe.service] = view
             res.writes += 1
 
-        head = L.frontend_svc_key(key)      # encoded once; slot keys are packed from it
-        fields = E.slot_fields(head)
+        key_of = E.svc_keys(key)       # slot -> kp_svc key, the frontend encoded once
         slots = fill_slots if not prog.rows and writes.batching else write_slots
-        slots(held, self.be, prog, fields, order, wanted, res, writes)
+        slots(held, self.be, prog, key_of, order, wanted, res, writes)
         local = self.plan.locals(fe)
         if key.scope is Scope.EXT:
             self._hold_filters(key, local, prog, res, writes)  # before the slot 0 needing them
@@ -207,7 +188,7 @@ class MapWriter:
         old_table = prog.maglev
         table = self._table(fe, prog, order, res, writes)    # before the slot 0 naming it
         # Only now may slot 0 announce the new count.
-        writes.head(head, E.head_value(fe, svc_id, len(order), bool(ranges), table))
+        writes.head(key_of(0), E.head_value(fe, svc_id, len(order), bool(ranges), table))
         prog.range_flag, prog.maglev = bool(ranges), table
         res.writes += 1
         if self.cursors is not None:                          # after the slot 0 it follows
@@ -224,7 +205,7 @@ class MapWriter:
         prog.kind, prog.action = fe.kind, fe.action
         prog.affinity, prog.count = fe.affinity_timeout, len(order)
         for slot in prog.rows.above(len(order)):
-            writes.drop_slot(L.frontend_svc_key(key, slot))
+            writes.drop_slot(key_of(slot))
             held.ref(prog, slot, None)
             res.writes += 1
         res.updated += 1
@@ -246,8 +227,8 @@ class MapWriter:
 
     def _delete_frontend(self, key: FrontendKey, res: ApplyResult, writes: Writes) -> None:
         held = self.held
-        prog = held.frontends[key]
-        writes.drop_head(L.frontend_svc_key(key))     # first: the frontend disappears at once
+        prog, key_of = held.frontends[key], E.svc_keys(key)
+        writes.drop_head(key_of(0))     # first: the frontend disappears at once
         prog.count = None
         if self.cursors is not None:
             res.writes += self.cursors.update(None, prog.algorithm, (), [], writes, key)
@@ -260,7 +241,7 @@ class MapWriter:
         prog.range_flag = False
         self._drop_ranges(key, prog, prog.ranges, res, writes)
         for slot in sorted(prog.rows):
-            writes.drop_slot(L.frontend_svc_key(key, slot))
+            writes.drop_slot(key_of(slot))
             held.ref(prog, slot, None)
             res.writes += 1
         for addr in sorted(prog.local_held):           # after its slot 0 is gone
@@ -316,10 +297,6 @@ class MapWriter:
         """The service ids freed since the last call."""
         freed, self._freed_svc_ids = self._freed_svc_ids, []
         return freed
-
-    def svc_ids_held(self) -> set[int]:
-        """Every service id some frontend holds now."""
-        return {sid for _, sid in self.held.svc_ids}
 
     def row_counts(self) -> dict[str, int]:
         """Rows the writer keeps in each map it owns (without iterating the kernel maps)."""

@@ -12,7 +12,7 @@ from kproxy_ebpf.model.objects import Node, Protocol
 from kproxy_ebpf.proxy.state import ProxyState
 
 from ...builders import CLUSTER_IP, ep, sl, svc
-from ..fakemaps import checked_maps
+from ...fakemaps import checked_maps
 
 TCP = Protocol.TCP
 KEY = FrontendKey(CLUSTER_IP, 80, TCP)
@@ -26,7 +26,7 @@ def established(*eps, **service_fields) -> Established:
     changes = state.compute()
     writer = MapWriter(checked_maps())
     assert writer.apply(changes.frontends).ok
-    return Established(writer, changes.frontends, state.serving_endpoints)
+    return Established(writer.held, changes.frontends, state.serving_endpoints)
 
 
 def three_endpoints():
@@ -65,9 +65,9 @@ def test_a_draining_backend_is_remembered_until_it_stops_serving():
     def sync(*eps) -> set:
         state.upsert_slice(sl(*eps))
         changes = state.compute()
-        before = kept.before(writer, changes.recomputed_keys)
+        before = kept.before(writer.held, changes.recomputed_keys)
         assert writer.apply(changes.frontends, changes.changed_keys).ok
-        return kept.settle(before, Established(writer, changes.frontends, state.serving_endpoints))
+        return kept.settle(before, Established(writer.held, changes.frontends, state.serving_endpoints))
 
     assert sync(ep(READY, "node-b"), ep(DRAINING, "node-b")) == set()
     assert len(kept) == 0, "backends in the slots are the writer's to tell, not copied"

@@ -18,7 +18,7 @@ from kproxy_ebpf.model.objects import IPFamily
 from kproxy_ebpf.serve.metrics import Metrics
 
 from ...builders import fe
-from ..fakemaps import FakeMap
+from ...fakemaps import FakeMap
 
 V4 = IPFamily.IPV4
 

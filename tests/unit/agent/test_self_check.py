@@ -85,7 +85,7 @@ def test_a_service_cidr_row_deleted_behind_the_writer_is_drift():
     from kproxy_ebpf.datapath.write.cidr_writer import CidrWriter
     from kproxy_ebpf.model.desired import ServiceCIDRSet
 
-    from ..fakemaps import fake_maps
+    from ...fakemaps import fake_maps
 
     maps = fake_maps(("clusterip", "servicecidr"))
     w = CidrWriter(maps)

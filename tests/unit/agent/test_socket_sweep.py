@@ -14,7 +14,7 @@ from kproxy_ebpf.proxy.state import ProxyState
 from kproxy_ebpf.serve.metrics import Metrics
 
 from ...builders import ep, sl, svc
-from ..fakemaps import checked_maps
+from ...fakemaps import checked_maps
 
 TCP = Protocol.TCP
 
@@ -47,10 +47,10 @@ def world(request):
     def sync(*ips: str, full: bool = False) -> None:
         state.upsert_slice(sl(*(ep(ip, "node-b") for ip in ips)))
         changes = state.compute()
-        before = sweep.before(writer, None if full else changes.recomputed_keys)
+        before = sweep.before(writer.held, None if full else changes.recomputed_keys)
         assert writer.apply(changes.frontends).ok
-        sweep.after(before, Established(writer, changes.frontends, state.serving_endpoints), full,
-                    writer.holds)
+        sweep.after(before, Established(writer.held, changes.frontends, state.serving_endpoints), full,
+                    writer.held.holds)
     return sync, stale
 
 

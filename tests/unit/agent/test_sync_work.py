@@ -34,36 +34,19 @@ from kproxy_ebpf.datapath.write.drift import DriftCheck
 from kproxy_ebpf.datapath.write.programmed import Ledger
 from kproxy_ebpf.datapath.write.writer import MapWriter
 from kproxy_ebpf.model.objects import (
-    Endpoint,
-    EndpointPort,
-    EndpointSlice,
     Kind,
     Node,
     Protocol,
-    Service,
     ServicePort,
 )
 from kproxy_ebpf.proxy import state as state_mod
 from kproxy_ebpf.proxy.claims import Claims
 
-from ..fakemaps import FakeMap
+from ...builders import numbered_slice, numbered_svc
+from ...fakemaps import FakeMap
 
 TCP = Protocol.TCP
 NODE = "node-a"
-
-
-def service(i: int, **kw) -> Service:
-    kw.setdefault("ports", (ServicePort("http", TCP, 80),))
-    return Service(namespace="ns", name=f"svc-{i}", cluster_ips=(f"172.{30 + (i >> 16)}.{(i >> 8) & 255}.{i & 255}",),
-                   resource_version="1", **kw)
-
-
-def endpoint_slice(i: int, ready: tuple[bool, ...] = (True, True, True)) -> EndpointSlice:
-    return EndpointSlice(
-        namespace="ns", name=f"svc-{i}-abc", service_name=f"svc-{i}",
-        ports=(EndpointPort("http", TCP, 8080),),
-        endpoints=tuple(Endpoint.of(f"10.{i >> 8 & 255}.{i & 255}.{e + 1}", ready=r,
-                                 node_name="node-b") for e, r in enumerate(ready)))
 
 
 class CountingTable(Mapping):
@@ -104,9 +87,9 @@ class Harness:
         self._spy(monkeypatch)
         self.agent.sink.replace(Kind.NODE, [Node(NODE, addresses=("192.168.0.1",))])
         # Unchanged Services: one with a problem (a bad port), the rest healthy.
-        self.agent.sink.replace(Kind.SERVICE, [service(i) for i in range(n)]
-                           + [service(n, ports=(ServicePort("x", TCP, 0),))])
-        self.agent.sink.replace(Kind.ENDPOINT_SLICE, [endpoint_slice(i) for i in range(n)])
+        self.agent.sink.replace(Kind.SERVICE, [numbered_svc(i) for i in range(n)]
+                           + [numbered_svc(n, ports=(ServicePort("x", TCP, 0),))])
+        self.agent.sink.replace(Kind.ENDPOINT_SLICE, [numbered_slice(i) for i in range(n)])
         assert self.agent.loop.sync(True)
         assert len(self.agent.node.writer.programmed) == n
 
@@ -165,12 +148,12 @@ class Harness:
 DUPLICATE_PORTS = (ServicePort("http", TCP, 80), ServicePort("again", TCP, 80))
 
 CHANGES = {
-    "endpoint turns unready": lambda a: a.sink.upsert(Kind.ENDPOINT_SLICE, endpoint_slice(7, (True, False, True))),
-    "endpoint added": lambda a: a.sink.upsert(Kind.ENDPOINT_SLICE, endpoint_slice(7, (True, True, True, True))),
-    "service added": lambda a: (a.sink.upsert(Kind.SERVICE, service(20_000)),
-                                a.sink.upsert(Kind.ENDPOINT_SLICE, endpoint_slice(20_000))),
+    "endpoint turns unready": lambda a: a.sink.upsert(Kind.ENDPOINT_SLICE, numbered_slice(7, (True, False, True))),
+    "endpoint added": lambda a: a.sink.upsert(Kind.ENDPOINT_SLICE, numbered_slice(7, (True, True, True, True))),
+    "service added": lambda a: (a.sink.upsert(Kind.SERVICE, numbered_svc(20_000)),
+                                a.sink.upsert(Kind.ENDPOINT_SLICE, numbered_slice(20_000))),
     "service deleted": lambda a: a.sink.delete(Kind.SERVICE, "ns", "svc-3"),
-    "service gets a problem": lambda a: a.sink.upsert(Kind.SERVICE, service(5, ports=DUPLICATE_PORTS)),
+    "service gets a problem": lambda a: a.sink.upsert(Kind.SERVICE, numbered_svc(5, ports=DUPLICATE_PORTS)),
 }
 
 
@@ -217,9 +200,9 @@ def test_problems_are_told_once_while_current_and_again_when_they_return(monkeyp
     def told():
         return [r.getMessage() for r in caplog.records if "is listed twice" in r.getMessage()]
 
-    bad, good = service(1, ports=DUPLICATE_PORTS), service(1)
+    bad, good = numbered_svc(1, ports=DUPLICATE_PORTS), numbered_svc(1)
     for change, expected in ((lambda a: a.sink.upsert(Kind.SERVICE, bad), 1),
-                             (lambda a: a.sink.upsert(Kind.ENDPOINT_SLICE, endpoint_slice(2, (False,))), 1),
+                             (lambda a: a.sink.upsert(Kind.ENDPOINT_SLICE, numbered_slice(2, (False,))), 1),
                              (lambda a: a.sink.upsert(Kind.SERVICE, dataclasses.replace(bad, resource_version="2")), 1),
                              (lambda a: a.sink.upsert(Kind.SERVICE, good), 1),
                              (lambda a: a.sink.upsert(Kind.SERVICE, bad), 2)):
@@ -251,8 +234,8 @@ def test_a_full_map_is_retried_by_time_not_on_every_sync(monkeypatch, caplog):
     h.agent.node.sock.maps = h.maps
     h.agent.node.writer = MapWriter(h.maps)
     h.agent.node.cidrs = CidrWriter(h.maps)
-    h.agent.sink.replace(Kind.SERVICE, [service(i) for i in range(20)])
-    h.agent.sink.replace(Kind.ENDPOINT_SLICE, [endpoint_slice(i) for i in range(20)])
+    h.agent.sink.replace(Kind.SERVICE, [numbered_svc(i) for i in range(20)])
+    h.agent.sink.replace(Kind.ENDPOINT_SLICE, [numbered_slice(i) for i in range(20)])
     assert not h.agent.loop.sync(True)                 # 5 of 20 fit (4 rows each)
     failed = set(h.agent.loop.policy.retry)
     assert len(failed) == 15 and h.agent.loop.policy.retry_map_full
@@ -260,12 +243,12 @@ def test_a_full_map_is_retried_by_time_not_on_every_sync(monkeypatch, caplog):
     assert len(errors) == reporting.ERROR_LINES + 1 and "15 more" not in errors[-1].getMessage()
     assert "raise their size" in errors[-1].getMessage()
 
-    h.agent.sink.upsert(Kind.ENDPOINT_SLICE, endpoint_slice(0, (True, False, True)))
+    h.agent.sink.upsert(Kind.ENDPOINT_SLICE, numbered_slice(0, (True, False, True)))
     h.agent.loop.sync(False)
     assert candidates[-1] & failed == set()        # not retried 200 ms later
     assert h.agent.loop.policy.retry == failed          # ...and not forgotten
     h.agent.loop.policy.retry_at = 0.0                  # FULL_MAP_RETRY_EVERY has passed
-    h.agent.sink.upsert(Kind.ENDPOINT_SLICE, endpoint_slice(0))
+    h.agent.sink.upsert(Kind.ENDPOINT_SLICE, numbered_slice(0))
     h.agent.loop.sync(False)
     assert failed <= candidates[-1]
     h.agent.sink.delete(Kind.SERVICE, "ns", "svc-0")  # room for one more (the writer deletes
@@ -358,9 +341,9 @@ def test_syncs_while_the_drift_check_reads_are_no_drift(monkeypatch):
     with h.agent.loop.lock:
         check.begin()
     snap = check.read()
-    h.agent.sink.upsert(Kind.ENDPOINT_SLICE, endpoint_slice(2, (True, False)))
-    h.agent.sink.upsert(Kind.SERVICE, service(6))
-    h.agent.sink.upsert(Kind.ENDPOINT_SLICE, endpoint_slice(6))
+    h.agent.sink.upsert(Kind.ENDPOINT_SLICE, numbered_slice(2, (True, False)))
+    h.agent.sink.upsert(Kind.SERVICE, numbered_svc(6))
+    h.agent.sink.upsert(Kind.ENDPOINT_SLICE, numbered_slice(6))
     assert h.agent.loop.sync(False)
     fronts, ips = check.suspects(snap)
     assert fronts                  # svc-2's record was rewritten in place: a suspect...
@@ -381,7 +364,7 @@ def test_full_sync_cpu_is_counted_and_partial_syncs_are_not(monkeypatch):
     assert h.agent.loop.sync(True)
     after_full = value()
     assert after_full > 0
-    h.agent.sink.upsert(Kind.ENDPOINT_SLICE, endpoint_slice(0, (True, False, True)))
+    h.agent.sink.upsert(Kind.ENDPOINT_SLICE, numbered_slice(0, (True, False, True)))
     assert h.agent.loop.sync(False)
     assert value() == after_full
 
@@ -400,7 +383,7 @@ def test_the_cyclic_gc_is_paused_until_the_first_sync(monkeypatch):
     try:
         h.agent.pause_gc()
         assert not gc.isenabled()
-        h.agent.sink.upsert(Kind.ENDPOINT_SLICE, endpoint_slice(0, (True, False, True)))
+        h.agent.sink.upsert(Kind.ENDPOINT_SLICE, numbered_slice(0, (True, False, True)))
         assert h.agent.loop.sync(False)
         assert gc.isenabled() and resumed == [1] and gc.get_freeze_count() > 0
         assert h.agent.loop.sync(True) and resumed == [1]

@@ -9,7 +9,7 @@ from kproxy_ebpf.datapath.write.apply_result import ApplyResult
 from kproxy_ebpf.datapath.write.cidr_writer import CIP_PASS, CIP_REJECT, CidrWriter
 from kproxy_ebpf.model.desired import ServiceCIDRSet
 
-from ..fakemaps import FakeMap
+from ...fakemaps import FakeMap
 
 
 def maps(on_op=None, cip_size=1000):

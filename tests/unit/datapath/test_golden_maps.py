@@ -13,7 +13,7 @@ from kproxy_ebpf.kube.manifests import load_manifests
 from kproxy_ebpf.model.objects import Node
 from kproxy_ebpf.proxy.state import ProxyState
 
-from ..fakemaps import fake_maps
+from ...fakemaps import fake_maps
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 

@@ -102,6 +102,19 @@ def test_byte_order_round_trip(ip, port):
     assert layout.key_tuple(key) == (str(ipaddress.ip_address(ip)), port, layout.Protocol.UDP)
 
 
+@pytest.mark.parametrize("ip", ["10.96.0.10", "fd00:96::a"])
+def test_the_writers_packed_keys_are_the_ctypes_keys(ip):
+    """encode.svc_keys, which the writer packs every kp_svc key with, gives the bytes of the
+    ctypes key the readers and the CLI build (layout.frontend_svc_key)."""
+    from kproxy_ebpf.datapath.maps import encode
+    from kproxy_ebpf.model.desired import FrontendKey, IPFamily, Scope
+
+    for scope in Scope:
+        fkey = FrontendKey(ip, 53, layout.Protocol.UDP, scope,
+                           IPFamily.IPV6 if ":" in ip else IPFamily.IPV4)
+        for slot in (0, 1, 300):
+            assert encode.svc_keys(fkey)(slot) == layout.raw(layout.frontend_svc_key(fkey, slot))
+
 def test_the_mapped_form_is_what_lib_ip_h_writes():
     assert layout.ip_bytes("10.1.2.3") == bytes(10) + b"\xff\xff" + bytes([10, 1, 2, 3])
     assert layout.ip_text(layout.ip_bytes("::ffff:10.1.2.3")) == "10.1.2.3"

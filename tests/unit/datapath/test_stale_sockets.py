@@ -20,7 +20,7 @@ from kproxy_ebpf.datapath.sockets.stale_sockets import Outcome, StaleSockets, pe
 from kproxy_ebpf.model.desired import FrontendKey, Scope
 from kproxy_ebpf.model.objects import Protocol
 
-from ..fakemaps import FakeMap
+from ...fakemaps import FakeMap
 
 
 def each_netns(paths, fn):

@@ -12,37 +12,7 @@ from kproxy_ebpf.model.desired import Scope
 from kproxy_ebpf.serve.metrics import Metrics
 
 from ...builders import fe, table
-from ..fakemaps import checked_maps
-
-Stat = L.MAPS["svcstat"].value
-
-
-Key = L.MAPS["svcstat"].key
-
-
-class PerCpuMap:
-    """kp_svcstat as the kernel keeps it: one struct per CPU for each (svc_id, scope)."""
-
-    def __init__(self, cpus: int = 2):
-        self.cpus, self.rows = cpus, {}
-
-    def count(self, svc_id: int, cpu: int, scope: int = L.SCOPE_SOCK, **fields) -> None:
-        row = self.rows.setdefault((svc_id, scope), [Stat() for _ in range(self.cpus)])
-        for name, n in fields.items():
-            setattr(row[cpu], name, getattr(row[cpu], name) + n)
-
-    def items(self):
-        return [(Key(svc_id=i, scope=s), v) for (i, s), v in self.rows.items()]
-
-    def keys(self):
-        return [Key(svc_id=i, scope=s) for i, s in self.rows]
-
-    def delete_batch(self, keys):
-        for k in keys:
-            self.rows.pop((k.svc_id, k.scope), None)
-
-    def ids(self) -> set[int]:
-        return {i for i, _ in self.rows}
+from ...fakemaps import PerCpuMap, checked_maps
 
 
 def programmed():
@@ -87,7 +57,7 @@ def test_a_freed_id_loses_its_row_so_the_next_holder_starts_from_zero():
     assert maps["svcstat"].ids() == {ids["api"]}
     # A row created for an id a moment before it was freed: the drift check's sweep.
     maps["svcstat"].count(ids["web"], 1, conns=1)
-    assert svc_counters.sweep(maps["svcstat"], writer.svc_ids_held()) == 1
+    assert svc_counters.sweep(maps["svcstat"], writer.held.svc_ids_held()) == 1
     assert maps["svcstat"].ids() == {ids["api"]}
 
 

@@ -15,7 +15,7 @@ from kproxy_ebpf.model.desired import Action, Backend, Frontend
 from kproxy_ebpf.model.objects import Protocol
 
 from ...builders import fe, table
-from ..fakemaps import FakeMap, checked_maps
+from ...fakemaps import FakeMap, checked_maps
 
 TCP = Protocol.TCP
 

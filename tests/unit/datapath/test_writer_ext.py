@@ -16,7 +16,7 @@ from kproxy_ebpf.model.objects import Protocol
 
 from ... import builders
 from ...builders import table
-from ..fakemaps import checked_maps
+from ...fakemaps import checked_maps
 
 TCP = Protocol.TCP
 SPN = ServicePortName("default", "web", "http", TCP)

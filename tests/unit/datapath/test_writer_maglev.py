@@ -17,7 +17,7 @@ from kproxy_ebpf.model.objects import Protocol
 
 from ... import builders
 from ...builders import table
-from ..fakemaps import checked_maps, maglev_tables
+from ...fakemaps import checked_maps, maglev_tables
 
 TCP = Protocol.TCP
 SPN = ServicePortName("default", "web", "http", TCP)

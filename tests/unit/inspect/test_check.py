@@ -1,5 +1,4 @@
 """`check`: desired frontends against what the maps hold (as reader.services() decodes it)."""
-import json
 
 import pytest
 from click.testing import CliRunner
@@ -10,7 +9,7 @@ from kproxy_ebpf.kube.sources import SLICE_LABEL_SELECTOR
 from kproxy_ebpf.model.desired import Action, FrontendKey, ServicePortName
 from kproxy_ebpf.model.objects import Protocol
 
-from ...builders import fe
+from ...builders import ListPage, api_ep, api_list, api_service, api_slice, fe
 
 TCP = Protocol.TCP
 SPN = ServicePortName("default", "web", "http", TCP)
@@ -70,14 +69,6 @@ def test_a_frontend_without_its_maglev_table_is_drift():
 
 # -- the cluster side: the agent's list code and the agent's configuration ------------------------
 
-class FakeResponse:
-    def __init__(self, body: dict) -> None:
-        self.data = json.dumps(body).encode()
-
-    def release_conn(self) -> None:
-        pass
-
-
 class FakeCluster:
     """kubernetes.client's CoreV1Api/DiscoveryV1Api for 5 Services with one slice each,
     serving at most 2 items per page (whatever `limit` says) so that paging is exercised."""
@@ -86,13 +77,11 @@ class FakeCluster:
         self.calls: list[tuple[str, dict]] = []
         ips = [f"10.96.0.{i}" for i in range(1, 6)]
         self.items = {
-            "services": [{"metadata": {"namespace": "default", "name": f"s{i}"},
-                          "spec": {"clusterIP": ip, "ports": [{"port": 80}]}}
+            "services": [api_service(f"s{i}", "default", clusterIP=ip)
                          for i, ip in enumerate(ips)],
-            "endpointslices": [{"metadata": {"namespace": "default", "name": f"s{i}-x",
-                                             "labels": {"kubernetes.io/service-name": f"s{i}"}},
-                                "addressType": "IPv4", "ports": [{"name": "", "port": 8080}],
-                                "endpoints": [{"addresses": [f"10.244.0.{i + 1}"]}]}
+            "endpointslices": [api_slice(f"s{i}-x", f"s{i}", "default",
+                                         ports=[{"name": "", "port": 8080}],
+                                         endpoints=[api_ep(f"10.244.0.{i + 1}")])
                                for i in range(5)],
             "nodes": [{"metadata": {"name": "node-a"},
                        "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.1"}]}}],
@@ -104,10 +93,9 @@ class FakeCluster:
         assert _preload_content is False            # raw JSON, as the reflector reads it
         self.calls.append((what, {"_continue": _continue, "limit": limit, **kw}))
         start = int(_continue or 0)
-        meta = {"resourceVersion": "42"}
-        if start + 2 < len(self.items[what]):
-            meta["continue"] = str(start + 2)
-        return FakeResponse({"metadata": meta, "items": self.items[what][start:start + 2]})
+        more = start + 2 < len(self.items[what])
+        return ListPage(api_list(self.items[what][start:start + 2], "42",
+                                 str(start + 2) if more else ""))
 
     def api(self, api_client):
         cluster = self

@@ -11,7 +11,7 @@ from kproxy_ebpf.model.desired import Action, FrontendKind, Scope
 from kproxy_ebpf.model.objects import Protocol
 
 from ...builders import fe
-from ..fakemaps import FakeMap
+from ...fakemaps import FakeMap
 
 TCP = Protocol.TCP
 

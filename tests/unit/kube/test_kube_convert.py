@@ -30,24 +30,21 @@ from kproxy_ebpf.model.objects import (
     ServiceType,
 )
 
+from ...builders import api_ep, api_service, api_slice
+
 
 def svc_obj(spec: dict[str, Any] | None = None, *, status: dict | None = None, labels: dict | None = None,
         name: str = "web", namespace: str = "ns1", annotations: dict | None = None) -> dict[str, Any]:
-    obj: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name, "namespace": namespace, "uid": "u-1", "resourceVersion": "42"},
-        "spec": {"type": "ClusterIP", "clusterIP": "172.30.0.10", "clusterIPs": ["172.30.0.10"],
-                 "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}],
-                 **(spec or {})},
-    }
+    # the namespace as given, None too (api_service would leave a None out)
+    meta: dict[str, Any] = {"namespace": namespace, "uid": "u-1", "resourceVersion": "42"}
     if labels is not None:
-        obj["metadata"]["labels"] = labels
+        meta["labels"] = labels
     if annotations is not None:
-        obj["metadata"]["annotations"] = annotations
-    if status is not None:
-        obj["status"] = status
-    return obj
+        meta["annotations"] = annotations
+    return api_service(name, None, typed=True, meta=meta, status=status, **{
+        "type": "ClusterIP", "clusterIP": "172.30.0.10", "clusterIPs": ["172.30.0.10"],
+        "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}],
+        **(spec or {})})
 
 
 def reasons(rejections: list[Rejection]) -> list[str]:
@@ -211,17 +208,14 @@ def test_service_rejected_whole(obj, reason):
 
 def slice_obj(endpoints: list | None = None, ports: list | None = None, *, address_type: str = "IPv4",
         labels: dict | None = None) -> dict[str, Any]:
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {"name": "web-abc12", "namespace": "ns1", "resourceVersion": "7", "uid": "s-1",
-                     "labels": {"kubernetes.io/service-name": "web"} if labels is None else labels},
-        "addressType": address_type,
-        "ports": [{"name": "http", "protocol": "TCP", "port": 8080}] if ports is None else ports,
-        "endpoints": [{"addresses": ["10.0.1.5"], "conditions": {"ready": True, "serving": True,
-                                                                  "terminating": False},
-                       "nodeName": "node-a", "zone": "zone-1"}] if endpoints is None else endpoints,
-    }
+    """Slice ns1/web-abc12 of Service web (`labels`: instead of the service-name label)."""
+    return api_slice("web-abc12", "web" if labels is None else None, "ns1", typed=True,
+                     meta={"resourceVersion": "7", "uid": "s-1"}, labels=labels,
+                     address_type=address_type,
+                     ports=[{"name": "http", "protocol": "TCP", "port": 8080}] if ports is None else ports,
+                     endpoints=[api_ep("10.0.1.5", "node-a", {"ready": True, "serving": True,
+                                                              "terminating": False}, zone="zone-1")]
+                     if endpoints is None else endpoints)
 
 
 SLICE_CASES = [

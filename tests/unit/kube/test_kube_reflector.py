@@ -29,6 +29,7 @@ from urllib3.exceptions import MaxRetryError, ProtocolError, ReadTimeoutError
 from kproxy_ebpf.kube import reflector as reflector_mod
 from kproxy_ebpf.kube.reflector import Event, EventType, Reflector, ResourceExpired, WatchError, WatchStalled
 
+from ...builders import api_list
 from ...support import wait_until
 
 pytestmark = pytest.mark.timeout(10)
@@ -181,9 +182,7 @@ def status(code: int, reason: str, message: str = "", **extra: Any) -> dict[str,
 
 
 def page(items: list[dict], rv: str = "", cont: str = "") -> FakeResponse:
-    meta = {k: v for k, v in (("resourceVersion", rv), ("continue", cont)) if v}
-    return FakeResponse(body=json.dumps({"kind": "ServiceList", "metadata": meta,
-                                         "items": items}).encode())
+    return FakeResponse(body=json.dumps(api_list(items, rv, cont, kind="ServiceList")).encode())
 
 
 def watch(*lines: bytes, error: BaseException | None = None, hold: bool = False) -> FakeResponse:

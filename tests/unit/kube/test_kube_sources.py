@@ -2,6 +2,7 @@
 its wiring (selectors, ServiceCIDRs) with reflectors built but never started."""
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -10,6 +11,8 @@ from kubernetes import client
 from kproxy_ebpf.kube.reflector import Event, EventType
 from kproxy_ebpf.kube.sources import ApiSource, decoder
 from kproxy_ebpf.model.objects import Kind
+
+from ...builders import ListPage, api_list, api_service
 
 
 class Sink:
@@ -29,26 +32,19 @@ class Sink:
         self.calls.append(("rejected", [(r.name, r.reason) for r in rejections]))
 
 
-class Page:
-    def __init__(self, items: list[dict], cont: str = "") -> None:
-        meta = {"resourceVersion": "9", **({"continue": cont} if cont else {})}
-        self.data = json.dumps({"metadata": meta, "items": items}).encode()
-
-    def release_conn(self) -> None:
-        pass
+def page(items: list[dict], cont: str = "") -> ListPage:
+    return ListPage(api_list(items, "9", cont))
 
 
-def service(name: str, **spec: Any) -> dict:
-    return {"metadata": {"namespace": "ns", "name": name},
-            "spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 80}], **spec}}
+service = functools.partial(api_service, clusterIP="10.96.0.1")      # ns/<name>, port 80
 
 
 def test_list_is_converted_and_bad_objects_are_kept_not_deleted():
     sink = Sink()
     source = ApiSource(object(), "node-a", sink)       # no request is made: lists are faked
     refl = source.reflectors["services"]
-    pages = iter([Page([service("a"), service("bad", type="Bogus")], cont="2"),
-                  Page([service("c"), {"metadata": {"namespace": "ns"}}])])
+    pages = iter([page([service("a"), service("bad", type="Bogus")], cont="2"),
+                  page([service("c"), {"metadata": {"namespace": "ns"}}])])
     refl._list_fn = lambda **kw: next(pages)
     refl._list()
     assert sink.calls == [

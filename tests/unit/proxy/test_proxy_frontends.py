@@ -152,13 +152,11 @@ def test_ipv6_external_ip_skipped_quietly_and_garbage_reported():
     """Addresses are validated once, at the API edge (kube/convert/): an IPv6 externalIP or
     LB ingress IP is left out quietly there, garbage is a rejection, and the policy programs
     what remains, in either scope."""
-    s, rejections = service_from_api({
-        "metadata": {"name": "svc", "namespace": "ns"},
-        "spec": {"clusterIP": CIP, "type": "LoadBalancer",
-                 "ports": [{"port": 80, "nodePort": 30080}],
-                 "externalIPs": ["2001:db8::1", "203.0.113.1", "not-an-ip"]},
-        "status": {"loadBalancer": {"ingress": [{"ip": "2001:db8::2"}, {"ip": "nope"},
-                                                {"ip": "198.51.100.1"}]}}})
+    s, rejections = service_from_api(builders.api_service(
+        clusterIP=CIP, type="LoadBalancer", ports=[{"port": 80, "nodePort": 30080}],
+        externalIPs=["2001:db8::1", "203.0.113.1", "not-an-ip"],
+        status={"loadBalancer": {"ingress": [{"ip": "2001:db8::2"}, {"ip": "nope"},
+                                             {"ip": "198.51.100.1"}]}}))
     fronts, problems = run(s, sl(ep("10.0.2.1")))
     assert {k[:2] for k in fronts} == {(CIP, 80), ("203.0.113.1", 80), ("198.51.100.1", 80),
                                        ("192.168.0.1", 30080), ("192.168.1.1", 30080)}

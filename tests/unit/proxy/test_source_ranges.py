@@ -20,8 +20,8 @@ from kproxy_ebpf.model.objects import LoadBalancerIngress, Node, Protocol, Servi
 from kproxy_ebpf.proxy.external import lb_source_ranges, service_ext_frontends
 from kproxy_ebpf.proxy.frontends import service_frontends
 
-from ...builders import fe
-from ..fakemaps import FakeMap, consistent
+from ...builders import api_service, fe
+from ...fakemaps import FakeMap, consistent
 
 TCP = Protocol.TCP
 NODE = Node(name="node-a", addresses=("192.168.0.1",))
@@ -47,10 +47,9 @@ def test_cidr_sloppy(text, expected):
 
 
 def _api_service(ranges):
-    return {"metadata": {"namespace": "ns", "name": "lb", "uid": "u1"},
-            "spec": {"type": "LoadBalancer", "clusterIP": "172.30.0.10",
-                     "ports": [{"port": 80, "protocol": "TCP", "nodePort": 30080}],
-                     "loadBalancerSourceRanges": ranges}}
+    return api_service("lb", meta={"uid": "u1"}, type="LoadBalancer", clusterIP="172.30.0.10",
+                       ports=[{"port": 80, "protocol": "TCP", "nodePort": 30080}],
+                       loadBalancerSourceRanges=ranges)
 
 
 def test_invalid_entries_are_reported_and_ignored_the_valid_ones_apply():

@@ -68,6 +68,35 @@ class FakeMap:
         return list(self.rows.items())
 
 
+_STAT_KEY, _STAT = L.MAPS["svcstat"].key, L.MAPS["svcstat"].value
+
+
+class PerCpuMap:
+    """kp_svcstat as the kernel keeps it: one struct per CPU for each (svc_id, scope); count()
+    adds what the programs would."""
+
+    def __init__(self, cpus: int = 2):
+        self.cpus, self.rows = cpus, {}
+
+    def count(self, svc_id: int, cpu: int, scope: int = L.SCOPE_SOCK, **fields) -> None:
+        row = self.rows.setdefault((svc_id, scope), [_STAT() for _ in range(self.cpus)])
+        for name, n in fields.items():
+            setattr(row[cpu], name, getattr(row[cpu], name) + n)
+
+    def items(self):
+        return [(_STAT_KEY(svc_id=i, scope=s), v) for (i, s), v in self.rows.items()]
+
+    def keys(self):
+        return [_STAT_KEY(svc_id=i, scope=s) for i, s in self.rows]
+
+    def delete_batch(self, keys):
+        for k in keys:
+            self.rows.pop((k.svc_id, k.scope), None)
+
+    def ids(self) -> set[int]:
+        return {i for i, _ in self.rows}
+
+
 def fake_maps(names=("svc", "backend", "meta"), on_op=None) -> dict:
     return {name: FakeMap(L.MAPS[name], on_op=on_op) for name in names}
 
