@@ -81,7 +81,7 @@ slow: setup image kind-tools
 	KPROXY_REQUIRE_ROOT=1 KPROXY_REQUIRE_CONTROLPLANE=1 $(LOCK) $(PY) -m pytest -q tests \
 	  --ignore=tests/unit
 
-unit: $(VENV)/.installed
+unit: $(VENV)/.installed headers
 	$(PY) -m pytest -q tests/unit
 
 # Generated hostile Services and EndpointSlices through conversion, policy and the writer.
