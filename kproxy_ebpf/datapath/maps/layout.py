@@ -218,6 +218,9 @@ SCHED_FLAG = {LBAlgorithm.ROUND_ROBIN: const("KP_FE_F_ROUND_ROBIN"),
               LBAlgorithm.LEAST_CONN: const("KP_FE_F_LEAST_CONN")}
 
 
+SCHED_ANY = sum(SCHED_FLAG.values())
+
+
 def scheduler_of(fe_flags: int) -> LBAlgorithm:
     """The scheduler slot 0's flags name (RANDOM when none: Maglev is told by its table)."""
     return next((a for a, f in SCHED_FLAG.items() if fe_flags & f), LBAlgorithm.RANDOM)

@@ -67,8 +67,11 @@ def services(maps: Mapping[str, PinnedMap]) -> list[dict]:
             "affinity_timeout": val.affinity_timeout, "scope": key.scope,
             "policy": _policy(metas.get(val.svc_id)), "backends": [],
         }
-        if val.backend_id:
-            # Picks by a Maglev table (kp_maglev) of this many entries, not at random.
+        # How a new connection picks its backend: by the frontend's Maglev table (kp_maglev),
+        # of this many entries; by a scheduler (lib/sched.h); at random.
+        entry["algorithm"] = ("maglev" if val.backend_id and not val.fe_flags & L.SCHED_ANY
+                              else L.scheduler_of(val.fe_flags).value)
+        if entry["algorithm"] == "maglev":
             entry["maglev"] = val.maglev_size
         if val.fe_flags & L.FE_F_SRC_RANGES:
             # loadBalancerSourceRanges as enforced (kp_srcrange): the sources a new flow

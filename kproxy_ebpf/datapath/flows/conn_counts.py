@@ -1,0 +1,48 @@
+"""Connections per backend on this node, as ipvsadm -Ln showed them per real server: active
+and inactive, for `services -o wide`, its JSON and the metrics.
+
+Active: the sockets connected to the backend through the socket hooks (kp_conns, counted from
+connect to close: what least-conn compares), plus the TC path's flows to it that are new or
+established. Inactive: TC flows past their FIN or RST and not yet expired (IPVS counts its
+FIN_WAIT and TIME_WAIT connections there). The socket path has no inactive state: a socket the
+application closed is gone from it (its TIME_WAIT is the kernel's, not a connection).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.maps.pinned import PinnedMap
+
+_OPEN = {L.const("KP_CT_NEW"), L.const("KP_CT_ESTABLISHED")}
+
+
+@dataclass
+class Conns:
+    active: int = 0
+    inactive: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"active": self.active, "inactive": self.inactive}
+
+
+def per_backend(maps: Mapping[str, PinnedMap]) -> dict[int, Conns]:
+    """Backend id -> its connections now (ids without any are left out)."""
+    out: dict[int, Conns] = {}
+    if "conns" in maps:
+        for key, row in maps["conns"].items():
+            if row.sock > 0:         # below zero: a socket closed after its id was reused
+                out.setdefault(key.value, Conns()).active += row.sock
+    if "ct" in maps:
+        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        for _, val in maps["ct"].items():
+            if val.expires <= now:
+                continue
+            c = out.setdefault(val.backend_id, Conns())
+            if val.state in _OPEN:
+                c.active += 1
+            else:
+                c.inactive += 1
+    return out
