@@ -14,9 +14,11 @@ from .options import bpffs_option
 @click.option("--yes", is_flag=True, help="Do not ask.")
 @click.option("--kube-proxy-leftovers", is_flag=True,
               help="Instead: remove what kube-proxy left in this node's network namespace "
-                   "(its KUBE-* iptables chains, legacy and nft, and its nftables tables), "
-                   "as `kube-proxy --cleanup` does. kproxy's own pins stay.")
-@click.option("--dry-run", is_flag=True, help="With --kube-proxy-leftovers: only list.")
+                   "(its KUBE-* iptables chains, legacy and nft, its nftables tables, and IPVS "
+                   "mode's kube-ipvs0, ipsets and virtual servers), as `kube-proxy --cleanup` "
+                   "does. kproxy's own pins stay.")
+@click.option("--dry-run", is_flag=True,
+              help="With --kube-proxy-leftovers: print what would be removed, change nothing.")
 @click.option("--program-cache", envvar="KPROXY_PROGRAM_CACHE",
               default="/var/cache/kproxy-ebpf/programs", show_default=True,
               help="The agent's compiled-program cache, emptied too ('' keeps it).")
@@ -60,6 +62,8 @@ def _cleanup_kube_proxy(yes: bool, dry_run: bool) -> None:
         click.echo(f"{'would remove' if dry_run else 'removed'} {item}")
     if not report.removed:
         click.echo("no kube-proxy leftovers")
+    for note in report.notes:
+        click.echo(f"note: {note}")
     for err in report.errors:
         click.echo(f"error: {err}", err=True)
     if report.errors:
