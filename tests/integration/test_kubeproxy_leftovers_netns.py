@@ -135,7 +135,7 @@ def test_dry_run_lists_everything_then_cleanup_removes_it_and_keeps_the_kubelets
     assert {line.removeprefix("removed ") for line in removed.splitlines()
             if line.startswith("removed ")} == expected
     after = state(netns)
-    for tool, table, cs, _ in IPTABLES:
+    for tool in {t for t, *_ in IPTABLES}:
         kept = chains(after[tool])
         assert not {c for c in kept if c not in KUBELETS and c != "OTHER"}, (tool, kept)
     assert {"KUBE-KUBELET-CANARY", "KUBE-FIREWALL"} <= chains(after["iptables-nft"])
