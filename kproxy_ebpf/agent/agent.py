@@ -168,7 +168,10 @@ class Agent:
                              self._stop)
 
     def _tell(self, reason: str, message: str) -> None:
-        """An Event on this agent's Node, when there is an API server."""
+        """An Event on this agent's Node, when there is an API server. A healthz port come free
+        may mean kube-proxy left: its leftovers are looked at now."""
+        if reason == "PortFree":
+            self.handover.wake()
         if self.reporter.events:
             record = (self.reporter.events.warn if reason == "PortInUse"
                       else self.reporter.events.normal)
@@ -177,6 +180,7 @@ class Agent:
     def stop(self) -> None:
         """Stops watching and syncing; the programs and maps stay (the datapath outlives us)."""
         self._stop.set()
+        self.handover.wake()
         self.gc_pause.resume()
         if self.source:
             self.source.stop()

@@ -83,6 +83,7 @@ class Handover:
         self.synced, self.port_free, self.told = synced, port_free, told
         self._cleanup, self._pids = cleanup, pids
         self.done = threading.Event()
+        self._wake = threading.Event()
         self._said = ""
         self.running = Gauge("kproxy_kubeproxy_running",
                              "1 while kube-proxy is seen on this node (its process in the "
@@ -102,9 +103,15 @@ class Handover:
 
         def loop() -> None:
             while not stop.is_set() and not self.check():
-                stop.wait(interval)
+                self._wake.wait(interval)
+                self._wake.clear()
 
         threading.Thread(target=loop, name="kube-proxy-leftovers", daemon=True).start()
+
+    def wake(self) -> None:
+        """Check now, not at the next interval (the healthz port just came free; the agent
+        stops)."""
+        self._wake.set()
 
     def _say(self, message: str) -> None:
         """Logs a waiting reason once, not at every check."""

@@ -92,7 +92,7 @@ class PortWaits:
             self.in_use.labels(listener.name).set(0)
             message = f"{listener.name}: port {listener.where} is free now; serving {listener.name}"
             log.info("%s", message)
+            listener.serving.set()
             if self.told:
                 self.told("PortFree", message)
-            listener.serving.set()
             return

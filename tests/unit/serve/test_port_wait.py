@@ -2,6 +2,7 @@
 node during a migration). Real sockets on the loopback, an ephemeral port."""
 import socket
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -42,6 +43,9 @@ def test_a_taken_port_is_waited_for_then_served(taken, caplog):
         assert registry.get_sample_value("kproxy_listen_port_in_use",
                                          {"server": "healthz"}) == 0
         assert "is free now; serving healthz" in caplog.text
+        deadline = time.monotonic() + 5
+        while told[-1][0] != "PortFree" and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert told[-1][0] == "PortFree"
     finally:
         stop.set()
