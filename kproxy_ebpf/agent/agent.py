@@ -198,13 +198,11 @@ class Agent:
         self._stop.wait()
         leave, why = uninstall.decide(self.api, self.cfg.daemonset_namespace,
                                       self.cfg.daemonset_name, self.cfg.node_name)
-        if not leave:
-            log.info("stopping; the datapath stays programmed: %s", why)
-            self.stop()
-            return
-        log.info("stopping and removing the datapath from this node: %s", why)
+        log.info("stopping and removing the datapath from this node: %s" if leave else
+                 "stopping; the datapath stays programmed: %s", why)
         self.stop()
-        self.node.remove()
+        if leave:
+            self.node.remove()
 
     # -- what the sink calls -----------------------------------------------------------------
     def _node_seen(self, node: Node) -> None:
