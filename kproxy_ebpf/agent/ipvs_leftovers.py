@@ -86,7 +86,9 @@ def _virtual_servers(found: _Found) -> None:
     listed = _run([ipvsadm, "--save", "-n"])
     if listed.returncode != 0:
         # No ip_vs in this kernel: there can be no virtual server to remove.
-        found.notes.append(f"IPVS virtual servers not looked at: {listed.stderr.strip()}")
+        why = (listed.stderr.strip().splitlines() or ["no answer"])[0]
+        found.notes.append(f"IPVS virtual servers not looked at ({why}): a kernel without "
+                           f"ip_vs holds none")
         return
     servers = [line for line in listed.stdout.splitlines() if line.startswith("-A ")]
     if servers:
