@@ -49,10 +49,12 @@ def agent_env(**extra: str) -> dict[str, str]:
 
 
 def in_node(c, node: str, argv: list[str], stdin: str | None = None) -> str:
+    """Its output, without iptables-save's "# Generated ... on <date>" lines."""
     r = c.lab.exec(f"node/{node}", argv, input=stdin, capture_output=True, text=True,
                    timeout=60)
     assert r.returncode == 0, f"{argv}: {r.stdout}{r.stderr}"
-    return r.stdout
+    return "".join(line for line in r.stdout.splitlines(keepends=True)
+                   if not line.startswith("#"))
 
 
 def log_of(c, node: str, since: int = 0) -> str:
@@ -69,11 +71,30 @@ def restart_agent(c, node: str, **env: str) -> None:
     c.start_proxy(node, env=agent_env(**env))
 
 
+def node_events(c, node: str, reason: str) -> list:
+    return client.CoreV1Api(c.api()).list_namespaced_event(
+        "default", field_selector=f"involvedObject.name={node},reason={reason}").items
+
+
 def test_kube_proxys_port_taken_then_freed_and_its_leftovers_removed(cluster):
     c = cluster
     c.stop_proxy("node1")
     in_node(c, "node1", ["iptables-nft-restore", "--noflush"], LEFTOVERS)
     in_node(c, "node1", ["nft", "add", "table", "ip", "kube-proxy"])
+    before = in_node(c, "node1", ["iptables-nft-save", "-t", "nat"])
+
+    # dry-run: listed (log, gauge, Event), nothing changed
+    at = mark(c, "node1")
+    c.start_proxy("node1", env=agent_env(KPROXY_KUBE_PROXY_CLEANUP="dry-run"))
+    wait_until(lambda: "kube-proxy's leftovers: listed (dry-run" in log_of(c, "node1", at), 60,
+               lambda: "the dry-run's list; log:\n" + log_of(c, "node1", at)[-3000:])
+    assert "kube-proxy leftover found (dry-run): nftables table ip kube-proxy" in \
+        log_of(c, "node1", at)
+    assert "kproxy_kubeproxy_leftovers 3.0" in c.agent_metrics("node1")
+    assert in_node(c, "node1", ["iptables-nft-save", "-t", "nat"]) == before
+    wait_until(lambda: node_events(c, "node1", "KubeProxyLeftoversFound"), 30, "the Event")
+    c.stop_proxy("node1")
+
     stand_in = c.lab.spawn("node/node1", [sys.executable, "-c", STAND_IN], "stand-in").pid
     at = mark(c, "node1")
     try:
@@ -99,6 +120,10 @@ def test_kube_proxys_port_taken_then_freed_and_its_leftovers_removed(cluster):
     assert "kube-proxy" not in in_node(c, "node1", ["nft", "list", "tables"])
     assert "kube-proxy leftover removed: iptables-nft nat KUBE-SERVICES" in log_of(c, "node1", at)
     assert "kproxy_kubeproxy_leftovers_removed_total 3.0" in c.agent_metrics("node1")
+    for reason in ("PortInUse", "PortFree", "KubeProxyLeftoversRemoved"):
+        wait_until(lambda reason=reason: node_events(c, "node1", reason), 30, f"a {reason} Event")
+    (removed,) = node_events(c, "node1", "KubeProxyLeftoversRemoved")
+    assert removed.type == "Normal" and "removed 3 of kube-proxy's leftovers" in removed.message
 
 
 def pinned(c, node: str) -> list[str]:
