@@ -22,9 +22,14 @@ too many is what `kproxy-ebpf cleanup` is for. Each decision is logged with its 
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 log = logging.getLogger("kproxy_ebpf.agent")
+
+# The whole question at exit, retries included, must fit in the pod's grace period (30 s in
+# the chart) with the removal after it.
+DEADLINE = 10.0
 
 # Taints the DaemonSet controller tolerates for every daemon pod (it adds these tolerations).
 DAEMON_TOLERATED = {"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"}
@@ -105,17 +110,30 @@ def leaving(ds: dict | None, node: dict | None, namespace: str, name: str,
     return False, f"{where} still runs on node {node_name}: a restart or an update"
 
 
-def decide(api: Any, namespace: str | None, name: str | None, node_name: str) -> tuple[bool, str]:
-    """The decision at exit; every doubt keeps the datapath."""
+def decide(api: Any, namespace: str | None, name: str | None, node_name: str,
+           deadline: float = DEADLINE) -> tuple[bool, str]:
+    """The decision at exit; every doubt keeps the datapath, an answer that does not come
+    within `deadline` seconds too."""
     if api is None or not name or not namespace:
         return False, "no DaemonSet to ask about (daemonsetName/daemonsetNamespace unset)"
     from kproxy_ebpf.kube.owner import daemonset_and_node
 
-    try:
-        ds, node = daemonset_and_node(api, namespace, name, node_name)
-    except Exception as exc:   # noqa: BLE001 - any failure to ask keeps the datapath
-        reason = getattr(exc, "reason", None) or exc
+    answer: list = []
+
+    def ask() -> None:
+        try:
+            answer.append(daemonset_and_node(api, namespace, name, node_name))
+        except Exception as exc:   # noqa: BLE001 - any failure to ask keeps the datapath
+            answer.append(exc)
+
+    asking = threading.Thread(target=ask, name="ask-daemonset", daemon=True)
+    asking.start()
+    asking.join(deadline)
+    got = answer[0] if answer else TimeoutError(f"no answer within {deadline:g}s")
+    if isinstance(got, BaseException):
+        reason = getattr(got, "reason", None) or got
         return False, (f"the API server did not answer whether DaemonSet {namespace}/{name} "
                        f"still runs here ({reason}): keeping the datapath to be safe; if this "
                        f"was an uninstall, run `kproxy-ebpf cleanup` on the node")
+    ds, node = got
     return leaving(ds, node, namespace, name, node_name)

@@ -8,6 +8,7 @@ import subprocess
 import pytest
 import yaml
 
+from kproxy_ebpf.agent import uninstall
 from kproxy_ebpf.config import load as load_config
 from kproxy_ebpf.datapath.load.pod_devices import DEFAULT_GLOBS
 from kproxy_ebpf.datapath.maps.layout import MAPS
@@ -231,8 +232,8 @@ def test_the_agent_knows_its_own_daemonset_to_tell_an_uninstall_from_a_restart(h
     (ds,) = by_kind(objects, "DaemonSet")
     pod = ds["spec"]["template"]["spec"]
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
-    # the API reads at exit fit in the grace period (kube/owner.py: 8 s each at most)
-    assert pod["terminationGracePeriodSeconds"] == 30
+    # the API reads at exit fit in the grace period (agent/uninstall.py: 10 s at most)
+    assert pod["terminationGracePeriodSeconds"] == 30 > uninstall.DEADLINE + 5
     if not remove:
         assert "KPROXY_DAEMONSET_NAME" not in env and not by_kind(objects, "Role")
         return

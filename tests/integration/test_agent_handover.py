@@ -4,8 +4,8 @@
   namespace) is on the node when the agent starts: the agent keeps running and programs the
   node, says the port is taken, leaves kube-proxy's leftovers alone; once the stand-in exits
   it serves /healthz and removes the leftovers (kubeProxyCleanup on), keeping the kubelet's;
-* at SIGTERM the agent keeps its datapath while its DaemonSet runs on the node (a restart),
-  and removes it (hooks, TC filters, pins) when the DaemonSet no longer selects the node, or
+* at SIGTERM the agent keeps its datapath while its DaemonSet runs on the node (a restart)
+  and when the API server does not answer, and removes it (hooks, TC filters, pins) when the DaemonSet no longer selects the node, or
   is deleted (an uninstall).
 
 Everything happens inside the lab nodes' network namespaces; no DaemonSet controller runs in
@@ -168,6 +168,20 @@ def test_a_restart_keeps_the_datapath_an_uninstall_or_a_node_taken_out_removes_i
         assert "connect4" in cgroup_progs(c, "node1")
         c.start_proxy("node1", env=agent_env())
         c.wait_proxy_healthy("node1")
+
+        # SIGTERM while the API server does not answer: kept, and said so
+        kept = pinned(c, "node2")
+        c.stop_apiserver()
+        try:
+            at = mark(c, "node2")
+            c.stop_proxy("node2")
+            assert "the API server did not answer whether DaemonSet kube-system/kproxy-ebpf " \
+                   "still runs here" in log_of(c, "node2", at)
+            assert pinned(c, "node2") == kept and tc_filters(c, "node2") != "[]"
+        finally:
+            c.start_apiserver()
+        c.start_proxy("node2", env=agent_env())
+        c.wait_proxy_healthy("node2")
 
         # node1 taken out (the DaemonSet's nodeSelector no longer matches it)
         apps.patch_namespaced_daemon_set(DS_NAME, DS_NS, {"spec": {"template": {"spec": {

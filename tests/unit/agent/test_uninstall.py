@@ -82,3 +82,14 @@ def test_no_answer_or_no_daemonset_keeps_the_datapath(monkeypatch):
     monkeypatch.setattr(owner, "daemonset_and_node", unreachable)
     leave, why = uninstall.decide(object(), "kube-system", "kproxy-ebpf", "node1")
     assert not leave and "keeping the datapath" in why and "kproxy-ebpf cleanup" in why
+
+
+def test_an_answer_too_late_keeps_the_datapath(monkeypatch):
+    import threading
+
+    from kproxy_ebpf.kube import owner
+    never = threading.Event()
+    monkeypatch.setattr(owner, "daemonset_and_node", lambda *a: never.wait(5))
+    leave, why = uninstall.decide(object(), "kube-system", "kproxy-ebpf", "node1", deadline=0.1)
+    never.set()
+    assert not leave and "no answer within 0.1s" in why
