@@ -5,8 +5,8 @@
   node, says the port is taken, leaves kube-proxy's leftovers alone; once the stand-in exits
   it serves /healthz and removes the leftovers (kubeProxyCleanup on), keeping the kubelet's;
 * at SIGTERM the agent keeps its datapath while its DaemonSet runs on the node (a restart)
-  and when the API server does not answer, and removes it (hooks, TC filters, pins) when the DaemonSet no longer selects the node, or
-  is deleted (an uninstall).
+  and when the API server does not answer, and removes it (hooks, TC filters, pins) when the
+  DaemonSet no longer selects the node, or is deleted (an uninstall).
 
 Everything happens inside the lab nodes' network namespaces; no DaemonSet controller runs in
 the lab, so the DaemonSet is only an object to ask about, as the agent does."""
