@@ -20,6 +20,7 @@ from kproxy_ebpf.datapath.load.sock_hooks import AGENT_FILLED
 from kproxy_ebpf.datapath.maps import reader, svc_counters
 from kproxy_ebpf.datapath.sockets.stale_sockets import Outcome as SweepOutcome
 from kproxy_ebpf.datapath.write.drift import DriftCheck
+from kproxy_ebpf.kube.owner import OwnerWatch
 from kproxy_ebpf.kube.sources import ApiSource, ManifestSource
 from kproxy_ebpf.model.objects import Node
 from kproxy_ebpf.proxy.state import ProxyState
@@ -66,6 +67,7 @@ class Agent:
         self._stop = self.loop.stopped
         self.runner = Runner(self.loop.sync, Schedule(cfg.min_sync_period, cfg.sync_period))
         self.api = None                      # the API client, once there is one
+        self.owner: OwnerWatch | None = None  # its own DaemonSet, watched (uninstall.py)
         self.ports = PortWaits(self.metrics.registry, told=self._tell)
         self.healthz: Listener | None = None
         self.handover = Handover(Mode(cfg.kube_proxy_cleanup), self.metrics.registry,
@@ -144,6 +146,10 @@ class Agent:
 
         api = self.api = make_api_client(kubeconfig=self.cfg.kubeconfig, master=self.cfg.master)
         self.reporter.events = EventRecorder(api, host=self.cfg.node_name)
+        if self.cfg.daemonset_name and self.cfg.daemonset_namespace:
+            self.owner = OwnerWatch(api, self.cfg.daemonset_namespace, self.cfg.daemonset_name,
+                                    progress_timeout=self.cfg.watch_progress_timeout)
+            self.owner.start()
         return ApiSource(api, self.cfg.node_name, self.sink,
                          progress_timeout=self.cfg.watch_progress_timeout)
 
@@ -184,6 +190,8 @@ class Agent:
         self.gc_pause.resume()
         if self.source:
             self.source.stop()
+        if self.owner:
+            self.owner.stop()
         self.runner.stop()
         if self.reporter.events:
             self.reporter.events.stop()
@@ -197,7 +205,8 @@ class Agent:
         self.start()
         self._stop.wait()
         leave, why = uninstall.decide(self.api, self.cfg.daemonset_namespace,
-                                      self.cfg.daemonset_name, self.cfg.node_name)
+                                      self.cfg.daemonset_name, self.cfg.node_name,
+                                      self.owner.state() if self.owner else (False, None))
         log.info("stopping and removing the datapath from this node: %s" if leave else
                  "stopping; the datapath stays programmed: %s", why)
         self.stop()

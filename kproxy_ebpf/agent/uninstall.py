@@ -4,9 +4,9 @@ A stopping agent normally leaves its programs attached and its maps pinned, so a
 rolling update loses no connection (the next agent adopts them). But when the agent stops
 because it is leaving the node for good, what it leaves would keep translating Services with
 nobody updating the maps: `helm uninstall`, or the node no longer selected by the DaemonSet.
-On SIGTERM the agent therefore asks the API server (kube/owner.py) for its own DaemonSet
-(name and namespace from the chart, through the downward API) and its Node, and removes its
-datapath (hooks, TC filters, pins, program cache) when
+The agent therefore watches its own DaemonSet (name and namespace from the chart, through
+the downward API; kube/owner.py), and on SIGTERM reads it and its Node again unless the watch
+already saw it go, and removes its datapath (hooks, TC filters, pins, program cache) when
 
 * the DaemonSet is gone (404) or being deleted (deletionTimestamp): an uninstall;
 * the Node is gone: the node is leaving the cluster;
@@ -111,11 +111,16 @@ def leaving(ds: dict | None, node: dict | None, namespace: str, name: str,
 
 
 def decide(api: Any, namespace: str | None, name: str | None, node_name: str,
+           watched: tuple[bool, dict | None] = (False, None),
            deadline: float = DEADLINE) -> tuple[bool, str]:
     """The decision at exit; every doubt keeps the datapath, an answer that does not come
-    within `deadline` seconds too."""
+    within `deadline` seconds too. `watched`: what the DaemonSet's watch saw last (known, the
+    object or None): an uninstall it saw needs no question (kube/owner.py says why)."""
     if api is None or not name or not namespace:
         return False, "no DaemonSet to ask about (daemonsetName/daemonsetNamespace unset)"
+    known, ds = watched
+    if known and (ds is None or ds.get("metadata", {}).get("deletionTimestamp")):
+        return leaving(ds, None, namespace, name, node_name)
     from kproxy_ebpf.kube.owner import daemonset_and_node
 
     answer: list = []

@@ -114,7 +114,8 @@ def test_rbac_only_reads_and_reports(rendered):
     (own,) = by_kind(rendered, "Role")
     assert own["metadata"]["namespace"] == "kube-system"
     assert own["rules"] == [{"apiGroups": ["apps"], "resources": ["daemonsets"],
-                             "resourceNames": [ds["metadata"]["name"]], "verbs": ["get"]}]
+                             "resourceNames": [ds["metadata"]["name"]],
+                             "verbs": ["get", "list", "watch"]}]
     (own_binding,) = by_kind(rendered, "RoleBinding")
     assert own_binding["subjects"] == binding["subjects"]
     assert own_binding["roleRef"]["name"] == own["metadata"]["name"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -194,10 +195,17 @@ def test_a_restart_keeps_the_datapath_an_uninstall_or_a_node_taken_out_removes_i
         assert "connect4" not in cgroup_progs(c, "node1")
         assert "nothing of kproxy-ebpf is left on this node" in log_of(c, "node1", at)
 
-        # helm uninstall: the DaemonSet deleted, then its pods get SIGTERM
+        # helm uninstall: the DaemonSet deleted, then its pods get SIGTERM. By then helm has
+        # deleted the agent's ServiceAccount and RBAC too and the API server no longer answers
+        # it (test_chart_api.py): here it answers nobody, and the agent's watch decides.
         apps.delete_namespaced_daemon_set(DS_NAME, DS_NS)
+        time.sleep(2)                    # the watch event; the garbage collector takes longer
         at = mark(c, "node2")
-        c.stop_proxy("node2")
+        c.stop_apiserver()
+        try:
+            c.stop_proxy("node2")
+        finally:
+            c.start_apiserver()
         assert "DaemonSet kube-system/kproxy-ebpf is gone (uninstalled)" in log_of(c, "node2", at)
         assert pinned(c, "node2") == [] and tc_filters(c, "node2") == "[]"
         assert "connect4" not in cgroup_progs(c, "node2")

@@ -93,3 +93,26 @@ def test_an_answer_too_late_keeps_the_datapath(monkeypatch):
     leave, why = uninstall.decide(object(), "kube-system", "kproxy-ebpf", "node1", deadline=0.1)
     never.set()
     assert not leave and "no answer within 0.1s" in why
+
+
+def test_an_uninstall_the_watch_saw_needs_no_question(monkeypatch):
+    """helm uninstall deletes the agent's ServiceAccount with the DaemonSet: by SIGTERM its
+    token is refused, so what the watch saw decides."""
+    from kproxy_ebpf.kube import owner
+
+    def refused(*args):
+        raise RuntimeError("401 Unauthorized")
+
+    monkeypatch.setattr(owner, "daemonset_and_node", refused)
+    assert uninstall.decide(object(), "kube-system", "kproxy-ebpf", "node1",
+                            watched=(True, None)) == \
+        (True, "DaemonSet kube-system/kproxy-ebpf is gone (uninstalled)")
+    leave, why = uninstall.decide(object(), "kube-system", "kproxy-ebpf", "node1",
+                                  watched=(True, ds(deletionTimestamp="2026-12-07T00:00:00Z")))
+    assert leave and "being deleted" in why
+    # a DaemonSet the watch still has, or no watch yet: the API server is asked (and here
+    # refuses, so everything is kept)
+    for watched in ((True, ds()), (False, None)):
+        leave, why = uninstall.decide(object(), "kube-system", "kproxy-ebpf", "node1",
+                                      watched=watched)
+        assert not leave and "401 Unauthorized" in why
