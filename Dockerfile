@@ -31,11 +31,12 @@ FROM ${BASE_IMAGE}
 ARG DEBIAN_FRONTEND=noninteractive
 # python3-bpfcc: Debian's bcc (the PyPI "bcc" is unrelated). libbpf1: datapath/libbpf.py binds
 # libbpf.so.1 directly. util-linux: `mount -t bpf` when the node has no bpffs at /sys/fs/bpf.
-# iptables, nftables: `kproxy-ebpf cleanup --kube-proxy-leftovers` run in the agent's pod.
+# iptables, nftables, ipset, ipvsadm: kube-proxy's leftovers removed from the agent's pod
+# (`kubeProxyCleanup`, `kproxy-ebpf cleanup --kube-proxy-leftovers`), IPVS mode's included.
 RUN set -eux; \
     apt-get update; \
     apt-get install -y --no-install-recommends python3 python3-venv python3-bpfcc libbpf1 \
-        ca-certificates util-linux iptables nftables; \
+        ca-certificates util-linux iptables nftables ipset ipvsadm; \
     rm -rf /var/lib/apt/lists/*
 COPY --from=headers /opt/kproxy-ebpf/headers /opt/kproxy-ebpf/headers
 ENV BCC_KERNEL_SOURCE=/opt/kproxy-ebpf/headers

@@ -7,7 +7,7 @@ KP    := $(VENV)/bin/kproxy-ebpf
 export KPROXY_CACHE ?= /var/cache/kproxy-ebpf
 
 APT_PACKAGES := python3-bpfcc python3-venv linux-headers-cloud-amd64 bpftool clang llvm gcc libc6-dev conntrack \
-                iproute2 iptables nftables openssl procps util-linux ca-certificates
+                iproute2 iptables nftables ipset ipvsadm openssl procps util-linux ca-certificates
 
 # The agent image (`make image`) and `lab up --agent image` run it with podman; the base image
 # is made from Debian's packages by mmdebstrap (no registry is reachable).

@@ -29,6 +29,9 @@ class ConfigError(ValueError):
     pass
 
 
+KUBE_PROXY_CLEANUP = ("off", "dry-run", "on")
+
+
 @dataclass
 class AgentConfig:
     kubeconfig: str | None = None         # None: in-cluster config, else ~/.kube/config
@@ -80,6 +83,13 @@ class AgentConfig:
     # conntrack.tcpEstablishedTimeout and tcpCloseWaitTimeout); 0 leaves the kernel's.
     conntrack_tcp_established_timeout: float = 24 * 3600.0
     conntrack_tcp_close_wait_timeout: float = 3600.0
+    # kube-proxy's leftovers on this node (agent/kubeproxy_handover.py), once kube-proxy no
+    # longer runs here: off, dry-run (listed in the log), on (removed).
+    kube_proxy_cleanup: str = "off"
+    # The agent's own DaemonSet (the chart sets both): at exit, when it is gone or no longer
+    # selects this node, the agent removes its datapath (agent/uninstall.py); unset: never.
+    daemonset_name: str | None = None
+    daemonset_namespace: str | None = None
 
     @property
     def node_name(self) -> str:
@@ -129,6 +139,9 @@ class AgentConfig:
                           f"not {self.lb_algorithm!r}")
         if (why := maglev.validate_size(self.maglev_table_size)) is not None:
             errors.append(why)
+        if self.kube_proxy_cleanup not in KUBE_PROXY_CLEANUP:
+            errors.append(f"kubeProxyCleanup must be one of {', '.join(KUBE_PROXY_CLEANUP)}, "
+                          f"not {self.kube_proxy_cleanup!r}")
         if not self.socket_lb and not [g for g in self.pod_devices if g]:
             errors.append("socketLB false needs podDevices (the globs of the pod-facing devices)")
         if errors:
@@ -205,6 +218,8 @@ def _coerce(name: str, value: object) -> object:
                 "pod_devices"):
         return [str(v) for v in value] if isinstance(value, list) else [
             p for p in str(value).split(",") if p]
+    if name == "kube_proxy_cleanup" and isinstance(value, bool):
+        return "on" if value else "off"      # YAML 1.1 reads a bare off/on as a boolean
     if name == "maglev_table_size":
         try:
             return int(str(value))

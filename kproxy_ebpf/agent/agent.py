@@ -20,14 +20,17 @@ from kproxy_ebpf.datapath.load.sock_hooks import AGENT_FILLED
 from kproxy_ebpf.datapath.maps import reader, svc_counters
 from kproxy_ebpf.datapath.sockets.stale_sockets import Outcome as SweepOutcome
 from kproxy_ebpf.datapath.write.drift import DriftCheck
+from kproxy_ebpf.kube.owner import OwnerWatch
 from kproxy_ebpf.kube.sources import ApiSource, ManifestSource
 from kproxy_ebpf.model.objects import Node
 from kproxy_ebpf.proxy.state import ProxyState
 from kproxy_ebpf.serve import health, httpserve
 from kproxy_ebpf.serve.metrics import Metrics
+from kproxy_ebpf.serve.port_wait import Listener, PortWaits
 
-from . import conntrack_sysctl
+from . import conntrack_sysctl, uninstall
 from .drift_watch import DriftWatch
+from .kubeproxy_handover import Handover, Mode
 from .node_datapath import NodeDatapath
 from .process_tuning import GcPause, limit_malloc_arenas, release_heap
 from .reporting import Reporter
@@ -63,6 +66,14 @@ class Agent:
         self.health.checkz = SelfCheck(self.loop.check_input, self.loop.drift_found)
         self._stop = self.loop.stopped
         self.runner = Runner(self.loop.sync, Schedule(cfg.min_sync_period, cfg.sync_period))
+        self.api = None                      # the API client, once there is one
+        self.owner: OwnerWatch | None = None  # its own DaemonSet, watched (uninstall.py)
+        self.ports = PortWaits(self.metrics.registry, told=self._tell)
+        self.healthz: Listener | None = None
+        self.handover = Handover(Mode(cfg.kube_proxy_cleanup), self.metrics.registry,
+                                 synced=lambda: self.health.last_updated is not None,
+                                 port_free=lambda: self.healthz is None
+                                 or self.healthz.serving.is_set(), told=self._tell)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -116,6 +127,7 @@ class Agent:
         self.metrics.watch_services(lambda: svc_counters.by_service(self.node.maps),
                                     self.cfg.service_metrics_limit)
         self._serve()
+        self.handover.start(self._stop)
         threading.Thread(target=self._start_runner, name="wait-synced", daemon=True).start()
         assert self.node.writer is not None and self.node.cidrs is not None     # adopt() made them
         DriftWatch(DriftCheck(self.node.writer, self.node.cidrs), self.loop.lock, self.metrics,
@@ -132,8 +144,12 @@ class Agent:
         from kproxy_ebpf.kube.client import make_api_client
         from kproxy_ebpf.kube.events import EventRecorder
 
-        api = make_api_client(kubeconfig=self.cfg.kubeconfig, master=self.cfg.master)
+        api = self.api = make_api_client(kubeconfig=self.cfg.kubeconfig, master=self.cfg.master)
         self.reporter.events = EventRecorder(api, host=self.cfg.node_name)
+        if self.cfg.daemonset_name and self.cfg.daemonset_namespace:
+            self.owner = OwnerWatch(api, self.cfg.daemonset_namespace, self.cfg.daemonset_name,
+                                    progress_timeout=self.cfg.watch_progress_timeout)
+            self.owner.start()
         return ApiSource(api, self.cfg.node_name, self.sink,
                          progress_timeout=self.cfg.watch_progress_timeout)
 
@@ -147,19 +163,35 @@ class Agent:
             log.info("waiting for the first list of every resource")
 
     def _serve(self) -> None:
+        """The health and metrics servers; a port another process holds (kube-proxy, during a
+        migration) is waited for, not fatal (serve/port_wait.py)."""
         if self.cfg.healthz_bind_address:
-            health.serve(self.health, self.cfg.healthz_bind_address)
+            self.healthz = self.ports.serve(httpserve.host_port(self.cfg.healthz_bind_address),
+                                            health.handler(self.health), "healthz", self._stop)
         if self.cfg.metrics_bind_address:
-            host, _, port = self.cfg.metrics_bind_address.rpartition(":")
-            httpserve.serve((host or "0.0.0.0", int(port)),
-                            httpserve.metrics_handler(self.metrics.registry), "metrics")
+            self.ports.serve(httpserve.host_port(self.cfg.metrics_bind_address),
+                             httpserve.metrics_handler(self.metrics.registry), "metrics",
+                             self._stop)
+
+    def _tell(self, reason: str, message: str) -> None:
+        """An Event on this agent's Node, when there is an API server. A healthz port come free
+        may mean kube-proxy left: its leftovers are looked at now."""
+        if reason == "PortFree":
+            self.handover.wake()
+        if self.reporter.events:
+            record = (self.reporter.events.warn if reason == "PortInUse"
+                      else self.reporter.events.normal)
+            record("Node", "", self.cfg.node_name, reason, message)
 
     def stop(self) -> None:
         """Stops watching and syncing; the programs and maps stay (the datapath outlives us)."""
         self._stop.set()
+        self.handover.wake()
         self.gc_pause.resume()
         if self.source:
             self.source.stop()
+        if self.owner:
+            self.owner.stop()
         self.runner.stop()
         if self.reporter.events:
             self.reporter.events.stop()
@@ -172,8 +204,14 @@ class Agent:
             signal.signal(sig, lambda *_: self._stop.set())
         self.start()
         self._stop.wait()
-        log.info("stopping; the datapath stays programmed")
+        leave, why = uninstall.decide(self.api, self.cfg.daemonset_namespace,
+                                      self.cfg.daemonset_name, self.cfg.node_name,
+                                      self.owner.state() if self.owner else (False, None))
+        log.info("stopping and removing the datapath from this node: %s" if leave else
+                 "stopping; the datapath stays programmed: %s", why)
         self.stop()
+        if leave:
+            self.node.remove()
 
     # -- what the sink calls -----------------------------------------------------------------
     def _node_seen(self, node: Node) -> None:

@@ -1,21 +1,27 @@
 """Remove what upstream kube-proxy left in a node's network namespace, as `kube-proxy --cleanup`
-does, for a node moving from kube-proxy to kproxy-ebpf.
+does, for a node moving from kube-proxy to kproxy-ebpf; whichever mode it ran in.
 
 iptables (IPv4 and IPv6, through iptables-legacy and iptables-nft, whichever exist): the jump
 rules from built-in chains into kube-proxy's chains, then kube-proxy's own chains flushed and
 deleted, in one iptables-restore per table (atomic for that table):
 
   nat     KUBE-SERVICES KUBE-NODEPORTS KUBE-POSTROUTING KUBE-MARK-MASQ KUBE-PROXY-CANARY
-          and every per-service chain (KUBE-SVC- KUBE-SVL- KUBE-SEP- KUBE-FW- KUBE-EXT-)
+          and every per-service chain (KUBE-SVC- KUBE-SVL- KUBE-SEP- KUBE-FW- KUBE-EXT-);
+          IPVS mode: KUBE-NODE-PORT KUBE-LOAD-BALANCER
   filter  KUBE-SERVICES KUBE-EXTERNAL-SERVICES KUBE-FORWARD KUBE-NODEPORTS
-          KUBE-PROXY-FIREWALL KUBE-PROXY-CANARY
+          KUBE-PROXY-FIREWALL KUBE-PROXY-CANARY; IPVS mode: KUBE-NODE-PORT
+          KUBE-SOURCE-RANGES-FIREWALL KUBE-IPVS-FILTER KUBE-IPVS-OUT-FILTER
   mangle  KUBE-PROXY-CANARY
 
-The kubelet's chains (KUBE-FIREWALL, KUBE-KUBELET-CANARY) are kept, as kube-proxy keeps them:
-they belong to the kubelet, which still runs. (Chain sets: kubernetes v1.36
-pkg/proxy/iptables/cleanup.go.)
+The kubelet's chains (KUBE-FIREWALL, KUBE-KUBELET-CANARY, KUBE-IPTABLES-HINT, and the
+KUBE-MARK-DROP an older kubelet made) are kept, as kube-proxy keeps them: they belong to the
+kubelet, which still runs. (Chain sets: kubernetes v1.36 pkg/proxy/iptables/cleanup.go and
+pkg/proxy/ipvs/proxier.go iptablesCleanupChains.)
 
 nftables: the tables `ip kube-proxy` and `ip6 kube-proxy`, deleted whole.
+
+IPVS mode's own objects (virtual servers, kube-ipvs0, its ipsets): ipvs_leftovers.py, after
+the iptables rules, since an ipset that a rule still names cannot be destroyed.
 
 Everything runs in the caller's network namespace: only ever call this on the node (or, in
 the lab, inside the node's namespace).
@@ -28,9 +34,12 @@ from dataclasses import dataclass, field
 
 OWN_CHAINS = {
     "nat": {"KUBE-SERVICES", "KUBE-NODEPORTS", "KUBE-POSTROUTING", "KUBE-MARK-MASQ",
-            "KUBE-PROXY-CANARY"},
+            "KUBE-PROXY-CANARY",
+            "KUBE-NODE-PORT", "KUBE-LOAD-BALANCER"},                        # IPVS mode
     "filter": {"KUBE-SERVICES", "KUBE-EXTERNAL-SERVICES", "KUBE-FORWARD", "KUBE-NODEPORTS",
-               "KUBE-PROXY-FIREWALL", "KUBE-PROXY-CANARY"},
+               "KUBE-PROXY-FIREWALL", "KUBE-PROXY-CANARY",
+               "KUBE-NODE-PORT", "KUBE-SOURCE-RANGES-FIREWALL", "KUBE-IPVS-FILTER",
+               "KUBE-IPVS-OUT-FILTER"},                                       # IPVS mode
     "mangle": {"KUBE-PROXY-CANARY"},
 }
 # Per-service chains (nat only), named by kube-proxy from a hash of the service port.
@@ -46,6 +55,7 @@ TABLES = ("nat", "filter", "mangle")
 class Report:
     removed: list[str] = field(default_factory=list)   # "iptables-nft nat KUBE-SERVICES", ...
     errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)     # what could not be looked at, and why
 
 
 def is_kube_proxy_chain(table: str, chain: str) -> bool:
@@ -148,8 +158,15 @@ def cleanup_nftables(report: Report, dry_run: bool = False) -> None:
 
 
 def cleanup(dry_run: bool = False) -> Report:
-    """Removes kube-proxy's leftovers from this network namespace (see the module docstring)."""
+    """Removes kube-proxy's leftovers from this network namespace (see the module docstring);
+    dry_run: only lists them (`removed` then names what would go)."""
+    from . import ipvs_leftovers
+
     report = Report()
     cleanup_iptables(report, dry_run)
     cleanup_nftables(report, dry_run)
+    removed, errors, notes = ipvs_leftovers.cleanup(dry_run)
+    report.removed += removed
+    report.errors += errors
+    report.notes += notes
     return report

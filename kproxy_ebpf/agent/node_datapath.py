@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kproxy_ebpf.config import AgentConfig
 from kproxy_ebpf.datapath.flows import conntrack
-from kproxy_ebpf.datapath.load import tc
+from kproxy_ebpf.datapath.load import tc, teardown
 from kproxy_ebpf.datapath.load.progload import LoadJob
 from kproxy_ebpf.datapath.load.sock_hooks import SockDatapath
 from kproxy_ebpf.datapath.load.tc import TcDatapath
@@ -234,3 +234,17 @@ class NodeDatapath:
         self.sock.close()
         if self.tc is not None:
             self.tc.close()
+
+    def remove(self) -> None:
+        """After close(): everything this agent put on the node goes (agent/uninstall.py
+        decides when), each item logged."""
+        try:
+            removed = teardown.remove_all(Path(self.cfg.bpffs_dir), Path(self.cfg.program_cache)
+                                          if self.cfg.program_cache else None)
+        except Exception as exc:   # noqa: BLE001 - pyroute2's NetlinkError is no OSError
+            log.error("could not remove the datapath (%s): run `kproxy-ebpf cleanup` on the "
+                      "node", exc)
+            return
+        for what in removed:
+            log.info("removed %s", what)
+        log.info("removed %d items: nothing of kproxy-ebpf is left on this node", len(removed))

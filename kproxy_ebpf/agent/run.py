@@ -56,6 +56,9 @@ DEFAULT_BPFFS = "/sys/fs/bpf/kproxy"
                    "overrides it).")
 @click.option("--maglev-table-size", type=int,
               help="Entries of a Maglev table, a prime; grown to 1000 per backend.  [default: 16381]")
+@click.option("--kube-proxy-cleanup", type=click.Choice(["off", "dry-run", "on"]),
+              help="Remove kube-proxy's leftovers from this node once kube-proxy no longer runs "
+                   "here (on), only list them in the log (dry-run), or leave them.  [default: off]")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               help="The agent's log level.  [default: info]")
 def run(config_file, **flags) -> None:

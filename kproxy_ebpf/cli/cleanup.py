@@ -14,9 +14,11 @@ from .options import bpffs_option
 @click.option("--yes", is_flag=True, help="Do not ask.")
 @click.option("--kube-proxy-leftovers", is_flag=True,
               help="Instead: remove what kube-proxy left in this node's network namespace "
-                   "(its KUBE-* iptables chains, legacy and nft, and its nftables tables), "
-                   "as `kube-proxy --cleanup` does. kproxy's own pins stay.")
-@click.option("--dry-run", is_flag=True, help="With --kube-proxy-leftovers: only list.")
+                   "(its KUBE-* iptables chains, legacy and nft, its nftables tables, and IPVS "
+                   "mode's kube-ipvs0, ipsets and virtual servers), as `kube-proxy --cleanup` "
+                   "does. kproxy's own pins stay.")
+@click.option("--dry-run", is_flag=True,
+              help="With --kube-proxy-leftovers: print what would be removed, change nothing.")
 @click.option("--program-cache", envvar="KPROXY_PROGRAM_CACHE",
               default="/var/cache/kproxy-ebpf/programs", show_default=True,
               help="The agent's compiled-program cache, emptied too ('' keeps it).")
@@ -27,26 +29,14 @@ def cleanup(bpffs_dir: str, yes: bool, kube_proxy_leftovers: bool, dry_run: bool
     if kube_proxy_leftovers:
         _cleanup_kube_proxy(yes, dry_run)
         return
-    from kproxy_ebpf.datapath.load.bpffs import remove_pins
-    from kproxy_ebpf.datapath.load.progcache import remove as remove_program_cache
+    from kproxy_ebpf.datapath.load.teardown import remove_all
 
     if not Path(bpffs_dir).exists():
         click.echo(f"nothing pinned under {bpffs_dir}")
     elif not yes:
         click.confirm(f"Detach kproxy from this node and remove {bpffs_dir}?", abort=True)
-    if program_cache and Path(program_cache).is_dir():
-        # Keyed by its inputs, it can never serve wrong programs; it goes because an operator
-        # cleaning up expects nothing of kproxy left on the node.
-        for path in remove_program_cache(Path(program_cache)):
-            click.echo(f"removed {path}")
-    if not Path(bpffs_dir).exists():
-        return
-    from kproxy_ebpf.datapath.load.tc import detach_all
-
-    for what in detach_all():
+    for what in remove_all(Path(bpffs_dir), Path(program_cache) if program_cache else None):
         click.echo(f"removed {what}")
-    for path in remove_pins(Path(bpffs_dir)):
-        click.echo(f"removed {path}")
 
 
 def _cleanup_kube_proxy(yes: bool, dry_run: bool) -> None:
@@ -60,6 +50,8 @@ def _cleanup_kube_proxy(yes: bool, dry_run: bool) -> None:
         click.echo(f"{'would remove' if dry_run else 'removed'} {item}")
     if not report.removed:
         click.echo("no kube-proxy leftovers")
+    for note in report.notes:
+        click.echo(f"note: {note}")
     for err in report.errors:
         click.echo(f"error: {err}", err=True)
     if report.errors:

@@ -1,4 +1,5 @@
-"""Warning Events for API objects the proxy rejected, so `kubectl describe` shows why.
+"""Warning Events for API objects the proxy rejected, so `kubectl describe` shows why (and a
+few Normal ones about the node: kube-proxy's leftovers removed, its healthz port free again).
 
 A rejected Service port is otherwise visible only in one node's agent log. Posting a core/v1
 Event against the object puts the reason where its owner looks. kube-proxy does the same for
@@ -51,6 +52,7 @@ class _Entry:
     last_post: float = float("-inf")
     last_seen: float = 0.0
     pending: bool = False       # queued for the worker
+    type: str = "Warning"       # or "Normal"
 
 
 def _now_rfc3339() -> str:
@@ -107,8 +109,12 @@ class EventRecorder:
         for r in rejections:
             self.warn(r.kind, r.namespace, r.name, r.reason, r.message, uid=r.uid)
 
+    def normal(self, kind: str, namespace: str, name: str, reason: str, message: str) -> None:
+        """An Event of type Normal: something the operator may want to see happened."""
+        self.warn(kind, namespace, name, reason, message, event_type="Normal")
+
     def warn(self, kind: str, namespace: str, name: str, reason: str, message: str,
-             uid: str = "") -> None:
+             uid: str = "", event_type: str = "Warning") -> None:
         if self._api is None or kind not in _API_VERSIONS or not name:
             return
         if kind in _CLUSTER_SCOPED:
@@ -118,7 +124,8 @@ class EventRecorder:
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
-                entry = self._entries[key] = _Entry(uid=uid, first_time=_now_rfc3339())
+                entry = self._entries[key] = _Entry(uid=uid, first_time=_now_rfc3339(),
+                                                    type=event_type)
             entry.count += 1
             entry.last_seen = now
             entry.last_time = _now_rfc3339()
@@ -227,7 +234,7 @@ class EventRecorder:
             "kind": "Event",
             "metadata": {"name": event_name, "namespace": event_ns},
             "involvedObject": involved,
-            "type": "Warning",
+            "type": entry.type,
             "reason": reason,
             "message": message,
             "source": source,

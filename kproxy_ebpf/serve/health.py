@@ -101,8 +101,13 @@ def json_response(handler: BaseHTTPRequestHandler, code: int, body: dict) -> Non
 
 
 def serve(health: ProxyHealth, address: str) -> httpserve.LocalHTTPServer:
-    """Starts the health server on host:port in a daemon thread."""
-    host, _, port = address.rpartition(":")
+    """Starts the health server on host:port in a daemon thread (the agent itself waits for a
+    port in use: port_wait.py)."""
+    return httpserve.serve(httpserve.host_port(address), handler(health), "healthz")
+
+
+def handler(health: ProxyHealth) -> type[BaseHTTPRequestHandler]:
+    """/healthz, /livez and /checkz of `health`."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
@@ -122,4 +127,4 @@ def serve(health: ProxyHealth, address: str) -> httpserve.LocalHTTPServer:
         def log_message(self, *args):   # probes every few seconds would flood the log
             pass
 
-    return httpserve.serve((host or "0.0.0.0", int(port)), Handler, "healthz")
+    return Handler

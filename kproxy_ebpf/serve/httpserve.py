@@ -39,6 +39,12 @@ class LocalHTTPServer6(LocalHTTPServer):
         super().server_bind()
 
 
+def host_port(address: str) -> tuple[str, int]:
+    """"host:port" (host empty: 0.0.0.0) as serve() takes it."""
+    host, _, port = address.rpartition(":")
+    return host or "0.0.0.0", int(port)
+
+
 def serve(address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
           name: str) -> LocalHTTPServer:
     """Binds now (errors reach the caller) and serves in a daemon thread named `name`.

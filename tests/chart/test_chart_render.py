@@ -8,6 +8,7 @@ import subprocess
 import pytest
 import yaml
 
+from kproxy_ebpf.agent import uninstall
 from kproxy_ebpf.config import load as load_config
 from kproxy_ebpf.datapath.load.pod_devices import DEFAULT_GLOBS
 from kproxy_ebpf.datapath.maps.layout import MAPS
@@ -108,6 +109,16 @@ def test_rbac_only_reads_and_reports(rendered):
     (sa,) = by_kind(rendered, "ServiceAccount")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
                                     "namespace": "kube-system"}]
+    # and, in its own namespace, its own DaemonSet only (uninstall or restart, at exit)
+    (ds,) = by_kind(rendered, "DaemonSet")
+    (own,) = by_kind(rendered, "Role")
+    assert own["metadata"]["namespace"] == "kube-system"
+    assert own["rules"] == [{"apiGroups": ["apps"], "resources": ["daemonsets"],
+                             "resourceNames": [ds["metadata"]["name"]],
+                             "verbs": ["get", "list", "watch"]}]
+    (own_binding,) = by_kind(rendered, "RoleBinding")
+    assert own_binding["subjects"] == binding["subjects"]
+    assert own_binding["roleRef"]["name"] == own["metadata"]["name"]
 
 
 def test_config_follows_values(helm):
@@ -137,6 +148,8 @@ def test_config_change_rolls_the_agents(helm):
     ({"config": {"minSyncPeriod": "soon"}}, "minSyncPeriod"),
     ({"config": {"mapSizes": {"svcs": 1}}}, "svcs"),
     ({"hostPaths": {"bpffs": "sys/fs/bpf", "cgroupRoot": "/sys/fs/cgroup"}}, "bpffs"),
+    ({"config": {"kubeProxyCleanup": "yes"}}, "kubeProxyCleanup"),
+    ({"config": {"kubeProxyCleanup": True}}, "kubeProxyCleanup"),
     ({"nosuchvalue": 1}, "nosuchvalue"),
 ])
 def test_schema_rejects_bad_values(helm, values, message):
@@ -202,3 +215,29 @@ def test_pod_network_namespaces_are_mounted_read_only_for_the_stale_socket_searc
         assert mounts["netns"] == {"name": "netns", "mountPath": "/run/netns", "readOnly": True,
                                    "mountPropagation": "HostToContainer"}
         assert volumes["netns"]["hostPath"]["path"] == "/run/netns"
+
+
+@pytest.mark.parametrize("values,expected", [({}, "off"),
+                                             ({"config": {"kubeProxyCleanup": "dry-run"}}, "dry-run"),
+                                             ({"config": {"kubeProxyCleanup": "on"}}, "on")])
+def test_kube_proxy_cleanup_reaches_the_agents_configuration(helm, tmp_path, values, expected):
+    (cm,) = by_kind(agent_image.helm_template(values), "ConfigMap")
+    (tmp_path / "config.yaml").write_text(cm["data"]["config.yaml"])
+    cfg = load_config(str(tmp_path / "config.yaml"), env={})
+    assert cfg.kube_proxy_cleanup == expected      # a string, not YAML 1.1's boolean off/on
+
+
+@pytest.mark.parametrize("remove", [True, False])
+def test_the_agent_knows_its_own_daemonset_to_tell_an_uninstall_from_a_restart(helm, remove):
+    objects = agent_image.helm_template({"datapath": {"removeOnUninstall": remove}})
+    (ds,) = by_kind(objects, "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    # the API reads at exit fit in the grace period (agent/uninstall.py: 10 s at most)
+    assert pod["terminationGracePeriodSeconds"] == 30 > uninstall.DEADLINE + 5
+    if not remove:
+        assert "KPROXY_DAEMONSET_NAME" not in env and not by_kind(objects, "Role")
+        return
+    assert env["KPROXY_DAEMONSET_NAME"]["value"] == ds["metadata"]["name"]
+    assert env["KPROXY_DAEMONSET_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+        "metadata.namespace"

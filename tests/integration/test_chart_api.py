@@ -108,6 +108,16 @@ def test_service_account_reads_and_reports_but_cannot_write_services(tools, apis
             "metadata": {"generateName": "kproxy-rbac-"},
             "involvedObject": {"kind": "Service", "namespace": "default", "name": "kubernetes"},
             "reason": "Test", "message": "rbac test", "type": "Normal"})
+        # its own DaemonSet, by name only (uninstall or restart, at exit: kube/owner.py)
+        apps = client.AppsV1Api(agent)
+        apps.read_namespaced_daemon_set("kp-rbac-kproxy-ebpf", NS)
+        own = apps.list_namespaced_daemon_set(NS, field_selector="metadata.name=kp-rbac-kproxy-ebpf")
+        assert [d.metadata.name for d in own.items] == ["kp-rbac-kproxy-ebpf"]
+        for other in (lambda: apps.list_namespaced_daemon_set(NS),
+                      lambda: apps.read_namespaced_daemon_set("kube-proxy", NS)):
+            with pytest.raises(ApiException) as exc:
+                other()
+            assert exc.value.status == 403, exc.value
         # ...writing Services or EndpointSlices does not.
         svc = {"metadata": {"name": "kproxy-rbac-denied"},
                "spec": {"ports": [{"port": 80}]}}
@@ -122,6 +132,12 @@ def test_service_account_reads_and_reports_but_cannot_write_services(tools, apis
             with pytest.raises(ApiException) as exc:
                 write()
             assert exc.value.status == 403, exc.value
-        agent.close()
     finally:
         helm(tools, "uninstall", "kp-rbac", "--wait")
+    # Uninstalled, the agent's RBAC (and ServiceAccount) went with the DaemonSet: an agent
+    # still stopping cannot ask whether its DaemonSet is gone, which is why it watches it
+    # while it runs.
+    with pytest.raises(ApiException) as exc:
+        client.AppsV1Api(agent).read_namespaced_daemon_set("kp-rbac-kproxy-ebpf", NS)
+    assert exc.value.status in (401, 403), exc.value
+    agent.close()

@@ -172,3 +172,26 @@ def test_bad_lb_settings_say_what_to_write(tmp_path, cgroup2, text, why):
         cfg = load(str(f), env={})
         cfg.cgroup = cgroup2
         cfg.validate()
+
+
+@pytest.mark.parametrize("text,expected", [("kubeProxyCleanup: off", "off"),       # YAML 1.1: False
+                                           ("kubeProxyCleanup: on", "on"),
+                                           ('kubeProxyCleanup: "dry-run"', "dry-run"),
+                                           ("", "off")])
+def test_kube_proxy_cleanup_from_the_file(tmp_path, text, expected):
+    f = tmp_path / "c.yaml"
+    f.write_text(text + "\n")
+    assert load(str(f), env={}).kube_proxy_cleanup == expected
+
+
+def test_kube_proxy_cleanup_nonsense_is_an_error(cgroup2):
+    cfg = load(None, env={"KPROXY_KUBE_PROXY_CLEANUP": "yes"})
+    cfg.cgroup = cgroup2
+    with pytest.raises(ConfigError, match="kubeProxyCleanup must be one of off, dry-run, on"):
+        cfg.validate()
+
+
+def test_the_daemonset_from_the_environment():
+    cfg = load(None, env={"KPROXY_DAEMONSET_NAME": "kproxy-ebpf",
+                          "KPROXY_DAEMONSET_NAMESPACE": "kube-system"})
+    assert (cfg.daemonset_namespace, cfg.daemonset_name) == ("kube-system", "kproxy-ebpf")

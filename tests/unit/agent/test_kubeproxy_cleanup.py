@@ -57,3 +57,30 @@ def test_nothing_of_kube_proxys_means_no_script():
     # per-service chain names count in nat only
     assert not kc.is_kube_proxy_chain("filter", "KUBE-SVC-XYZ")
 
+
+
+def test_ipvs_modes_chains_are_kube_proxys_too():
+    saved = ("*filter\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:KUBE-FIREWALL - [0:0]\n"
+             ":KUBE-IPVS-FILTER - [0:0]\n:KUBE-IPVS-OUT-FILTER - [0:0]\n:KUBE-NODE-PORT - [0:0]\n"
+             ":KUBE-SOURCE-RANGES-FIREWALL - [0:0]\n"
+             "-A INPUT -m comment --comment \"kubernetes ipvs access filter\" -j KUBE-IPVS-FILTER\n"
+             "-A OUTPUT -m comment --comment \"kubernetes ipvs access filter\" "
+             "-j KUBE-IPVS-OUT-FILTER\n-A INPUT -j KUBE-FIREWALL\nCOMMIT\n")
+    script, chains = kc.restore_script("filter", saved)
+    assert sorted(chains) == ["KUBE-IPVS-FILTER", "KUBE-IPVS-OUT-FILTER", "KUBE-NODE-PORT",
+                              "KUBE-SOURCE-RANGES-FIREWALL"]
+    assert "KUBE-FIREWALL" not in script
+    assert kc.is_kube_proxy_chain("nat", "KUBE-LOAD-BALANCER")
+    for kubelets in ("KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT", "KUBE-MARK-DROP",
+                     "KUBE-FIREWALL"):
+        assert not any(kc.is_kube_proxy_chain(t, kubelets) for t in kc.TABLES)
+
+
+def test_ipvs_ipset_names_of_both_families_fit_ipsets_limit():
+    from kproxy_ebpf.agent import ipvs_leftovers as ipvs
+
+    names = ipvs.ipset_names()
+    assert "KUBE-CLUSTER-IP" in names and "KUBE-6-CLUSTER-IP" in names
+    # kube-proxy cuts the IPv6 names to 31 characters, as ipset requires
+    assert "KUBE-6-LOAD-BALANCER-SOURCE-CIDR"[:31] in names
+    assert all(len(n) <= 31 for n in names) and len(set(names)) == 2 * len(ipvs.IPSETS)

@@ -1,0 +1,24 @@
+"""Everything kproxy put on a node, removed: the TC filters of this network namespace, the
+socket hooks (their pinned links), the pinned maps and the compiled-program cache. What
+`kproxy-ebpf cleanup` does, and what an agent leaving its node for good does at exit
+(agent/uninstall.py). Services on the node stop being translated by kproxy."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .bpffs import remove_pins
+from .progcache import remove as remove_program_cache
+from .tc import detach_all
+
+
+def remove_all(bpffs_dir: Path, program_cache: Path | None) -> list[str]:
+    """Returns what was removed, one line each. The program cache goes first (it can never
+    serve wrong programs, but an operator cleaning up expects nothing of kproxy left); the
+    filters before the pins, so no filter runs a program whose maps are already unpinned."""
+    removed = []
+    if program_cache is not None and program_cache.is_dir():
+        removed += [str(p) for p in remove_program_cache(program_cache)]
+    if bpffs_dir.exists():
+        removed += detach_all()
+        removed += remove_pins(bpffs_dir)
+    return removed
