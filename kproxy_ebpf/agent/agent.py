@@ -16,6 +16,7 @@ import threading
 import time
 
 from kproxy_ebpf.config import AgentConfig
+from kproxy_ebpf.datapath.flows import conn_counts
 from kproxy_ebpf.datapath.load.sock_hooks import AGENT_FILLED
 from kproxy_ebpf.datapath.maps import reader, svc_counters
 from kproxy_ebpf.datapath.sockets.stale_sockets import Outcome as SweepOutcome
@@ -125,6 +126,8 @@ class Agent:
         # Socket and TC counters share kp_stats (the TC ones are named tc_*).
         self.metrics.watch_datapath(lambda: reader.counters(self.node.maps["stats"]))
         self.metrics.watch_services(lambda: svc_counters.by_service(self.node.maps),
+                                    self.cfg.service_metrics_limit)
+        self.metrics.watch_backends(lambda: conn_counts.sockets_by_backend(self.node.maps),
                                     self.cfg.service_metrics_limit)
         self._serve()
         self.handover.start(self._stop)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from kproxy_ebpf.datapath.flows import conn_counts
 from kproxy_ebpf.datapath.maps import svc_counters
 from kproxy_ebpf.model.desired import Scope
 from kproxy_ebpf.model.objects import hostport
@@ -17,7 +18,8 @@ from .pinned import open_maps, service_rows
 def _backend_text(b: dict) -> str:
     if b.get("missing"):
         return f"{b['slot']}) <missing backend {b['id']}>"
-    return f"{b['slot']}) {hostport(b['address'], b['port'])} ({b['state']})"
+    conns = f" {b['active']}/{b['inactive']}" if "active" in b else ""
+    return f"{b['slot']}) {hostport(b['address'], b['port'])} ({b['state']}){conns}"
 
 
 def _policy_text(p: dict, allowed: list[str] | None = None) -> str:
@@ -28,6 +30,7 @@ def _policy_text(p: dict, allowed: list[str] | None = None) -> str:
              f"hc={p['healthCheckNodePort']}" if p.get("healthCheckNodePort") else "",
              f"srcRanges={p['loadBalancerSourceRanges']}" if p.get("loadBalancerSourceRanges") else "",
              f"dist={p['trafficDistribution']}" if p.get("trafficDistribution") else "",
+             f"lb={p['algorithm']}" if p.get("algorithm", "random") != "random" else "",
              f"allow={'|'.join(allowed)}" if allowed is not None else ""]
     return ",".join(x for x in parts if x) or "-"
 
@@ -42,10 +45,16 @@ def services(bpffs_dir: str, output: str, service_filter: str | None,
              namespace: str | None) -> None:
     """Every frontend in the maps: address, port, protocol, type, whom it serves (the node's
     own sockets or packets from outside), backends and their state. -o wide adds each
-    Service port's counters, one total over its frontends."""
+    Service port's counters, one total over its frontends, and each backend's active/inactive
+    connections on this node (ipvsadm's ActiveConn/InActConn: sockets connected through the
+    hooks and TC flows open, TC flows closing)."""
     service = service_ref(service_filter, namespace)
     maps = open_maps(bpffs_dir)
     rows = service_rows(maps, service)
+    if output not in ("table", "name"):      # what ipvsadm -Ln showed, per backend
+        conns = conn_counts.per_backend(maps)
+        for b in (b for r in rows for b in r["backends"] if not b.get("missing")):
+            b.update(conns.get(b["id"], conn_counts.Conns()).as_dict())
     counts = svc_counters.read(maps["svcstat"]) if "svcstat" in maps else {}
     for r in rows:      # the service port's for this frontend's scope, shared with its like
         key = svc_counters.CounterKey(r["service_id"], Scope.EXT if r["scope"] else Scope.SOCK)
@@ -74,7 +83,8 @@ def _services_table(rows: list[dict], wide: bool) -> tuple[tuple, list[tuple]]:
         counters: tuple = ("",) * len(_COUNTER_COLUMNS) if wide else ()
         lines.append((r["service"], r["type"],
                       f"{hostport(r['address'], r['port'])}/{r['protocol']}", r["from"],
-                      r["action"], aff, _policy_text(r.get("policy", {}), r.get("source_ranges")),
+                      r["action"], aff, _policy_text({**r.get("policy", {}), "algorithm": r.get(
+                          "algorithm")}, r.get("source_ranges")),
                       *counters, backends[0]))
         lines.extend(("",) * (len(header) - 1) + (b,) for b in backends[1:])
         scopes.setdefault(r["from"], r["counters"])

@@ -83,8 +83,8 @@ class ProxyState:
                  lb_algorithm: LBAlgorithm = LBAlgorithm.RANDOM,
                  maglev_table_size: int = maglev.DEFAULT_SIZE) -> None:
         self.prefer_same_node = prefer_same_node
-        # How frontends for traffic from outside pick backends, unless a Service's annotation
-        # says otherwise (external.service_ext_frontends).
+        # How frontends pick backends, unless a Service's annotation says otherwise:
+        # schedulers.py, and Maglev tables from outside (external.service_ext_frontends).
         self.lb_algorithm, self.maglev_table_size = lb_algorithm, maglev_table_size
         # Not None: ExternalIPs outside these CIDRs are not programmed (CVE-2020-8554).
         self.external_ip_allowlist = external_ip_allowlist

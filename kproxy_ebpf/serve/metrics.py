@@ -25,6 +25,7 @@ from kproxy_ebpf.datapath.maps.svc_counters import ServiceCounters, ServicePortI
 from kproxy_ebpf.kube.sources import ApiCounters
 from kproxy_ebpf.model.objects import IPFamily
 
+from .conn_metrics import BackendConnsCollector
 from .kubeproxy_names import K, KubeProxyNames
 
 P = "kproxy_"
@@ -230,6 +231,12 @@ class Metrics:
         ports by name at every scrape (0: none)."""
         if limit > 0:
             self.registry.register(_ServiceCollector(read, limit))
+
+    def watch_backends(self, read: Callable[[], Sequence[tuple[str, str, int]]],
+                       limit: int) -> None:
+        """Exports each backend's sockets connected through the hooks (conn_metrics.py)."""
+        if limit > 0:
+            self.registry.register(BackendConnsCollector(read, limit))
 
     def watch_changes(self, read: Callable[[], tuple[int, int]]) -> None:
         """Exports the Service and EndpointSlice changes seen so far, (services, slices), at

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap
+from kproxy_ebpf.model.objects import hostport
 
 _OPEN = {L.const("KP_CT_NEW"), L.const("KP_CT_ESTABLISHED")}
 
@@ -45,4 +46,19 @@ def per_backend(maps: Mapping[str, PinnedMap]) -> dict[int, Conns]:
                 c.active += 1
             else:
                 c.inactive += 1
+    return out
+
+
+def sockets_by_backend(maps: Mapping[str, PinnedMap]) -> list[tuple[str, str, int]]:
+    """(backend address:port, protocol, sockets connected to it through the hooks) for every
+    backend with any, busiest first: the metrics' view, which reads kp_conns and the backend
+    rows of its ids only (never the conntrack table: a scrape stays cheap at any flow count)."""
+    out = []
+    for key, row in maps["conns"].items() if "conns" in maps else ():
+        be = maps["backend"].get(key) if row.sock > 0 else None
+        if be is not None:
+            proto = L.PROTO_BY_NUM.get(be.proto)
+            out.append((hostport(L.ip_str(be.addr), L.port_host(be.port)),
+                        proto.value if proto else str(be.proto), row.sock))
+    out.sort(key=lambda r: (-r[2], r[0], r[1]))
     return out

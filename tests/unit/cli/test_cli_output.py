@@ -38,3 +38,21 @@ def test_a_mistyped_command_gets_a_suggestion():
     out = CliRunner().invoke(cli.main, ["service"])
     assert out.exit_code == 2 and 'No such command "service". Did you mean "services"?' \
         in out.output
+
+
+def test_services_wide_shows_the_scheduler_and_each_backends_connections():
+    from kproxy_ebpf.cli.services import _services_table
+
+    row = {"service": "ns/web:http", "type": "ClusterIP", "address": "10.96.0.10", "port": 80,
+           "protocol": "TCP", "from": "node", "action": "forward", "affinity_timeout": 0,
+           "policy": {}, "algorithm": "least-conn", "service_id": 1, "scope": 0,
+           "counters": dict.fromkeys(("conns", "packets", "reply_packets", "bytes", "reply_bytes",
+                                       "refused", "dropped", "denied"), 0),
+           "backends": [{"slot": 1, "id": 7, "address": "10.244.1.5", "port": 8080,
+                         "state": "ready", "active": 3, "inactive": 1}]}
+    header, lines = _services_table([row], wide=True)
+    first = dict(zip(header, lines[0], strict=True))
+    assert first["POLICY"] == "lb=least-conn"
+    assert first["BACKENDS"] == "1) 10.244.1.5:8080 (ready) 3/1"
+    header, lines = _services_table([{**row, "algorithm": "random"}], wide=False)
+    assert dict(zip(header, lines[0], strict=True))["POLICY"] == "-", "random: the default"

@@ -1,0 +1,83 @@
+"""The writer's side of the schedulers (rr_cursors.py, the slot-0 flags, kp_conns garbage,
+conn_counts.py) on fake maps."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kproxy_ebpf.datapath.flows import conn_counts
+from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.maps import reader
+from kproxy_ebpf.datapath.write.rr_cursors import resume_at
+from kproxy_ebpf.datapath.write.writer import MapWriter
+from kproxy_ebpf.model.objects import LBAlgorithm
+
+from ...builders import TCP, fe, table
+from ...fakemaps import fake_maps
+
+RR, LC = LBAlgorithm.ROUND_ROBIN, LBAlgorithm.LEAST_CONN
+A, B, C, D, E = "a", "b", "c", "d", "e"
+MAPS = ("svc", "backend", "meta", "rr", "conns", "ct")
+
+
+def test_resume_at_goes_on_after_the_last_pick_still_there():
+    assert resume_at(0, [A, B, C], [A, B, C]) == 0, "no pick yet: from the start"
+    assert resume_at(2, [A, B, C, D], [A, B, E, D]) == 3, "after B: C left, so D (now 4th)"
+    assert resume_at(4, [A, B, C, D], [A, B, C, D, E]) == 0, "after D: A again"
+    assert resume_at(7, [A, B], [B]) == 0
+    assert resume_at(1, [A, B], [C]) == 0, "none of the old ones is left: from the start"
+
+
+def cursor(maps, f) -> int | None:
+    row = maps["rr"].get(L.frontend_svc_key(f.key))
+    return None if row is None else row.next
+
+
+def test_a_round_robin_frontend_gets_its_flag_and_cursor_and_loses_both():
+    maps = fake_maps(MAPS)
+    w = MapWriter(maps)
+    f = replace(fe(backends=["10.0.0.1", "10.0.0.2"]), algorithm=RR)
+    assert w.apply(table(f)).ok
+    head = maps["svc"].get(L.frontend_svc_key(f.key))
+    assert L.scheduler_of(head.fe_flags) is RR and head.backend_id == 0
+    assert cursor(maps, f) == 0
+    maps["rr"].put(L.frontend_svc_key(f.key), L.STRUCTS["kp_rr_val"](next=5))   # 5 picks
+    same = replace(f, affinity_timeout=30)
+    assert w.apply(table(same)).ok and cursor(maps, f) == 5, "slots unchanged: kept"
+    grown = replace(same, backends=fe(backends=["10.0.0.1", "10.0.0.2", "10.0.0.3"]).backends)
+    assert w.apply(table(grown)).ok
+    # Picks 1..5 took slots 1 2 1 2 1: next is 10.0.0.2, slot 2 of the new order too.
+    assert cursor(maps, f) == 1
+    assert w.apply(table(replace(grown, algorithm=LC))).ok
+    assert cursor(maps, f) is None
+    head = maps["svc"].get(L.frontend_svc_key(f.key))
+    assert L.scheduler_of(head.fe_flags) is LC
+    assert [r["algorithm"] for r in reader.services(maps)] == ["least-conn"]
+    assert w.apply(table(replace(grown, algorithm=RR))).ok and cursor(maps, f) == 0
+    assert w.apply({}).ok and cursor(maps, f) is None, "deleted with its frontend"
+
+
+def test_restore_adopts_the_flags_and_sweeps_cursors_nobody_uses():
+    maps = fake_maps(MAPS)
+    f = replace(fe(backends=["10.0.0.1"]), algorithm=RR)
+    assert MapWriter(maps).apply(table(f)).ok
+    stray = fe(ip="10.96.0.99")
+    maps["rr"].put(L.frontend_svc_key(stray.key), L.STRUCTS["kp_rr_val"](next=3))
+    w = MapWriter(maps)
+    w.restore()
+    assert w.programmed[f.key].algorithm is RR
+    assert cursor(maps, f) == 0 and cursor(maps, stray) is None
+    assert w.plan.to_write(w.held, f.key, f) is None, "nothing to write after a restart"
+
+
+def test_a_freed_backend_takes_its_connection_counter_along():
+    maps = fake_maps(MAPS)
+    w = MapWriter(maps)
+    f = replace(fe(backends=["10.0.0.1", "10.0.0.2"]), algorithm=LC)
+    assert w.apply(table(f)).ok
+    gone = w.backend_ids.get(("10.0.0.2", 8080, TCP))
+    for bid in (gone, w.backend_ids.get(("10.0.0.1", 8080, TCP))):
+        maps["conns"].put(L.U32(bid), L.STRUCTS["kp_conns"](sock=2))
+    assert w.apply(table(replace(f, backends=fe(backends=["10.0.0.1"]).backends))).ok
+    assert maps["conns"].get(L.U32(gone)) is None
+    assert [c for _, c in conn_counts.per_backend(maps).items()] == [conn_counts.Conns(2, 0)]
+    assert conn_counts.sockets_by_backend(maps) == [("10.0.0.1:8080", "TCP", 2)]
