@@ -29,6 +29,8 @@ from kproxy_ebpf.model import maglev
 from kproxy_ebpf.model.desired import Action, FrontendKind, Scope
 from kproxy_ebpf.model.objects import Protocol, hostport
 
+from . import trace_sched
+
 
 class Verdict(enum.StrEnum):
     FORWARD = "forward"            # to a backend (chosen or one of the candidates)
@@ -101,9 +103,7 @@ def trace(maps: Mapping[str, PinnedMap], ip: str, port: int, proto: Protocol, sc
     t.candidates = [b for b, _, _ in slots if b]
     t.add("backends", ", ".join(f"{i}) {b or '<missing>'} ({state})"
                                 for i, (b, state, _) in enumerate(slots, 1)),
-          f"a new client gets one of these {head.count} slots "
-          + ("by the flow's entry in the Maglev table" if head.backend_id
-             else "at random (slot 1..count)"))
+          f"a new client gets one of these {head.count} slots {trace_sched.how(head)}")
     if not t.candidates:
         # lib/lb.h: every pick misses its slot twice (KP_LB_MISS), and is refused.
         t.verdict = Verdict.REFUSED
@@ -114,7 +114,13 @@ def trace(maps: Mapping[str, PinnedMap], ip: str, port: int, proto: Protocol, sc
     t.verdict = Verdict.FORWARD
     if head.affinity_timeout:
         _affinity(t, maps, head, ip, scope, source, netns_cookie, slots, now)
-    if head.backend_id and t.chosen is None:
+    sched = trace_sched.next_pick(maps, key, head, slots) if t.chosen is None else None
+    if sched is not None:
+        step, found, why, picks = sched
+        t.add(step, found, why)
+        t.candidates = picks or t.candidates
+        t.chosen = picks[0] if len(picks) == 1 else None
+    elif head.backend_id and t.chosen is None:
         _maglev(t, maps, head, port, proto, source, source_port, slots)
     if scope is Scope.EXT and source and "ct" in maps:
         _flows(t, maps, source)

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from kproxy_ebpf.datapath.maps import layout as L
-from kproxy_ebpf.model.objects import LBAlgorithm, Protocol
+from kproxy_ebpf.model.objects import LBAlgorithm, Protocol, hostport
 
 from . import test_lb_run as lb
 from .test_lb_run import FORWARD, backend_of, frontend, run
@@ -100,3 +100,22 @@ def test_least_conn_scans_a_bounded_window_of_a_large_service(program, fam):
     assert res.slot == 1
     res = run(fd, fam, 94, rnd=(scan, scan))    # window: slots scan+1.., 8 of them with 0
     assert order[res.slot - 1] in order[scan:]
+
+
+def test_trace_names_the_backend_the_c_gives_next(program, fam):
+    """inspect/trace_sched.py restates the rules: the same rows, the same answer."""
+    from kproxy_ebpf.inspect.trace import trace
+    from kproxy_ebpf.model.desired import Scope
+
+    fd, maps, apply = program
+    a, b, c = (fam.pod(i) for i in range(10, 13))
+    w = apply(replace(frontend(fam, 95, [a, b, c]), algorithm=RR),
+              replace(frontend(fam, 96, [a, b, c]), algorithm=LC))
+    for _ in range(4):
+        t = trace(maps, fam.vip, 95, TCP, Scope.SOCK)
+        assert any(s.step == "round-robin" for s in t.steps)
+        assert t.chosen == hostport(*picks(fd, fam, 95, 1)[0])
+    for counts in ({a: 3, b: 1, c: 2}, {a: 0, b: 4, c: 4}, {a: 2, b: 2, c: 1}):
+        _set_conns(maps, w, fam, counts)
+        t = trace(maps, fam.vip, 96, TCP, Scope.SOCK)
+        assert [t.chosen] == [hostport(*p) for p in set(picks(fd, fam, 96, 4))]

@@ -9,6 +9,7 @@ the process killed.
 """
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -16,7 +17,9 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
+from click.testing import CliRunner
 
+from kproxy_ebpf.cli.main import main
 from kproxy_ebpf.dev.lab import procs
 from kproxy_ebpf.model.objects import LBAlgorithm
 
@@ -111,6 +114,10 @@ def test_least_conn_follows_the_connections_held(lab, node1, fam):
         (rest,) = set(BACKENDS) - set(first)
         assert h.do("tcp") == rest, "the one backend without a connection"
         assert counts(node1, lab, fam) == dict.fromkeys(BACKENDS, 1)
+        out = CliRunner().invoke(main, ["services", "--bpffs-dir", str(node1.bpffs), "-o", "json"])
+        (row,) = [r for r in json.loads(out.output) if r["address"] == fam.vip(31) and r["port"] == 80]
+        assert row["algorithm"] == "least-conn"
+        assert [(b["active"], b["inactive"]) for b in row["backends"]] == [(1, 0)] * 4
         assert h.do("close 0") == "closed"
         assert h.do("tcp") == first[0], "the backend whose connection closed"
         # A connected UDP socket is a connection while it lives; a RST ends one as a close does.
