@@ -45,6 +45,15 @@ def _log(msg: str) -> None:
     click.echo(f"{time.strftime('%H:%M:%S')} bench: {msg}", err=True)
 
 
+def _done(paths: list[Path], goal_rows: list[dict]) -> None:
+    """Names the files a run wrote and its goals, and ends (a run asserts nothing)."""
+    for p in paths:
+        click.echo(f"wrote {p}")
+    for g in goal_rows:
+        click.echo(f"{g['status']:13} {g['goal']}: {g['measured']}")
+    sys.exit(0)
+
+
 class _TestLock:
     """flock on the machine's test lock (the Makefile's root suites take the same one)."""
 
@@ -162,22 +171,14 @@ def bench(quick, modes, sizes, repeats, m5_changes, cold_timeout, scale, idle, s
             cc.modes = _modes(modes, PROXY_MODES) or cc.modes
             cc.densities = _ints(pod_densities) or cc.densities
             doc = run_change_cost(cc, _log)
-            for p in report.write_change_cost(doc, out):
-                click.echo(f"wrote {p}")
-            for g in doc["goals"]:
-                click.echo(f"{g['status']:13} {g['goal']}: {g['measured']}")
-            sys.exit(0)
+            _done(report.write_change_cost(doc, out), doc["goals"])
         if schedulers:
             from .schedulers import SchedConfig, run_schedulers
 
             sc = SchedConfig.make(quick, lab_name=lab_name or "bench-sched", tools_dir=tools_dir,
                                   rounds=sched_rounds, threads=sched_threads, pin=not no_pin)
             doc = run_schedulers(sc, _log)
-            for p in report.write_schedulers(doc, out):
-                click.echo(f"wrote {p}")
-            for g in doc["goals"]:
-                click.echo(f"{g['status']:13} {g['goal']}: {g['measured']}")
-            sys.exit(0)
+            _done(report.write_schedulers(doc, out), doc["goals"])
         if soak:
             from .soak import SoakConfig, run_soak, soak_passed
 
