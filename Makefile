@@ -20,7 +20,7 @@ IMAGE ?= localhost/kproxy-ebpf:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pypro
 
 .PHONY: setup apt venv headers k8s test fast slow unit fuzz soak faults datapath integration lab-cli conformance demo lab-down \
         lint clean image image-apt apt-install chart-test kind-apt kind-tools kind-up kind-down e2e \
-        bench scale change-cost bench-tools layout dashboard
+        bench scale change-cost schedulers bench-tools layout dashboard
 
 setup: apt venv headers k8s
 
@@ -162,6 +162,11 @@ scale: setup bench-tools
 # writes bench/results/change-cost-latest.{json,md}.
 change-cost: setup bench-tools
 	$(KP) bench --change-cost --tools-dir $(BENCH_BUILD) $(ARGS)
+
+# kproxy's load-balancing algorithms side by side (issue 46): M1/M2, kp_connect4's cost and a
+# slow-backend case per algorithm, written to bench/results/schedulers-latest.{json,md}.
+schedulers: setup bench-tools
+	$(KP) bench --schedulers --tools-dir $(BENCH_BUILD) $(ARGS)
 
 # The churn soak (issue 26; not in CI, `make test` runs two minutes of it): 1000 Services under
 # churn and probes for MINUTES, written to bench/results/reliability.md; exit 1 on a wrong

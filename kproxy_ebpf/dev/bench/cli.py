@@ -45,6 +45,15 @@ def _log(msg: str) -> None:
     click.echo(f"{time.strftime('%H:%M:%S')} bench: {msg}", err=True)
 
 
+def _done(paths: list[Path], goal_rows: list[dict]) -> None:
+    """Names the files a run wrote and its goals, and ends (a run asserts nothing)."""
+    for p in paths:
+        click.echo(f"wrote {p}")
+    for g in goal_rows:
+        click.echo(f"{g['status']:13} {g['goal']}: {g['measured']}")
+    sys.exit(0)
+
+
 class _TestLock:
     """flock on the machine's test lock (the Makefile's root suites take the same one)."""
 
@@ -104,6 +113,15 @@ class _TestLock:
                    "(--sizes), pod density and mode (--modes, default kproxy,nftables; "
                    "kproxy-before: the agent of the checkout in $KPROXY_BENCH_AGENT_TREE), "
                    "changes paced and in bursts (writes bench/results/change-cost-latest.*).")
+@click.option("--schedulers", is_flag=True,
+              help="kproxy's load-balancing algorithms side by side instead of the benchmark: "
+                   "M1/M2 and kp_connect4's cost per algorithm, and three backends, one ten "
+                   "times slower, under connection-per-request clients (writes "
+                   "bench/results/schedulers-latest.*; --quick: 2 shorter rounds).")
+@click.option("--sched-rounds", type=click.IntRange(1),
+              help="Scheduler bench: rounds, each algorithm once per round.  [default: 3]")
+@click.option("--sched-threads", type=click.IntRange(1, 64),
+              help="Scheduler bench: closed-loop clients of the slow-backend case.  [default: 8]")
 @click.option("--pod-densities", default="5,100", show_default=True,
               help="Change cost: pods on node1 (idle ones added) for each measurement.")
 @click.option("--pods", type=click.IntRange(1, 250), default=50, show_default=True,
@@ -121,7 +139,7 @@ class _TestLock:
                                       "ipv6 (M9 then runs for the baselines only).")
 def bench(quick, modes, sizes, repeats, m5_changes, cold_timeout, scale, idle, scale_n, scale_change_ns,
           scale_changes, scale_change_window, scale_bitmap_allocator, soak, soak_services, faults, fault_outage,
-          change_cost, pod_densities, pods, lab_name, tools_dir, out_dir,
+          change_cost, schedulers, sched_rounds, sched_threads, pod_densities, pods, lab_name, tools_dir, out_dir,
           no_readme, no_pin, ip_family) -> None:
     """Benchmark kproxy against kube-proxy iptables/nftables and the direct path, in the lab."""
     if os.geteuid() != 0:
@@ -153,11 +171,14 @@ def bench(quick, modes, sizes, repeats, m5_changes, cold_timeout, scale, idle, s
             cc.modes = _modes(modes, PROXY_MODES) or cc.modes
             cc.densities = _ints(pod_densities) or cc.densities
             doc = run_change_cost(cc, _log)
-            for p in report.write_change_cost(doc, out):
-                click.echo(f"wrote {p}")
-            for g in doc["goals"]:
-                click.echo(f"{g['status']:13} {g['goal']}: {g['measured']}")
-            sys.exit(0)
+            _done(report.write_change_cost(doc, out), doc["goals"])
+        if schedulers:
+            from .schedulers import SchedConfig, run_schedulers
+
+            sc = SchedConfig.make(quick, lab_name=lab_name or "bench-sched", tools_dir=tools_dir,
+                                  rounds=sched_rounds, threads=sched_threads, pin=not no_pin)
+            doc = run_schedulers(sc, _log)
+            _done(report.write_schedulers(doc, out), doc["goals"])
         if soak:
             from .soak import SoakConfig, run_soak, soak_passed
 

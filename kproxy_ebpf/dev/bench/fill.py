@@ -54,10 +54,12 @@ def _proto(port: tuple) -> str:
 
 
 def service_obj(name: str, ports: Sequence[tuple] = (("", SERVICE_PORT, TARGET_PORT),),
-                service_type: str = "ClusterIP") -> dict:
+                service_type: str = "ClusterIP", annotations: dict | None = None) -> dict:
     """A selector-less Service; ports are (name, port, targetPort[, protocol])."""
-    return {"apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": name, "namespace": NAMESPACE, "labels": dict(PART_OF)},
+    meta = {"name": name, "namespace": NAMESPACE, "labels": dict(PART_OF)}
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta,
             "spec": {"type": service_type,
                      "ports": [{**({"name": p[0]} if p[0] else {}), "port": p[1],
                                 "targetPort": p[2], "protocol": _proto(p)} for p in ports]}}
@@ -98,17 +100,20 @@ def ensure_namespace(api: RawApi) -> None:
 
 
 def create_service(api: RawApi, name: str, addresses: Sequence[str],
-                   ports: Sequence[tuple] = (("", SERVICE_PORT, TARGET_PORT),)) -> str:
+                   ports: Sequence[tuple] = (("", SERVICE_PORT, TARGET_PORT),),
+                   annotations: dict | None = None) -> str:
     """Service + its slice; ports are (name, port, targetPort[, protocol]). Returns the
     ClusterIP the API server allocated."""
-    return create_service_obj(api, name, addresses, ports)["spec"]["clusterIP"]
+    return create_service_obj(api, name, addresses, ports,
+                              annotations=annotations)["spec"]["clusterIP"]
 
 
 def create_service_obj(api: RawApi, name: str, addresses: Sequence[str],
-                       ports: Sequence[tuple], service_type: str = "ClusterIP") -> dict:
+                       ports: Sequence[tuple], service_type: str = "ClusterIP",
+                       annotations: dict | None = None) -> dict:
     """Service + its slice; returns the Service as the API server stored it (ClusterIP,
     nodePorts allocated)."""
-    svc = api.create(services_path(), service_obj(name, ports, service_type))
+    svc = api.create(services_path(), service_obj(name, ports, service_type, annotations))
     if svc is None:
         svc = api.get(services_path(name))
     api.create(slices_path(), slice_obj(name, addresses,

@@ -125,11 +125,16 @@ class Watcher:
 
 
 def start_server(lab: Lab, binary: Path, pod: str, port: int, sink_port: int,
-                 cpu: int | None) -> int:
+                 cpu: int | None, delay_us: int = 0) -> int:
+    """kpbench-server in the pod; with delay_us, a slow one (one worker, delay_us per
+    request) whose process name carries its port."""
     argv = [str(binary), "--name", pod, "--port", str(port), "--sink-port", str(sink_port)]
     if cpu is not None:
         argv += ["--cpu", str(cpu)]
-    return lab.spawn(f"pod/{pod}", argv, f"kpbench-server-{pod}").pid
+    if delay_us:
+        argv += ["--delay-us", str(delay_us)]
+    return lab.spawn(f"pod/{pod}", argv,
+                     f"kpbench-server-{pod}" + (f"-{port}" if delay_us else "")).pid
 
 
 def wait_answers(client: Client, addr: str, port: int, want: str | None,

@@ -267,6 +267,19 @@ def write_change_cost(doc: dict, out_dir: Path = RESULTS_DIR) -> list[Path]:
     return [*written, md]
 
 
+def write_schedulers(doc: dict, out_dir: Path = RESULTS_DIR) -> list[Path]:
+    """schedulers-latest.json (+ a dated copy) and schedulers-latest.md (schedulers.py)."""
+    from . import sched_report
+
+    doc["summary"] = sched_report.summary(doc)
+    doc["interleaved_cost"] = sched_report.interleaved_cost(doc)
+    doc["goals"] = sched_report.goals(doc)
+    written = [write_json(doc, out_dir, "schedulers-latest")]
+    md = out_dir / "schedulers-latest.md"
+    md.write_text(sched_report.markdown(doc, env_lines(doc.get("environment", {}))))
+    return [*written, md]
+
+
 def write_soak(doc: dict, out_dir: Path = RESULTS_DIR) -> list[Path]:
     """soak-latest.json and reliability.md (soak.py)."""
     return [write_json(doc, out_dir, "soak-latest"), write_reliability(out_dir)]

@@ -43,16 +43,20 @@ CLIENT_POD = "kpbench-client"
 # and M1/M2 measure through that one (Testbed.place_target_late).
 LATE_COPIES = 24
 PROXY_MODES = ("iptables", "iptables-legacy", "nftables", "kproxy", "kproxy-tc", "kproxy-maglev",
-               "kproxy-before")
-KPROXY_MODES = ("kproxy", "kproxy-tc", "kproxy-maglev", "kproxy-before")
+               "kproxy-rr", "kproxy-lc", "kproxy-before")
+KPROXY_MODES = ("kproxy", "kproxy-tc", "kproxy-maglev", "kproxy-rr", "kproxy-lc", "kproxy-before")
 # kproxy-before: the agent of another checkout (KPROXY_BENCH_AGENT_TREE, e.g. the commit
 # before a change), measured in the same lab and run as this one: an A/B of two commits.
 AGENT_TREE_ENV = "KPROXY_BENCH_AGENT_TREE"
 # kproxy-tc: the agent with socket LB off, ClusterIP served per packet at TC (issue 8's
 # interface: `run --socket-lb BOOLEAN`, config key socketLB). kproxy-maglev: NodePort flows
-# from outside picked by Maglev tables instead of at random (lbAlgorithm).
+# from outside picked by Maglev tables instead of at random (lbAlgorithm). kproxy-rr and
+# kproxy-lc: every frontend on IPVS's round robin or least connection (issue 46; the
+# scheduler bench, schedulers.py, sets them beside kproxy, whose default is random).
 KPROXY_ARGS = {"kproxy": [], "kproxy-tc": ["--socket-lb=false"],
-               "kproxy-maglev": ["--lb-algorithm=maglev"], "kproxy-before": []}
+               "kproxy-maglev": ["--lb-algorithm=maglev"],
+               "kproxy-rr": ["--lb-algorithm=round-robin"],
+               "kproxy-lc": ["--lb-algorithm=least-conn"], "kproxy-before": []}
 # The bench mode -> kube-proxy's own mode name (iptables-legacy is kube-proxy iptables mode
 # running the legacy xtables binaries instead of the host's default nft-based ones).
 KUBE_PROXY_MODE = {"iptables": "iptables", "iptables-legacy": "iptables", "nftables": "nftables"}
@@ -69,7 +73,8 @@ PROGRAMMED_METRICS = ("kproxy_backends", "kproxy_service_changes_pending",
 # default), kproxy's default (config.py). M5 spaces its changes by more than this, so each
 # change is measured alone rather than waiting out the rate limit of the one before.
 MIN_SYNC_S = {"iptables": 1.0, "iptables-legacy": 1.0, "nftables": 1.0, "kproxy": 0.2,
-              "kproxy-tc": 0.2, "kproxy-maglev": 0.2, "kproxy-before": 0.2}
+              "kproxy-tc": 0.2, "kproxy-maglev": 0.2, "kproxy-rr": 0.2, "kproxy-lc": 0.2,
+              "kproxy-before": 0.2}
 
 
 def backend_name(i: int) -> str:
