@@ -128,7 +128,10 @@ static __always_inline void sock_note_where(const struct kp_lb_res *res, bool v6
 
 /* Counts a connected socket on its backend for least-conn (kproxy.h kp_skconn_val): its own
  * storage remembers where, so the release hook takes back exactly what connect added, and a
- * socket connected again (UDP, or the agent's reconnect of a stale one) moves its count. */
+ * socket connected again (UDP, or the agent's reconnect of a stale one) moves its count.
+ * Only a least-conn frontend's sockets are counted (backend_id 0 for the others: a socket
+ * counted before takes its count back): a socket storage for every connect of every Service
+ * would cost each one an allocation no other algorithm needs. */
 static __always_inline void sock_count_conn(struct bpf_sock_addr *ctx, __u32 backend_id)
 {
 	struct kp_skconn_val *own;
@@ -136,9 +139,10 @@ static __always_inline void sock_count_conn(struct bpf_sock_addr *ctx, __u32 bac
 
 	if (!ctx->sk)
 		return;
-	own = kp_skconn.sk_storage_get(ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	own = kp_skconn.sk_storage_get(ctx->sk, 0, backend_id ? BPF_SK_STORAGE_GET_F_CREATE : 0);
 	if (!own) {
-		kp_count(KP_STAT_CONN_UNCOUNTED);
+		if (backend_id)
+			kp_count(KP_STAT_CONN_UNCOUNTED);
 		return;
 	}
 	was = own->backend_id;
@@ -147,6 +151,8 @@ static __always_inline void sock_count_conn(struct bpf_sock_addr *ctx, __u32 bac
 	if (was)
 		kp_conns_add(was, -1);
 	own->backend_id = 0;
+	if (!backend_id)
+		return;
 	if (kp_conns_add(backend_id, 1))
 		own->backend_id = backend_id;
 	else
@@ -253,7 +259,7 @@ static __always_inline int sock_xlate_fwd(struct bpf_sock_addr *ctx, bool v6, st
 	sock_remember(ctx, &res, addr, *port);
 	if (!unconnected_udp) {
 		sock_note_where(&res, v6, req.client, req.now);
-		sock_count_conn(ctx, res.backend_id);
+		sock_count_conn(ctx, res.fe_flags & KP_FE_F_LEAST_CONN ? res.backend_id : 0);
 	}
 	*addr = res.be.addr;
 	*port = res.be.port;

@@ -46,8 +46,8 @@ def services(bpffs_dir: str, output: str, service_filter: str | None,
     """Every frontend in the maps: address, port, protocol, type, whom it serves (the node's
     own sockets or packets from outside), backends and their state. -o wide adds each
     Service port's counters, one total over its frontends, and each backend's active/inactive
-    connections on this node (ipvsadm's ActiveConn/InActConn: sockets connected through the
-    hooks and TC flows open, TC flows closing)."""
+    connections on this node (ipvsadm's ActiveConn/InActConn: sockets of least-conn Services
+    and TC flows open, TC flows closing)."""
     service = service_ref(service_filter, namespace)
     maps = open_maps(bpffs_dir)
     rows = service_rows(maps, service)

@@ -1,5 +1,5 @@
 """kproxy_backend_connections: the sockets connected to each backend through the socket hooks
-on this node (what least-conn compares; ipvsadm's ActiveConn), bounded like the per-Service
+of least-conn Services on this node (what least-conn compares; ipvsadm's ActiveConn), bounded like the per-Service
 series by serviceMetricsLimit (busiest backends first); `services -o wide` shows them all,
 with the TC path's flows."""
 from __future__ import annotations
@@ -18,8 +18,8 @@ class BackendConnsCollector(Collector):
 
     def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
         return (GaugeMetricFamily(P + "backend_connections", "Sockets on this node connected "
-                                  "to the backend through the socket hooks, from connect to "
-                                  "close (least-conn's count).", labels=["backend", "protocol"]),
+                                  "to the backend through least-conn frontends, from connect "
+                                  "to close (least-conn's count).", labels=["backend", "protocol"]),
                 GaugeMetricFamily(P + "backend_metrics_omitted", "Backends with connections "
                                   "past serviceMetricsLimit, without a series."))
 

@@ -1,8 +1,8 @@
 """Connections per backend on this node, as ipvsadm -Ln showed them per real server: active
 and inactive, for `services -o wide`, its JSON and the metrics.
 
-Active: the sockets connected to the backend through the socket hooks (kp_conns, counted from
-connect to close: what least-conn compares), plus the TC path's flows to it that are new or
+Active: the sockets connected to the backend through least-conn frontends (kp_conns, counted
+by the socket hooks from connect to close: what least-conn compares), plus the TC path's flows to it that are new or
 established. Inactive: TC flows past their FIN or RST and not yet expired (IPVS counts its
 FIN_WAIT and TIME_WAIT connections there). The socket path has no inactive state: a socket the
 application closed is gone from it (its TIME_WAIT is the kernel's, not a connection).
