@@ -134,24 +134,33 @@ def test_least_conn_follows_the_connections_held(lab, node1, fam):
 
 
 def test_a_socket_connected_again_moves_its_count(lab, node1, fam):
-    """A UDP socket connected to the Service twice (the agent's reconnect of a stale one
-    does the same) is counted once, on its latest backend."""
+    """A UDP socket connected to the Service five times (the agent's reconnect of a stale one
+    does the same) is counted once, on its latest backend; connected then to a Service that
+    is not least-conn, it is counted nowhere (only least-conn frontends' sockets count)."""
     svc = replace(service("dns", fam.vip(32), DNS), lb_algorithm=LBAlgorithm.LEAST_CONN)
-    node1.program(svc, fam.endpoints(lab, "dns", ["a1", "b1"], DNS_EP))
+    plain = service("plain", fam.vip(34), DNS)
+    node1.program(svc, fam.endpoints(lab, "dns", ["a1", "b1"], DNS_EP),
+                  plain, fam.endpoints(lab, "plain", ["a2"], DNS_EP))
     script = (
         "import socket\n"
         f"u = socket.socket({fam.af}, socket.SOCK_DGRAM); u.settimeout(3)\n"
         "for _ in range(5):\n"
         f"    u.connect(('{fam.vip(32)}', 53)); u.send(b'x'); print(u.recv(100).decode().split()[0])\n"
+        "input()\n"
+        f"u.connect(('{fam.vip(34)}', 53)); u.send(b'x'); print(u.recv(100).decode().split()[0])\n"
         "input()\n")
     t = lab.target("client")
     p = subprocess.Popen(procs.trampoline(t.netns, t.cgroup, [sys.executable, "-c", script]),
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        assert p.stdout is not None
+        assert p.stdout is not None and p.stdin is not None
         seen = [p.stdout.readline().strip() for _ in range(5)]
         assert set(seen) <= {"a1", "b1"}, seen
         assert sum(counts(node1, lab, fam).values()) == 1
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == "a2"
+        assert not counts(node1, lab, fam), "moved to a Service that does not count"
     finally:
         p.kill()
         p.wait(10)
