@@ -34,6 +34,7 @@ pytestmark = [pytest.mark.root, pytest.mark.controlplane]
 DS_NAME, DS_NS = "kproxy-ebpf", "kube-system"
 AGENT = "agent-node1"
 SETTLE = 4.0          # seconds of traffic per step once the step's change is done
+LONG = 3              # long-lived TCP connections per client
 
 
 def in_node(c, node: str, argv: list[str]) -> str:
@@ -115,7 +116,7 @@ def test_handover_to_kproxy_and_back_under_traffic(cluster, tmp_path):
     env = {**os.environ, "KPROXY_DAEMONSET_NAME": DS_NAME, "KPROXY_DAEMONSET_NAMESPACE": DS_NS,
            "KPROXY_KUBE_PROXY_CLEANUP": "on"}
     paths = {"pod": tmp_path / "pod.log", "ext": tmp_path / "ext.log"}
-    script = [sys.executable, traffic.__file__, "--long", "3", "--rate", "20"]
+    script = [sys.executable, traffic.__file__, "--long", str(LONG), "--rate", "20"]
     gens = [c.lab.spawn("pod/client", script + ["--out", str(paths["pod"]), "--tcp", f"{cip}:80",
                                                 "--udp", f"{cip}:53"], "traffic-pod").pid,
             c.lab.spawn("ext", script + ["--out", str(paths["ext"]),
@@ -171,6 +172,10 @@ def test_handover_to_kproxy_and_back_under_traffic(cluster, tmp_path):
     out = os.environ.get("KPROXY_MIGRATE_RESULTS")
     if out:
         Path(out).with_suffix(f".{mode}.json").write_text(json.dumps(counts, indent=1) + "\n")
-    for step in list(counts)[:4]:              # the way there: nothing may fail
+    # Nothing may fail but the TC path's own connections when its programs detach: their
+    # NAT lived in kp_ct only (docs/design/deployment.md), at most one break per long-lived
+    # connection to the NodePort.
+    for step in counts:
         for key in counts[step]:
-            assert failed(counts, step, key) == 0, (step, key, counts[step][key])
+            allowed = LONG if (step, key) == ("agent leaves with its datapath", "ext long") else 0
+            assert failed(counts, step, key) <= allowed, (step, key, counts[step][key])
