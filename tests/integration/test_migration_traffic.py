@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -141,6 +142,10 @@ def test_handover_to_kproxy_and_back_under_traffic(cluster, tmp_path):
 
         steps.begin("agent alone")
         time.sleep(SETTLE)
+        # kube-proxy's NodePort connections crossed the TC path mid-stream and were left alone
+        midstream = re.search(r'kproxy_datapath_events_total\{event="tc_midstream"\} (\S+)',
+                              c.agent_metrics("node1"))
+        assert midstream and float(midstream.group(1)) > 0
 
         steps.begin("kube-proxy starts again")
         c.start_proxy("node1", mode=mode)
