@@ -123,7 +123,7 @@ def test_handover_to_kproxy_and_back_under_traffic(cluster, tmp_path):
             c.lab.spawn("ext", script + ["--out", str(paths["ext"]),
                                          "--tcp", f"{node_ip}:{nport['TCP']}",
                                          "--udp", f"{node_ip}:{nport['UDP']}"], "traffic-ext").pid]
-    steps, agent = Steps(), None
+    steps, agent, midstream = Steps(), None, None
     try:
         steps.begin("kube-proxy")
         time.sleep(SETTLE)
@@ -145,7 +145,6 @@ def test_handover_to_kproxy_and_back_under_traffic(cluster, tmp_path):
         # kube-proxy's NodePort connections crossed the TC path mid-stream and were left alone
         midstream = re.search(r'kproxy_datapath_events_total\{event="tc_midstream"\} (\S+)',
                               c.agent_metrics("node1"))
-        assert midstream and float(midstream.group(1)) > 0
 
         steps.begin("kube-proxy starts again")
         c.start_proxy("node1", mode=mode)
@@ -177,6 +176,7 @@ def test_handover_to_kproxy_and_back_under_traffic(cluster, tmp_path):
     out = os.environ.get("KPROXY_MIGRATE_RESULTS")
     if out:
         Path(out).with_suffix(f".{mode}.json").write_text(json.dumps(counts, indent=1) + "\n")
+    assert midstream and float(midstream.group(1)) > 0, "tc_midstream counted"
     # Nothing may fail but the TC path's own connections when its programs detach: their
     # NAT lived in kp_ct only (docs/design/deployment.md), at most one break per long-lived
     # connection to the NodePort.
