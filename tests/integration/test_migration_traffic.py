@@ -7,8 +7,9 @@ both lab nodes; node1 is migrated. Traffic, all from lab namespaces (lab/traffic
 * from the lab's external namespace to node1's NodePort: the same three kinds.
 
 The Service has a backend on each node (eTP Cluster: the remote one is reached with SNAT).
-Steps: kube-proxy alone; the agent starts beside it (kubeProxyCleanup on); kube-proxy stops
-(the agent removes its leftovers); the agent alone; kube-proxy starts again; the agent leaves
+Steps: kube-proxy alone; the agent starts beside it; kube-proxy stops; its leftovers are
+removed (`kproxy-ebpf cleanup --kube-proxy-leftovers`, the code the agent's kubeProxyCleanup
+runs, as a step of its own so that its effect is told from kube-proxy's exit); the agent alone; kube-proxy starts again; the agent leaves
 with its datapath (the uninstall path: its DaemonSet no longer selects the node); kube-proxy
 alone. Each step's failures are printed and checked against what the kernel allows
 (docs/design/deployment.md "Node-local steps of a migration")."""
@@ -44,6 +45,12 @@ def in_node(c, node: str, argv: list[str]) -> str:
 
 def kube_proxy_rules(c, node: str) -> str:
     return in_node(c, node, ["nft", "list", "ruleset"]) + in_node(c, node, ["iptables-save"])
+
+
+def nat_flows(c) -> int:
+    """TCP flows node1's netfilter conntrack holds with a NAT binding (kube-proxy's)."""
+    out = in_node(c, "node1", ["conntrack", "-L", "-p", "tcp", "--dst-nat"])
+    return sum(1 for line in out.splitlines() if "ESTABLISHED" in line)
 
 
 def agent_log(c, since: int = 0) -> str:
@@ -114,8 +121,7 @@ def test_handover_to_kproxy_and_back_under_traffic(cluster, tmp_path):
                               "spec": {"nodeSelector": {"kubernetes.io/os": "linux"},
                                        "containers": [{"name": "agent",
                                                        "image": "localhost/kproxy-ebpf"}]}}}})
-    env = {**os.environ, "KPROXY_DAEMONSET_NAME": DS_NAME, "KPROXY_DAEMONSET_NAMESPACE": DS_NS,
-           "KPROXY_KUBE_PROXY_CLEANUP": "on"}
+    env = {**os.environ, "KPROXY_DAEMONSET_NAME": DS_NAME, "KPROXY_DAEMONSET_NAMESPACE": DS_NS}
     paths = {"pod": tmp_path / "pod.log", "ext": tmp_path / "ext.log"}
     script = [sys.executable, traffic.__file__, "--long", str(LONG), "--rate", "20"]
     gens = [c.lab.spawn("pod/client", script + ["--out", str(paths["pod"]), "--tcp", f"{cip}:80",
@@ -124,6 +130,7 @@ def test_handover_to_kproxy_and_back_under_traffic(cluster, tmp_path):
                                          "--tcp", f"{node_ip}:{nport['TCP']}",
                                          "--udp", f"{node_ip}:{nport['UDP']}"], "traffic-ext").pid]
     steps, agent, midstream = Steps(), None, None
+    tracked: dict[str, int] = {}
     try:
         steps.begin("kube-proxy")
         time.sleep(SETTLE)
@@ -133,11 +140,21 @@ def test_handover_to_kproxy_and_back_under_traffic(cluster, tmp_path):
         wait_until(lambda: "all sources listed" in agent_log(c), 60, "the agent's first sync")
         time.sleep(SETTLE)
 
-        steps.begin("kube-proxy stops, leftovers removed")
+        steps.begin("kube-proxy stops")
+        tracked["kube-proxy running"] = nat_flows(c)
         c.stop_proxy("node1")
-        wait_until(lambda: "kube-proxy's leftovers: all removed" in agent_log(c), 60,
-                   lambda: "the leftovers removed; log:\n" + agent_log(c)[-3000:])
         time.sleep(SETTLE)
+        tracked["kube-proxy stopped"] = nat_flows(c)
+
+        # What the agent's kubeProxyCleanup does once kube-proxy is gone (the same code), run
+        # here as its own step so that its effect is told from kube-proxy's exit.
+        steps.begin("kube-proxy's leftovers removed")
+        r = c.lab.exec("node/node1", [sys.executable, "-m", "kproxy_ebpf.cli.main", "cleanup",
+                                      "--kube-proxy-leftovers", "--yes"],
+                       capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        time.sleep(SETTLE)
+        tracked["leftovers removed"] = nat_flows(c)
         assert cip not in kube_proxy_rules(c, "node1")
 
         steps.begin("agent alone")
@@ -173,6 +190,7 @@ def test_handover_to_kproxy_and_back_under_traffic(cluster, tmp_path):
     counts = steps.counts(paths)
     counts.pop("end", None)
     print(f"\n{mode}:\n" + json.dumps(counts, indent=1))
+    print(f"NATed TCP flows in node1's conntrack: {tracked}")
     out = os.environ.get("KPROXY_MIGRATE_RESULTS")
     if out:
         Path(out).with_suffix(f".{mode}.json").write_text(json.dumps(counts, indent=1) + "\n")
