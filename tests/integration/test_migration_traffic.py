@@ -9,9 +9,10 @@ both lab nodes; node1 is migrated. Traffic, all from lab namespaces (lab/traffic
 The Service has a backend on each node (eTP Cluster: the remote one is reached with SNAT).
 Steps: kube-proxy alone; the agent starts beside it; kube-proxy stops; its leftovers are
 removed (`kproxy-ebpf cleanup --kube-proxy-leftovers`, the code the agent's kubeProxyCleanup
-runs, as a step of its own so that its effect is told from kube-proxy's exit); the agent alone; kube-proxy starts again; the agent leaves
-with its datapath (the uninstall path: its DaemonSet no longer selects the node); kube-proxy
-alone. Each step's failures are printed and checked against what the kernel allows
+runs, as a step of its own so that its effect is told from kube-proxy's exit); the agent
+alone; kube-proxy starts again; the agent leaves with its datapath (the uninstall path: its
+DaemonSet no longer selects the node); kube-proxy alone. Each step's failures are printed and
+checked against what the kernel allows
 (docs/design/deployment.md "Node-local steps of a migration")."""
 from __future__ import annotations
 
