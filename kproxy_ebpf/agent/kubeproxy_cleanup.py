@@ -18,7 +18,9 @@ KUBE-MARK-DROP an older kubelet made) are kept, as kube-proxy keeps them: they b
 kubelet, which still runs. (Chain sets: kubernetes v1.36 pkg/proxy/iptables/cleanup.go and
 pkg/proxy/ipvs/proxier.go iptablesCleanupChains.)
 
-nftables: the tables `ip kube-proxy` and `ip6 kube-proxy`, deleted whole.
+nftables: the tables `ip kube-proxy` and `ip6 kube-proxy`, deleted whole, each in one
+transaction with the table of empty nat chains that keeps the NAT of kube-proxy's established
+connections working (datapath/load/nat_hold.py).
 
 IPVS mode's own objects (virtual servers, kube-ipvs0, its ipsets): ipvs_leftovers.py, after
 the iptables rules, since an ipset that a rule still names cannot be destroyed.
@@ -31,6 +33,8 @@ from __future__ import annotations
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+
+from ..datapath.load import nat_hold
 
 OWN_CHAINS = {
     "nat": {"KUBE-SERVICES", "KUBE-NODEPORTS", "KUBE-POSTROUTING", "KUBE-MARK-MASQ",
@@ -150,10 +154,13 @@ def cleanup_nftables(report: Report, dry_run: bool = False) -> None:
         if _run([nft, "list", "table", family, NFT_TABLE]).returncode != 0:
             continue            # no such table
         if not dry_run:
-            r = _run([nft, "delete", "table", family, NFT_TABLE])
+            # Replaced by empty nat chains: kube-proxy's established flows keep their NAT.
+            r = _run([nft, "-f", "-"], nat_hold.replace_script(family, NFT_TABLE))
             if r.returncode != 0:
                 report.errors.append(f"nft delete table {family} {NFT_TABLE}: {r.stderr.strip()}")
                 continue
+            report.notes.append(f"nftables table {family} {nat_hold.TABLE} holds the NAT of "
+                                "kube-proxy's connections until kproxy-ebpf is removed")
         report.removed.append(f"nftables table {family} {NFT_TABLE}")
 
 
