@@ -18,9 +18,10 @@ KUBE-MARK-DROP an older kubelet made) are kept, as kube-proxy keeps them: they b
 kubelet, which still runs. (Chain sets: kubernetes v1.36 pkg/proxy/iptables/cleanup.go and
 pkg/proxy/ipvs/proxier.go iptablesCleanupChains.)
 
-nftables: the tables `ip kube-proxy` and `ip6 kube-proxy`, deleted whole, each in one
-transaction with the table of empty nat chains that keeps the NAT of kube-proxy's established
-connections working (datapath/load/nat_hold.py).
+nftables: the tables `ip kube-proxy` and `ip6 kube-proxy`, deleted whole.
+
+Before any of it, the tables `ip/ip6 kproxy-nat-hold` are made, which keep the NAT of
+kube-proxy's established connections applied once its rules are gone (datapath/load/nat_hold.py).
 
 IPVS mode's own objects (virtual servers, kube-ipvs0, its ipsets): ipvs_leftovers.py, after
 the iptables rules, since an ipset that a rule still names cannot be destroyed.
@@ -154,13 +155,10 @@ def cleanup_nftables(report: Report, dry_run: bool = False) -> None:
         if _run([nft, "list", "table", family, NFT_TABLE]).returncode != 0:
             continue            # no such table
         if not dry_run:
-            # Replaced by empty nat chains: kube-proxy's established flows keep their NAT.
-            r = _run([nft, "-f", "-"], nat_hold.replace_script(family, NFT_TABLE))
+            r = _run([nft, "delete", "table", family, NFT_TABLE])
             if r.returncode != 0:
                 report.errors.append(f"nft delete table {family} {NFT_TABLE}: {r.stderr.strip()}")
                 continue
-            report.notes.append(f"nftables table {family} {nat_hold.TABLE} holds the NAT of "
-                                "kube-proxy's connections until kproxy-ebpf is removed")
         report.removed.append(f"nftables table {family} {NFT_TABLE}")
 
 
@@ -170,6 +168,15 @@ def cleanup(dry_run: bool = False) -> Report:
     from . import ipvs_leftovers
 
     report = Report()
+    if not dry_run:
+        # Before kube-proxy's rules go: its established connections keep their NAT.
+        found = Report()
+        cleanup_iptables(found, dry_run=True)
+        cleanup_nftables(found, dry_run=True)
+        if found.removed:
+            report.errors += nat_hold.hold()
+            report.notes.append(f"nftables tables {nat_hold.TABLE} hold the NAT of kube-proxy's "
+                                "connections until kproxy-ebpf is removed")
     cleanup_iptables(report, dry_run)
     cleanup_nftables(report, dry_run)
     removed, errors, notes = ipvs_leftovers.cleanup(dry_run)
