@@ -48,8 +48,9 @@ def core(cluster):
 
 
 def lb_service(name: str, **spec) -> dict:
-    return api_service(name, None, typed=True, ports=[HTTP],
-                       **{"type": "LoadBalancer", "selector": {"app": "lbb"}, **spec})
+    return api_service(name, None, typed=True,
+                       **{"ports": [HTTP], "type": "LoadBalancer", "selector": {"app": "lbb"},
+                          **spec})
 
 
 def patch(core, name: str, body: dict) -> None:
