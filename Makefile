@@ -18,7 +18,7 @@ KIND_APT_PACKAGES := $(IMAGE_APT_PACKAGES) golang-github-containernetworking-plu
                      containernetworking-plugins iptables
 IMAGE ?= localhost/kproxy-ebpf:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
-.PHONY: setup apt venv headers k8s test fast slow unit fuzz soak faults datapath integration lab-cli conformance demo lab-down \
+.PHONY: setup apt venv headers k8s test fast slow migrate-lab unit fuzz soak faults datapath integration lab-cli conformance demo lab-down \
         lint clean image image-apt apt-install chart-test kind-apt kind-tools kind-up kind-down e2e \
         bench scale change-cost schedulers bench-tools layout dashboard
 
@@ -79,7 +79,15 @@ fast: $(VENV)/.installed
 
 slow: setup image kind-tools
 	KPROXY_REQUIRE_ROOT=1 KPROXY_REQUIRE_CONTROLPLANE=1 $(LOCK) $(PY) -m pytest -q tests \
-	  --ignore=tests/unit
+	  --ignore=tests/unit --ignore=$(MIGRATE_LAB)
+
+# The lab handover under traffic (issue 45): kube-proxy nftables and iptables -> kproxy-ebpf
+# -> kube-proxy on node1, every outcome counted per step. Not in `make test` yet: its last
+# measured run broke kube-proxy's long-lived connections when its rules went (see
+# docs/design/deployment.md), and the fix (kproxy-nat-hold) has not been measured.
+MIGRATE_LAB := tests/integration/test_migration_traffic.py
+migrate-lab: setup
+	KPROXY_REQUIRE_ROOT=1 KPROXY_REQUIRE_CONTROLPLANE=1 $(LOCK) $(PY) -m pytest -q -s $(MIGRATE_LAB)
 
 unit: $(VENV)/.installed headers
 	$(PY) -m pytest -q tests/unit
@@ -92,7 +100,7 @@ datapath: setup
 	$(LOCK) $(PY) -m pytest -q tests/datapath
 
 integration: setup
-	$(LOCK) $(PY) -m pytest -q tests/integration
+	$(LOCK) $(PY) -m pytest -q tests/integration --ignore=$(MIGRATE_LAB)
 
 lab-cli: setup
 	$(LOCK) $(PY) -m pytest -q tests/lab

@@ -90,7 +90,8 @@ enum kp_stat {                  /* index into the per-CPU counter array kp_stats
 	KP_STAT_TC_DROP       = 12, /* no endpoint in the Local set */
 	KP_STAT_TC_REJECT     = 13, /* no usable endpoint: answered with an ICMP port unreachable */
 	KP_STAT_TC_SNAT_FULL  = 14, /* no free SNAT port after KP_SNAT_TRIES attempts: dropped */
-	KP_STAT_TC_CT_EXPIRED = 15, /* a packet found its entry expired and was load-balanced anew */
+	KP_STAT_TC_CT_EXPIRED = 15, /* a packet that may open a flow found its entry unusable
+				     * (expired, ended, backend gone): load-balanced anew */
 	KP_STAT_TC_FIB_FAIL   = 16, /* no route for a translated packet: dropped */
 	KP_STAT_TC_MISS       = 17, /* a slot or backend vanished twice under the lookup */
 	KP_STAT_TC_SRC_DROP   = 18, /* a new flow from outside loadBalancerSourceRanges: dropped */
@@ -104,6 +105,8 @@ enum kp_stat {                  /* index into the per-CPU counter array kp_stats
 				     * random (the agent writes the row right after slot 0) */
 	KP_STAT_CONN_UNCOUNTED = 24, /* a connected socket least-conn could not count (no memory
 				      * for its kp_skconn storage or its kp_conns row) */
+	KP_STAT_TC_MIDSTREAM  = 25, /* a TCP packet but a SYN to a frontend, of no flow the TC path
+				     * tracks: passed untouched (a flow it did not start) */
 	KP_STAT_MAX           = 32,
 };
 

@@ -6,6 +6,9 @@
  *     once;
  *   - a reply to a flow this node SNATed (backend -> node address:SNAT port) is translated back
  *     (frontend -> client) and sent out by route, past the stack (its source is now local);
+ *   - a TCP packet other than a client's SYN with no flow in kp_ct passes untouched: it is the
+ *     middle of a connection this path did not start (kube-proxy's, which the kernel's
+ *     conntrack keeps translating), so another backend could only reset it;
  *   - a packet to a scope-EXT frontend is load-balanced with lib/lb.h (the same lookup as the
  *     socket hooks), tracked in kp_ct and DNATed to the backend. A local backend gets the
  *     packet through the ordinary forwarding path with the client's address intact; a remote
@@ -271,6 +274,14 @@ static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 	/* p.tuple is the flow's original tuple until the rewrite below. */
 	row = kp_ct_find_usable(&p, &v, now);
 	if (!row) {
+		/* Mid-stream TCP of no flow of ours: untouched (lib/ct_pkt.h kp_ct_may_open). */
+		if (!kp_ct_may_open(&p)) {
+			if (kp_ct_frontend(&p, scope)) {
+				kp_count(KP_STAT_TC_MIDSTREAM);
+				return TC_ACT_OK;
+			}
+			return scope == KP_SCOPE_SOCK ? kp_pod_unmatched(skb, &p) : TC_ACT_OK;
+		}
 		ret = kp_new_flow(&p, &v, &cfg, now, scope, &answer);
 		if (ret == 0)
 			return scope == KP_SCOPE_SOCK ? kp_pod_unmatched(skb, &p) : TC_ACT_OK;

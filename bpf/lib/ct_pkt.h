@@ -1,6 +1,7 @@
 /* lib/ct_pkt.h: what one parsed packet (lib/parse.h) means for its tracked flow (lib/ct.h):
- * whether the flow may keep its backend, or is load-balanced anew, and whether a packet on the
- * flow's reply tuple is the flow's or another connection's.
+ * whether the flow may keep its backend, or is load-balanced anew, or is no flow of ours (a
+ * TCP packet in the middle of a connection the TC path did not start), and whether a packet
+ * on the flow's reply tuple is the flow's or another connection's.
  */
 #ifndef KPROXY_LIB_CT_PKT_H
 #define KPROXY_LIB_CT_PKT_H
@@ -39,6 +40,33 @@ static __always_inline bool kp_ct_usable(const struct kp_pkt *p, const struct kp
 	return kp_ip_eq(&be.addr, &v->be_addr) && be.port == v->be_port;
 }
 
+/* Whether a packet without a usable flow may open one: any UDP packet (nothing tells its
+ * first from a later one), but of TCP only a client's SYN. Any other TCP packet belongs to a
+ * connection the TC path did not start, or no longer tracks: kube-proxy's netfilter DNAT
+ * before the agent attached (the kernel's conntrack keeps translating it after kube-proxy's
+ * rules are gone, as long as the packet reaches the stack untouched), or a flow whose row
+ * expired or was purged. Load-balancing it sent it to a backend that knows no such connection
+ * and answers with a RST; untouched, netfilter's conntrack carries a flow it NATed, and
+ * anything else meets the same RST or silence it would have met anyway. */
+static __always_inline bool kp_ct_may_open(const struct kp_pkt *p)
+{
+	return p->tuple.proto != IPPROTO_TCP || kp_tcp_opens(p->tuple.proto, p->tcp_flags);
+}
+
+/* Whether the packet's destination is a frontend of the scope (its slot 0): only then is a
+ * passed mid-stream packet counted (KP_STAT_TC_MIDSTREAM), and not given a pod's ServiceCIDR
+ * verdict (an ICMP error about an established connection to a real Service). */
+static __always_inline bool kp_ct_frontend(const struct kp_pkt *p, __u8 scope)
+{
+	struct kp_svc_key key = {};
+
+	key.addr = p->tuple.daddr;
+	key.port = p->tuple.dport;
+	key.proto = p->tuple.proto;
+	key.scope = scope;
+	return kp_svc.lookup(&key) != NULL;
+}
+
 /* Drops the reply row of a flow that is load-balanced anew. A SNAT flow's row stays: its port
  * may already serve another flow (kp_snat_alloc reuses ended flows' ports), and once this one
  * is rewritten the row no longer matches it, so kp_rnat_reusable frees it. */
@@ -55,7 +83,7 @@ static __always_inline void kp_ct_forget(const struct kp_ct_key *orig,
 
 /* The flow of a packet in its original direction (p->tuple: client -> frontend), copied to *v:
  * its row when the flow may keep its backend, NULL when there is none or the flow must be
- * load-balanced anew (its reply row is forgotten then). */
+ * load-balanced anew or left alone (kp_ct_may_open; its reply row is forgotten then). */
 static __always_inline struct kp_ct_val *kp_ct_find_usable(struct kp_pkt *p,
 							    struct kp_ct_val *v, __u64 now)
 {
@@ -64,7 +92,8 @@ static __always_inline struct kp_ct_val *kp_ct_find_usable(struct kp_pkt *p,
 	if (row) {
 		*v = *row;
 		if (!kp_ct_usable(p, v, now)) {
-			kp_count(KP_STAT_TC_CT_EXPIRED);
+			if (kp_ct_may_open(p))
+				kp_count(KP_STAT_TC_CT_EXPIRED);
 			kp_ct_forget(&p->tuple, v);
 			row = NULL;
 		}

@@ -20,6 +20,9 @@ pkg/proxy/ipvs/proxier.go iptablesCleanupChains.)
 
 nftables: the tables `ip kube-proxy` and `ip6 kube-proxy`, deleted whole.
 
+Before any of it, the tables `ip/ip6 kproxy-nat-hold` are made, which keep the NAT of
+kube-proxy's established connections applied once its rules are gone (datapath/load/nat_hold.py).
+
 IPVS mode's own objects (virtual servers, kube-ipvs0, its ipsets): ipvs_leftovers.py, after
 the iptables rules, since an ipset that a rule still names cannot be destroyed.
 
@@ -31,6 +34,8 @@ from __future__ import annotations
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+
+from ..datapath.load import nat_hold
 
 OWN_CHAINS = {
     "nat": {"KUBE-SERVICES", "KUBE-NODEPORTS", "KUBE-POSTROUTING", "KUBE-MARK-MASQ",
@@ -163,6 +168,15 @@ def cleanup(dry_run: bool = False) -> Report:
     from . import ipvs_leftovers
 
     report = Report()
+    if not dry_run:
+        # Before kube-proxy's rules go: its established connections keep their NAT.
+        found = Report()
+        cleanup_iptables(found, dry_run=True)
+        cleanup_nftables(found, dry_run=True)
+        if found.removed:
+            report.errors += nat_hold.hold()
+            report.notes.append(f"nftables tables {nat_hold.TABLE} hold the NAT of kube-proxy's "
+                                "connections until kproxy-ebpf is removed")
     cleanup_iptables(report, dry_run)
     cleanup_nftables(report, dry_run)
     removed, errors, notes = ipvs_leftovers.cleanup(dry_run)

@@ -148,6 +148,22 @@ def test_a_tcp_connection_keeps_its_backend_new_ones_rebalance(pod):
     assert parse(out)["dst"] == "10.244.1.11"
 
 
+@pytest.mark.parametrize("flags", [ACK, FIN | ACK, RST], ids=["ack", "fin", "rst"])
+def test_a_mid_stream_packet_of_no_flow_passes_untouched(pod, flags):
+    """`socketLB: false` under kube-proxy before the agent: a pod's connection to a ClusterIP
+    that netfilter's DNAT started has no kp_ct row; its packets are left to the stack, whose
+    conntrack keeps translating them, and not refused even on a frontend without endpoints.
+    The pod's next SYN balances as before."""
+    for port in (REMOTE, REJECT):
+        mid = pod.stat("tc_midstream")
+        frame = packet(POD, 40030, VIP, port, flags=flags)
+        ret, out = pod.from_pod(frame)
+        assert (ret, out[:len(frame)]) == (TC_ACT_OK, frame)
+        assert pod.ct(40030, port) is None and pod.stat("tc_midstream") == mid + 1
+    _, out = pod.from_pod(packet(POD, 40030, VIP, REMOTE))
+    assert parse(out)["dst"] == REMOTE_BE
+
+
 def test_hairpin_gets_snat_both_ways(pod):
     """A pod reaching itself through its Service: without SNAT it would answer itself inside
     its netns, from its own address; with the node as the peer the reply comes back here."""

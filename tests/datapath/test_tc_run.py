@@ -496,14 +496,21 @@ def test_an_ended_flows_port_is_reused_only_by_the_cpu_whose_slice_holds_it(tc):
     assert ret == TC_ACT_REDIRECT and parse(out)["sport"] == port
 
 
-def test_expired_entry_is_balanced_anew_and_its_old_reply_tuple_is_dead(tc):
+def test_expired_entry_is_left_alone_mid_stream_and_balanced_anew_by_a_syn(tc):
+    """A mid-stream packet of an expired flow is no flow of ours any more: it passes untouched
+    (another backend could only reset it). The client's next SYN on the tuple balances anew,
+    and the old reply tuple is dead."""
     _, out = tc.ingress(packet(tc.a.client, 40004, tc.a.node, NP_REMOTE))
     old_port = parse(out)["sport"]
     key, ct = tc.ct(40004, NP_REMOTE)
     ct.expires = 1                          # long past
     tc.maps["ct"].put(key, ct)
-    expired = tc.stat("tc_ct_expired")
-    _, out = tc.ingress(packet(tc.a.client, 40004, tc.a.node, NP_REMOTE, flags=ACK))
+    expired, mid = tc.stat("tc_ct_expired"), tc.stat("tc_midstream")
+    frame = packet(tc.a.client, 40004, tc.a.node, NP_REMOTE, flags=ACK)
+    ret, out = tc.ingress(frame)
+    assert (ret, out[:len(frame)]) == (TC_ACT_OK, frame)
+    assert (tc.stat("tc_ct_expired"), tc.stat("tc_midstream")) == (expired, mid + 1)
+    _, out = tc.ingress(packet(tc.a.client, 40004, tc.a.node, NP_REMOTE, seq=2000))
     assert tc.stat("tc_ct_expired") == expired + 1
     new_port = parse(out)["sport"]
     _, ct = tc.ct(40004, NP_REMOTE)
@@ -513,6 +520,38 @@ def test_expired_entry_is_balanced_anew_and_its_old_reply_tuple_is_dead(tc):
         # matches the flow, so a reply there is not translated into it.
         ret, out = tc.ingress(packet(tc.a.remote_be, 8080, tc.a.node, old_port, flags=ACK))
         assert ret == TC_ACT_OK and parse(out)["dport"] == old_port
+
+
+@pytest.mark.parametrize("flags", [ACK, ACK | 0x08, FIN | ACK, RST, RST | ACK, SYN | ACK],
+                         ids=["ack", "psh", "fin", "rst", "rst-ack", "syn-ack"])
+@pytest.mark.parametrize("port", [NP_REMOTE, NP_LOCAL, NP_REJECT], ids=["remote", "local", "reject"])
+def test_a_mid_stream_packet_of_a_flow_we_did_not_start_passes_untouched(tc, port, flags):
+    """A connection kube-proxy's DNAT started before the agent attached: with no kp_ct row, a
+    TCP packet other than a client's SYN is left to the stack (whose conntrack keeps
+    translating it), tracked nowhere, not refused even by a frontend without endpoints (kube-
+    proxy rejects only new connections), and counted. A SYN then still balances."""
+    before = {c: tc.stat(c) for c in ("tc_midstream", "tc_forward", "tc_reject", "tc_ct_expired")}
+    frame = packet(tc.a.client, 40020, tc.a.node, port, flags=flags)
+    ret, out = tc.ingress(frame)
+    assert (ret, out[:len(frame)]) == (TC_ACT_OK, frame)
+    assert tc.ct(40020, port)[1] is None
+    assert {c: tc.stat(c) for c in before} == {**before, "tc_midstream": before["tc_midstream"] + 1}
+    if port != NP_REJECT:
+        ret, out = tc.ingress(packet(tc.a.client, 40020, tc.a.node, port))
+        assert parse(out)["dst"] == (tc.a.remote_be if port == NP_REMOTE else tc.a.local_be)
+        assert tc.stat("tc_forward") == before["tc_forward"] + 1
+
+
+def test_mid_stream_rule_is_tcp_only_and_counts_frontends_only(tc):
+    """UDP has no mid-stream mark: a datagram without a flow is balanced as before. A TCP
+    packet to the node address on a port that is no frontend passes uncounted."""
+    mid = tc.stat("tc_midstream")
+    _, out = tc.ingress(packet(tc.a.client, 5020, tc.a.node, NP_UDP, proto=UDP))
+    assert parse(out)["dst"] == tc.a.remote_be
+    frame = packet(tc.a.client, 40021, tc.a.node, 22, flags=ACK)
+    ret, out = tc.ingress(frame)
+    assert (ret, out[:len(frame)]) == (TC_ACT_OK, frame)
+    assert tc.stat("tc_midstream") == mid
 
 
 def test_a_reopened_flow_marked_ended_by_a_late_packet_still_gets_its_syn_ack(tc):
@@ -581,12 +620,18 @@ def test_an_ended_flow_is_written_again_whole_and_still_translates_late_replies(
     assert tc.ct(sport, NP_REMOTE)[1].backend_id == opened.backend_id
 
 
-def test_a_removed_backend_gets_the_flow_rebalanced(tc):
+def test_a_removed_backends_flow_is_left_mid_stream_and_rebalanced_by_a_syn(tc):
+    """Once its backend is gone a TCP flow is no longer carried: its mid-stream packets pass
+    untouched (as after the agent's purge deletes its row; another backend could only reset
+    it), and the client's next SYN on the tuple gets a backend the frontend has."""
     tc.ingress(packet(tc.a.client, 40006, tc.a.node, NP_LOCAL))
     assert L.ip_text(tc.ct(40006, NP_LOCAL)[1].be_addr) == tc.a.local_be
     moved = ext(tc.a, NP_LOCAL, [(tc.a.local_be2, True)])
     assert tc.writer.apply({moved.key: moved}, candidates=[moved.key]).ok
-    _, out = tc.ingress(packet(tc.a.client, 40006, tc.a.node, NP_LOCAL, flags=ACK))
+    frame = packet(tc.a.client, 40006, tc.a.node, NP_LOCAL, flags=ACK)
+    ret, out = tc.ingress(frame)
+    assert (ret, out[:len(frame)]) == (TC_ACT_OK, frame)
+    _, out = tc.ingress(packet(tc.a.client, 40006, tc.a.node, NP_LOCAL, seq=3000))
     assert parse(out)["dst"] == tc.a.local_be2
 
 

@@ -149,3 +149,12 @@ def test_dry_run_lists_everything_then_cleanup_removes_it_and_keeps_the_kubelets
 
     assert cleanup(netns, "--yes").splitlines()[0] == "no kube-proxy leftovers"   # idempotent
     assert state(netns) == after
+
+    # kube-proxy's tables gave way to the one that keeps its connections' NAT (nat_hold.py),
+    # which kproxy's own cleanup removes with the rest of its datapath.
+    assert {"table ip kproxy-nat-hold", "table ip6 kproxy-nat-hold"} <= set(
+        after["nft"].splitlines())
+    ours = run(netns, [sys.executable, "-m", "kproxy_ebpf.cli.main", "cleanup", "--yes",
+                       "--bpffs-dir", "/sys/fs/bpf/kproxy-leftovers-none", "--program-cache", ""])
+    assert "removed nftables table ip kproxy-nat-hold" in ours
+    assert "kproxy-nat-hold" not in run(netns, ["nft", "list", "tables"])

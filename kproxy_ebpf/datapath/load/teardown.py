@@ -1,11 +1,13 @@
 """Everything kproxy put on a node, removed: the TC filters of this network namespace, the
-socket hooks (their pinned links), the pinned maps and the compiled-program cache. What
+socket hooks (their pinned links), the pinned maps, the compiled-program cache and the
+nftables table that held kube-proxy's NAT (nat_hold.py). What
 `kproxy-ebpf cleanup` does, and what an agent leaving its node for good does at exit
 (agent/uninstall.py). Services on the node stop being translated by kproxy."""
 from __future__ import annotations
 
 from pathlib import Path
 
+from . import nat_hold
 from .bpffs import remove_pins
 from .progcache import remove as remove_program_cache
 from .tc import detach_all
@@ -21,4 +23,5 @@ def remove_all(bpffs_dir: Path, program_cache: Path | None) -> list[str]:
     if bpffs_dir.exists():
         removed += detach_all()
         removed += remove_pins(bpffs_dir)
+    removed += nat_hold.remove()
     return removed

@@ -247,11 +247,13 @@ class Cluster:
 
     def start_proxy(self, node: str, mode: str | None = None,
                     env: dict[str, str] | None = None,
-                    extra_args: list[str] | None = None, cwd: str | None = None) -> int:
+                    extra_args: list[str] | None = None, cwd: str | None = None,
+                    name: str | None = None) -> int:
         """env: the proxy's whole environment (the bench points PATH at iptables-legacy);
         extra_args are appended to its command line (the bench's kproxy map sizes); cwd: its
         working directory (`python -m` puts it first on the path: another checkout's agent
-        runs from that checkout)."""
+        runs from that checkout); name: its process name when not the node's proxy (a second
+        proxy beside it, as in a handover; stop it with lab.kill)."""
         mode = mode or self.info.proxy
         if mode == "none":
             return 0
@@ -269,7 +271,7 @@ class Cluster:
             argv = [str(ensure_binaries(build=False) / "kube-proxy"),
                     f"--config={self._kube_proxy_config(node, mode)}"]
         return self.lab.spawn(f"node/{node}", argv + list(extra_args or ()),
-                              self.proxy_name(node), env=env, cwd=cwd).pid
+                              name or self.proxy_name(node), env=env, cwd=cwd).pid
 
     def stop_proxy(self, node: str, hard: bool = False) -> None:
         """Stops the node's proxy (SIGTERM, or SIGKILL with hard=True)."""
