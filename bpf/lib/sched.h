@@ -36,14 +36,6 @@ static __always_inline __u16 kp_rr_pick(const struct kp_svc_key *fe, __u16 count
 	return (n % count) + 1;
 }
 
-/* A backend's connections on this node (0 without a row: none counted yet). */
-static __always_inline __s64 kp_conns_of(__u32 backend_id)
-{
-	struct kp_conns *row = kp_conns.lookup(&backend_id);
-
-	return row ? row->sock + row->flows : 0;
-}
-
 /* Adds delta to a backend's socket count; a row is made for an increment only. False when
  * there is no row to count in. */
 static __always_inline bool kp_conns_add(__u32 backend_id, __s64 delta)

@@ -43,18 +43,16 @@ class Cursors:
     def __init__(self, m: PinnedMap) -> None:
         self.map = m
 
-    def update(self, fe: Frontend | None, was: LBAlgorithm, rotated: Sequence[BackendKey],
-               order: Sequence[BackendKey], writes: Writes, gone: FrontendKey | None = None
-               ) -> int:
-        """After the slot 0 of fe (None: frontend `gone` was deleted), which used `was` over
-        the slots `rotated`: its cursor set where the rotation goes on when its slots changed,
-        deleted when it stopped asking for one. Returns rows written."""
+    def update(self, fe: Frontend, was: LBAlgorithm, rotated: Sequence[BackendKey],
+               order: Sequence[BackendKey], writes: Writes) -> int:
+        """After fe's slot 0, which used `was` over the slots `rotated`: its cursor set where
+        the rotation goes on when its slots changed, deleted when it stopped asking for one.
+        Returns rows written."""
         rr = LBAlgorithm.ROUND_ROBIN
-        if fe is not None and fe.algorithm is rr:
+        if fe.algorithm is rr:
             return 0 if tuple(order) == tuple(rotated) else self.follow(fe.key, rotated, order,
                                                                         writes)
-        key = fe.key if fe is not None else gone
-        return self.drop(key, writes) if was is rr and key is not None else 0
+        return self.drop(fe.key, writes) if was is rr else 0
 
     def follow(self, key: FrontendKey, old: Sequence[BackendKey], new: Sequence[BackendKey],
                writes: Writes) -> int:

@@ -230,8 +230,8 @@ class MapWriter:
         prog, key_of = held.frontends[key], E.svc_keys(key)
         writes.drop_head(key_of(0))     # first: the frontend disappears at once
         prog.count = None
-        if self.cursors is not None:
-            res.writes += self.cursors.update(None, prog.algorithm, (), [], writes, key)
+        if self.cursors is not None and prog.algorithm is LBAlgorithm.ROUND_ROBIN:
+            res.writes += self.cursors.drop(key, writes)
         if prog.maglev is not None:
             assert self.tables is not None      # it held the table
             res.writes += self.tables.drop(prog.maglev, writes)
