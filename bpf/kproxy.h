@@ -104,9 +104,11 @@ enum kp_stat {                  /* index into the per-CPU counter array kp_stats
 	KP_STAT_RR_NO_CURSOR  = 23, /* a round-robin frontend without its kp_rr row: picked at
 				     * random (the agent writes the row right after slot 0) */
 	KP_STAT_CONN_UNCOUNTED = 24, /* a connected socket least-conn could not count (no memory
-				      * for its kp_skconn storage or its kp_conns row) */
+				      * for its kp_skconn storage, or its backend has no counter) */
 	KP_STAT_TC_MIDSTREAM  = 25, /* a TCP packet but a SYN to a frontend, of no flow the TC path
 				     * tracks: passed untouched (a flow it did not start) */
+	KP_STAT_LC_NO_IDS     = 26, /* a least-conn frontend without a kp_lcids row for its count of
+				     * slots: picked at random (the agent writes it after slot 0) */
 	KP_STAT_MAX           = 32,
 };
 
@@ -145,6 +147,9 @@ enum kp_tunables {
 	 * backends or fewer, else this many in a row from a random one, so a connect's cost
 	 * stays bounded however large the Service. */
 	KP_LC_SCAN = 32,
+	/* Backends a least-conn frontend's kp_lcids row names: one with more is picked at random
+	 * (the agent writes no row; kp_stat lc_no_ids counts the picks). */
+	KP_LC_IDS = 1024,
 };
 
 enum kp_maglev {                /* Maglev tables (lib/maglev.h, kproxy_ebpf/model/maglev.py) */
@@ -247,7 +252,8 @@ struct kp_sksvc_val {
 	struct kp_ip addr; /* service address */
 	__be16 be_port;   /* backend port */
 	__be16 port;      /* service port */
-	__u32  svc_id;
+	__u32  conn;      /* least-conn: the kp_conn_tag the socket is counted on, 0: none. Was
+			   * svc_id, which no program read: an older agent's value has gen 0 */
 };
 
 /* Where the sockets connected to a backend live (kp_skwhere, LRU): one row per backend and
@@ -297,19 +303,39 @@ struct kp_rr_val {
 	__u64 next;       /* the next pick takes slot next % count + 1 */
 };
 
-/* Least connection (lib/sched.h): a backend's connections on this node, keyed by its id.
- * Counted by the programs with atomic adds; a row is made by the first connection and
- * deleted by the agent when it frees the id. */
+/* Least connection (lib/sched.h): a backend's connections on this node, in kp_conns (an
+ * array: read without hashing, once per slot a pick compares) at the index the agent gave the
+ * backend when a least-conn frontend first named it (kp_connix: backend id -> index). The
+ * agent writes gen and backend_id when it hands the index out, before any row names it; the
+ * programs only add. A socket remembers the index and gen it counted on (kp_conn_tag: in the
+ * storage a TCP connect makes anyway, kp_sksvc, so counting allocates nothing more; a UDP
+ * socket's in kp_skconn), so its release takes back only from the counter it added to, not
+ * from a later holder of the index. */
 struct kp_conns {
 	__s64 sock;       /* sockets connected to it (TCP and UDP), from connect to close */
-	__s64 flows;      /* reserved: flows from outside (TC path), not counted yet */
+	__u32 gen;        /* the agent's random tag for this holding of the index: 1..0xffff */
+	__u32 backend_id; /* the holder: checked by kp_conns_row, so a stale index counts nowhere */
+	__u64 flows_open; /* reserved: flows from outside (TC path), not counted yet */
+	__u64 flows_done;
+};
+
+/* Least connection's view of a frontend (kp_lcids, keyed by its slot-0 kp_svc_key): the
+ * counters of slots 1..count's backends, so that the scan reads one row, not a kp_svc row
+ * and a hashed counter per slot.
+ * Written whole by the agent after each slot 0 that changes the frontend's slots (a hash
+ * without preallocation: a reader holds the old row or the new, never a mix). A row of
+ * another version only makes one pick less good: the pick is a slot number, and every slot
+ * names a backend of the frontend. */
+struct kp_lc_ids {
+	__u32 count;      /* entries below */
+	__u32 conn[KP_LC_IDS];  /* slot i's backend's kp_conns index at conn[i - 1] */
 };
 
 /* Which backend a connected socket is counted on (kp_skconn, BPF_MAP_TYPE_SK_STORAGE): set
  * by connect, cleared by the release hook, so each socket adds and takes away exactly once,
  * and a socket connected again moves its count. */
 struct kp_skconn_val {
-	__u32 backend_id; /* 0: counted nowhere */
+	__u32 conn;       /* the kp_conn_tag a connected UDP socket is counted on, 0: none */
 	__u32 pad;
 };
 
@@ -461,8 +487,9 @@ _Static_assert(sizeof(struct kp_aff_key) == 16, "kp_aff_key");
 _Static_assert(sizeof(struct kp_aff_val) == 16, "kp_aff_val");
 _Static_assert(sizeof(struct kp_svc_meta) == 152, "kp_svc_meta");
 _Static_assert(sizeof(struct kp_rr_val) == 8, "kp_rr_val");
-_Static_assert(sizeof(struct kp_conns) == 16, "kp_conns");
+_Static_assert(sizeof(struct kp_conns) == 32, "kp_conns");
 _Static_assert(sizeof(struct kp_skconn_val) == 8, "kp_skconn_val");
+_Static_assert((KP_LC_IDS & (KP_LC_IDS - 1)) == 0, "KP_LC_IDS: a power of two (lib/sched.h masks)");
 _Static_assert(sizeof(struct kp_svc_stat) == 64, "kp_svc_stat");
 _Static_assert(sizeof(struct kp_cip_val) == 4, "kp_cip_val");
 _Static_assert(sizeof(struct kp_cidr_key) == 20, "kp_cidr_key");
@@ -620,8 +647,10 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 40, "kp_tc_cfg");
 	X(svczero,     kp_svczero,  1, array,        __u32,                struct kp_svc_stat,   1,                0) \
 	X(maglev,      kp_maglev,   1, hash,         struct kp_maglev_key, struct kp_maglev_row, KP_MAGLEV_SIZE,   KP_NO_PREALLOC) \
 	X(rr,          kp_rr,       1, hash,         struct kp_svc_key,    struct kp_rr_val,     KP_RR_SIZE,       0) \
-	X(conns,       kp_conns,    1, hash,         __u32,                struct kp_conns,      KP_CONNS_SIZE,    0) \
-	X(skconn,      kp_skconn,   1, sk_storage,   int,                  struct kp_skconn_val, KP_SKCONN_SIZE,   KP_NO_PREALLOC)
+	X(conns,       kp_conns,    2, array,        __u32,                struct kp_conns,      KP_CONNS_SIZE,    0) \
+	X(connix,      kp_connix,   1, hash,         __u32,                __u32,                KP_CONNS_SIZE,    0) \
+	X(skconn,      kp_skconn,   1, sk_storage,   int,                  struct kp_skconn_val, KP_SKCONN_SIZE,   KP_NO_PREALLOC) \
+	X(lcids,       kp_lcids,    1, hash,         struct kp_svc_key,    struct kp_lc_ids,     KP_LCIDS_SIZE,    KP_NO_PREALLOC)
 
 #ifndef KP_SVC_SIZE
 #define KP_SVC_SIZE   262144  /* frontends plus one row per backend slot (10k x 10: 110k) */
@@ -685,8 +714,12 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 40, "kp_tc_cfg");
 #define KP_RR_SIZE    16384   /* round-robin cursors: one per frontend that uses one */
 #endif
 #ifndef KP_CONNS_SIZE
-#define KP_CONNS_SIZE 131072  /* least-conn counters: one per backend with a connection (as
-			       * many as kp_be can hold) */
+#define KP_CONNS_SIZE 65536   /* least-conn counters: one per backend a least-conn frontend has
+			       * named (index 0 unused; at most 65536: kp_conn_tag's 16 bits) */
+#endif
+_Static_assert(KP_CONNS_SIZE <= 65536, "KP_CONNS_SIZE: kp_conn_tag holds the index in 16 bits");
+#ifndef KP_LCIDS_SIZE
+#define KP_LCIDS_SIZE 16384   /* least-conn frontends' rows of backend ids (4 KiB each, as used) */
 #endif
 #ifndef KP_SKCONN_SIZE
 #define KP_SKCONN_SIZE 0      /* socket storage: no size, one row per connected socket */

@@ -46,8 +46,7 @@ static __always_inline bool sock_remember_tcp(struct bpf_sock_addr *ctx,
 	row->be_port = res->be.port;
 	row->addr = *addr;
 	row->port = port;
-	row->svc_id = res->svc_id;
-	return true;
+	return true;             /* row->conn: sock_count_conn's, kept over a new connect */
 }
 
 /* The service address sock_remember_tcp stored for (*addr, *port), if any, into them. */
@@ -126,36 +125,77 @@ static __always_inline void sock_note_where(const struct kp_lb_res *res, bool v6
 	kp_skwhere.update(&key, &val);
 }
 
-/* Counts a connected socket on its backend for least-conn (kproxy.h kp_skconn_val): its own
- * storage remembers where, so the release hook takes back exactly what connect added, and a
+/* The kp_conn_tag a socket is counted on, into *tag (0: none). A TCP socket keeps it in the
+ * storage sock_remember_tcp made at this connect (nothing to allocate), a UDP one in kp_skconn
+ * (made when `create`). False when the socket has no storage to keep one. */
+static __always_inline bool sock_tag_get(struct bpf_sock *sk, bool create, __u32 *tag)
+{
+	struct kp_sksvc_val *tcp;
+	struct kp_skconn_val *udp;
+
+	if (sk->protocol == IPPROTO_TCP) {
+		tcp = kp_sksvc.sk_storage_get(sk, 0, 0);
+		if (!tcp)
+			return false;
+		*tag = tcp->conn;
+		return true;
+	}
+	udp = kp_skconn.sk_storage_get(sk, 0, create ? BPF_SK_STORAGE_GET_F_CREATE : 0);
+	if (!udp)
+		return false;
+	*tag = udp->conn;
+	return true;
+}
+
+/* Sets the tag sock_tag_get found storage for (a lookup again: a pointer into either of two
+ * storages is more than the verifier follows through a helper's return). */
+static __always_inline void sock_tag_set(struct bpf_sock *sk, __u32 tag)
+{
+	struct kp_sksvc_val *tcp;
+	struct kp_skconn_val *udp;
+
+	if (sk->protocol == IPPROTO_TCP) {
+		tcp = kp_sksvc.sk_storage_get(sk, 0, 0);
+		if (tcp)
+			tcp->conn = tag;
+		return;
+	}
+	udp = kp_skconn.sk_storage_get(sk, 0, 0);
+	if (udp)
+		udp->conn = tag;
+}
+
+/* Counts a connected socket on its backend for least-conn: its own storage remembers which
+ * counter (kp_conn_tag), so the release hook takes back exactly what connect added, and a
  * socket connected again (UDP, or the agent's reconnect of a stale one) moves its count.
  * Only a least-conn frontend's sockets are counted (backend_id 0 for the others: a socket
- * counted before takes its count back): a socket storage for every connect of every Service
- * would cost each one an allocation no other algorithm needs. */
+ * counted before takes its count back): a UDP socket's storage for every connect of every
+ * Service would cost each one an allocation no other algorithm needs. */
 static __always_inline void sock_count_conn(struct bpf_sock_addr *ctx, __u32 backend_id)
 {
-	struct kp_skconn_val *own;
-	__u32 was;
+	struct kp_conns *c = NULL;
+	__u32 ix = 0, tag = 0, own = 0;
 
 	if (!ctx->sk)
 		return;
-	own = kp_skconn.sk_storage_get(ctx->sk, 0, backend_id ? BPF_SK_STORAGE_GET_F_CREATE : 0);
-	if (!own) {
+	if (!sock_tag_get(ctx->sk, backend_id != 0, &own)) {
 		if (backend_id)
 			kp_count(KP_STAT_CONN_UNCOUNTED);
 		return;
 	}
-	was = own->backend_id;
-	if (was == backend_id)
-		return;
-	if (was)
-		kp_conns_add(was, -1);
-	own->backend_id = 0;
-	if (!backend_id)
-		return;
-	if (kp_conns_add(backend_id, 1))
-		own->backend_id = backend_id;
-	else
+	if (backend_id) {
+		c = kp_conns_row(backend_id, &ix);
+		if (c)
+			tag = kp_conn_tag(ix, c->gen);
+	}
+	if (own == tag && (tag || !backend_id))
+		return;                 /* none, or connected again to the backend counted on */
+	if (own)
+		kp_conn_untag(own);
+	sock_tag_set(ctx->sk, tag);
+	if (c)
+		__sync_fetch_and_add(&c->sock, 1);
+	else if (backend_id)
 		kp_count(KP_STAT_CONN_UNCOUNTED);
 }
 
@@ -377,11 +417,11 @@ static __always_inline int sock_rev(struct bpf_sock_addr *ctx, bool v6)
  * least-conn ends. Runs once per socket, when its last file reference goes. */
 int kp_release(struct bpf_sock *sk)
 {
-	struct kp_skconn_val *own = kp_skconn.sk_storage_get(sk, 0, 0);
+	__u32 own = 0;
 
-	if (own && own->backend_id) {
-		kp_conns_add(own->backend_id, -1);
-		own->backend_id = 0;
+	if (sock_tag_get(sk, false, &own) && own) {
+		kp_conn_untag(own);
+		sock_tag_set(sk, 0);
 	}
 	return SYS_PROCEED;
 }

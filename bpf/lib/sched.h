@@ -36,24 +36,43 @@ static __always_inline __u16 kp_rr_pick(const struct kp_svc_key *fe, __u16 count
 	return (n % count) + 1;
 }
 
-/* Adds delta to a backend's socket count; a row is made for an increment only. False when
- * there is no row to count in. */
-static __always_inline bool kp_conns_add(__u32 backend_id, __s64 delta)
+/* What a socket remembers of the counter it is counted on: the kp_conns index in the low 16
+ * bits, the gen it had then in the high 16 (a gen is never 0, so neither is a tag). */
+static __always_inline __u32 kp_conn_tag(__u32 ix, __u32 gen)
 {
-	struct kp_conns *row = kp_conns.lookup(&backend_id);
-	struct kp_conns zero = {};
-
-	if (!row && delta > 0) {
-		kp_conns.insert(&backend_id, &zero);  /* BPF_NOEXIST: a racing CPU's row stays */
-		row = kp_conns.lookup(&backend_id);
-	}
-	if (!row)
-		return false;
-	__sync_fetch_and_add(&row->sock, delta);
-	return true;
+	return (gen << 16) | (ix & 0xffff);
 }
 
-/* One slot of a least-conn scan: s->best becomes slot if its backend has fewer connections
+/* Takes back one socket from the counter `tag` names, if the index still has that gen (else
+ * it went to another backend since: nothing to take back from). */
+static __always_inline void kp_conn_untag(__u32 tag)
+{
+	__u32 ix = tag & 0xffff;
+	struct kp_conns *c = kp_conns.lookup(&ix);
+
+	if (c && c->gen == tag >> 16)
+		__sync_fetch_and_add(&c->sock, -1);
+}
+
+/* A backend's least-conn counter and its index in kp_conns (*ix), or NULL when the agent
+ * gave it none (no least-conn frontend names it) or is handing its index to another. */
+static __always_inline struct kp_conns *kp_conns_row(__u32 backend_id, __u32 *ix)
+{
+	__u32 *at = kp_connix.lookup(&backend_id);
+	struct kp_conns *c;
+	__u32 i;
+
+	if (!at)
+		return NULL;
+	i = *at;
+	c = kp_conns.lookup(&i);
+	if (!c || c->backend_id != backend_id)
+		return NULL;
+	*ix = i;
+	return c;
+}
+
+/* One step of a least-conn scan: s->best becomes slot if its backend has fewer connections
  * than s->least. Without a branch on the counts: the verifier then sees two paths per slot
  * (row there or not) that meet again, not a tree of comparisons it walks to every leaf. */
 struct kp_lc_scan {
@@ -61,20 +80,16 @@ struct kp_lc_scan {
 	__s64 least;
 };
 
-static __always_inline void kp_lc_step(struct kp_svc_key *key, __u16 slot, struct kp_lc_scan *s)
+static __always_inline void kp_lc_step(const struct kp_lc_ids *ids, __u32 idx, __u16 slot,
+				       struct kp_lc_scan *s)
 {
-	struct kp_svc_val *row;
 	struct kp_conns *c;
 	__s64 n, diff, take;
-	__u32 id;
+	__u32 ix;
 
-	key->slot = slot;
-	row = kp_svc.lookup(key);
-	if (!row)
-		return;
-	id = row->backend_id;
-	c = kp_conns.lookup(&id);
-	n = c ? c->sock + c->flows : 0;
+	ix = ids->conn[idx & (KP_LC_IDS - 1)];   /* idx < count <= ids->count <= KP_LC_IDS */
+	c = kp_conns.lookup(&ix);                /* an array: no hashing */
+	n = c ? c->sock : 0;
 	n &= ~(n >> 63);                /* a count below zero (see kproxy.h) as zero */
 	diff = n - s->least;
 	asm volatile("" : "+r"(diff));  /* so that clang keeps the sign test below as arithmetic */
@@ -84,19 +99,29 @@ static __always_inline void kp_lc_step(struct kp_svc_key *key, __u16 slot, struc
 }
 
 /* The slot whose backend has the fewest connections among up to KP_LC_SCAN slots from a
- * random one; 0 when every slot read vanished under a writer (the caller reads slot 0 again).
- * Unrolled by hand: as a loop, clang folds its two bounds into one counter the verifier
- * cannot bound. */
+ * random one, read from the frontend's kp_lcids row (one hashed lookup, then the counters).
+ * Without a row for at least `count` slots (not written yet, a stale row from before backends
+ * were added, more than KP_LC_IDS backends): at random. Unrolled by hand: as a loop, clang
+ * folds its two bounds into one counter the verifier cannot bound. */
 static __always_inline __u16 kp_lc_pick(const struct kp_svc_key *fe, __u16 count, __u32 rnd)
 {
 	struct kp_lc_scan s = {0, 0x7fffffffffffffffLL};
 	struct kp_svc_key key = *fe;
+	struct kp_lc_ids *ids;
 	__u16 first = rnd % count;
+	__u32 idx;
 
+	key.slot = 0;
+	ids = kp_lcids.lookup(&key);
+	if (!ids || ids->count < count) {
+		kp_count(KP_STAT_LC_NO_IDS);
+		return first + 1;
+	}
 #define KP_LC_STEP(i) \
 	if ((i) >= count) \
 		goto out; \
-	kp_lc_step(&key, (first + (i)) % count + 1, &s);
+	idx = (first + (i)) % count; \
+	kp_lc_step(ids, idx, idx + 1, &s);
 #define KP_LC_STEP8(i) KP_LC_STEP(i) KP_LC_STEP(i + 1) KP_LC_STEP(i + 2) KP_LC_STEP(i + 3) \
 	KP_LC_STEP(i + 4) KP_LC_STEP(i + 5) KP_LC_STEP(i + 6) KP_LC_STEP(i + 7)
 	KP_LC_STEP8(0) KP_LC_STEP8(8) KP_LC_STEP8(16) KP_LC_STEP8(24)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from kproxy_ebpf.datapath.flows import conn_counts
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap
 from kproxy_ebpf.model.objects import LBAlgorithm
@@ -31,7 +32,7 @@ def next_pick(maps: Mapping[str, PinnedMap], key, head, slots: Slots
     if alg is LBAlgorithm.ROUND_ROBIN:
         return _round_robin(maps, key, slots)
     if alg is LBAlgorithm.LEAST_CONN:
-        return _least_conn(maps, slots)
+        return _least_conn(maps, key, slots)
     return None
 
 
@@ -48,12 +49,19 @@ def _round_robin(maps, key, slots: Slots) -> tuple[str, str, str, list[str]]:
             "next takes the slot after", [b] if b else [])
 
 
-def _least_conn(maps, slots: Slots) -> tuple[str, str, str, list[str]]:
+def _least_conn(maps, key, slots: Slots) -> tuple[str, str, str, list[str]]:
     scan = L.const("KP_LC_SCAN")
+    key.slot = 0
+    ids = maps["lcids"].get(key) if "lcids" in maps else None
+    if ids is None or ids.count < len(slots):
+        return ("least-conn", "no row for these slots (kp_lcids)", "picks at random until the "
+                "agent writes the row, right after slot 0 (or: more than "
+                f"{L.const('KP_LC_IDS')} backends)", [b for b, _, _ in slots if b])
+    rows = dict(conn_counts.counters(maps))
     counts = []
     for b, _, bid in slots:
-        row = maps["conns"].get(L.U32(bid)) if b and "conns" in maps else None
-        counts.append(max(0, row.sock + row.flows) if row is not None else 0)
+        row = rows.get(bid) if b else None
+        counts.append(max(0, row.sock) if row is not None else 0)
     usable = [(n, b) for n, (b, _, _) in zip(counts, slots, strict=True) if b]
     least = min((n for n, _ in usable), default=0)
     found = ", ".join(f"{b} {n}" for n, b in usable)

@@ -67,7 +67,10 @@ def test_round_robin_without_its_cursor_picks_at_random_and_counts_it(program, f
 def _set_conns(maps, w, fam, counts: dict[str, int]) -> None:
     for ip, n in counts.items():
         bid = w.backend_ids.get((ip, 8080, TCP))
-        maps["conns"].put(L.U32(bid), Conns(sock=n))
+        ix = maps["connix"].get(L.U32(bid))
+        row = maps["conns"].get(ix)
+        row.sock = n
+        maps["conns"].put(ix, row)
 
 
 def test_least_conn_takes_the_backend_with_the_fewest_connections(program, fam):
@@ -81,10 +84,13 @@ def test_least_conn_takes_the_backend_with_the_fewest_connections(program, fam):
     # Ties spread (the scan starts at a random slot); a count below zero reads as zero.
     _set_conns(maps, w, fam, {a: 0, b: -3, c: 1})
     assert {ip for ip, _ in picks(fd, fam, 93, 12, rnd=lambda i: (i, i))} == {a, b}
-    # A backend without a row has none counted.
-    maps["conns"].delete(L.U32(w.backend_ids.get((c, 8080, TCP))))
-    _set_conns(maps, w, fam, {a: 1, b: 1})
-    assert {ip for ip, _ in picks(fd, fam, 93, 6)} == {c}
+    # Without the frontend's kp_lcids row (the agent writes it after slot 0): at random,
+    # counted.
+    maps["lcids"].delete(L.svc_key(fam.vip, 93, TCP))
+    stat = L.U32(L.const("KP_STAT_LC_NO_IDS"))
+    before = sum(maps["stats"].get(stat))
+    assert {ip for ip, _ in picks(fd, fam, 93, 12, rnd=lambda i: (i, i))} == {a, b, c}
+    assert sum(maps["stats"].get(stat)) == before + 12
 
 
 def test_least_conn_scans_a_bounded_window_of_a_large_service(program, fam):

@@ -20,6 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from kproxy_ebpf.cli.main import main
+from kproxy_ebpf.datapath.flows import conn_counts
 from kproxy_ebpf.dev.lab import procs
 from kproxy_ebpf.model.objects import LBAlgorithm
 
@@ -88,8 +89,8 @@ def counts(node1, lab, fam) -> Counter:
     ids = {bid: b for b, bid in node1.writer.backend_ids}
     pod_by_ip = {fam.ip(lab, p): p for p in BACKENDS}
     out: Counter = Counter()
-    for key, row in node1.datapath.maps["conns"].items():
-        b = ids.get(key.value if hasattr(key, "value") else int(key))
+    for bid, row in conn_counts.counters(node1.datapath.maps):
+        b = ids.get(bid)
         if b is not None and row.sock:
             out[pod_by_ip[b[0]]] += row.sock
     return out
@@ -175,11 +176,11 @@ def test_counts_of_a_removed_backend_go_with_its_id(lab, node1, fam):
         got = {h.do("tcp"), h.do("tcp")}
         assert got == {"a1", "b1"}
         node1.program(svc, fam.endpoints(lab, "web", ["a1"], HTTP_EP))
-        assert set(counts(node1, lab, fam)) == {"a1"}, "b1's id freed, its row with it"
-        rows = len(node1.datapath.maps["conns"].keys())
+        assert set(counts(node1, lab, fam)) == {"a1"}, "b1's id freed, its counter with it"
+        rows = len(node1.datapath.maps["connix"].keys())
         assert rows == 1, rows
     finally:
         h.kill()
     wait_until(lambda: not counts(node1, lab, fam), 10, "the count back to zero")
     assert all(row.sock == 0 for _, row in node1.datapath.maps["conns"].items()), \
-        "b1's socket, closed after its row went, took nothing from anyone"
+        "b1's socket, closed after its counter was freed, took nothing from anyone"

@@ -48,7 +48,7 @@ from .sock_where import Held, Namespace, Peer, SocketWhere, clock_ns
 log = logging.getLogger(__name__)
 
 Serves = Callable[[FrontendKey, BackendKey], bool]
-_SKSVC = struct.Struct("!16s16sHHI")   # kp_sksvc_val (svc_id in host order: unused here)
+_SKSVC = struct.Struct("!16s16sHHI")   # kp_sksvc_val (its least-conn tag: unused here)
 _STATES = {socket.IPPROTO_TCP: sockdiag.CONNECTED_TCP, socket.IPPROTO_UDP: sockdiag.CONNECTED_UDP}
 _AF = {4: socket.AF_INET, 6: socket.AF_INET6}
 _FAMILY: dict[int, int] = {socket.AF_INET: 4, socket.AF_INET6: 6}

@@ -23,7 +23,7 @@ class Phase(enum.Enum):
     PUT_ROWS = "put-rows"          # backend, meta, source-range and TC filter rows
     PUT_SLOTS = "put-slots"        # kp_svc slots 1..n
     PUT_HEADS = "put-heads"        # kp_svc slot 0
-    PUT_CURSORS = "put-cursors"    # round-robin cursors, after the slot 0 they follow
+    PUT_CURSORS = "put-cursors"    # round-robin cursors, least-conn rows: after their slot 0
     DEL_HEADS = "del-heads"
     DEL_SLOTS = "del-slots"
     DEL_GARBAGE = "del-garbage"    # rows no slot (or slot 0) needs any more

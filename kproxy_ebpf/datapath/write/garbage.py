@@ -2,6 +2,8 @@
 uses are freed. Only candidates whose references dropped are looked at: O(changed)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kproxy_ebpf.datapath.maps import encode as E
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap
@@ -12,17 +14,18 @@ from .programmed import Ledger
 
 
 def collect(held: Ledger, be: PinnedMap, meta: PinnedMap, writes: Writes,
-            res: ApplyResult | None = None, conns: PinnedMap | None = None) -> list[int]:
+            res: ApplyResult | None = None,
+            on_free: Callable[[int, Writes], None] | None = None) -> list[int]:
     """Frees what no row references; returns the service ids freed (their per-Service
-    counter rows go after the sync). A freed backend's least-conn counter goes with it (a
-    socket still counted on it then takes away from nothing: kp_conns_add)."""
+    counter rows go after the sync). on_free(backend id, writes): for what goes with a freed
+    backend id (its least-conn counter index, lc_ids.py)."""
     for bkey in held.unref:
         bid = held.backend_ids.get(bkey)
         if bid is None or held.refs.count(bkey) > 0:
             continue
         writes.drop(be, E.backend_id_key(bid))
-        if conns is not None:
-            writes.drop(conns, E.backend_id_key(bid))
+        if on_free is not None:
+            on_free(bid, writes)
         held.backend_ids.release(bkey)
         held.refs.freed(bkey)
         if res:

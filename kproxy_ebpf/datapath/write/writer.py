@@ -49,11 +49,15 @@ from .batch import BatchedWrites, DirectWrites, Writes
 from .capacity import Capacity
 from .garbage import collect
 from .held_addrs import HeldAddrs
+from .lc_ids import LcIds
 from .maglev_tables import MaglevTables, row_count
 from .plan import Planner, drained, slot_order
 from .programmed import BackendKey, HeldTable, Ledger, Programmed
 from .rr_cursors import Cursors
 from .slots import fill_slots, new_backend, write_slots
+
+RR = LBAlgorithm.ROUND_ROBIN
+SCHEDULED = (RR, LBAlgorithm.LEAST_CONN)     # algorithms with a row beside slot 0
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +72,8 @@ class MapWriter:
         self.tables = MaglevTables(maps["maglev"]) if "maglev" in maps else None
         # Round-robin cursors and least-conn counters (None where missing: tests' fakes).
         self.cursors = Cursors(maps["rr"]) if "rr" in maps else None
-        self.conns = maps.get("conns")
+        self.lc_ids = (LcIds(maps["lcids"], maps["conns"], maps["connix"])
+                       if {"lcids", "conns", "connix"} <= maps.keys() else None)
         self.plan = Planner(self.src is not None, self.ext_addrs is not None,
                             self.ext_locals is not None, self.tables is not None)
         self.capacity = Capacity(self.svc, self.be, self.meta, self.src, self.ext_addrs,
@@ -102,10 +107,13 @@ class MapWriter:
         self._gc(DirectWrites(self.svc))
         if self.cursors is not None:    # of frontends no longer round-robin
             self.cursors.sweep(self.held.frontends)
+        if self.lc_ids is not None:
+            self.lc_ids.sweep(self.held.frontends, self.held.backend_ids, DirectWrites(self.svc))
         return len(self.held.frontends)
 
     def _gc(self, writes: Writes, res: ApplyResult | None = None) -> None:
-        self._freed_svc_ids += collect(self.held, self.be, self.meta, writes, res, self.conns)
+        freed = self.lc_ids.free if self.lc_ids is not None else None
+        self._freed_svc_ids += collect(self.held, self.be, self.meta, writes, res, freed)
 
     # -- apply -----------------------------------------------------------------------------
     def apply(self, desired: Mapping[FrontendKey, Frontend],
@@ -123,8 +131,10 @@ class MapWriter:
         if not self.capacity.fits_batch(desired, keys, self.held, self.tables, self.plan):
             self._apply_keys(desired, keys, res, DirectWrites(self.svc))
             return res
-        few = (self.src, self.conns, *(o.map for o in (self.ext_addrs, self.ext_locals,
-                                                       self.cursors) if o is not None))
+        lc = self.lc_ids
+        few = (self.src, *(o.map for o in (self.ext_addrs, self.ext_locals, self.cursors)
+                           if o is not None),
+               *((lc.map, lc.conns, lc.connix) if lc is not None else ()))
         tables = [self.tables.map] if self.tables is not None else []
         writes = BatchedWrites(self.svc, [self.be, self.meta, *tables],
                                [m for m in few if m is not None])
@@ -161,7 +171,8 @@ class MapWriter:
         if prog is None:
             prog = held.frontends[key] = Programmed(fe.kind, None, fe.action, 0, None)
         order = slot_order(prog, wanted)
-        rotated = prog.order() if prog.algorithm is LBAlgorithm.ROUND_ROBIN else ()  # as it was
+        was = prog.algorithm
+        before = prog.order() if was in SCHEDULED else ()      # the slots as they were
 
         svc_id = held.svc_ids.acquire(fe.service)
         held.svc_unref.add(fe.service)     # in case this write fails before slot 0
@@ -192,7 +203,10 @@ class MapWriter:
         prog.range_flag, prog.maglev = bool(ranges), table
         res.writes += 1
         if self.cursors is not None:                          # after the slot 0 it follows
-            res.writes += self.cursors.update(fe, prog.algorithm, rotated, order, writes)
+            res.writes += self.cursors.update(fe, was, before if was is RR else (), order,
+                                              writes)
+        if self.lc_ids is not None:                           # after the slot 0 it follows
+            res.writes += self.lc_ids.update(fe, was, before, order, held.backend_ids, writes)
         prog.algorithm = fe.algorithm
         if old_table is not None and old_table is not table:  # after slot 0 let go
             assert self.tables is not None                     # it held the table
@@ -230,8 +244,10 @@ class MapWriter:
         prog, key_of = held.frontends[key], E.svc_keys(key)
         writes.drop_head(key_of(0))     # first: the frontend disappears at once
         prog.count = None
-        if self.cursors is not None and prog.algorithm is LBAlgorithm.ROUND_ROBIN:
+        if self.cursors is not None and prog.algorithm is RR:
             res.writes += self.cursors.drop(key, writes)
+        if self.lc_ids is not None and prog.algorithm is LBAlgorithm.LEAST_CONN:
+            res.writes += self.lc_ids.drop(key, writes)
         if prog.maglev is not None:
             assert self.tables is not None      # it held the table
             res.writes += self.tables.drop(prog.maglev, writes)

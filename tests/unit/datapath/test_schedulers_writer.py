@@ -1,5 +1,5 @@
-"""The writer's side of the schedulers (rr_cursors.py, the slot-0 flags, kp_conns garbage,
-conn_counts.py) on fake maps."""
+"""The writer's side of the schedulers (rr_cursors.py, the slot-0 flags, lc_ids.py's rows and
+counter indexes, conn_counts.py) on fake maps."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -16,7 +16,7 @@ from ...fakemaps import fake_maps
 
 RR, LC = LBAlgorithm.ROUND_ROBIN, LBAlgorithm.LEAST_CONN
 A, B, C, D, E = "a", "b", "c", "d", "e"
-MAPS = ("svc", "backend", "meta", "rr", "conns", "ct")
+MAPS = ("svc", "backend", "meta", "rr", "conns", "connix", "lcids", "ct")
 
 
 def test_resume_at_goes_on_after_the_last_pick_still_there():
@@ -69,15 +69,76 @@ def test_restore_adopts_the_flags_and_sweeps_cursors_nobody_uses():
     assert w.plan.to_write(w.held, f.key, f) is None, "nothing to write after a restart"
 
 
-def test_a_freed_backend_takes_its_connection_counter_along():
+def lc_row(maps, f) -> list[int] | None:
+    """The backend ids kp_lcids names for f, through each index's kp_conns row."""
+    row = maps["lcids"].get(L.frontend_svc_key(f.key))
+    if row is None:
+        return None
+    return [maps["conns"].get(L.U32(ix)).backend_id for ix in row.conn[:row.count]]
+
+
+def bids(w, *ips) -> list[int]:
+    return [w.backend_ids.get((ip, 8080, TCP)) for ip in ips]
+
+
+def counter(maps, bid):
+    """(index, kp_conns row) of backend id bid's counter, None without one."""
+    ix = maps["connix"].get(L.U32(bid))
+    return None if ix is None else (ix.value, maps["conns"].get(ix))
+
+
+def tags(maps, bid) -> tuple[int, int, int] | None:
+    c = counter(maps, bid)
+    return None if c is None else (c[0], c[1].gen, c[1].backend_id)
+
+
+def test_a_least_conn_frontend_names_a_counter_per_slot_in_slot_order():
+    maps = fake_maps(MAPS)
+    w = MapWriter(maps)
+    f = replace(fe(backends=["10.0.0.1", "10.0.0.2"]), algorithm=LC)
+    assert w.apply(table(f)).ok
+    assert lc_row(maps, f) == bids(w, "10.0.0.1", "10.0.0.2")
+    gens = {counter(maps, b)[1].gen for b in bids(w, "10.0.0.1", "10.0.0.2")}
+    assert 0 not in gens and len(gens) == 2
+    f2 = replace(f, backends=fe(backends=["10.0.0.2", "10.0.0.3"]).backends)
+    assert w.apply(table(f2)).ok
+    assert lc_row(maps, f) == bids(w, *(k[0] for k in w.programmed[f.key].order()))
+    assert w.apply(table(replace(f2, algorithm=LBAlgorithm.RANDOM))).ok
+    assert lc_row(maps, f) is None, "no row once it stops asking for least-conn"
+
+
+def test_a_restart_rewrites_a_row_the_previous_agent_did_not_finish():
+    maps = fake_maps(MAPS)
+    f = replace(fe(backends=["10.0.0.1", "10.0.0.2"]), algorithm=LC)
+    w = MapWriter(maps)
+    assert w.apply(table(f)).ok
+    before = {b: tags(maps, b) for b in bids(w, "10.0.0.1", "10.0.0.2")}
+    maps["lcids"].delete(L.frontend_svc_key(f.key))
+    stray = fe(ip="10.96.0.99")
+    maps["lcids"].put(L.frontend_svc_key(stray.key), L.STRUCTS["kp_lc_ids"](count=0))
+    w = MapWriter(maps)
+    w.restore()
+    assert lc_row(maps, f) == bids(w, "10.0.0.1", "10.0.0.2")
+    assert {b: tags(maps, b) for b in before} == before, "counters adopted, not renewed"
+    assert maps["lcids"].get(L.frontend_svc_key(stray.key)) is None
+
+
+def test_a_freed_backend_frees_its_counter_and_the_next_holder_gets_another_gen():
     maps = fake_maps(MAPS)
     w = MapWriter(maps)
     f = replace(fe(backends=["10.0.0.1", "10.0.0.2"]), algorithm=LC)
     assert w.apply(table(f)).ok
     gone = w.backend_ids.get(("10.0.0.2", 8080, TCP))
-    for bid in (gone, w.backend_ids.get(("10.0.0.1", 8080, TCP))):
-        maps["conns"].put(L.U32(bid), L.STRUCTS["kp_conns"](sock=2))
+    for bid in bids(w, "10.0.0.1", "10.0.0.2"):
+        ix, row = counter(maps, bid)
+        row.sock = 2
+        maps["conns"].put(L.U32(ix), row)
+    ix_gone, row_gone = counter(maps, gone)
     assert w.apply(table(replace(f, backends=fe(backends=["10.0.0.1"]).backends))).ok
-    assert maps["conns"].get(L.U32(gone)) is None
+    assert counter(maps, gone) is None
     assert [c for _, c in conn_counts.per_backend(maps).items()] == [conn_counts.Conns(2, 0)]
     assert conn_counts.sockets_by_backend(maps) == [("10.0.0.1:8080", "TCP", 2)]
+    w.lc_ids.ix.max_id = 2      # no fresh index left: the freed one comes back
+    assert w.apply(table(replace(f, backends=fe(backends=["10.0.0.1", "10.0.0.9"]).backends))).ok
+    ix, row = counter(maps, w.backend_ids.get(("10.0.0.9", 8080, TCP)))
+    assert ix == ix_gone and row.sock == 0 and row.gen != row_gone.gen
