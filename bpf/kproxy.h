@@ -299,10 +299,15 @@ struct kp_rr_val {
 
 /* Least connection (lib/sched.h): a backend's connections on this node, keyed by its id.
  * Counted by the programs with atomic adds; a row is made by the first connection and
- * deleted by the agent when it frees the id. */
+ * deleted by the agent when it frees the id. The TC path's flows count as two counters that
+ * only grow, so that a close missed (expiry, LRU eviction, a row overwritten) is repaired by
+ * the agent from the conntrack table (kp_flowfix, lib/flowcount.h) instead of accumulating. */
 struct kp_conns {
 	__s64 sock;       /* sockets connected to it (TCP and UDP), from connect to close */
-	__s64 flows;      /* reserved: flows from outside (TC path), not counted yet */
+	__u32 gen;
+	__u32 pad;
+	__u64 flows_open; /* TC flows of least-conn frontends opened to it (KP_CT_F_COUNTED) */
+	__u64 flows_done; /* ... of those, ended: FIN/RST, or re-balanced before they expired */
 };
 
 /* Which backend a connected socket is counted on (kp_skconn, BPF_MAP_TYPE_SK_STORAGE): set
@@ -461,7 +466,7 @@ _Static_assert(sizeof(struct kp_aff_key) == 16, "kp_aff_key");
 _Static_assert(sizeof(struct kp_aff_val) == 16, "kp_aff_val");
 _Static_assert(sizeof(struct kp_svc_meta) == 152, "kp_svc_meta");
 _Static_assert(sizeof(struct kp_rr_val) == 8, "kp_rr_val");
-_Static_assert(sizeof(struct kp_conns) == 16, "kp_conns");
+_Static_assert(sizeof(struct kp_conns) == 32, "kp_conns");
 _Static_assert(sizeof(struct kp_skconn_val) == 8, "kp_skconn_val");
 _Static_assert(sizeof(struct kp_svc_stat) == 64, "kp_svc_stat");
 _Static_assert(sizeof(struct kp_cip_val) == 4, "kp_cip_val");
@@ -497,6 +502,9 @@ enum kp_ct_flags {              /* kp_ct_val.life, bits 0-7 */
 	KP_CT_F_REPLY_FIRST = 0x10, /* ... before the client did: the backend holds a TIME_WAIT */
 	KP_CT_F_LAST_ACK   = 0x20,  /* the client ACKed the backend's FIN (client first) */
 	KP_CT_F_ISN        = 0x40,  /* TCP: isn holds the client's initial sequence number */
+	/* A least-conn frontend's flow, counted in its backend's kp_conns.flows_open; its end is
+	 * counted once (flows_done) by the CPU that moves it to CLOSING/CLOSED or clears this. */
+	KP_CT_F_COUNTED    = 0x80,
 };
 
 enum kp_ct_timeouts {           /* seconds; references are the kernel's nf_conntrack defaults */
@@ -621,6 +629,7 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 40, "kp_tc_cfg");
 	X(maglev,      kp_maglev,   1, hash,         struct kp_maglev_key, struct kp_maglev_row, KP_MAGLEV_SIZE,   KP_NO_PREALLOC) \
 	X(rr,          kp_rr,       1, hash,         struct kp_svc_key,    struct kp_rr_val,     KP_RR_SIZE,       0) \
 	X(conns,       kp_conns,    1, hash,         __u32,                struct kp_conns,      KP_CONNS_SIZE,    0) \
+	X(flowfix,     kp_flowfix,  1, hash,         __u32,                __s64,                KP_CONNS_SIZE,    0) \
 	X(skconn,      kp_skconn,   1, sk_storage,   int,                  struct kp_skconn_val, KP_SKCONN_SIZE,   KP_NO_PREALLOC)
 
 #ifndef KP_SVC_SIZE

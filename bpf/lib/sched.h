@@ -17,6 +17,7 @@
 
 #include "maps.h"
 #include "stats.h"
+#include "flowcount.h"
 
 /* The slot (1..count) after the frontend's last round-robin pick; at random when its cursor
  * is missing (not written yet), which is what the frontend did before it asked for one. */
@@ -74,7 +75,7 @@ static __always_inline void kp_lc_step(struct kp_svc_key *key, __u16 slot, struc
 		return;
 	id = row->backend_id;
 	c = kp_conns.lookup(&id);
-	n = c ? c->sock + c->flows : 0;
+	n = c ? kp_conns_load(c, id) : 0;
 	n &= ~(n >> 63);                /* a count below zero (see kproxy.h) as zero */
 	diff = n - s->least;
 	asm volatile("" : "+r"(diff));  /* so that clang keeps the sign test below as arithmetic */

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from kproxy_ebpf.datapath.flows import flow_fix
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap
 from kproxy_ebpf.model.objects import LBAlgorithm
@@ -50,15 +51,16 @@ def _round_robin(maps, key, slots: Slots) -> tuple[str, str, str, list[str]]:
 
 def _least_conn(maps, slots: Slots) -> tuple[str, str, str, list[str]]:
     scan = L.const("KP_LC_SCAN")
+    fixes = flow_fix.fix_of(maps)
     counts = []
     for b, _, bid in slots:
         row = maps["conns"].get(L.U32(bid)) if b and "conns" in maps else None
-        counts.append(max(0, row.sock + row.flows) if row is not None else 0)
+        counts.append(flow_fix.load(row, fixes.get(bid, 0)) if row is not None else 0)
     usable = [(n, b) for n, (b, _, _) in zip(counts, slots, strict=True) if b]
     least = min((n for n, _ in usable), default=0)
     found = ", ".join(f"{b} {n}" for n, b in usable)
-    why = "connections counted from connect to close (kp_conns); ties go to the first from " \
-        "a random slot"
+    why = "sockets counted from connect to close and TC flows from first packet to FIN/RST " \
+        "or expiry (kp_conns, kp_flowfix); ties go to the first from a random slot"
     if len(slots) > scan:
         why += f"; with more than {scan} backends only {scan} slots from a random one are read"
         return ("least-conn", found, why, [b for _, b in usable])

@@ -80,4 +80,4 @@ def test_a_freed_backend_takes_its_connection_counter_along():
     assert w.apply(table(replace(f, backends=fe(backends=["10.0.0.1"]).backends))).ok
     assert maps["conns"].get(L.U32(gone)) is None
     assert [c for _, c in conn_counts.per_backend(maps).items()] == [conn_counts.Conns(2, 0)]
-    assert conn_counts.sockets_by_backend(maps) == [("10.0.0.1:8080", "TCP", 2)]
+    assert conn_counts.counts_by_backend(maps) == [("10.0.0.1:8080", "TCP", 2)]
