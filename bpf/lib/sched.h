@@ -9,7 +9,8 @@
  * after slot 0): that one connect lands out of turn, the next follow the new rotation.
  *
  * Least connection reads each slot's backend id and that backend's count (kp_conns): the
- * sockets connected to it from this node (counted by sock_lb.c from connect to close). It
+ * sockets connected to it from this node (counted by sock_lb.c from connect to close) and
+ * the TC path's flows open to it (lib/flowcount.h kp_conns_load). It
  * takes the first slot with the fewest, starting from a random slot so that ties spread.
  */
 #ifndef KPROXY_LIB_SCHED_H
