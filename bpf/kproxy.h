@@ -310,13 +310,16 @@ struct kp_rr_val {
  * programs only add. A socket remembers the index and gen it counted on (kp_conn_tag: in the
  * storage a TCP connect makes anyway, kp_sksvc, so counting allocates nothing more; a UDP
  * socket's in kp_skconn), so its release takes back only from the counter it added to, not
- * from a later holder of the index. */
+ * from a later holder of the index. The TC path's flows count as two counters that only
+ * grow, so that a close missed (expiry, LRU eviction, a row overwritten) is repaired by the
+ * agent from the conntrack table (kp_flowfix at the same index, lib/flowcount.h) instead of
+ * accumulating. */
 struct kp_conns {
 	__s64 sock;       /* sockets connected to it (TCP and UDP), from connect to close */
 	__u32 gen;        /* the agent's random tag for this holding of the index: 1..0xffff */
 	__u32 backend_id; /* the holder: checked by kp_conns_row, so a stale index counts nowhere */
-	__u64 flows_open; /* reserved: flows from outside (TC path), not counted yet */
-	__u64 flows_done;
+	__u64 flows_open; /* TC flows of least-conn frontends opened to it (KP_CT_F_COUNTED) */
+	__u64 flows_done; /* ... of those, ended: FIN/RST, or re-balanced before they expired */
 };
 
 /* Least connection's view of a frontend (kp_lcids, keyed by its slot-0 kp_svc_key): the
@@ -524,6 +527,9 @@ enum kp_ct_flags {              /* kp_ct_val.life, bits 0-7 */
 	KP_CT_F_REPLY_FIRST = 0x10, /* ... before the client did: the backend holds a TIME_WAIT */
 	KP_CT_F_LAST_ACK   = 0x20,  /* the client ACKed the backend's FIN (client first) */
 	KP_CT_F_ISN        = 0x40,  /* TCP: isn holds the client's initial sequence number */
+	/* A least-conn frontend's flow, counted in its backend's kp_conns.flows_open; its end is
+	 * counted once (flows_done) by the CPU that moves it to CLOSING/CLOSED or clears this. */
+	KP_CT_F_COUNTED    = 0x80,
 };
 
 enum kp_ct_timeouts {           /* seconds; references are the kernel's nf_conntrack defaults */
@@ -649,6 +655,7 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 40, "kp_tc_cfg");
 	X(rr,          kp_rr,       1, hash,         struct kp_svc_key,    struct kp_rr_val,     KP_RR_SIZE,       0) \
 	X(conns,       kp_conns,    2, array,        __u32,                struct kp_conns,      KP_CONNS_SIZE,    0) \
 	X(connix,      kp_connix,   1, hash,         __u32,                __u32,                KP_CONNS_SIZE,    0) \
+	X(flowfix,     kp_flowfix,  1, array,        __u32,                __s64,                KP_CONNS_SIZE,    0) \
 	X(skconn,      kp_skconn,   1, sk_storage,   int,                  struct kp_skconn_val, KP_SKCONN_SIZE,   KP_NO_PREALLOC) \
 	X(lcids,       kp_lcids,    1, hash,         struct kp_svc_key,    struct kp_lc_ids,     KP_LCIDS_SIZE,    KP_NO_PREALLOC)
 

@@ -115,7 +115,7 @@ static __always_inline int kp_new_flow(struct kp_pkt *p, struct kp_ct_val *v,
 	v->be_port = res.be.port;
 	v->backend_id = res.backend_id;
 	v->svc_id = res.svc_id;
-	flags = scope == KP_SCOPE_SOCK ? KP_CT_F_POD : 0;
+	flags = (scope == KP_SCOPE_SOCK ? KP_CT_F_POD : 0) | kp_flow_mark(res.fe_flags);
 	if (scope == KP_SCOPE_EXT ? !(res.be_flags & KP_BE_F_LOCAL)
 				  : kp_ip_eq(&res.be.addr, &p->tuple.saddr)) {
 		if (kp_snat_alloc(&p->tuple, v, cfg, &rkey, now) != 0) {

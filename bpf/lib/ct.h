@@ -19,6 +19,7 @@
 #include "ip.h"
 #include "maps.h"
 #include "endian.h"
+#include "flowcount.h"
 
 /* kp_ct_val.life, field by field (kproxy.h enum kp_ct_life). */
 static __always_inline __u64 kp_ct_expires(__u64 life)
@@ -150,7 +151,8 @@ static __always_inline bool kp_ct_ended(__u64 life)
  * from, and only its life word changes, in place: compared with the copy's and swapped, so
  * that two CPUs tracking the two directions of one flow at once (the FINs of a close) both
  * count; a lost round applies this packet on top of what the other CPU wrote. The swap that
- * ends a TCP flow is followed by a whole write of the same row (kp_ct_ended). */
+ * ends a TCP flow is followed by a whole write of the same row (kp_ct_ended). A least-conn
+ * flow's open and end are counted here (lib/flowcount.h). */
 static __always_inline void kp_ct_track(struct kp_ct_key *key, struct kp_ct_val *row,
 					struct kp_ct_val *v, __u8 tcp_flags, bool reply, __u64 now)
 {
@@ -160,8 +162,9 @@ static __always_inline void kp_ct_track(struct kp_ct_key *key, struct kp_ct_val 
 	int i;
 
 	if (!row) {
-		v->life = kp_ct_next(key->proto, old, tcp_flags, reply, now, true);
-		kp_ct.update(key, v);
+		v->life = kp_flow_fresh(kp_ct_next(key->proto, old, tcp_flags, reply, now, true));
+		if (kp_ct.update(key, v) == 0)
+			kp_flow_opened(v->life, v->backend_id);
 		return;
 	}
 #pragma unroll
@@ -171,6 +174,7 @@ static __always_inline void kp_ct_track(struct kp_ct_key *key, struct kp_ct_val 
 			break;
 		cur = __sync_val_compare_and_swap(&row->life, old, next);
 		if (cur == old) {
+			kp_flow_swapped(old, next, v->backend_id);
 			/* Same content, new element; only while row is still key's element: a
 			 * client's SYN may have re-balanced the tuple on another CPU since (its
 			 * port is free at once after a RST). */

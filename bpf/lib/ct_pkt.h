@@ -92,8 +92,10 @@ static __always_inline struct kp_ct_val *kp_ct_find_usable(struct kp_pkt *p,
 	if (row) {
 		*v = *row;
 		if (!kp_ct_usable(p, v, now)) {
-			if (kp_ct_may_open(p))
+			if (kp_ct_may_open(p)) {
 				kp_count(KP_STAT_TC_CT_EXPIRED);
+				kp_flow_replaced(row, v->life, v->backend_id, now);
+			}
 			kp_ct_forget(&p->tuple, v);
 			row = NULL;
 		}

@@ -9,7 +9,8 @@
  * after slot 0): that one connect lands out of turn, the next follow the new rotation.
  *
  * Least connection reads each slot's backend id and that backend's count (kp_conns): the
- * sockets connected to it from this node (counted by sock_lb.c from connect to close). It
+ * sockets connected to it from this node (counted by sock_lb.c from connect to close) and
+ * the TC path's flows open to it (lib/conns.h kp_conns_load). It
  * takes the first slot with the fewest, starting from a random slot so that ties spread.
  */
 #ifndef KPROXY_LIB_SCHED_H
@@ -17,6 +18,7 @@
 
 #include "maps.h"
 #include "stats.h"
+#include "conns.h"
 
 /* The slot (1..count) after the frontend's last round-robin pick; at random when its cursor
  * is missing (not written yet), which is what the frontend did before it asked for one. */
@@ -36,42 +38,6 @@ static __always_inline __u16 kp_rr_pick(const struct kp_svc_key *fe, __u16 count
 	return (n % count) + 1;
 }
 
-/* What a socket remembers of the counter it is counted on: the kp_conns index in the low 16
- * bits, the gen it had then in the high 16 (a gen is never 0, so neither is a tag). */
-static __always_inline __u32 kp_conn_tag(__u32 ix, __u32 gen)
-{
-	return (gen << 16) | (ix & 0xffff);
-}
-
-/* Takes back one socket from the counter `tag` names, if the index still has that gen (else
- * it went to another backend since: nothing to take back from). */
-static __always_inline void kp_conn_untag(__u32 tag)
-{
-	__u32 ix = tag & 0xffff;
-	struct kp_conns *c = kp_conns.lookup(&ix);
-
-	if (c && c->gen == tag >> 16)
-		__sync_fetch_and_add(&c->sock, -1);
-}
-
-/* A backend's least-conn counter and its index in kp_conns (*ix), or NULL when the agent
- * gave it none (no least-conn frontend names it) or is handing its index to another. */
-static __always_inline struct kp_conns *kp_conns_row(__u32 backend_id, __u32 *ix)
-{
-	__u32 *at = kp_connix.lookup(&backend_id);
-	struct kp_conns *c;
-	__u32 i;
-
-	if (!at)
-		return NULL;
-	i = *at;
-	c = kp_conns.lookup(&i);
-	if (!c || c->backend_id != backend_id)
-		return NULL;
-	*ix = i;
-	return c;
-}
-
 /* One step of a least-conn scan: s->best becomes slot if its backend has fewer connections
  * than s->least. Without a branch on the counts: the verifier then sees two paths per slot
  * (row there or not) that meet again, not a tree of comparisons it walks to every leaf. */
@@ -89,7 +55,7 @@ static __always_inline void kp_lc_step(const struct kp_lc_ids *ids, __u32 idx, _
 
 	ix = ids->conn[idx & (KP_LC_IDS - 1)];   /* idx < count <= ids->count <= KP_LC_IDS */
 	c = kp_conns.lookup(&ix);                /* an array: no hashing */
-	n = c ? c->sock : 0;
+	n = c ? kp_conns_load(c, ix) : 0;
 	n &= ~(n >> 63);                /* a count below zero (see kproxy.h) as zero */
 	diff = n - s->least;
 	asm volatile("" : "+r"(diff));  /* so that clang keeps the sign test below as arithmetic */

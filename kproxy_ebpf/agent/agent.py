@@ -23,7 +23,7 @@ from kproxy_ebpf.datapath.sockets.stale_sockets import Outcome as SweepOutcome
 from kproxy_ebpf.datapath.write.drift import DriftCheck
 from kproxy_ebpf.kube.owner import OwnerWatch
 from kproxy_ebpf.kube.sources import ApiSource, ManifestSource
-from kproxy_ebpf.model.objects import Node
+from kproxy_ebpf.model.objects import LBAlgorithm, Node
 from kproxy_ebpf.proxy.state import ProxyState
 from kproxy_ebpf.serve import health, httpserve
 from kproxy_ebpf.serve.metrics import Metrics
@@ -31,6 +31,7 @@ from kproxy_ebpf.serve.port_wait import Listener, PortWaits
 
 from . import conntrack_sysctl, uninstall
 from .drift_watch import DriftWatch
+from .flow_repair import FlowRepair
 from .kubeproxy_handover import Handover, Mode
 from .node_datapath import NodeDatapath
 from .process_tuning import GcPause, limit_malloc_arenas, release_heap
@@ -127,15 +128,23 @@ class Agent:
         self.metrics.watch_datapath(lambda: reader.counters(self.node.maps["stats"]))
         self.metrics.watch_services(lambda: svc_counters.by_service(self.node.maps),
                                     self.cfg.service_metrics_limit)
-        self.metrics.watch_backends(lambda: conn_counts.sockets_by_backend(self.node.maps),
+        self.metrics.watch_backends(lambda: conn_counts.counts_by_backend(self.node.maps),
                                     self.cfg.service_metrics_limit)
         self._serve()
         self.handover.start(self._stop)
         threading.Thread(target=self._start_runner, name="wait-synced", daemon=True).start()
         assert self.node.writer is not None and self.node.cidrs is not None     # adopt() made them
+        FlowRepair(lambda: self.node.maps, self.metrics, self._least_conn).start(self._stop)
         DriftWatch(DriftCheck(self.node.writer, self.node.cidrs), self.loop.lock, self.metrics,
                    self.loop.kernel_drift, self.node.sweep_service_counters).start(
             self.cfg.sync_period * KERNEL_CHECK_EVERY, self._stop)
+
+    def _least_conn(self) -> bool:
+        """Whether a frontend is least-conn (list(): one step under the GIL, while the sync
+        thread may be changing the table)."""
+        writer = self.node.writer
+        return writer is not None and any(
+            p.algorithm is LBAlgorithm.LEAST_CONN for p in list(writer.programmed.values()))
 
     def pause_gc(self) -> None:
         """No cyclic GC until the first sync is done (or GC_PAUSE_MAX has passed)."""

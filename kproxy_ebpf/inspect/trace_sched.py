@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from kproxy_ebpf.datapath.flows import conn_counts
+from kproxy_ebpf.datapath.flows import flow_fix
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap
 from kproxy_ebpf.model.objects import LBAlgorithm
@@ -57,16 +57,16 @@ def _least_conn(maps, key, slots: Slots) -> tuple[str, str, str, list[str]]:
         return ("least-conn", "no row for these slots (kp_lcids)", "picks at random until the "
                 "agent writes the row, right after slot 0 (or: more than "
                 f"{L.const('KP_LC_IDS')} backends)", [b for b, _, _ in slots if b])
-    rows = dict(conn_counts.counters(maps))
+    rows = {bid: (ix, row) for bid, ix, row in flow_fix.counters(maps)}
     counts = []
     for b, _, bid in slots:
-        row = rows.get(bid) if b else None
-        counts.append(max(0, row.sock) if row is not None else 0)
+        ix, row = rows.get(bid, (0, None)) if b else (0, None)
+        counts.append(flow_fix.load(row, flow_fix.fix_at(maps, ix)) if row is not None else 0)
     usable = [(n, b) for n, (b, _, _) in zip(counts, slots, strict=True) if b]
     least = min((n for n, _ in usable), default=0)
     found = ", ".join(f"{b} {n}" for n, b in usable)
-    why = "connections counted from connect to close (kp_conns); ties go to the first from " \
-        "a random slot"
+    why = "sockets counted from connect to close and TC flows from first packet to FIN/RST " \
+        "or expiry (kp_conns, kp_flowfix); ties go to the first from a random slot"
     if len(slots) > scan:
         why += f"; with more than {scan} backends only {scan} slots from a random one are read"
         return ("least-conn", found, why, [b for _, b in usable])

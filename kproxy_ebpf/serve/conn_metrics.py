@@ -1,7 +1,8 @@
-"""kproxy_backend_connections: the sockets connected to each backend through the socket hooks
-of least-conn Services on this node (what least-conn compares; ipvsadm's ActiveConn), bounded like the per-Service
-series by serviceMetricsLimit (busiest backends first); `services -o wide` shows them all,
-with the TC path's flows."""
+"""kproxy_backend_connections: each backend's connections through least-conn Services on this
+node, what least-conn compares (ipvsadm's ActiveConn): sockets from connect to close and TC
+flows from first packet to FIN/RST or expiry (datapath/flows/flow_fix.py), bounded like the
+per-Service series by serviceMetricsLimit (busiest backends first); `services -o wide` shows
+them all, with every frontend's TC flows."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -17,9 +18,9 @@ class BackendConnsCollector(Collector):
         self._read, self._limit = read, limit
 
     def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
-        return (GaugeMetricFamily(P + "backend_connections", "Sockets on this node connected "
-                                  "to the backend through least-conn frontends, from connect "
-                                  "to close (least-conn's count).", labels=["backend", "protocol"]),
+        return (GaugeMetricFamily(P + "backend_connections", "Connections on this node to the "
+                                  "backend through least-conn frontends: sockets from connect "
+                                  "to close plus TC flows open (least-conn's count).", labels=["backend", "protocol"]),
                 GaugeMetricFamily(P + "backend_metrics_omitted", "Backends with connections "
                                   "past serviceMetricsLimit, without a series."))
 

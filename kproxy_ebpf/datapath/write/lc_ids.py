@@ -4,10 +4,11 @@ slot order, so that a connect's scan reads one row and then arrays, not a kp_svc
 hashed counter per slot (measured in docs/design/schedulers.md).
 
 A backend gets a counter index the first time a least-conn frontend names it: its kp_conns
-row is written then with a new random gen and its backend id, and kp_connix (backend id ->
-index) beside it, both before the kp_lcids row naming the index. The index is freed with the
-backend id (garbage.py); its next holder's row gets another gen, so a socket still counted
-on the old one takes back nothing from the new (sock_lb.c, lib/sched.h kp_conn_tag).
+row is written then with a new random gen and its backend id (its kp_flowfix row with 0),
+and kp_connix (backend id -> index) beside it, all before the kp_lcids row naming the index.
+The index is freed with the backend id (garbage.py); its next holder's row gets another gen,
+so a socket still counted on the old one takes back nothing from the new (sock_lb.c,
+lib/conns.h kp_conn_tag).
 
 A kp_lcids row is written whole, right after the slot 0 announcing the slots it describes
 (the batch phase of the round-robin cursors): a connect between the two writes meets the old
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 
 LcIdsVal = L.STRUCTS["kp_lc_ids"]
 ConnsVal = L.STRUCTS["kp_conns"]
+FixVal = L.MAPS["flowfix"].value
 MAX_IDS = L.const("KP_LC_IDS")
 LC = LBAlgorithm.LEAST_CONN
 
@@ -60,8 +62,9 @@ def _indexes(conns: PinnedMap) -> IdAllocator[int]:
 class LcIds:
     """The writer's least-conn rows (kp_lcids) and counter indexes (kp_conns, kp_connix)."""
 
-    def __init__(self, m: PinnedMap, conns: PinnedMap, connix: PinnedMap) -> None:
-        self.map, self.conns, self.connix = m, conns, connix
+    def __init__(self, m: PinnedMap, conns: PinnedMap, connix: PinnedMap,
+                 flowfix: PinnedMap | None = None) -> None:
+        self.map, self.conns, self.connix, self.flowfix = m, conns, connix, flowfix
         self.ix: IdAllocator[int] = _indexes(conns)
 
     def update(self, fe: Frontend, was: LBAlgorithm, before: Sequence[BackendKey],
@@ -87,8 +90,10 @@ class LcIds:
                 if ix is None:
                     ix = self.ix.acquire(bid)
                     writes.row(self.conns, L.U32(ix), ConnsVal(gen=new_gen(), backend_id=bid))
+                    if self.flowfix is not None:     # a previous holder's repair
+                        writes.row(self.flowfix, L.U32(ix), FixVal(0))
                     writes.row(self.connix, L.U32(bid), L.U32(ix))
-                    n += 2
+                    n += 3
                 ixs.append(ix)
         except IdsExhausted as exc:
             log.warning("least-conn picks at random for %s: %s", key, exc)

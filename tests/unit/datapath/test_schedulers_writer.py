@@ -137,7 +137,7 @@ def test_a_freed_backend_frees_its_counter_and_the_next_holder_gets_another_gen(
     assert w.apply(table(replace(f, backends=fe(backends=["10.0.0.1"]).backends))).ok
     assert counter(maps, gone) is None
     assert [c for _, c in conn_counts.per_backend(maps).items()] == [conn_counts.Conns(2, 0)]
-    assert conn_counts.sockets_by_backend(maps) == [("10.0.0.1:8080", "TCP", 2)]
+    assert conn_counts.counts_by_backend(maps) == [("10.0.0.1:8080", "TCP", 2)]
     w.lc_ids.ix.max_id = 2      # no fresh index left: the freed one comes back
     assert w.apply(table(replace(f, backends=fe(backends=["10.0.0.1", "10.0.0.9"]).backends))).ok
     ix, row = counter(maps, w.backend_ids.get(("10.0.0.9", 8080, TCP)))

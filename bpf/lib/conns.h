@@ -1,0 +1,55 @@
+/* lib/conns.h: least connection's counters (kproxy.h struct kp_conns): where a backend's is,
+ * what it holds, and the tag a socket counted on one keeps. The socket hooks count sockets
+ * (sock_lb.c), the TC path flows (lib/flowcount.h), the scan reads them (lib/sched.h).
+ */
+#ifndef KPROXY_LIB_CONNS_H
+#define KPROXY_LIB_CONNS_H
+
+#include "maps.h"
+
+/* What a socket remembers of the counter it is counted on: the kp_conns index in the low 16
+ * bits, the gen it had then in the high 16 (a gen is never 0, so neither is a tag). */
+static __always_inline __u32 kp_conn_tag(__u32 ix, __u32 gen)
+{
+	return (gen << 16) | (ix & 0xffff);
+}
+
+/* Takes back one socket from the counter `tag` names, if the index still has that gen (else
+ * it went to another backend since: nothing to take back from). */
+static __always_inline void kp_conn_untag(__u32 tag)
+{
+	__u32 ix = tag & 0xffff;
+	struct kp_conns *c = kp_conns.lookup(&ix);
+
+	if (c && c->gen == tag >> 16)
+		__sync_fetch_and_add(&c->sock, -1);
+}
+
+/* A backend's least-conn counter and its index in kp_conns (*ix), or NULL when the agent
+ * gave it none (no least-conn frontend names it) or is handing its index to another. */
+static __always_inline struct kp_conns *kp_conns_row(__u32 backend_id, __u32 *ix)
+{
+	__u32 *at = kp_connix.lookup(&backend_id);
+	struct kp_conns *c;
+	__u32 i;
+
+	if (!at)
+		return NULL;
+	i = *at;
+	c = kp_conns.lookup(&i);
+	if (!c || c->backend_id != backend_id)
+		return NULL;
+	*ix = i;
+	return c;
+}
+
+/* A backend's connections as least-conn compares them: sockets plus TC flows open and not
+ * ended, less the agent's repair of ends no packet showed (kp_flowfix, lib/flowcount.h). */
+static __always_inline __s64 kp_conns_load(const struct kp_conns *c, __u32 ix)
+{
+	__s64 *fix = kp_flowfix.lookup(&ix);     /* an array, as kp_conns: no hashing */
+
+	return c->sock + (__s64)(c->flows_open - c->flows_done) - (fix ? *fix : 0);
+}
+
+#endif

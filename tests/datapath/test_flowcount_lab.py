@@ -1,0 +1,108 @@
+"""Least connection from outside, with real packets (lab "tcns" of test_tc_lab.py): a NodePort
+of a least-conn Service counts the external client's TCP connections held through node1's
+TC path (flows, lib/flowcount.h), picks by them, and every count is back to zero once the
+connections are closed, reset, or their process is killed; the agent's repair
+(datapath/flows/flow_fix.py) then finds nothing to fix.
+"""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from kproxy_ebpf.datapath.flows import flow_fix
+from kproxy_ebpf.dev.lab import procs
+from kproxy_ebpf.model.objects import LBAlgorithm
+
+from ..support import wait_until
+from . import test_tc_lab as tcl
+
+lab, nodes, fam = tcl.lab, tcl.nodes, tcl.fam      # the same fixtures (one lab per module)
+
+pytestmark = pytest.mark.root
+
+HOLDER = """
+import socket, struct, sys
+addr, port = sys.argv[1], int(sys.argv[2])
+held = []
+for line in sys.stdin:
+    cmd, *arg = line.split()
+    if cmd == "tcp":
+        s = socket.create_connection((addr, port), timeout=3)
+        held.append(s)
+        print(s.recv(100).decode().split()[0], flush=True)
+    elif cmd == "close":
+        held[int(arg[0])].close()
+        print("closed", flush=True)
+    elif cmd == "rst":
+        s = held[int(arg[0])]
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()
+        print("reset", flush=True)
+"""
+
+
+class Holder:
+    """HOLDER on the external client: connections held to a NodePort of node1."""
+
+    def __init__(self, lab, addr: str, port: int):
+        t = lab.target("ext")
+        self.p = subprocess.Popen(procs.trampoline(t.netns, t.cgroup, [
+            sys.executable, "-c", HOLDER, addr, str(port)]), stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True)
+
+    def do(self, cmd: str) -> str:
+        assert self.p.stdin and self.p.stdout
+        self.p.stdin.write(cmd + "\n")
+        self.p.stdin.flush()
+        line = self.p.stdout.readline().strip()
+        assert line, f"the client died on {cmd!r}"
+        return line
+
+    def kill(self) -> None:
+        self.p.send_signal(signal.SIGKILL)
+        self.p.wait(10)
+
+
+def open_flows(node, lab, fam) -> dict[str, int]:
+    """Pod -> the flows least-conn counts open to it on `node` (nonzero ones)."""
+    pods = {fam.ip(lab, p): p for p in tcl.PODS}
+    fixes = flow_fix.fix_of(node.maps)
+    out = {}
+    rows = {b: r for b, _, r in flow_fix.counters(node.maps)}
+    for (ip, _port, _proto), bid in node.writer.backend_ids:
+        row = rows.get(bid)
+        n = 0 if row is None else row.flows_open - row.flows_done - fixes.get(bid, 0)
+        if n:
+            out[pods.get(ip, ip)] = n
+    return out
+
+
+def test_least_conn_from_outside_counts_the_flows_held_until_they_end(lab, nodes, fam):
+    svc = replace(tcl.nodeport(fam, "np-lc"), lb_algorithm=LBAlgorithm.LEAST_CONN)
+    tcl.program(nodes, lab, fam, svc, ["a1", "b1"])
+    node1 = nodes[0]
+    h = Holder(lab, fam.node_ip(lab, "node1"), 30080)
+    try:
+        first = h.do("tcp")
+        second = h.do("tcp")
+        assert {first, second} == {"a1", "b1"}, "the backend without a flow"
+        assert open_flows(node1, lab, fam) == {"a1": 1, "b1": 1}
+        assert h.do("close 0") == "closed"
+        wait_until(lambda: open_flows(node1, lab, fam) == {second: 1}, 5,
+                   lambda: f"the closed flow done: {open_flows(node1, lab, fam)}")
+        assert h.do("tcp") == first, "the backend whose flow closed"
+        assert h.do("rst 1") == "reset"
+        wait_until(lambda: open_flows(node1, lab, fam) == {first: 1}, 5,
+                   lambda: f"the reset flow done: {open_flows(node1, lab, fam)}")
+        h.do("tcp")
+        assert sum(open_flows(node1, lab, fam).values()) == 2
+    finally:
+        h.kill()
+    # The process killed: its kernel closes the sockets, their FINs end the flows.
+    wait_until(lambda: not open_flows(node1, lab, fam), 10,
+               lambda: f"every count back to zero: {open_flows(node1, lab, fam)}")
+    assert flow_fix.repair(node1.maps).written == 0, "the counters agree with the table"
