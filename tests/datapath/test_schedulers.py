@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from kproxy_ebpf.cli.main import main
-from kproxy_ebpf.datapath.flows import conn_counts
+from kproxy_ebpf.datapath.flows import flow_fix
 from kproxy_ebpf.dev.lab import procs
 from kproxy_ebpf.model.objects import LBAlgorithm
 
@@ -89,7 +89,7 @@ def counts(node1, lab, fam) -> Counter:
     ids = {bid: b for b, bid in node1.writer.backend_ids}
     pod_by_ip = {fam.ip(lab, p): p for p in BACKENDS}
     out: Counter = Counter()
-    for bid, row in conn_counts.counters(node1.datapath.maps):
+    for bid, _, row in flow_fix.counters(node1.datapath.maps):
         b = ids.get(bid)
         if b is not None and row.sock:
             out[pod_by_ip[b[0]]] += row.sock
