@@ -16,8 +16,8 @@
   one answer within 2 s.
 
 Every outcome is one line of FILE: `<unix time> <kind> <ok 0|1> [<reason>]`, kinds `long`
-(a 100 ms exchange; `long1`, ... for the batches SIGUSR1 opened), `new`, `udp`. The test cuts the file into its steps by time. SIGTERM
-ends it."""
+(a 100 ms exchange; `long1`, ... for the batches SIGUSR1 opened), `new`, `udp`. The test
+cuts the file into its steps by time. SIGTERM ends it."""
 from __future__ import annotations
 
 import argparse
