@@ -146,6 +146,7 @@ def test_handover_to_kproxy_and_back_under_traffic(cluster, tmp_path):
                                          "--tcp", f"{node_ip}:{nport['TCP']}",
                                          "--udp", f"{node_ip}:{nport['UDP']}"], "traffic-ext").pid]
     steps, agent, midstream = Steps(), None, None
+    handoff: list[str] = []
     tracked: dict[str, int] = {}
     try:
         steps.begin("kube-proxy")
@@ -195,7 +196,10 @@ def test_handover_to_kproxy_and_back_under_traffic(cluster, tmp_path):
         at = len(agent_log(c))
         c.lab.kill(agent)
         agent = None
-        assert "nothing of kproxy-ebpf is left on this node" in agent_log(c, at)
+        left = agent_log(c, at)
+        assert "nothing of kproxy-ebpf is left on this node" in left
+        handoff = [ln for ln in left.splitlines() if "conntrack" in ln]
+        tracked["handed to conntrack"] = nat_flows(c)
         time.sleep(SETTLE)
 
         steps.begin("kube-proxy alone again")
@@ -211,6 +215,7 @@ def test_handover_to_kproxy_and_back_under_traffic(cluster, tmp_path):
     counts.pop("end", None)
     print(f"\n{mode}:\n" + json.dumps(counts, indent=1))
     print(f"NATed TCP flows in node1's conntrack: {tracked}")
+    print("the agent's hand-over:", *handoff, sep="\n  ")
     out = os.environ.get("KPROXY_MIGRATE_RESULTS")
     if out:
         Path(out).with_suffix(f".{mode}.json").write_text(json.dumps(counts, indent=1) + "\n")
