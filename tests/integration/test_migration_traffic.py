@@ -44,9 +44,9 @@ LONG = 3              # long-lived TCP connections per client
 # What the kernel cannot carry over, measured (docs/design/deployment.md "Node-local steps of a
 # migration"; docs/migrate.md), at most this many failures per step and traffic kind:
 # - the TC path's own long-lived connections (NodePort from outside, opened while the agent
-#   alone served) when its programs detach: their NAT lived in kp_ct only, and kube-proxy's
-#   rules balance their next segment as a new flow, which the backend resets (3/3 measured in
-#   both modes);
+#   alone served) when its programs detach: their NAT lived in kp_ct only; handed to the
+#   kernel's conntrack first (ct_handoff.py) some survive kube-proxy's return: 0 to 3 of 3
+#   were reset per run, 11 of 18 in six runs (3/3 in every run before the hand-over);
 # - a NodePort UDP query or TCP handshake in flight across that detach (its request translated
 #   by the TC path, its answer after: not translated back); 0-1 measured per run.
 # kube-proxy's own connections across its exit and its rules' removal: 0 (kproxy-nat-hold).

@@ -33,6 +33,7 @@ from ..maps import layout as L
 _TCP = socket.IPPROTO_TCP
 
 TIMEOUT_S = 3600        # an hour to be used (each packet extends it as any conntrack entry)
+TRIES = 5
 
 
 def argv_for(client: tuple[str, int], frontend: tuple[str, int], backend: tuple[str, int],
@@ -48,8 +49,11 @@ def argv_for(client: tuple[str, int], frontend: tuple[str, int], backend: tuple[
     create = ["-I", "-p", "tcp", "-s", c, "-d", f, "--sport", str(cp), "--dport", str(fp),
               "-r", f, "-q", c, "--reply-port-src", str(fp), "--reply-port-dst", str(cp),
               "--dst-nat", f"{b}:{bp}"]
-    if snat is not None:
-        create += ["--src-nat", f"{snat[0]}:{snat[1]}"]
+    # The source as it is when there is no SNAT: given, not left to a null binding, which
+    # would pick another client port if netfilter's client -> backend entry came back in the
+    # meantime (measured: the backend saw a port it did not know and reset the connection).
+    src = snat if snat is not None else client
+    create += ["--src-nat", f"{src[0]}:{src[1]}"]
     create += ["--state", "ESTABLISHED", "-u", "SEEN_REPLY,ASSURED", "-t", str(TIMEOUT_S)]
     return deletes, create
 
@@ -88,9 +92,14 @@ def handoff(maps: Mapping[str, object]) -> tuple[int, list[str]]:
     written = 0
     for flow in found:
         deletes, create = argv_for(*flow)
-        for d in deletes:
-            subprocess.run([tool, *d], capture_output=True)
-        r = subprocess.run([tool, *create], capture_output=True, text=True)
+        for _ in range(TRIES):
+            # A segment the TC path translates between the deletion and the creation makes
+            # netfilter's entry of the flow anew: the creation then fails (exists); again.
+            for d in deletes:
+                subprocess.run([tool, *d], capture_output=True)
+            r = subprocess.run([tool, *create], capture_output=True, text=True)
+            if r.returncode == 0 or "exists" not in r.stderr:
+                break
         if r.returncode == 0:
             written += 1
         else:
