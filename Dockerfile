@@ -33,12 +33,10 @@ ARG DEBIAN_FRONTEND=noninteractive
 # libbpf.so.1 directly. util-linux: `mount -t bpf` when the node has no bpffs at /sys/fs/bpf.
 # iptables, nftables, ipset, ipvsadm: kube-proxy's leftovers removed from the agent's pod
 # (`kubeProxyCleanup`, `kproxy-ebpf cleanup --kube-proxy-leftovers`), IPVS mode's included.
-# conntrack: the TC path's TCP flows handed to the kernel's conntrack when the agent leaves
-# its node (datapath/load/ct_handoff.py).
 RUN set -eux; \
     apt-get update; \
     apt-get install -y --no-install-recommends python3 python3-venv python3-bpfcc libbpf1 \
-        ca-certificates util-linux iptables nftables ipset ipvsadm conntrack; \
+        ca-certificates util-linux iptables nftables ipset ipvsadm; \
     rm -rf /var/lib/apt/lists/*
 COPY --from=headers /opt/kproxy-ebpf/headers /opt/kproxy-ebpf/headers
 ENV BCC_KERNEL_SOURCE=/opt/kproxy-ebpf/headers
