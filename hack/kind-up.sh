@@ -24,6 +24,24 @@ set -euo pipefail
 . "$(dirname "$0")/kind-lib.sh"
 # The whole script is read before it runs (a function called on the last line): a checkout
 # that changes this file while a cluster comes up cannot make bash run half of each version.
+# Every agent pod of the DaemonSet has finished a first sync, within $1 seconds.
+agents_synced() {
+  local deadline=$((SECONDS + $1)) pod port waiting
+  while :; do
+    waiting=()
+    for pod in $(kc -n "$NS" get pod -l app.kubernetes.io/name=kproxy-ebpf -o name); do
+      port=$(kc -n "$NS" get "$pod" -o jsonpath='{.spec.containers[0].ports[?(@.name=="healthz")].containerPort}')
+      kc -n "$NS" exec "$pod" -- /opt/kproxy-ebpf/venv/bin/python -c '
+import json, sys, urllib.request
+body = json.load(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/healthz", timeout=3))
+sys.exit(0 if "status" in body else 1)' "$port" >/dev/null 2>&1 || waiting+=("${pod#pod/}")
+    done
+    (( ${#waiting[@]} == 0 )) && return 0
+    (( SECONDS < deadline )) || die "agents without a first sync after $1 s: ${waiting[*]}"
+    sleep 2
+  done
+}
+
 main() {
 PROXY=${PROXY:-kproxy}
 WORKERS=${WORKERS:-1}
@@ -168,6 +186,11 @@ if [[ $PROXY == kproxy ]]; then
     --set apiServer.host="$CLUSTER-control-plane" --set apiServer.port=6443 \
     "${cgroup_args[@]}" ${KPROXY_HELM_ARGS:-} >/dev/null
   kc -n "$NS" rollout status daemonset/kproxy-ebpf --timeout=180s
+  # Ready is not synced: /healthz (kube-proxy's semantics, the readiness probe) answers 200
+  # from the moment the agent sees its Node until 2 x syncPeriod passes without a sync, and a
+  # fresh node's hooks attach only after the first sync. The helm test pod below may land on
+  # any node: wait until every agent has synced once (its /healthz body then has "status").
+  agents_synced 120
 fi
 
 # With Services working, the cluster's add-ons become ready.

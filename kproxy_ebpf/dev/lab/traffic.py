@@ -8,13 +8,16 @@
   echo server's answer (lab/echo.py: `<pod> <client>`); a connection is *broken* when a send
   or read fails, times out (2 s), or the answer names another pod (a backend switch is a
   broken connection to the application). A broken one is replaced by a new one.
+  SIGUSR1 opens N more long-lived connections, kept beside the first ones and logged as
+  kind `long1` (`long2` for the next signal, ...): connections opened by whatever proxy
+  serves at that moment (a handover test's way back).
 * new TCP connections to --tcp at R per second: connect, read the greeting (2 s).
 * UDP queries to --udp at R per second, each from a new unconnected socket: one datagram,
   one answer within 2 s.
 
 Every outcome is one line of FILE: `<unix time> <kind> <ok 0|1> [<reason>]`, kinds `long`
-(a 100 ms exchange), `new`, `udp`. The test cuts the file into its steps by time. SIGTERM
-ends it."""
+(a 100 ms exchange; `long1`, ... for the batches SIGUSR1 opened), `new`, `udp`. The test
+cuts the file into its steps by time. SIGTERM ends it."""
 from __future__ import annotations
 
 import argparse
@@ -55,13 +58,14 @@ def read_line(s: socket.socket) -> str:
     return buf.decode().split()[0]
 
 
-def long_lived(log: Log, dst: tuple[str, int], stop: threading.Event) -> None:
+def long_lived(log: Log, dst: tuple[str, int], stop: threading.Event,
+               kind: str = "long") -> None:
     while not stop.is_set():
         try:
             s = socket.create_connection(dst, timeout=TIMEOUT)
             backend = read_line(s)
         except OSError as exc:
-            log.put("long", False, f"connect:{type(exc).__name__}")
+            log.put(kind, False, f"connect:{type(exc).__name__}")
             stop.wait(0.1)
             continue
         with s:
@@ -70,12 +74,12 @@ def long_lived(log: Log, dst: tuple[str, int], stop: threading.Event) -> None:
                     s.sendall(b"ping\n")
                     answer = read_line(s)
                 except OSError as exc:
-                    log.put("long", False, type(exc).__name__)
+                    log.put(kind, False, type(exc).__name__)
                     break
                 if answer != backend:
-                    log.put("long", False, f"moved:{backend}->{answer}")
+                    log.put(kind, False, f"moved:{backend}->{answer}")
                     break
-                log.put("long", True)
+                log.put(kind, True)
 
 
 def paced(rate: float, stop: threading.Event, once) -> None:
@@ -116,6 +120,8 @@ def main() -> None:
     args = ap.parse_args()
     log, stop = Log(args.out), threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    asked: list[int] = []                  # SIGUSR1s not served yet
+    signal.signal(signal.SIGUSR1, lambda *_: asked.append(1))
     jobs = []
     if args.tcp:
         dst = addr(args.tcp)
@@ -127,8 +133,17 @@ def main() -> None:
     threads = [threading.Thread(target=j, daemon=True) for j in jobs]
     for t in threads:
         t.start()
-    while not stop.wait(0.5):
-        pass
+    batches = 0
+    while not stop.wait(0.05):
+        while asked and args.tcp:
+            asked.pop()
+            batches += 1
+            kind = f"long{batches}"
+            more = [threading.Thread(target=long_lived, args=(log, dst, stop, kind), daemon=True)
+                    for _ in range(args.long)]
+            for t in more:
+                t.start()
+            threads += more
     for t in threads:
         t.join(TIMEOUT + 1)
 
