@@ -292,7 +292,15 @@ struct kp_aff_val {
 	__u32 backend_id;
 	__u16 slot;       /* the slot that held backend_id when chosen: checked on reuse, so a
 	                   * backend that left the service is never picked from affinity */
-	__u8  pad[2];
+	__u8  flags;      /* enum kp_aff_flags (was padding, always 0: no flag) */
+	__u8  pad;
+};
+
+enum kp_aff_flags {
+	/* A kp_flow row (an unconnected UDP socket's flow) of a least-conn frontend: counted in
+	 * its backend's flows_open when made; it ends by expiry only, which the agent's repair
+	 * counts (datapath/flows/flow_fix.py), as for the TC path's flows. */
+	KP_AFF_F_COUNTED = 0x01,
 };
 
 /* Round robin (lib/sched.h): a frontend's cursor in kp_rr, keyed by its slot-0 kp_svc_key.
@@ -740,7 +748,7 @@ _Static_assert(KP_CONNS_SIZE <= 65536, "KP_CONNS_SIZE: kp_conn_tag holds the ind
 #define KP_ENUMS(X) X(kp_scope) X(kp_action) X(kp_kind) X(kp_be_flags) X(kp_aff_type) \
 	X(kp_stat) X(kp_tunables) X(kp_lb_verdict) X(kp_meta_flags) X(kp_traffic_distribution) \
 	X(kp_cip_action) X(kp_ct_state) X(kp_ct_flags) X(kp_ct_life) X(kp_ct_timeouts) \
-	X(kp_fe_flags) X(kp_aff_client) X(kp_srcrange_bits) X(kp_maglev)
+	X(kp_fe_flags) X(kp_aff_client) X(kp_srcrange_bits) X(kp_maglev) X(kp_aff_flags)
 
 /* Structs that are no map's key or value but cross the kernel boundary (test runs). */
 #define KP_EXTRA_STRUCTS(X) X(kp_lb_req) X(kp_lb_res)

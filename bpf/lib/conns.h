@@ -43,13 +43,29 @@ static __always_inline struct kp_conns *kp_conns_row(__u32 backend_id, __u32 *ix
 	return c;
 }
 
+/* A new flow of a least-conn frontend to backend_id (the TC path's, an unconnected UDP
+ * socket's): flows_open + 1, if the agent gave the backend a counter already. */
+static __always_inline void kp_conns_flow_open(__u32 backend_id)
+{
+	struct kp_conns *row;
+	__u32 ix;
+
+	row = kp_conns_row(backend_id, &ix);
+	if (row)
+		__sync_fetch_and_add(&row->flows_open, 1);
+}
+
 /* A backend's connections as least-conn compares them: sockets plus TC flows open and not
  * ended, less the agent's repair of ends no packet showed (kp_flowfix, lib/flowcount.h). */
 static __always_inline __s64 kp_conns_load(const struct kp_conns *c, __u32 ix)
 {
-	__s64 *fix = kp_flowfix.lookup(&ix);     /* an array, as kp_conns: no hashing */
+	__s64 flows = (__s64)(c->flows_open - c->flows_done);
+	__s64 *fix;
 
-	return c->sock + (__s64)(c->flows_open - c->flows_done) - (fix ? *fix : 0);
+	if (!flows)     /* no flow ever, or all ended: no fix to read (a socket-only backend) */
+		return c->sock;
+	fix = kp_flowfix.lookup(&ix);            /* an array, as kp_conns: no hashing */
+	return c->sock + flows - (fix ? *fix : 0);
 }
 
 #endif

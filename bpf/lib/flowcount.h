@@ -48,14 +48,8 @@ static __always_inline __u64 kp_flow_fresh(__u64 life)
 /* After the new row is written: its open. */
 static __always_inline void kp_flow_opened(__u64 life, __u32 backend_id)
 {
-	struct kp_conns *row;
-	__u32 ix;
-
-	if (!(life & KP_CT_F_COUNTED))
-		return;
-	row = kp_conns_row(backend_id, &ix);
-	if (row)     /* none: the agent has not given the backend a counter yet */
-		__sync_fetch_and_add(&row->flows_open, 1);
+	if (life & KP_CT_F_COUNTED)
+		kp_conns_flow_open(backend_id);
 }
 
 /* After this CPU's compare-and-swap took the row's life from old to next: the flow's end,

@@ -234,7 +234,12 @@ static __always_inline int kp_lb_attempt(const struct kp_lb_req *req, struct kp_
 		fresh.last_used = req->now;
 		fresh.backend_id = res->backend_id;
 		fresh.slot = res->slot;
+		/* An unconnected UDP socket's flow counts for least-conn like a TC flow. */
+		if (akey.type == KP_AFF_SOCKET && (svc.fe_flags & KP_FE_F_LEAST_CONN))
+			fresh.flags = KP_AFF_F_COUNTED;
 		kp_aff_store(&akey, &fresh);
+		if (fresh.flags & KP_AFF_F_COUNTED)
+			kp_conns_flow_open(res->backend_id);
 	}
 	res->verdict = KP_LB_FORWARD;
 	return 1;

@@ -125,3 +125,32 @@ def test_trace_names_the_backend_the_c_gives_next(program, fam):
         _set_conns(maps, w, fam, counts)
         t = trace(maps, fam.vip, 96, TCP, Scope.SOCK)
         assert [t.chosen] == [hostport(*p) for p in set(picks(fd, fam, 96, 4))]
+
+
+def test_an_unconnected_udp_flow_counts_once_for_least_conn(program, fam):
+    """The socket path's unconnected UDP (req.flow: the socket's cookie): its first datagram
+    makes a kp_flow row marked counted and adds a flow to its backend; the next ones reuse the
+    row and count nothing. The agent's repair takes it out once it expires (flow_fix.py)."""
+    fd, maps, apply = program
+    a, b = fam.pod(10), fam.pod(11)
+    w = apply(replace(frontend(fam, 95, [a, b]), algorithm=LC))   # (lb.h reads no protocol)
+
+    def flows(ip):
+        bid = w.backend_ids.get((ip, 8080, TCP))
+        ix = maps["connix"].get(L.U32(bid))
+        row = maps["conns"].get(ix)
+        return row.flows_open
+
+    before = {ip: flows(ip) for ip in (a, b)}
+    got = {backend_of(run(fd, fam, 95, rnd=(i, i), flow=777)) for i in range(3)}
+    assert len(got) == 1, "one flow, one backend"
+    after = {ip: flows(ip) for ip in (a, b)}
+    assert sum(after.values()) - sum(before.values()) == 1
+    family = 6 if ":" in fam.vip else 4       # (an earlier test's rows may name these ids)
+    rows = [v for k, v in maps["flow"].items()
+            if v.flags & L.const("KP_AFF_F_COUNTED") and k.family == family and k.client == 777]
+    assert len(rows) == 1
+    # Another socket's flow goes to the other backend: it has fewer open.
+    res = run(fd, fam, 95, rnd=(0, 0), flow=778)
+    (one,) = [ip for ip in (a, b) if after[ip] > before[ip]]
+    assert L.ip_str(res.be.addr) != one

@@ -1,8 +1,9 @@
 """The agent's repair of least-conn's flow counts (bpf/lib/flowcount.h).
 
-The programs count a least-conn frontend's TC flows per backend in two counters that only
-grow: kp_conns.flows_open when a flow's conntrack row is made (marked KP_CT_F_COUNTED) and
-flows_done when a packet ends it (FIN/RST) or re-balances it while it is live. A flow that
+The programs count a least-conn frontend's flows per backend in two counters that only grow:
+kp_conns.flows_open when a flow's row is made (a TC flow's kp_ct row marked KP_CT_F_COUNTED,
+an unconnected UDP socket's kp_flow row marked KP_AFF_F_COUNTED) and flows_done when a packet
+ends a TC flow (FIN/RST) or re-balances it while it is live. A flow that
 ends without a packet (expiry, LRU eviction, a purge, a row overwritten) is never done, so
 open - done alone would only grow. The agent therefore keeps, per backend,
 
@@ -31,6 +32,8 @@ COUNTED = L.const("KP_CT_F_COUNTED")
 _STATE_SHIFT, _STATE_MASK = L.const("KP_CT_LIFE_STATE_SHIFT"), L.const("KP_CT_LIFE_STATE")
 _TIME_SHIFT = L.const("KP_CT_LIFE_TIME_SHIFT")
 _CLOSING = L.const("KP_CT_CLOSING")
+AFF_COUNTED = L.const("KP_AFF_F_COUNTED")
+UDP_FLOW_NS = L.const("KP_UDP_FLOW_TIMEOUT_S") * 10**9
 
 
 def counted_live(life: int, now: int) -> bool:
@@ -47,6 +50,17 @@ def live_by_backend(ct: PinnedMap, now: int | None = None) -> tuple[Counter[int]
     rows = ct.unpacked()
     for _, (life, _a, _n, _p, _q, backend_id, *_rest) in rows:
         if life & COUNTED and counted_live(life, now):
+            out[backend_id] += 1
+    return out, len(rows)
+
+
+def live_udp_by_backend(flow: PinnedMap, now: int) -> tuple[Counter[int], int]:
+    """Backend id -> counted unconnected-UDP flows of the socket path live in kp_flow (used
+    within KP_UDP_FLOW_TIMEOUT_S, as lib/lb.h reuses them), and the rows walked."""
+    out: Counter[int] = Counter()
+    rows = flow.unpacked()
+    for _, (last_used, backend_id, _slot, flags, *_rest) in rows:
+        if flags & AFF_COUNTED and now - last_used <= UDP_FLOW_NS:
             out[backend_id] += 1
     return out, len(rows)
 
@@ -108,7 +122,12 @@ def repair(maps: Mapping[str, PinnedMap], now: int | None = None) -> Repair:
     t0 = time.monotonic()
     rows = list(counters(maps))
     opened = {bid: (r.flows_open, r.flows_done) for bid, _, r in rows}
+    now = time.clock_gettime_ns(time.CLOCK_MONOTONIC) if now is None else now
     live, walked = live_by_backend(maps["ct"], now)
+    if "flow" in maps:
+        udp, more = live_udp_by_backend(maps["flow"], now)
+        live.update(udp)
+        walked += more
     want = fixes(opened, live)
     written = 0
     for bid, ix, _ in rows:

@@ -14,6 +14,7 @@ from ...fakemaps import fake_maps
 
 Conns = L.STRUCTS["kp_conns"]
 COUNTED = flow_fix.COUNTED
+AFF = flow_fix.AFF_COUNTED
 NEW, EST, CLOSING, CLOSED = (L.const(f"KP_CT_{s}") for s in ("NEW", "ESTABLISHED", "CLOSING",
                                                              "CLOSED"))
 NOW = 10**15
@@ -144,3 +145,16 @@ def test_the_agent_walks_only_with_a_least_conn_frontend_or_open_counts():
     assert res is not None and res.written == 1
     assert repair.run_once() is None, "nothing open any more"
     assert FlowRepair(lambda: {}, Metrics(), lc.is_set).run_once() is None, "older maps"
+
+
+def test_unconnected_udp_flows_of_the_socket_path_are_live_until_their_timeout():
+    maps = fake_maps(("conns", "connix", "ct", "flowfix", "flow"))
+    counters(maps, 1, 3, 0)                        # three kp_flow rows made, none ended
+    aff = L.STRUCTS["kp_aff_val"]
+    for n, (age, flags) in enumerate(((0, AFF), (flow_fix.UDP_FLOW_NS, AFF),
+                                      (flow_fix.UDP_FLOW_NS + 1, AFF), (0, 0))):
+        key = L.STRUCTS["kp_aff_key"](client=n + 1, svc_id=5, type=1, family=4)
+        maps["flow"].put(key, aff(last_used=NOW - age, backend_id=1, slot=1, flags=flags))
+    res = flow_fix.repair(maps, NOW)
+    assert res.walked == 4
+    assert active(maps, 1) == 2, "the fresh and the one at its timeout; not the expired"
