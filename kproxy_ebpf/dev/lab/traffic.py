@@ -3,6 +3,7 @@
 (a proxy replaced under traffic): run as a script, standard library only.
 
     traffic.py --out FILE [--long N] [--tcp HOST:PORT] [--udp HOST:PORT] [--rate R]
+               [--udp-flow HOST:PORT] [--dns HOST:PORT --dns-name NAME]
 
 * long-lived TCP: N connections to --tcp, each sending a line every 100 ms and reading the
   echo server's answer (lab/echo.py: `<pod> <client>`); a connection is *broken* when a send
@@ -11,15 +12,22 @@
 * new TCP connections to --tcp at R per second: connect, read the greeting (2 s).
 * UDP queries to --udp at R per second, each from a new unconnected socket: one datagram,
   one answer within 2 s.
+* a UDP flow to --udp-flow: one socket (one 5-tuple) for the whole run, a datagram every
+  100 ms, one answer within 2 s naming the same backend as the first (`moved` otherwise).
+* DNS A queries for --dns-name to --dns (CoreDNS), each at R per second: over one connected
+  UDP socket kept for the whole run (`dnsconn`), and each over a new unconnected socket
+  (`dnsnew`); an answer must carry the query's id, NOERROR and at least one record.
 
 Every outcome is one line of FILE: `<unix time> <kind> <ok 0|1> [<reason>]`, kinds `long`
-(a 100 ms exchange), `new`, `udp`. The test cuts the file into its steps by time. SIGTERM
-ends it."""
+(a 100 ms exchange), `new`, `udp`, `udpflow`, `dnsconn`, `dnsnew`. The test cuts the file
+into its steps by time. SIGTERM ends it."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import signal
 import socket
+import struct
 import threading
 import time
 
@@ -106,11 +114,81 @@ def udp_query(log: Log, dst: tuple[str, int]) -> None:
         log.put("udp", False, type(exc).__name__)
 
 
+def udp_flow(log: Log, dst: tuple[str, int], stop: threading.Event) -> None:
+    with socket.socket(family(dst[0]), socket.SOCK_DGRAM) as s:
+        s.settimeout(TIMEOUT)
+        backend = ""
+        while not stop.wait(0.1):
+            try:
+                s.sendto(b"q\n", dst)
+                answer = s.recvfrom(4096)[0].decode().split()[0]
+            except OSError as exc:
+                log.put("udpflow", False, type(exc).__name__)
+                continue
+            if backend and answer != backend:
+                log.put("udpflow", False, f"moved:{backend}->{answer}")
+            else:
+                log.put("udpflow", True)
+            backend = answer
+
+
+def dns_query(name: str, qid: int) -> bytes:
+    labels = b"".join(bytes([len(p)]) + p.encode() for p in name.strip(".").split("."))
+    return struct.pack("!HHHHHH", qid, 0x0100, 1, 0, 0, 0) + labels + b"\0" + struct.pack("!HH", 1, 1)
+
+
+def dns_ok(reply: bytes, qid: int) -> str:
+    """"" when `reply` answers query `qid` with NOERROR and a record, else why not."""
+    if len(reply) < 12:
+        return "short"
+    rid, flags, _, ancount = struct.unpack("!HHHH", reply[:8])
+    if rid != qid:
+        return "id"
+    if flags & 0xF:
+        return f"rcode{flags & 0xF}"
+    return "" if ancount else "empty"
+
+
+class Dns:
+    def __init__(self, log: Log, dst: tuple[str, int], name: str) -> None:
+        self.log, self.dst, self.name, self.ids = log, dst, name, itertools.count(1)
+        self.conn = socket.socket(family(dst[0]), socket.SOCK_DGRAM)
+        self.conn.settimeout(TIMEOUT)
+        self.conn.connect(dst)
+
+    def _ask(self, kind: str, s: socket.socket, connected: bool) -> None:
+        qid = next(self.ids) & 0xFFFF    # itertools.count: safe from both threads
+        try:
+            if connected:
+                s.send(dns_query(self.name, qid))
+            else:
+                s.sendto(dns_query(self.name, qid), self.dst)
+            while True:     # a late answer to an earlier query is skipped
+                why = dns_ok(s.recv(4096), qid)
+                if why != "id":
+                    break
+        except OSError as exc:
+            self.log.put(kind, False, type(exc).__name__)
+            return
+        self.log.put(kind, not why, why)
+
+    def connected(self) -> None:
+        self._ask("dnsconn", self.conn, True)
+
+    def unconnected(self) -> None:
+        with socket.socket(family(self.dst[0]), socket.SOCK_DGRAM) as s:
+            s.settimeout(TIMEOUT)
+            self._ask("dnsnew", s, False)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--tcp")
     ap.add_argument("--udp")
+    ap.add_argument("--udp-flow")
+    ap.add_argument("--dns")
+    ap.add_argument("--dns-name", default="kubernetes.default.svc.cluster.local")
     ap.add_argument("--long", type=int, default=2)
     ap.add_argument("--rate", type=float, default=20.0)
     args = ap.parse_args()
@@ -124,6 +202,13 @@ def main() -> None:
     if args.udp:
         udst = addr(args.udp)
         jobs.append(lambda: paced(args.rate, stop, lambda: udp_query(log, udst)))
+    if args.udp_flow:
+        fdst = addr(args.udp_flow)
+        jobs.append(lambda: udp_flow(log, fdst, stop))
+    if args.dns:
+        dns = Dns(log, addr(args.dns), args.dns_name)
+        jobs.append(lambda: paced(args.rate, stop, dns.connected))
+        jobs.append(lambda: paced(args.rate, stop, dns.unconnected))
     threads = [threading.Thread(target=j, daemon=True) for j in jobs]
     for t in threads:
         t.start()
