@@ -3,7 +3,7 @@ kproxy_ebpf/dev/lab/traffic.py with the agent image's Python (the image is prelo
 node; nothing is pulled):
 
 * a backend on every node (a DaemonSet running lab/echo.py), behind one NodePort Service
-  (TCP 80 -> NodePort 30080, UDP 81 -> NodePort 30081; externalTrafficPolicy Cluster);
+  (TCP 80 -> NodePort 31080, UDP 81 -> NodePort 31081; externalTrafficPolicy Cluster);
 * a client pod on every node: long-lived TCP connections and new TCP connections to the
   Service's ClusterIP, DNS queries for the Service's name through CoreDNS's ClusterIP over one
   connected UDP socket and over new unconnected ones;
@@ -28,7 +28,7 @@ PY = "/opt/kproxy-ebpf/venv/bin/python"
 LAB = ROOT / "kproxy_ebpf" / "dev" / "lab"
 NET = "kproxy-kind"
 OUTSIDE = "kproxy-migrate-outside"
-TCP_NODEPORT, UDP_NODEPORT = 30080, 30081
+TCP_NODEPORT, UDP_NODEPORT = 31080, 31081  # kind-check.sh takes 30080
 LONG, RATE = 2, 10        # per client: long-lived connections; new connections (queries) per s
 DNS = "10.96.0.10:53"
 
