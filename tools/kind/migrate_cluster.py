@@ -131,10 +131,11 @@ nft list tables 2>/dev/null | sed -n 's/^table \\(.*\\)/nft \\1/p'""")
         return {"chains": chains, "nft_tables": tables}
 
     def kproxy_leftovers(self, node: str) -> dict:
-        """What kproxy-ebpf would leave on NODE: pins in the node's bpffs, TC filters on any
+        """What kproxy-ebpf would leave on NODE: pins in the node's bpffs (not the kernel's own
+        maps.debug and progs.debug of every bpffs mount), TC filters on any
         of its links, its nftables table, and programs attached to the node's cgroup."""
         out = self.in_node(node, """
-find /sys/fs/bpf -mindepth 1 2>/dev/null | sed 's/^/pin /'
+find /sys/fs/bpf -mindepth 1 ! -name maps.debug ! -name progs.debug 2>/dev/null | sed 's/^/pin /'
 for d in $(ls /sys/class/net); do for h in ingress egress; do
   tc filter show dev $d $h 2>/dev/null | grep -q . && echo "tc $d $h"
 done; done

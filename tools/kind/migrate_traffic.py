@@ -4,7 +4,9 @@ node; nothing is pulled):
 
 * a backend on every node (a DaemonSet running lab/echo.py), behind one NodePort Service
   (TCP 80 -> NodePort 31080, UDP 81 -> NodePort 31081; externalTrafficPolicy Cluster);
-* a client pod on every node: long-lived TCP connections and new TCP connections to the
+* a client pod on every node: long-lived TCP connections (some kept the whole run, some
+  reopened every 20 s, so that some are always opened under the proxy of the moment) and new
+  TCP connections to the
   Service's ClusterIP, DNS queries for the Service's name through CoreDNS's ClusterIP over one
   connected UDP socket and over new unconnected ones;
 * one container on the kind network (outside every node, never the host's namespace) with, per
@@ -30,6 +32,7 @@ NET = "kproxy-kind"
 OUTSIDE = "kproxy-migrate-outside"
 TCP_NODEPORT, UDP_NODEPORT = 31080, 31081  # kind-check.sh takes 30080
 LONG, RATE = 2, 10        # per client: long-lived connections; new connections (queries) per s
+CYCLED, LIFETIME = 2, 20  # per client: long-lived connections reopened every LIFETIME s
 DNS = "10.96.0.10:53"
 
 
@@ -72,6 +75,7 @@ def start_servers(c: Cluster, image: str) -> str:
 
 def start_clients(c: Cluster, image: str, cip: str, work: Path) -> None:
     args = ["/lab/traffic.py", "--out", "/dev/stdout", "--long", str(LONG), "--rate", str(RATE),
+            "--cycled", str(CYCLED), "--lifetime", str(LIFETIME),
             "--tcp", f"{cip}:80", "--dns", DNS, "--dns-name", f"echo.{NS}.svc.cluster.local"]
     c.kc("-n", NS, "apply", "-f", "-", stdin=json.dumps(_daemonset("client", _pod("client", image, args))))
     c.kc("-n", NS, "rollout", "status", "daemonset/client", "--timeout=180s")
@@ -79,7 +83,8 @@ def start_clients(c: Cluster, image: str, cip: str, work: Path) -> None:
     for node in c.nodes():
         ip = c.node_ip(node)
         script.append(f"{PY} /lab/traffic.py --out /out/outside-{node}.log --long {LONG} "
-                      f"--rate {RATE} --tcp {ip}:{TCP_NODEPORT} --udp {ip}:{UDP_NODEPORT} "
+                      f"--rate {RATE} --cycled {CYCLED} --lifetime {LIFETIME} "
+                      f"--tcp {ip}:{TCP_NODEPORT} --udp {ip}:{UDP_NODEPORT} "
                       f"--udp-flow {ip}:{UDP_NODEPORT} &")
     # SIGTERM to the shell reaches every client: they share its process group via `wait`.
     script.append("trap 'kill -TERM $(jobs -p); wait' TERM; wait")
@@ -109,10 +114,12 @@ def remove_outside() -> None:
 
 # What each client kind is, as the tables name it.
 KINDS = {("pod", "long"): "pod -> ClusterIP, long-lived TCP (messages)",
+         ("pod", "cycled"): "pod -> ClusterIP, TCP reopened every 20 s (messages)",
          ("pod", "new"): "pod -> ClusterIP, new TCP",
          ("pod", "dnsconn"): "pod -> CoreDNS, connected UDP socket",
          ("pod", "dnsnew"): "pod -> CoreDNS, new sockets",
          ("outside", "long"): "outside -> NodePort, long-lived TCP (messages)",
+         ("outside", "cycled"): "outside -> NodePort, TCP reopened every 20 s (messages)",
          ("outside", "new"): "outside -> NodePort, new TCP",
          ("outside", "udp"): "outside -> NodePort, UDP from new sockets",
          ("outside", "udpflow"): "outside -> NodePort, one UDP flow"}
@@ -142,7 +149,7 @@ def collect(lines: dict[str, list[str]], steps: list[dict]) -> None:
             if not ok:
                 # a long-lived connection breaks once; its replacement's failed connects are
                 # counted as failed messages, not as more broken connections
-                if kind == "long" and not reason.startswith("connect:"):
+                if kind in ("long", "cycled") and not reason.startswith("connect:"):
                     cell["broken"] += 1
                 cell["reasons"][reason] = cell["reasons"].get(reason, 0) + 1
                 per = st["by_node"].setdefault(f"{source} {kind}", collections.Counter())

@@ -2,13 +2,15 @@
 """Counted traffic toward one Service address from one client namespace, for handover tests
 (a proxy replaced under traffic): run as a script, standard library only.
 
-    traffic.py --out FILE [--long N] [--tcp HOST:PORT] [--udp HOST:PORT] [--rate R]
+    traffic.py --out FILE [--long N] [--cycled N --lifetime S] [--tcp HOST:PORT] [--udp HOST:PORT] [--rate R]
                [--udp-flow HOST:PORT] [--dns HOST:PORT --dns-name NAME]
 
 * long-lived TCP: N connections to --tcp, each sending a line every 100 ms and reading the
   echo server's answer (lab/echo.py: `<pod> <client>`); a connection is *broken* when a send
   or read fails, times out (2 s), or the answer names another pod (a backend switch is a
   broken connection to the application). A broken one is replaced by a new one.
+  --cycled N more (kind `cycled`), each closed cleanly and replaced every --lifetime seconds
+  (staggered): connections opened under whichever proxy serves at each moment.
 * new TCP connections to --tcp at R per second: connect, read the greeting (2 s).
 * UDP queries to --udp at R per second, each from a new unconnected socket: one datagram,
   one answer within 2 s.
@@ -19,7 +21,7 @@
   (`dnsnew`); an answer must carry the query's id, NOERROR and at least one record.
 
 Every outcome is one line of FILE: `<unix time> <kind> <ok 0|1> [<reason>]`, kinds `long`
-(a 100 ms exchange), `new`, `udp`, `udpflow`, `dnsconn`, `dnsnew`. The test cuts the file
+(a 100 ms exchange), `cycled`, `new`, `udp`, `udpflow`, `dnsconn`, `dnsnew`. The test cuts the file
 into its steps by time. SIGTERM ends it."""
 from __future__ import annotations
 
@@ -63,27 +65,33 @@ def read_line(s: socket.socket) -> str:
     return buf.decode().split()[0]
 
 
-def long_lived(log: Log, dst: tuple[str, int], stop: threading.Event) -> None:
+def long_lived(log: Log, dst: tuple[str, int], stop: threading.Event, kind: str = "long",
+               lifetime: float = 0.0, first: float = 0.0) -> None:
+    """LIFETIME > 0: each connection is closed (cleanly, not a failure) after that many
+    seconds, the first after FIRST, and a new one opened: connections opened at every moment."""
+    life = first or lifetime
     while not stop.is_set():
         try:
             s = socket.create_connection(dst, timeout=TIMEOUT)
             backend = read_line(s)
         except OSError as exc:
-            log.put("long", False, f"connect:{type(exc).__name__}")
+            log.put(kind, False, f"connect:{type(exc).__name__}")
             stop.wait(0.1)
             continue
+        end = time.monotonic() + life if life else float("inf")
+        life = lifetime
         with s:
-            while not stop.wait(0.1):
+            while not stop.wait(0.1) and time.monotonic() < end:
                 try:
                     s.sendall(b"ping\n")
                     answer = read_line(s)
                 except OSError as exc:
-                    log.put("long", False, type(exc).__name__)
+                    log.put(kind, False, type(exc).__name__)
                     break
                 if answer != backend:
-                    log.put("long", False, f"moved:{backend}->{answer}")
+                    log.put(kind, False, f"moved:{backend}->{answer}")
                     break
-                log.put("long", True)
+                log.put(kind, True)
 
 
 def paced(rate: float, stop: threading.Event, once) -> None:
@@ -190,6 +198,10 @@ def main() -> None:
     ap.add_argument("--dns")
     ap.add_argument("--dns-name", default="kubernetes.default.svc.cluster.local")
     ap.add_argument("--long", type=int, default=2)
+    ap.add_argument("--cycled", type=int, default=0,
+                    help="more long-lived connections (kind `cycled`), each reopened every "
+                         "--lifetime seconds, staggered")
+    ap.add_argument("--lifetime", type=float, default=20.0)
     ap.add_argument("--rate", type=float, default=20.0)
     args = ap.parse_args()
     log, stop = Log(args.out), threading.Event()
@@ -198,6 +210,9 @@ def main() -> None:
     if args.tcp:
         dst = addr(args.tcp)
         jobs += [lambda: long_lived(log, dst, stop)] * args.long
+        jobs += [lambda i=i: long_lived(log, dst, stop, "cycled", args.lifetime,
+                                        args.lifetime * (i + 1) / args.cycled)
+                 for i in range(args.cycled)]
         jobs.append(lambda: paced(args.rate, stop, lambda: new_conn(log, dst)))
     if args.udp:
         udst = addr(args.udp)
