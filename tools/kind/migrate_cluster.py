@@ -147,13 +147,21 @@ nft list tables 2>/dev/null | grep kproxy | sed 's/^/nft /'""")
                 "cgroup_progs": self.cgroup_progs(node)}
 
     def cgroup_progs(self, node: str) -> list[str]:
+        """Programs attached in the node's own cgroup2 subtree (its cgroup namespace's root,
+        where the agent attaches), systemd's own (sd_*) left out."""
         pid = subprocess.run(["podman", "inspect", "-f", "{{.State.Pid}}", node], text=True,
                              capture_output=True).stdout.strip()
+
+        def unified(text: str) -> str:
+            return next((ln.split("::", 1)[1] for ln in text.splitlines() if ln.startswith("0::")), "")
         try:
-            rel = next(ln.split("::", 1)[1] for ln in Path(f"/proc/{pid}/cgroup").read_text()
-                       .splitlines() if ln.startswith("0::"))
-        except (OSError, StopIteration):
-            return ["(the node's cgroup2 path not found)"]
+            host = unified(Path(f"/proc/{pid}/cgroup").read_text())
+        except OSError:
+            host = ""
+        inner = unified(self.in_node(node, "cat /proc/1/cgroup"))
+        if not host or not inner or not host.endswith(inner):
+            return [f"(the node's cgroup2 root not found: {host!r}, {inner!r})"]
+        rel = host[:len(host) - len(inner)] if inner != "/" else host
         root = Path("/sys/fs/cgroup/unified" if not Path("/sys/fs/cgroup/cgroup.controllers")
                     .exists() else "/sys/fs/cgroup") / rel.lstrip("/")
         r = subprocess.run(["bpftool", "-j", "cgroup", "tree", str(root)], text=True,
@@ -161,6 +169,7 @@ nft list tables 2>/dev/null | grep kproxy | sed 's/^/nft /'""")
         progs = []
         for cg in json.loads(r.stdout or "[]"):
             for p in cg.get("programs", []):
-                progs.append(f"{cg.get('cgroup', '')[len(str(root)):] or '/'} "
-                             f"{p.get('attach_type')} {p.get('name')}")
+                if not str(p.get("name", "")).startswith("sd_"):
+                    progs.append(f"{cg.get('cgroup', '')[len(str(root)):] or '/'} "
+                                 f"{p.get('attach_type')} {p.get('name')}")
         return progs
