@@ -152,7 +152,11 @@ def collect(lines: dict[str, list[str]], steps: list[dict]) -> None:
                 if kind in ("long", "cycled") and not reason.startswith("connect:"):
                     cell["broken"] += 1
                 cell["reasons"][reason] = cell["reasons"].get(reason, 0) + 1
-                per = st["by_node"].setdefault(f"{source} {kind}", collections.Counter())
-                per[reason] += 1
+                per = st["by_node"].setdefault(f"{source} {kind}",
+                                               {"reasons": collections.Counter(), "at_s": []})
+                per["reasons"][reason] += 1
+                if len(per["at_s"]) < 10:   # when, in seconds since the step began
+                    per["at_s"].append(round(t - st["start"], 1))
     for st in steps:
-        st["by_node"] = {k: dict(v) for k, v in st["by_node"].items()}
+        st["by_node"] = {k: {"reasons": dict(v["reasons"]), "at_s": v["at_s"]}
+                         for k, v in st["by_node"].items()}
