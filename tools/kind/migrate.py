@@ -10,7 +10,8 @@ under traffic (DWELL seconds), every outcome counted by the step it fell in:
   kube-proxy alone; the chart installed with its agents kept off the nodes (nodeSelector
   kproxy-ebpf=enabled, config.kubeProxyCleanup=on); kube-proxy's DaemonSet given a node
   affinity that skips nodes labelled migrate.kproxy-ebpf/kube-proxy=off (its pods roll once);
-  per node: the agent starts beside kube-proxy (label kproxy-ebpf=enabled, agent ready), then
+  per node: the agent starts beside kube-proxy (label kproxy-ebpf=enabled, agent ready and
+  its TC filters and cgroup hooks on the node), then
   kube-proxy leaves (label kube-proxy=off, its pod gone); kube-proxy's DaemonSet deleted;
   kube-proxy's leftovers looked for on every node (the agents remove them); kube-proxy's
   DaemonSet recreated from the saved copy; per node: kube-proxy back (label removed, its pod
@@ -96,7 +97,12 @@ def run_pass(mode: str, cluster: str, workers: int, image: str, dwell: float, wo
         for n in nodes:
             def agent_on(n: str = n) -> dict:
                 c.label(n, AGENT_LABEL, "enabled")
-                return {"agent_ready_s": c.wait_ready(AGENT, n)}
+                ready = c.wait_ready(AGENT, n)
+                # Ready is not programmed: while kube-proxy holds port 10256 the readiness
+                # probe meets kube-proxy's /healthz. Wait for the node's TC filters and hooks.
+                attached = c.wait(f"the datapath on {n}", lambda: all(
+                    c.kproxy_leftovers(n)[k] for k in ("tc", "cgroup_progs")))
+                return {"agent_ready_s": ready, "datapath_attached_s": round(ready + attached, 1)}
 
             def kube_proxy_off(n: str = n) -> dict:
                 c.label(n, SKIP_LABEL, "off")

@@ -16,10 +16,6 @@ STARTS = ("agent starts beside kube-proxy", "‡",
           "UDP has no mid-stream mark: a datagram of a flow kube-proxy's conntrack carried has "
           "no row in kp_ct and is balanced as new, so a long UDP flow may change backend "
           "(telling it apart needs bpf_skb_ct_lookup, which bcc 0.26 cannot call)")
-LEFT = ("kube-proxy leaves", "§",
-        "not analysed yet: a UDP flow's backend changed when kube-proxy left the node (its "
-        "conntrack entry, which kept the flow on kube-proxy's backend, no longer applied); "
-        "UDP queries from new sockets and DNS were not affected")
 OUTSIDE_TCP = {traffic.KINDS[("outside", k)] for k in ("long", "cycled")}
 UDP_FLOW = traffic.KINDS[("outside", "udpflow")]
 
@@ -29,8 +25,6 @@ def _expected(step: str, label: str) -> str:
         return LEAVES[1]
     if STARTS[0] in step and label == UDP_FLOW:
         return STARTS[1]
-    if LEFT[0] in step and label == UDP_FLOW:
-        return LEFT[1]
     return ""
 
 
@@ -101,10 +95,12 @@ def markdown(rep: dict) -> str:
                 if c["failed"]:
                     notes.append(f"- {st['name']}, {label}: " + ", ".join(
                         f"{r or 'failed'} x{n}" for r, n in sorted(c["reasons"].items())))
-            out.append(f"| {st['name']} | {st['seconds']} | " + " | ".join(cells) + " |")
+            waits = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v} s"
+                              for k, v in (st.get("info") or {}).items())
+            name = f"{st['name']} ({waits})" if waits else st["name"]
+            out.append(f"| {name} | {st['seconds']} | " + " | ".join(cells) + " |")
         out += ["", f"{LEAVES[1]} Expected, kernel-bound: {LEAVES[2]}.",
-                f"{STARTS[1]} Expected, kernel-bound: {STARTS[2]}.",
-                f"{LEFT[1]} {LEFT[2][0].upper() + LEFT[2][1:]}.", ""]
+                f"{STARTS[1]} Expected, kernel-bound: {STARTS[2]}.", ""]
         if notes:
             out += ["Failure reasons:", "", *notes, ""]
         kp = p.get("kube_proxy_leftovers", {})
