@@ -96,7 +96,7 @@ def markdown(rep: dict) -> str:
                     notes.append(f"- {st['name']}, {label}: " + ", ".join(
                         f"{r or 'failed'} x{n}" for r, n in sorted(c["reasons"].items())))
             waits = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v} s"
-                              for k, v in (st.get("info") or {}).items())
+                              for k, v in info.items()) if isinstance(info := st.get("info"), dict) else ""
             name = f"{st['name']} ({waits})" if waits else st["name"]
             out.append(f"| {name} | {st['seconds']} | " + " | ".join(cells) + " |")
         out += ["", f"{LEAVES[1]} Expected, kernel-bound: {LEAVES[2]}.",
