@@ -100,7 +100,9 @@ def markdown(rep: dict) -> str:
             name = f"{st['name']} ({waits})" if waits else st["name"]
             out.append(f"| {name} | {st['seconds']} | " + " | ".join(cells) + " |")
         out += ["", f"{LEAVES[1]} Expected, kernel-bound: {LEAVES[2]}.",
-                f"{STARTS[1]} Expected, kernel-bound: {STARTS[2]}.", ""]
+                f"{STARTS[1]} Expected, kernel-bound: {STARTS[2]}.",
+                "A bold cell without a mark is not explained by either (the reasons and the "
+                "times are below and in the JSON's by_node).", ""]
         if notes:
             out += ["Failure reasons:", "", *notes, ""]
         kp = p.get("kube_proxy_leftovers", {})
@@ -129,6 +131,6 @@ def markdown(rep: dict) -> str:
             during = a["host"] - b["host"] + sum(v - b["nodes"].get(n, 0)
                                                  for n, v in a["nodes"].items())
             out.append(f"Egress guards (packets leaving the kind network, dropped): {during} "
-                       f"during the pass (before it: {b}).")
+                       f"during the pass (before it: {b}; after it: {a}).")
         out.append("")
     return "\n".join(out)
