@@ -19,7 +19,7 @@ KIND_APT_PACKAGES := $(IMAGE_APT_PACKAGES) golang-github-containernetworking-plu
 IMAGE ?= localhost/kproxy-ebpf:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
 .PHONY: setup apt venv headers k8s test fast slow migrate-lab unit fuzz soak faults datapath integration lab-cli conformance demo lab-down \
-        lint clean image image-apt apt-install chart-test kind-apt kind-tools kind-up kind-down e2e \
+        lint clean image image-apt apt-install chart-test kind-apt kind-tools kind-up kind-down e2e migrate \
         bench scale change-cost schedulers bench-tools layout dashboard
 
 setup: apt venv headers k8s
@@ -143,6 +143,12 @@ kind-down: kind-apt
 # ARGS="--ip-family dual": dual-stack clusters, the [Feature:IPv6DualStack] specs, e2e/results/dual.md.
 e2e: venv kind-tools image
 	$(PY) tools/kind/e2e.py $(ARGS)
+
+# A live kind cluster moved from kube-proxy (iptables, then nftables) to kproxy-ebpf and back,
+# node by node, under counted traffic (issue 45); writes e2e/results/migrate-latest.{json,md}.
+# ARGS="--modes iptables --workers 1 --dwell 10" for a shorter run.
+migrate: venv kind-tools image
+	$(PY) tools/kind/migrate.py $(ARGS)
 
 # Benchmarks (not tests: they print and store numbers, nothing is asserted). Both need root,
 # run in labs named bench-*, take the test lock themselves and write bench/results/.

@@ -2,7 +2,8 @@
 """Counted traffic toward one Service address from one client namespace, for handover tests
 (a proxy replaced under traffic): run as a script, standard library only.
 
-    traffic.py --out FILE [--long N] [--tcp HOST:PORT] [--udp HOST:PORT] [--rate R]
+    traffic.py --out FILE [--long N] [--cycled N --lifetime S] [--tcp HOST:PORT] [--udp HOST:PORT] [--rate R]
+               [--udp-flow HOST:PORT] [--dns HOST:PORT --dns-name NAME]
 
 * long-lived TCP: N connections to --tcp, each sending a line every 100 ms and reading the
   echo server's answer (lab/echo.py: `<pod> <client>`); a connection is *broken* when a send
@@ -11,18 +12,28 @@
   SIGUSR1 opens N more long-lived connections, kept beside the first ones and logged as
   kind `long1` (`long2` for the next signal, ...): connections opened by whatever proxy
   serves at that moment (a handover test's way back).
+  --cycled N more (kind `cycled`), each closed cleanly and replaced every --lifetime seconds
+  (staggered): connections opened under whichever proxy serves at each moment.
 * new TCP connections to --tcp at R per second: connect, read the greeting (2 s).
 * UDP queries to --udp at R per second, each from a new unconnected socket: one datagram,
   one answer within 2 s.
+* a UDP flow to --udp-flow: one socket (one 5-tuple) for the whole run, a datagram every
+  100 ms, one answer within 2 s naming the same backend as the first (`moved` otherwise).
+* DNS A queries for --dns-name to --dns (CoreDNS), each at R per second: over one connected
+  UDP socket kept for the whole run (`dnsconn`), and each over a new unconnected socket
+  (`dnsnew`); an answer must carry the query's id, NOERROR and at least one record.
 
 Every outcome is one line of FILE: `<unix time> <kind> <ok 0|1> [<reason>]`, kinds `long`
-(a 100 ms exchange; `long1`, ... for the batches SIGUSR1 opened), `new`, `udp`. The test
-cuts the file into its steps by time. SIGTERM ends it."""
+(a 100 ms exchange; `long1`, ... for the batches SIGUSR1 opened), `cycled`, `new`, `udp`,
+`udpflow`, `dnsconn`, `dnsnew`. The test cuts the file into its steps by time. SIGTERM ends
+it."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import signal
 import socket
+import struct
 import threading
 import time
 
@@ -58,8 +69,11 @@ def read_line(s: socket.socket) -> str:
     return buf.decode().split()[0]
 
 
-def long_lived(log: Log, dst: tuple[str, int], stop: threading.Event,
-               kind: str = "long") -> None:
+def long_lived(log: Log, dst: tuple[str, int], stop: threading.Event, kind: str = "long",
+               lifetime: float = 0.0, first: float = 0.0) -> None:
+    """LIFETIME > 0: each connection is closed (cleanly, not a failure) after that many
+    seconds, the first after FIRST, and a new one opened: connections opened at every moment."""
+    life = first or lifetime
     while not stop.is_set():
         try:
             s = socket.create_connection(dst, timeout=TIMEOUT)
@@ -68,8 +82,10 @@ def long_lived(log: Log, dst: tuple[str, int], stop: threading.Event,
             log.put(kind, False, f"connect:{type(exc).__name__}")
             stop.wait(0.1)
             continue
+        end = time.monotonic() + life if life else float("inf")
+        life = lifetime
         with s:
-            while not stop.wait(0.1):
+            while not stop.wait(0.1) and time.monotonic() < end:
                 try:
                     s.sendall(b"ping\n")
                     answer = read_line(s)
@@ -110,12 +126,86 @@ def udp_query(log: Log, dst: tuple[str, int]) -> None:
         log.put("udp", False, type(exc).__name__)
 
 
+def udp_flow(log: Log, dst: tuple[str, int], stop: threading.Event) -> None:
+    with socket.socket(family(dst[0]), socket.SOCK_DGRAM) as s:
+        s.settimeout(TIMEOUT)
+        backend = ""
+        while not stop.wait(0.1):
+            try:
+                s.sendto(b"q\n", dst)
+                answer = s.recvfrom(4096)[0].decode().split()[0]
+            except OSError as exc:
+                log.put("udpflow", False, type(exc).__name__)
+                continue
+            if backend and answer != backend:
+                log.put("udpflow", False, f"moved:{backend}->{answer}")
+            else:
+                log.put("udpflow", True)
+            backend = answer
+
+
+def dns_query(name: str, qid: int) -> bytes:
+    labels = b"".join(bytes([len(p)]) + p.encode() for p in name.strip(".").split("."))
+    return struct.pack("!HHHHHH", qid, 0x0100, 1, 0, 0, 0) + labels + b"\0" + struct.pack("!HH", 1, 1)
+
+
+def dns_ok(reply: bytes, qid: int) -> str:
+    """"" when `reply` answers query `qid` with NOERROR and a record, else why not."""
+    if len(reply) < 12:
+        return "short"
+    rid, flags, _, ancount = struct.unpack("!HHHH", reply[:8])
+    if rid != qid:
+        return "id"
+    if flags & 0xF:
+        return f"rcode{flags & 0xF}"
+    return "" if ancount else "empty"
+
+
+class Dns:
+    def __init__(self, log: Log, dst: tuple[str, int], name: str) -> None:
+        self.log, self.dst, self.name, self.ids = log, dst, name, itertools.count(1)
+        self.conn = socket.socket(family(dst[0]), socket.SOCK_DGRAM)
+        self.conn.settimeout(TIMEOUT)
+        self.conn.connect(dst)
+
+    def _ask(self, kind: str, s: socket.socket, connected: bool) -> None:
+        qid = next(self.ids) & 0xFFFF    # itertools.count: safe from both threads
+        try:
+            if connected:
+                s.send(dns_query(self.name, qid))
+            else:
+                s.sendto(dns_query(self.name, qid), self.dst)
+            while True:     # a late answer to an earlier query is skipped
+                why = dns_ok(s.recv(4096), qid)
+                if why != "id":
+                    break
+        except OSError as exc:
+            self.log.put(kind, False, type(exc).__name__)
+            return
+        self.log.put(kind, not why, why)
+
+    def connected(self) -> None:
+        self._ask("dnsconn", self.conn, True)
+
+    def unconnected(self) -> None:
+        with socket.socket(family(self.dst[0]), socket.SOCK_DGRAM) as s:
+            s.settimeout(TIMEOUT)
+            self._ask("dnsnew", s, False)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--tcp")
     ap.add_argument("--udp")
+    ap.add_argument("--udp-flow")
+    ap.add_argument("--dns")
+    ap.add_argument("--dns-name", default="kubernetes.default.svc.cluster.local")
     ap.add_argument("--long", type=int, default=2)
+    ap.add_argument("--cycled", type=int, default=0,
+                    help="more long-lived connections (kind `cycled`), each reopened every "
+                         "--lifetime seconds, staggered")
+    ap.add_argument("--lifetime", type=float, default=20.0)
     ap.add_argument("--rate", type=float, default=20.0)
     args = ap.parse_args()
     log, stop = Log(args.out), threading.Event()
@@ -126,10 +216,20 @@ def main() -> None:
     if args.tcp:
         dst = addr(args.tcp)
         jobs += [lambda: long_lived(log, dst, stop)] * args.long
+        jobs += [lambda i=i: long_lived(log, dst, stop, "cycled", args.lifetime,
+                                        args.lifetime * (i + 1) / args.cycled)
+                 for i in range(args.cycled)]
         jobs.append(lambda: paced(args.rate, stop, lambda: new_conn(log, dst)))
     if args.udp:
         udst = addr(args.udp)
         jobs.append(lambda: paced(args.rate, stop, lambda: udp_query(log, udst)))
+    if args.udp_flow:
+        fdst = addr(args.udp_flow)
+        jobs.append(lambda: udp_flow(log, fdst, stop))
+    if args.dns:
+        dns = Dns(log, addr(args.dns), args.dns_name)
+        jobs.append(lambda: paced(args.rate, stop, dns.connected))
+        jobs.append(lambda: paced(args.rate, stop, dns.unconnected))
     threads = [threading.Thread(target=j, daemon=True) for j in jobs]
     for t in threads:
         t.start()

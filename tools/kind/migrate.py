@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""`make migrate`: a live kind cluster moved from kube-proxy to kproxy-ebpf and back, node by
+node, under counted traffic (issue 45); once with kube-proxy in iptables mode, once in nftables.
+
+Per pass: a cluster made as `make kind-up` makes it (hack/kind-up.sh, PROXY=iptables|nftables:
+offline, images preloaded, CoreDNS without forward), 1 control plane + WORKERS workers; the
+traffic of tools/kind/migrate_traffic.py started; then the steps, each followed by a pause
+under traffic (DWELL seconds), every outcome counted by the step it fell in:
+
+  kube-proxy alone; the chart installed with its agents kept off the nodes (nodeSelector
+  kproxy-ebpf=enabled, config.kubeProxyCleanup=on); kube-proxy's DaemonSet given a node
+  affinity that skips nodes labelled migrate.kproxy-ebpf/kube-proxy=off (its pods roll once);
+  per node: the agent starts beside kube-proxy (label kproxy-ebpf=enabled, agent ready and
+  its TC filters and cgroup hooks on the node), then
+  kube-proxy leaves (label kube-proxy=off, its pod gone); kube-proxy's DaemonSet deleted;
+  kube-proxy's leftovers looked for on every node (the agents remove them); kube-proxy's
+  DaemonSet recreated from the saved copy; per node: kube-proxy back (label removed, its pod
+  ready), then the agent leaves (label removed, its pod gone); helm uninstall; kproxy-ebpf's
+  leftovers looked for on every node (pins, TC filters, nft table, cgroup hooks).
+
+Writes e2e/results/migrate-latest.{json,md}. Every cluster, container and network it made is
+removed at the end, also on failure (hack/kind-down.sh)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import migrate_report  # type: ignore[import-not-found]
+import migrate_traffic as traffic  # type: ignore[import-not-found]
+from migrate_cluster import AGENT, AGENT_LABEL, KUBE_PROXY, SKIP_LABEL, Cluster  # type: ignore[import-not-found]
+
+from e2e import ROOT, environment, guard_drops, sh  # type: ignore[import-not-found]
+
+MODES = ("iptables", "nftables")
+
+
+class Pass:
+    def __init__(self, c: Cluster, dwell: float) -> None:
+        self.c, self.dwell = c, dwell
+        self.steps: list[dict] = []
+        self.t = time.time()
+
+    def step(self, name: str, action=None) -> None:
+        """Runs ACTION, then lets the traffic run DWELL seconds; the step covers both."""
+        print(f"migrate: {self.c.name}: {name}", file=sys.stderr, flush=True)
+        start = self.t
+        info = action() if action else None
+        time.sleep(self.dwell)
+        self.t = time.time()
+        self.steps.append({"name": name, "start": start, "end": self.t,
+                           "seconds": round(self.t - start, 1),
+                           **({"info": info} if info else {})})
+
+
+def leftovers_gone(c: Cluster, nodes: list[str], what, timeout: float) -> dict:
+    """Polls WHAT(node) on every node until each is empty (or TIMEOUT); the last finding."""
+    start = time.monotonic()
+    while True:
+        found = {n: what(n) for n in nodes}
+        if all(not any(v.values()) for v in found.values()) or time.monotonic() - start > timeout:
+            return {"after_s": round(time.monotonic() - start, 1), "nodes": found,
+                    "clean": all(not any(v.values()) for v in found.values())}
+        time.sleep(3)
+
+
+def run_pass(mode: str, cluster: str, workers: int, image: str, dwell: float, work: Path) -> dict:
+    c = Cluster(cluster)
+    res: dict = {"mode": mode, "cluster": cluster, "workers": workers}
+    begin = time.monotonic()
+    saved = work / f"kube-proxy-{mode}.json"
+    p = Pass(c, dwell)
+    try:
+        if cluster in c.env("kind", "get", "clusters").stdout.split():
+            sh("hack/kind-down.sh", env={"CLUSTER": cluster})
+        sh("hack/kind-up.sh", env={"CLUSTER": cluster, "PROXY": mode, "WORKERS": str(workers)})
+        res["cluster_up_s"] = round(time.monotonic() - begin, 1)
+        nodes = c.nodes()
+        res["nodes"] = nodes
+        res["guard_before"] = guard_drops(cluster)
+        res["kube_proxy_rules_before"] = {n: c.kube_proxy_leftovers(n) for n in nodes}
+        cip = traffic.start_servers(c, image)
+        traffic.start_clients(c, image, cip, work)
+        time.sleep(5)       # every client connected before the first step starts
+        p.t = time.time()
+        p.step("kube-proxy alone")
+        p.step("chart installed, agents kept off the nodes",
+               lambda: c.helm_install(image, Path("/sys/fs/cgroup/cgroup.controllers").exists()))
+        p.step("kube-proxy DaemonSet skips labelled nodes (its pods restart once)",
+               c.kube_proxy_skip_labelled)
+        for n in nodes:
+            def agent_on(n: str = n) -> dict:
+                c.label(n, AGENT_LABEL, "enabled")
+                ready = c.wait_ready(AGENT, n)
+                # Ready is not programmed: while kube-proxy holds port 10256 the readiness
+                # probe meets kube-proxy's /healthz. Wait for the node's TC filters and hooks.
+                attached = c.wait(f"the datapath on {n}", lambda: all(
+                    c.kproxy_leftovers(n)[k] for k in ("tc", "cgroup_progs")))
+                return {"agent_ready_s": ready, "datapath_attached_s": round(ready + attached, 1)}
+
+            def kube_proxy_off(n: str = n) -> dict:
+                c.label(n, SKIP_LABEL, "off")
+                return {"kube_proxy_gone_s": c.wait_gone(KUBE_PROXY, n)}
+            p.step(f"{n}: agent starts beside kube-proxy", agent_on)
+            p.step(f"{n}: kube-proxy leaves", kube_proxy_off)
+        c.save_kube_proxy(saved)
+        p.step("kube-proxy DaemonSet deleted",
+               lambda: c.kc("-n", "kube-system", "delete", "daemonset", "kube-proxy", "--wait"))
+        res["kube_proxy_leftovers"] = {}
+        p.step("kube-proxy's leftovers looked for on every node",
+               lambda: res["kube_proxy_leftovers"].update(
+                   leftovers_gone(c, nodes, c.kube_proxy_leftovers, 90)))
+        # What the leftover check finds while the agents run: shows that it looks where they are.
+        res["kproxy_while_running"] = {n: {k: len(v) for k, v in c.kproxy_leftovers(n).items()}
+                                       for n in nodes}
+        p.step("kube-proxy DaemonSet recreated (no node selected yet)",
+               lambda: c.restore_kube_proxy(saved))
+        for n in nodes:
+            def kube_proxy_on(n: str = n) -> dict:
+                c.label(n, SKIP_LABEL, None)
+                return {"kube_proxy_ready_s": c.wait_ready(KUBE_PROXY, n)}
+
+            def agent_off(n: str = n) -> dict:
+                c.label(n, AGENT_LABEL, None)
+                return {"agent_gone_s": c.wait_gone(AGENT, n)}
+            p.step(f"{n}: kube-proxy back beside the agent", kube_proxy_on)
+            p.step(f"{n}: the agent leaves", agent_off)
+        p.step("helm uninstall", c.helm_uninstall)
+        res["kproxy_leftovers"] = leftovers_gone(c, nodes, c.kproxy_leftovers, 60)
+        p.step("kube-proxy alone again")
+    except Exception as exc:  # noqa: BLE001  # the steps so far are still counted and written
+        res["error"] = f"{type(exc).__name__}: {exc}"
+        print(f"migrate: {mode}: {res['error']}", file=sys.stderr)
+    finally:
+        try:
+            lines = traffic.stop_clients(c, work)
+            traffic.collect(lines, p.steps)
+            res["guard_after"] = guard_drops(cluster)
+        except Exception as exc:  # noqa: BLE001
+            res.setdefault("error", f"collecting: {type(exc).__name__}: {exc}")
+        traffic.remove_outside()
+        res["steps"] = p.steps
+        res["seconds"] = round(time.monotonic() - begin, 1)
+        sh("hack/kind-down.sh", env={"CLUSTER": cluster}, check=False)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--dwell", type=float, default=10.0, help="seconds of traffic after each step")
+    ap.add_argument("--cluster-prefix", default="kproxy-migrate")
+    ap.add_argument("--results-dir", type=Path, default=ROOT / "e2e" / "results")
+    args = ap.parse_args(argv)
+    image = os.environ.get("IMAGE") or "localhost/kproxy-ebpf:" + next(
+        ln.split('"')[1] for ln in (ROOT / "pyproject.toml").read_text().splitlines()
+        if ln.startswith("version = "))
+    # SIGTERM runs the same cleanup as an error (the finally blocks).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    env = environment()
+    env["nodes"] = f"1 control plane (schedulable) + {args.workers} workers, ptp CNI, no registry"
+    passes = []
+    with tempfile.TemporaryDirectory(prefix="kproxy-migrate.", dir="/var/tmp") as work:
+        os.environ["KUBECONFIG"] = str(Path(work) / "kubeconfig")
+        for mode in [m for m in args.modes.split(",") if m]:
+            if mode not in MODES:
+                ap.error(f"unknown mode {mode}: choose from {MODES}")
+            passes.append(run_pass(mode, f"{args.cluster_prefix}-{mode}", args.workers, image,
+                                   args.dwell, Path(work)))
+            rep = {"environment": env, "traffic": migrate_report.traffic_info(), "passes": passes}
+            args.results_dir.mkdir(parents=True, exist_ok=True)
+            (args.results_dir / "migrate-latest.json").write_text(json.dumps(rep, indent=1) + "\n")
+            (args.results_dir / "migrate-latest.md").write_text(migrate_report.markdown(rep))
+    print(f"migrate: wrote {args.results_dir}/migrate-latest.md", file=sys.stderr)
+    return 1 if any(p.get("error") for p in passes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""e2e/results/migrate-latest.md from the report of tools/kind/migrate.py: per proxy mode, one
+table step x traffic kind (failed / all outcomes), the reasons, the leftover checks, and the
+failures the kernel cannot avoid marked with why (docs/design/deployment.md)."""
+from __future__ import annotations
+
+import migrate_traffic as traffic  # type: ignore[import-not-found]
+
+# Failures the kernel cannot avoid, by step and traffic kind, with why (the classes
+# docs/design/deployment.md describes under "Existing connections across the switch").
+LEAVES = ("the agent leaves", "†",
+          "flows the TC path translated (NodePort from outside) lived only in its own connection "
+          "table (kp_ct), which the kernel's conntrack never saw: when the agent's programs "
+          "detach, such a TCP connection's next segment meets kube-proxy as a new connection "
+          "and is reset, and a UDP flow is balanced anew")
+STARTS = ("agent starts beside kube-proxy", "‡",
+          "UDP has no mid-stream mark: a datagram of a flow kube-proxy's conntrack carried has "
+          "no row in kp_ct and is balanced as new, so a long UDP flow may change backend "
+          "(telling it apart needs bpf_skb_ct_lookup, which bcc 0.26 cannot call)")
+OUTSIDE_TCP = {traffic.KINDS[("outside", k)] for k in ("long", "cycled")}
+UDP_FLOW = traffic.KINDS[("outside", "udpflow")]
+
+
+def _expected(step: str, label: str) -> str:
+    if LEAVES[0] in step and (label in OUTSIDE_TCP or label == UDP_FLOW):
+        return LEAVES[1]
+    if STARTS[0] in step and label == UDP_FLOW:
+        return STARTS[1]
+    return ""
+
+
+def traffic_info() -> dict:
+    return {"per_client": {"long_lived": traffic.LONG, "message_interval_ms": 100,
+                           "new_per_s": traffic.RATE},
+            "clients": "a pod per node (ClusterIP, DNS); one container on the kind network "
+                       "with one client per node (NodePort TCP and UDP)",
+            "backends": "a pod per node (DaemonSet), externalTrafficPolicy Cluster",
+            "cycled_per_client": traffic.CYCLED, "cycled_lifetime_s": traffic.LIFETIME,
+            "kinds": list(traffic.KINDS.values())}
+
+
+def _short(label: str) -> str:
+    for a, b in (("pod -> ", "pod→"), ("outside -> ", "out→"), ("CoreDNS, ", "DNS "),
+                 ("long-lived TCP (messages)", "long TCP"), ("connected UDP socket", "conn"),
+                 ("TCP reopened every 20 s (messages)", "TCP 20 s"),
+                 ("UDP from new sockets", "UDP new"), ("new sockets", "new"),
+                 ("one UDP flow", "UDP flow")):
+        label = label.replace(a, b)
+    return label
+
+
+def _cell(c: dict) -> str:
+    total = c["ok"] + c["failed"]
+    if not total:
+        return "–"
+    s = f"{c['failed']}/{total}"
+    if c["broken"]:
+        s += f" ({c['broken']} broken)"
+    return f"**{s}**" if c["failed"] else s
+
+
+def markdown(rep: dict) -> str:
+    env = rep["environment"]
+    out = ["# make migrate: kube-proxy -> kproxy-ebpf -> kube-proxy on a live kind cluster", "",
+           f"{env['date']}, commit {env['commit']}, kernel {env['kernel']}, {env['cpus']} CPUs, "
+           f"Kubernetes {env['kubernetes']}, kind {env['kind']}, {env['podman']}; "
+           f"{env['nodes']}.", "",
+           "Traffic the whole run (per client: "
+           f"{rep['traffic']['per_client']['long_lived']} long-lived TCP connections, a message "
+           f"each every 100 ms, kept the whole run (*long*), and {rep['traffic']['cycled_per_client']} "
+           f"reopened every {rep['traffic']['cycled_lifetime_s']} s, staggered (*20 s*); "
+           f"{rep['traffic']['per_client']['new_per_s']} new TCP connections/s;"
+           " as many DNS queries/s per socket kind and UDP queries/s): "
+           f"{rep['traffic']['clients']}; backends: {rep['traffic']['backends']}.",
+           "A cell is failed/all outcomes in that step (a long-lived TCP outcome is one 100 ms "
+           "message; *broken* counts connections lost); bold = failures. `make migrate` writes "
+           "this file.", ""]
+    for p in rep["passes"]:
+        out += [f"## kube-proxy {p['mode']} -> kproxy-ebpf -> kube-proxy {p['mode']}", "",
+                f"Nodes: {', '.join(p.get('nodes', []))}. Pass took {p.get('seconds')} s "
+                f"(cluster up {p.get('cluster_up_s')} s).", ""]
+        if p.get("error"):
+            out += [f"**The pass stopped: {p['error']}** (the steps before are counted).", ""]
+        labels = list(traffic.KINDS.values())
+        out += ["| step | s | " + " | ".join(_short(label) for label in labels) + " |",
+                "|---|---|" + "---|" * len(labels)]
+        notes = []
+        for st in p.get("steps", []):
+            cells = []
+            for label in labels:
+                c = st.get("counts", {}).get(label, {"ok": 0, "failed": 0, "broken": 0})
+                cell = _cell(c)
+                if c["failed"] and _expected(st["name"], label):
+                    cell += " " + _expected(st["name"], label)
+                cells.append(cell)
+                if c["failed"]:
+                    notes.append(f"- {st['name']}, {label}: " + ", ".join(
+                        f"{r or 'failed'} x{n}" for r, n in sorted(c["reasons"].items())))
+            waits = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v} s"
+                              for k, v in info.items()) if isinstance(info := st.get("info"), dict) else ""
+            name = f"{st['name']} ({waits})" if waits else st["name"]
+            out.append(f"| {name} | {st['seconds']} | " + " | ".join(cells) + " |")
+        out += ["", f"{LEAVES[1]} Expected, kernel-bound: {LEAVES[2]}.",
+                f"{STARTS[1]} Expected, kernel-bound: {STARTS[2]}.",
+                "A bold cell without a mark is not explained by either (the reasons and the "
+                "times are below and in the JSON's by_node).", ""]
+        if notes:
+            out += ["Failure reasons:", "", *notes, ""]
+        kp = p.get("kube_proxy_leftovers", {})
+        before = p.get("kube_proxy_rules_before", {})
+        if before:
+            out.append("kube-proxy's chains/tables before the migration: " + ", ".join(
+                f"{n} {len(v['chains'])} chains, {len(v['nft_tables'])} nft tables"
+                for n, v in before.items()))
+        if kp:
+            out.append(f"kube-proxy's leftovers after its DaemonSet went: "
+                       f"{'none on any node' if kp['clean'] else kp['nodes']} "
+                       f"(checked until clean: {kp['after_s']} s).")
+        running = p.get("kproxy_while_running")
+        if running:
+            out.append("What the same check finds while the agents run: " + "; ".join(
+                f"{n} " + ", ".join(f"{v} {k}" for k, v in found.items())
+                for n, found in running.items()) + ".")
+        kx = p.get("kproxy_leftovers", {})
+        if kx:
+            out.append(f"kproxy-ebpf's leftovers after helm uninstall (pins, TC filters, nft "
+                       f"table, cgroup hooks): "
+                       f"{'none on any node' if kx['clean'] else kx['nodes']} "
+                       f"(checked until clean: {kx['after_s']} s).")
+        if p.get("guard_after") and p.get("guard_before"):
+            b, a = p["guard_before"], p["guard_after"]
+            during = a["host"] - b["host"] + sum(v - b["nodes"].get(n, 0)
+                                                 for n, v in a["nodes"].items())
+            out.append(f"Egress guards (packets leaving the kind network, dropped): {during} "
+                       f"during the pass (before it: {b}; after it: {a}).")
+        out.append("")
+    return "\n".join(out)
