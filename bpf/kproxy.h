@@ -482,6 +482,8 @@ struct kp_lb_res {
 	__u8  be_flags;         /* the slot's enum kp_be_flags (TC: KP_BE_F_LOCAL decides SNAT) */
 	__u8  fe_flags;         /* slot 0's enum kp_fe_flags, from the same copy as the verdict */
 	__u8  scope;            /* the request's enum kp_scope (which counters the event is on) */
+	__u32 conn_ix;          /* least-conn: the kp_conns index the pick read for the slot, 0:
+				 * none (another algorithm, affinity); checked before counting */
 };
 
 _Static_assert(sizeof(struct kp_ip) == 16, "kp_ip");
@@ -512,7 +514,7 @@ _Static_assert(KP_SRCRANGE_FE_BITS == 8 * (__builtin_offsetof(struct kp_srcrange
 					  __builtin_offsetof(struct kp_srcrange_key, fe_addr)),
 	       "KP_SRCRANGE_FE_BITS: the bits between prefixlen and saddr");
 _Static_assert(sizeof(struct kp_lb_req) == 56, "kp_lb_req");
-_Static_assert(sizeof(struct kp_lb_res) == 36, "kp_lb_res");
+_Static_assert(sizeof(struct kp_lb_res) == 40, "kp_lb_res");
 
 /* ---- North-south (TC): connection tracking and NAT ---------------------------------------
  * A flow from outside the node is tracked by its original tuple (client -> frontend) in kp_ct,

@@ -43,6 +43,19 @@ static __always_inline struct kp_conns *kp_conns_row(__u32 backend_id, __u32 *ix
 	return c;
 }
 
+/* kp_conns_row, trying first the index a least-conn pick read (kp_lb_res.conn_ix): the row
+ * is in cache from the scan, and no hashed lookup is needed when it is the backend's. */
+static __always_inline struct kp_conns *kp_conns_at(__u32 backend_id, __u32 hint, __u32 *ix)
+{
+	struct kp_conns *c = hint ? kp_conns.lookup(&hint) : NULL;
+
+	if (c && c->backend_id == backend_id) {
+		*ix = hint;
+		return c;
+	}
+	return kp_conns_row(backend_id, ix);
+}
+
 /* A new flow of a least-conn frontend to backend_id (the TC path's, an unconnected UDP
  * socket's): flows_open + 1, if the agent gave the backend a counter already. */
 static __always_inline void kp_conns_flow_open(__u32 backend_id)

@@ -165,14 +165,14 @@ static __always_inline __u64 kp_lb_affinity_key(const struct kp_lb_req *req,
  * lib/maglev.h, computed only then), at random otherwise. 0: the slot or table row read
  * vanished or belongs to another version (retry). */
 static __always_inline __u16 kp_lb_pick(const struct kp_svc_key *fe, const struct kp_svc_val *svc,
-					__u32 rnd, const struct kp_ct_key *flow)
+					__u32 rnd, const struct kp_ct_key *flow, __u32 *conn_ix)
 {
 	__u16 slot;
 
 	if (svc->fe_flags & KP_FE_F_ROUND_ROBIN)
 		return kp_rr_pick(fe, svc->count, rnd);
 	if (svc->fe_flags & KP_FE_F_LEAST_CONN)
-		return kp_lc_pick(fe, svc->count, rnd);
+		return kp_lc_pick(fe, svc->count, rnd, conn_ix);
 	if (!svc->backend_id || !flow)
 		return (rnd % svc->count) + 1;
 	slot = kp_maglev_slot(svc->backend_id, svc->maglev_size, kp_flow_hash(flow));
@@ -225,7 +225,8 @@ static __always_inline int kp_lb_attempt(const struct kp_lb_req *req, struct kp_
 			}
 		}
 	}
-	res->slot = kp_lb_pick(&key, &svc, rnd, flow);
+	res->conn_ix = 0;
+	res->slot = kp_lb_pick(&key, &svc, rnd, flow, &res->conn_ix);
 	if (res->slot == 0 || kp_lb_slot(&key, res->slot, res) != 0)
 		return 0;
 	if (timeout_ns) {

@@ -69,7 +69,8 @@ static __always_inline void kp_lc_step(const struct kp_lc_ids *ids, __u32 idx, _
  * Without a row for at least `count` slots (not written yet, a stale row from before backends
  * were added, more than KP_LC_IDS backends): at random. Unrolled by hand: as a loop, clang
  * folds its two bounds into one counter the verifier cannot bound. */
-static __always_inline __u16 kp_lc_pick(const struct kp_svc_key *fe, __u16 count, __u32 rnd)
+static __always_inline __u16 kp_lc_pick(const struct kp_svc_key *fe, __u16 count, __u32 rnd,
+					__u32 *conn_ix)
 {
 	struct kp_lc_scan s = {0, 0x7fffffffffffffffLL};
 	struct kp_svc_key key = *fe;
@@ -95,6 +96,9 @@ static __always_inline __u16 kp_lc_pick(const struct kp_svc_key *fe, __u16 count
 #undef KP_LC_STEP
 	_Static_assert(KP_LC_SCAN == 32, "KP_LC_SCAN: the steps above");
 out:
+	/* The chosen slot's counter, as this row names it (the caller checks it is the counter
+	 * of the backend the slot row names: the two may be of different versions). */
+	*conn_ix = s.best ? ids->conn[(s.best - 1) & (KP_LC_IDS - 1)] : 0;
 	return s.best;
 }
 
