@@ -22,6 +22,7 @@
 #include "lib/ip.h"
 #include "lib/lb.h"
 #include "lib/servicecidr.h"
+#include "lib/sockconn.h"
 #include "lib/srcrange.h"
 
 #define SYS_REJECT  0
@@ -46,7 +47,7 @@ static __always_inline bool sock_remember_tcp(struct bpf_sock_addr *ctx,
 	row->be_port = res->be.port;
 	row->addr = *addr;
 	row->port = port;
-	return true;             /* row->conn: sock_count_conn's, kept over a new connect */
+	return true;             /* row->conn stays: kept over a new connect (lib/sockconn.h) */
 }
 
 /* The service address sock_remember_tcp stored for (*addr, *port), if any, into them. */
@@ -123,65 +124,6 @@ static __always_inline void sock_note_where(const struct kp_lb_res *res, bool v6
 	val.cgroup = bpf_get_current_cgroup_id();
 	val.last = now;
 	kp_skwhere.update(&key, &val);
-}
-
-/* Moves the count of a socket whose storage holds *own to the counter c (tag: its
- * kp_conn_tag; NULL and 0 when the socket is to be counted nowhere). */
-static __always_inline void sock_recount(__u32 *own, struct kp_conns *c, __u32 tag,
-					 __u32 backend_id)
-{
-	__u32 was = *own;
-
-	if (was == tag && (tag || !backend_id))
-		return;                 /* none, or connected again to the backend counted on */
-	if (was)
-		kp_conn_untag(was);
-	*own = tag;
-	if (c)
-		__sync_fetch_and_add(&c->sock, 1);
-	else if (backend_id)
-		kp_count(KP_STAT_CONN_UNCOUNTED);
-}
-
-/* Counts a connected socket on its backend for least-conn: its own storage remembers which
- * counter (kp_conn_tag), so the release hook takes back exactly what connect added, and a
- * socket connected again (UDP, or the agent's reconnect of a stale one) moves its count. A
- * TCP socket keeps the tag in the storage sock_remember_tcp made at this connect (nothing to
- * allocate), a UDP one in kp_skconn. Only a least-conn frontend's sockets are counted
- * (backend_id 0 for the others: a socket counted before takes its count back): a UDP
- * socket's storage for every connect of every Service would cost each one an allocation no
- * other algorithm needs. */
-static __always_inline void sock_count_conn(struct bpf_sock_addr *ctx, __u32 backend_id,
-					    __u32 conn_ix)
-{
-	struct bpf_sock *sk = ctx->sk;
-	struct kp_sksvc_val *tcp;
-	struct kp_skconn_val *udp;
-	struct kp_conns *c = NULL;
-	__u32 ix = 0, tag = 0;
-
-	if (!sk)
-		return;
-	if (backend_id) {
-		c = kp_conns_at(backend_id, conn_ix, &ix);
-		if (c)
-			tag = kp_conn_tag(ix, c->gen);
-	}
-	if (sk->protocol == IPPROTO_TCP) {
-		tcp = kp_sksvc.sk_storage_get(sk, 0, 0);
-		if (tcp) {
-			sock_recount(&tcp->conn, c, tag, backend_id);
-			return;
-		}
-	} else {
-		udp = kp_skconn.sk_storage_get(sk, 0, backend_id ? BPF_SK_STORAGE_GET_F_CREATE : 0);
-		if (udp) {
-			sock_recount(&udp->conn, c, tag, backend_id);
-			return;
-		}
-	}
-	if (backend_id)
-		kp_count(KP_STAT_CONN_UNCOUNTED);
 }
 
 /* The address the socket's traffic to frontend fe leaves from: the one it asks for (a sendmsg
@@ -284,8 +226,8 @@ static __always_inline int sock_xlate_fwd(struct bpf_sock_addr *ctx, bool v6, st
 	sock_remember(ctx, &res, addr, *port);
 	if (!unconnected_udp) {
 		sock_note_where(&res, v6, req.client, req.now);
-		sock_count_conn(ctx, res.fe_flags & KP_FE_F_LEAST_CONN ? res.backend_id : 0,
-				res.conn_ix);
+		kp_sock_count(ctx, res.fe_flags & KP_FE_F_LEAST_CONN ? res.backend_id : 0,
+			      res.conn_ix);
 	}
 	*addr = res.be.addr;
 	*port = res.be.port;
@@ -403,22 +345,7 @@ static __always_inline int sock_rev(struct bpf_sock_addr *ctx, bool v6)
  * least-conn ends. Runs once per socket, when its last file reference goes. */
 int kp_release(struct bpf_sock *sk)
 {
-	struct kp_sksvc_val *tcp;
-	struct kp_skconn_val *udp;
-
-	if (sk->protocol == IPPROTO_TCP) {
-		tcp = kp_sksvc.sk_storage_get(sk, 0, 0);
-		if (tcp && tcp->conn) {
-			kp_conn_untag(tcp->conn);
-			tcp->conn = 0;
-		}
-	} else {
-		udp = kp_skconn.sk_storage_get(sk, 0, 0);
-		if (udp && udp->conn) {
-			kp_conn_untag(udp->conn);
-			udp->conn = 0;
-		}
-	}
+	kp_sock_uncount(sk);
 	return SYS_PROCEED;
 }
 
