@@ -87,7 +87,8 @@ static __always_inline __u16 kp_lc_pick(const struct kp_svc_key *fe, __u16 count
 #define KP_LC_STEP(i) \
 	if ((i) >= count) \
 		goto out; \
-	idx = (first + (i)) % count; \
+	idx = first + (i); \
+	idx -= count & -(__u32)(idx >= count);  /* < 2 x count: a wrap without a division */ \
 	kp_lc_step(ids, idx, idx + 1, &s);
 #define KP_LC_STEP8(i) KP_LC_STEP(i) KP_LC_STEP(i + 1) KP_LC_STEP(i + 2) KP_LC_STEP(i + 3) \
 	KP_LC_STEP(i + 4) KP_LC_STEP(i + 5) KP_LC_STEP(i + 6) KP_LC_STEP(i + 7)

@@ -11,8 +11,8 @@ import subprocess
 
 from kproxy_ebpf.datapath.maps import kproxy_h as G
 
-_SIZES = {"u8": 1, "u16": 2, "u32": 4, "u64": 8, "be16": 2, "be32": 4, "be64": 8, "int": 4,
-          "char": 1}
+_SIZES = {"u8": 1, "u16": 2, "u32": 4, "u64": 8, "s32": 4, "s64": 8, "be16": 2, "be32": 4,
+          "be64": 8, "int": 4, "char": 1}
 
 
 def bpftool_rows(pin: str) -> list[tuple[bytes, object]]:
@@ -39,7 +39,7 @@ def _ip(raw: bytes) -> str | None:
 
 def _scalar(spelled: str, raw: bytes) -> int:
     return int.from_bytes(raw, "big" if spelled.startswith("be") else "little",
-                          signed=spelled == "int")
+                          signed=spelled == "int" or spelled.startswith("s"))
 
 
 def decode(spelled: str, raw: bytes) -> object:
