@@ -6,65 +6,21 @@ connections are closed, reset, or their process is killed; the agent's repair
 """
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
 
 from kproxy_ebpf.datapath.flows import flow_fix
-from kproxy_ebpf.dev.lab import procs
 from kproxy_ebpf.model.objects import LBAlgorithm
 
 from ..support import wait_until
 from . import test_tc_lab as tcl
+from .holder import Holder
 
 lab, nodes, fam = tcl.lab, tcl.nodes, tcl.fam      # the same fixtures (one lab per module)
 
 pytestmark = pytest.mark.root
 
-HOLDER = """
-import socket, struct, sys
-addr, port = sys.argv[1], int(sys.argv[2])
-held = []
-for line in sys.stdin:
-    cmd, *arg = line.split()
-    if cmd == "tcp":
-        s = socket.create_connection((addr, port), timeout=3)
-        held.append(s)
-        print(s.recv(100).decode().split()[0], flush=True)
-    elif cmd == "close":
-        held[int(arg[0])].close()
-        print("closed", flush=True)
-    elif cmd == "rst":
-        s = held[int(arg[0])]
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        s.close()
-        print("reset", flush=True)
-"""
-
-
-class Holder:
-    """HOLDER on the external client: connections held to a NodePort of node1."""
-
-    def __init__(self, lab, addr: str, port: int):
-        t = lab.target("ext")
-        self.p = subprocess.Popen(procs.trampoline(t.netns, t.cgroup, [
-            sys.executable, "-c", HOLDER, addr, str(port)]), stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, text=True)
-
-    def do(self, cmd: str) -> str:
-        assert self.p.stdin and self.p.stdout
-        self.p.stdin.write(cmd + "\n")
-        self.p.stdin.flush()
-        line = self.p.stdout.readline().strip()
-        assert line, f"the client died on {cmd!r}"
-        return line
-
-    def kill(self) -> None:
-        self.p.send_signal(signal.SIGKILL)
-        self.p.wait(10)
 
 
 def open_flows(node, lab, fam) -> dict[str, int]:
@@ -85,7 +41,7 @@ def test_least_conn_from_outside_counts_the_flows_held_until_they_end(lab, nodes
     svc = replace(tcl.nodeport(fam, "np-lc"), lb_algorithm=LBAlgorithm.LEAST_CONN)
     tcl.program(nodes, lab, fam, svc, ["a1", "b1"])
     node1 = nodes[0]
-    h = Holder(lab, fam.node_ip(lab, "node1"), 30080)
+    h = Holder(lab, "ext", fam.node_ip(lab, "node1"), 30080)
     try:
         first = h.do("tcp")
         second = h.do("tcp")

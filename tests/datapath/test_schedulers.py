@@ -10,7 +10,6 @@ the process killed.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 from collections import Counter
@@ -26,62 +25,12 @@ from kproxy_ebpf.model.objects import LBAlgorithm
 
 from ..support import wait_until
 from .dplab import LB_PATHS, pod_of, service
+from .holder import Holder
 
 pytestmark = pytest.mark.root
 HTTP, HTTP_EP = ("http", "TCP", 80), ("http", "TCP", 8080)
 DNS, DNS_EP = ("dns", "UDP", 53), ("dns", "UDP", 5353)
 BACKENDS = ["a1", "a2", "b1", "b2"]
-
-# A client that holds connections: each stdin line is a command, answered by one line.
-HOLDER = """
-import socket, struct, sys
-vip, af = sys.argv[1], getattr(socket, sys.argv[2])
-held = []
-for line in sys.stdin:
-    cmd, *arg = line.split()
-    if cmd == "tcp":
-        s = socket.create_connection((vip, 80), timeout=3)
-        held.append(s)
-        print(s.recv(100).decode().split()[0], flush=True)
-    elif cmd == "udp":
-        u = socket.socket(af, socket.SOCK_DGRAM)
-        u.settimeout(3)
-        u.connect((vip, 53))
-        u.send(b"x")
-        held.append(u)
-        print(u.recv(100).decode().split()[0], flush=True)
-    elif cmd == "close":
-        held[int(arg[0])].close()
-        print("closed", flush=True)
-    elif cmd == "rst":
-        s = held[int(arg[0])]
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        s.close()
-        print("reset", flush=True)
-"""
-
-
-class Holder:
-    """HOLDER running in the client pod (its netns and node1's cgroup, so the hooks see it)."""
-
-    def __init__(self, lab, fam, vip: str):
-        t = lab.target("client")
-        af = "AF_INET6" if fam.v6 else "AF_INET"
-        self.p = subprocess.Popen(procs.trampoline(t.netns, t.cgroup, [
-            sys.executable, "-c", HOLDER, vip, af]), stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, text=True)
-
-    def do(self, cmd: str) -> str:
-        assert self.p.stdin and self.p.stdout
-        self.p.stdin.write(cmd + "\n")
-        self.p.stdin.flush()
-        line = self.p.stdout.readline().strip()
-        assert line, f"the client died on {cmd!r}"
-        return line
-
-    def kill(self) -> None:
-        self.p.send_signal(signal.SIGKILL)
-        self.p.wait(10)
 
 
 def counts(node1, lab, fam) -> Counter:
@@ -108,7 +57,7 @@ def test_round_robin_gives_every_backend_its_turn(lab, node1, fam, lb_path):
 def test_least_conn_follows_the_connections_held(lab, node1, fam):
     svc = replace(service("web", fam.vip(31), HTTP, DNS), lb_algorithm=LBAlgorithm.LEAST_CONN)
     node1.program(svc, fam.endpoints(lab, "web", BACKENDS, HTTP_EP, DNS_EP))
-    h = Holder(lab, fam, fam.vip(31))
+    h = Holder(lab, "client", fam.vip(31))
     try:
         first = [h.do("tcp") for _ in range(3)]
         assert len(set(first)) == 3, first
@@ -171,7 +120,7 @@ def test_a_socket_connected_again_moves_its_count(lab, node1, fam):
 def test_counts_of_a_removed_backend_go_with_its_id(lab, node1, fam):
     svc = replace(service("web", fam.vip(33), HTTP), lb_algorithm=LBAlgorithm.LEAST_CONN)
     node1.program(svc, fam.endpoints(lab, "web", ["a1", "b1"], HTTP_EP))
-    h = Holder(lab, fam, fam.vip(33))
+    h = Holder(lab, "client", fam.vip(33))
     try:
         got = {h.do("tcp"), h.do("tcp")}
         assert got == {"a1", "b1"}
