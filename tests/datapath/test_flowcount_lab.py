@@ -26,12 +26,11 @@ pytestmark = pytest.mark.root
 def open_flows(node, lab, fam) -> dict[str, int]:
     """Pod -> the flows least-conn counts open to it on `node` (nonzero ones)."""
     pods = {fam.ip(lab, p): p for p in tcl.PODS}
-    fixes = flow_fix.fix_of(node.maps)
     out = {}
-    rows = {b: r for b, _, r in flow_fix.counters(node.maps)}
+    rows = {b: (ix, r) for b, ix, r in flow_fix.counters(node.maps)}
     for (ip, _port, _proto), bid in node.writer.backend_ids:
-        row = rows.get(bid)
-        n = 0 if row is None else row.flows_open - row.flows_done - fixes.get(bid, 0)
+        ix, row = rows.get(bid, (0, None))
+        n = 0 if row is None else row.flows_open - row.flows_done - flow_fix.fix_at(node.maps, ix)
         if n:
             out[pods.get(ip, ip)] = n
     return out
