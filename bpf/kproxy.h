@@ -311,19 +311,22 @@ struct kp_rr_val {
 	__u64 next;       /* the next pick takes slot next % count + 1 */
 };
 
-/* Least connection (lib/sched.h): a backend's connections on this node, in kp_conns (an
- * array: read without hashing, once per slot a pick compares) at the index the agent gave the
- * backend when a least-conn frontend first named it (kp_connix: backend id -> index). The
- * agent writes gen and backend_id when it hands the index out, before any row names it; the
- * programs only add. A socket remembers the index and gen it counted on (kp_conn_tag: in the
- * storage a TCP connect makes anyway, kp_sksvc, so counting allocates nothing more; a UDP
- * socket's in kp_skconn), so its release takes back only from the counter it added to, not
- * from a later holder of the index. The TC path's flows count as two counters that only
- * grow, so that a close missed (expiry, LRU eviction, a row overwritten) is repaired by the
- * agent from the conntrack table (kp_flowfix at the same index, lib/flowcount.h) instead of
- * accumulating. */
+/* Least connection (lib/sched.h): a backend's connections on this node, at the index the
+ * agent gave the backend when a least-conn frontend first named it (kp_connix: backend id ->
+ * index) in three arrays (read without hashing, once per slot a pick compares):
+ * kp_connload, what the scan compares, alone in its row so that ten backends' counts are two
+ * cache lines (as one 32-byte row each they were five or six, every one of them written by
+ * the other CPUs' connects: the cost the bench measured per backend compared); kp_conns, who
+ * holds the index and its flows; kp_flowfix, the agent's repair.
+ * The agent writes gen and backend_id when it hands the index out (and the load and fix as 0),
+ * before any row names it; the programs only add. A socket remembers the index and gen it
+ * counted on (kp_conn_tag: in the storage a TCP connect makes anyway, kp_sksvc, so counting
+ * allocates nothing more; a UDP socket's in kp_skconn), so its release takes back only from
+ * the counter it added to, not from a later holder of the index. The TC path's flows also
+ * count in two counters that only grow, so that a close missed (expiry, LRU eviction, a row
+ * overwritten) is repaired by the agent from the conntrack table (kp_flowfix,
+ * lib/flowcount.h) instead of accumulating. */
 struct kp_conns {
-	__s64 sock;       /* sockets connected to it (TCP and UDP), from connect to close */
 	__u32 gen;        /* the agent's random tag for this holding of the index: 1..0xffff */
 	__u32 backend_id; /* the holder: checked by kp_conns_row, so a stale index counts nowhere */
 	__u64 flows_open; /* TC flows of least-conn frontends opened to it (KP_CT_F_COUNTED) */
@@ -500,7 +503,7 @@ _Static_assert(sizeof(struct kp_aff_key) == 16, "kp_aff_key");
 _Static_assert(sizeof(struct kp_aff_val) == 16, "kp_aff_val");
 _Static_assert(sizeof(struct kp_svc_meta) == 152, "kp_svc_meta");
 _Static_assert(sizeof(struct kp_rr_val) == 8, "kp_rr_val");
-_Static_assert(sizeof(struct kp_conns) == 32, "kp_conns");
+_Static_assert(sizeof(struct kp_conns) == 24, "kp_conns");
 _Static_assert(sizeof(struct kp_skconn_val) == 8, "kp_skconn_val");
 _Static_assert((KP_LC_IDS & (KP_LC_IDS - 1)) == 0, "KP_LC_IDS: a power of two (lib/sched.h masks)");
 _Static_assert(sizeof(struct kp_svc_stat) == 64, "kp_svc_stat");
@@ -663,7 +666,8 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 40, "kp_tc_cfg");
 	X(svczero,     kp_svczero,  1, array,        __u32,                struct kp_svc_stat,   1,                0) \
 	X(maglev,      kp_maglev,   1, hash,         struct kp_maglev_key, struct kp_maglev_row, KP_MAGLEV_SIZE,   KP_NO_PREALLOC) \
 	X(rr,          kp_rr,       1, hash,         struct kp_svc_key,    struct kp_rr_val,     KP_RR_SIZE,       0) \
-	X(conns,       kp_conns,    2, array,        __u32,                struct kp_conns,      KP_CONNS_SIZE,    0) \
+	X(conns,       kp_conns,    3, array,        __u32,                struct kp_conns,      KP_CONNS_SIZE,    0) \
+	X(connload,    kp_connload, 1, array,        __u32,                __s64,                KP_CONNS_SIZE,    0) \
 	X(connix,      kp_connix,   1, hash,         __u32,                __u32,                KP_CONNS_SIZE,    0) \
 	X(flowfix,     kp_flowfix,  1, array,        __u32,                __s64,                KP_CONNS_SIZE,    0) \
 	X(skconn,      kp_skconn,   1, sk_storage,   int,                  struct kp_skconn_val, KP_SKCONN_SIZE,   KP_NO_PREALLOC) \

@@ -1,7 +1,8 @@
 /* lib/flowcount.h: least connection's count of the TC path's flows (issue 46).
  *
  * A flow of a least-conn frontend is marked KP_CT_F_COUNTED in its kp_ct row when the row is
- * made, and adds 1 to its backend's kp_conns.flows_open. Its end adds 1 to flows_done, once:
+ * made, and adds 1 to its backend's kp_conns.flows_open (and its load). Its end adds 1 to
+ * flows_done (and takes 1 from the load), once:
  * on the CPU whose compare-and-swap of the row's life word moves it to CLOSING or CLOSED (a
  * FIN or RST), or clears the mark (the tuple re-balanced while the flow was live). Both
  * counters only grow, so no interleaving of CPUs makes them wrong; what they cannot see is a
@@ -34,8 +35,10 @@ static __always_inline void kp_flow_done(__u32 backend_id)
 	__u32 ix;
 	struct kp_conns *row = kp_conns_row(backend_id, &ix);
 
-	if (row)     /* none: the agent freed the id, there is nothing left to count in */
+	if (row) {   /* none: the agent freed the id, there is nothing left to count in */
 		__sync_fetch_and_add(&row->flows_done, 1);
+		kp_conns_add(ix, -1);
+	}
 }
 
 /* A new row's life word, written whole by the caller: a flow whose first packet already

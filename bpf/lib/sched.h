@@ -8,7 +8,7 @@
  * frontend may pair the new count with the old cursor (the agent writes the cursor right
  * after slot 0): that one connect lands out of turn, the next follow the new rotation.
  *
- * Least connection reads each slot's backend id and that backend's count (kp_conns): the
+ * Least connection reads each slot's backend's count (kp_connload less kp_flowfix): the
  * sockets connected to it from this node (counted by sock_lb.c from connect to close) and
  * the TC path's flows open to it (lib/conns.h kp_conns_load). It
  * takes the first slot with the fewest, starting from a random slot so that ties spread.
@@ -49,14 +49,12 @@ struct kp_lc_scan {
 static __always_inline void kp_lc_step(const struct kp_lc_ids *ids, __u32 idx, __u16 slot,
 				       struct kp_lc_scan *s)
 {
-	struct kp_conns *c;
 	__s64 n, diff, take;
 	__u32 ix;
 
 	ix = ids->conn[idx & (KP_LC_IDS - 1)];   /* idx < count <= ids->count <= KP_LC_IDS */
-	c = kp_conns.lookup(&ix);                /* an array: no hashing */
-	n = c ? kp_conns_load(c, ix) : 0;
-	n &= ~(n >> 63);                /* a count below zero (see kproxy.h) as zero */
+	n = kp_conns_load(ix);
+	n &= ~(n >> 63);                /* below zero (a repair racing a close) as zero */
 	diff = n - s->least;
 	asm volatile("" : "+r"(diff));  /* so that clang keeps the sign test below as arithmetic */
 	take = diff >> 63;              /* all ones when n < least */

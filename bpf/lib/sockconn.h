@@ -24,7 +24,7 @@ static __always_inline void kp_sock_recount(__u32 *own, struct kp_conns *c, __u3
 		kp_conn_untag(was);
 	*own = tag;
 	if (c)
-		__sync_fetch_and_add(&c->sock, 1);
+		kp_conns_add(tag & 0xffff, 1);
 	else if (backend_id)
 		kp_count(KP_STAT_CONN_UNCOUNTED);
 }

@@ -57,16 +57,16 @@ def _least_conn(maps, key, slots: Slots) -> tuple[str, str, str, list[str]]:
         return ("least-conn", "no row for these slots (kp_lcids)", "picks at random until the "
                 "agent writes the row, right after slot 0 (or: more than "
                 f"{L.const('KP_LC_IDS')} backends)", [b for b, _, _ in slots if b])
-    rows = {bid: (ix, row) for bid, ix, row in flow_fix.counters(maps)}
-    counts = []
-    for b, _, bid in slots:
-        ix, row = rows.get(bid, (0, None)) if b else (0, None)
-        counts.append(flow_fix.load(row, flow_fix.fix_at(maps, ix)) if row is not None else 0)
+    counts = []     # each slot's counter as the row names it, which is what the C reads
+    for i, (b, _, _) in enumerate(slots):
+        ix = ids.conn[i]
+        counts.append(flow_fix.load(flow_fix.load_at(maps, ix), flow_fix.fix_at(maps, ix))
+                      if b else 0)
     usable = [(n, b) for n, (b, _, _) in zip(counts, slots, strict=True) if b]
     least = min((n for n, _ in usable), default=0)
     found = ", ".join(f"{b} {n}" for n, b in usable)
     why = "sockets counted from connect to close and TC flows from first packet to FIN/RST " \
-        "or expiry (kp_conns, kp_flowfix); ties go to the first from a random slot"
+        "or expiry (kp_connload, kp_flowfix); ties go to the first from a random slot"
     if len(slots) > scan:
         why += f"; with more than {scan} backends only {scan} slots from a random one are read"
         return ("least-conn", found, why, [b for _, b in usable])

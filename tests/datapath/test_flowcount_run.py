@@ -40,8 +40,9 @@ class FlowRun(TcRun):
                                    np(a, LC_UDP, LBAlgorithm.LEAST_CONN, UDP)])
         self.a = a
         for _, ix, row in flow_fix.counters(self.maps):     # arrays: zeroed, not deleted
-            row.flows_open = row.flows_done = row.sock = 0
+            row.flows_open = row.flows_done = 0
             self.maps["conns"].put(L.U32(ix), row)
+            self.maps["connload"].put(L.U32(ix), L.MAPS["connload"].value(0))
             self.maps["flowfix"].put(L.U32(ix), L.MAPS["flowfix"].value(0))
 
     def send(self, sport: int, port: int = LC_TCP, flags: int = SYN, proto=TCP,
@@ -65,9 +66,16 @@ class FlowRun(TcRun):
         return (row.flows_open, row.flows_done) if row is not None else (0, 0)
 
     def active(self, ip: str, proto=TCP) -> int:
-        row = self.row(ip, proto)
-        fix = flow_fix.fix_of(self.maps).get(self.bid(ip, proto), 0)
-        return 0 if row is None else row.flows_open - row.flows_done - fix
+        """What least-conn compares for the backend: its kp_connload less its fix, which
+        with no socket counted must be what the flow counters say."""
+        bid = self.bid(ip, proto)
+        found = next(((ix, r) for b, ix, r in flow_fix.counters(self.maps) if b == bid), None)
+        if found is None:
+            return 0
+        ix, row = found
+        load = flow_fix.load_at(self.maps, ix)
+        assert load == row.flows_open - row.flows_done, (load, row)
+        return load - flow_fix.fix_at(self.maps, ix)
 
     def other(self, ip: str) -> str:
         return self.a.local_be2 if ip == self.a.local_be else self.a.local_be

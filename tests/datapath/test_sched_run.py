@@ -68,9 +68,7 @@ def _set_conns(maps, w, fam, counts: dict[str, int]) -> None:
     for ip, n in counts.items():
         bid = w.backend_ids.get((ip, 8080, TCP))
         ix = maps["connix"].get(L.U32(bid))
-        row = maps["conns"].get(ix)
-        row.sock = n
-        maps["conns"].put(ix, row)
+        maps["connload"].put(ix, L.MAPS["connload"].value(n))
 
 
 def test_least_conn_takes_the_backend_with_the_fewest_connections(program, fam):

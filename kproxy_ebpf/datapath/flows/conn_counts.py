@@ -1,8 +1,8 @@
 """Connections per backend on this node, as ipvsadm -Ln showed them per real server: active
 and inactive, for `services -o wide`, its JSON and the metrics.
 
-Active: the sockets connected to the backend through least-conn frontends (kp_conns, counted
-by the socket hooks from connect to close), plus the TC path's flows to it that are new or
+Active: the sockets connected to the backend through least-conn frontends (kp_connload less
+its flows, counted by the socket hooks from connect to close), plus the TC path's flows to it that are new or
 established, read from the conntrack table itself (of every frontend: what least-conn compares
 for its own frontends' flows, counters repaired from that table, flow_fix.py). Inactive: TC
 flows past their FIN or RST and not yet expired (IPVS counts its FIN_WAIT and TIME_WAIT
@@ -35,9 +35,10 @@ class Conns:
 def per_backend(maps: Mapping[str, PinnedMap]) -> dict[int, Conns]:
     """Backend id -> its connections now (ids without any are left out)."""
     out: dict[int, Conns] = {}
-    for bid, _, row in flow_fix.counters(maps):
-        if row.sock > 0:
-            out.setdefault(bid, Conns()).active += row.sock
+    for bid, ix, row in flow_fix.counters(maps):
+        n = flow_fix.sockets(flow_fix.load_at(maps, ix), row)
+        if n > 0:
+            out.setdefault(bid, Conns()).active += n
     if "ct" in maps:
         now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         for _, val in maps["ct"].items():
@@ -54,11 +55,11 @@ def per_backend(maps: Mapping[str, PinnedMap]) -> dict[int, Conns]:
 def counts_by_backend(maps: Mapping[str, PinnedMap]) -> list[tuple[str, str, int]]:
     """(backend address:port, protocol, its least-conn count) for every backend with any,
     busiest first: the metrics' view of what least-conn compares (sockets plus TC flows open,
-    lib/flowcount.h kp_conns_load), which reads kp_conns, kp_flowfix and the backend rows of
-    its ids only (never the conntrack table: a scrape stays cheap at any flow count)."""
+    lib/conns.h kp_conns_load), which reads kp_conns, kp_connload, kp_flowfix and the backend
+    rows of its ids only (never the conntrack table: a scrape stays cheap at any flow count)."""
     out = []
-    for bid, ix, row in flow_fix.counters(maps):
-        n = flow_fix.load(row, flow_fix.fix_at(maps, ix))
+    for bid, ix, _ in flow_fix.counters(maps):
+        n = flow_fix.load(flow_fix.load_at(maps, ix), flow_fix.fix_at(maps, ix))
         be = maps["backend"].get(L.U32(bid)) if n > 0 else None
         if be is not None:
             proto = L.PROTO_BY_NUM.get(be.proto)

@@ -11,11 +11,11 @@ open - done alone would only grow. The agent therefore keeps, per backend,
 
 in kp_flowfix at the backend's counter index (the programs only read it), live(b) being the
 marked rows of kp_ct that are new or established and not expired: the truth the counters
-stand for. The programs compare
-active(b) = open - done - fix, which is live(b) as of the repair plus what the counters
-moved since. The fix is recomputed from the table each period, never added to: a close
-missed in one period is wrong until the next repair and then gone, whatever happened before
-(a flow that opens or ends during the walk is the one race, and it too lasts one period).
+stand for. The programs keep sockets + open - done in kp_connload and compare
+load(b) - fix, whose flows are live(b) as of the repair plus what the counters moved since.
+The fix is recomputed from the table each period, never added to: a close missed in one
+period is wrong until the next repair and then gone, whatever happened before (a flow that
+opens or ends during the walk is the one race, and it too lasts one period).
 """
 from __future__ import annotations
 
@@ -65,14 +65,14 @@ def live_udp_by_backend(flow: PinnedMap, now: int) -> tuple[Counter[int], int]:
     return out, len(rows)
 
 
-def open_flows(row, fix: int) -> int:
-    """A kp_conns row's flows as the programs count them (never below zero for a reader)."""
-    return max(0, row.flows_open - row.flows_done - fix)
+def load(load_val: int, fix: int) -> int:
+    """What least-conn compares (lib/conns.h kp_conns_load): sockets plus open flows."""
+    return max(0, load_val - fix)
 
 
-def load(row, fix: int) -> int:
-    """What least-conn compares (lib/flowcount.h kp_conns_load): sockets plus open flows."""
-    return max(0, row.sock + row.flows_open - row.flows_done - fix)
+def sockets(load_val: int, row) -> int:
+    """The sockets in a counter's load: what its flows (open - done) leave of it."""
+    return max(0, load_val - (row.flows_open - row.flows_done))
 
 
 def fixes(counters: Mapping[int, tuple[int, int]], live: Mapping[int, int]) -> dict[int, int]:
@@ -92,10 +92,19 @@ def counters(maps: Mapping[str, PinnedMap]) -> Iterator[tuple[int, int, Any]]:
             yield bid.value, ix.value, row
 
 
+def _at(maps: Mapping[str, PinnedMap], name: str, ix: int) -> int:
+    row = maps[name].get(L.U32(ix)) if name in maps else None
+    return row.value if row is not None else 0
+
+
 def fix_at(maps: Mapping[str, PinnedMap], ix: int) -> int:
     """kp_flowfix at a counter index (0 without the map: an older layout)."""
-    row = maps["flowfix"].get(L.U32(ix)) if "flowfix" in maps else None
-    return row.value if row is not None else 0
+    return _at(maps, "flowfix", ix)
+
+
+def load_at(maps: Mapping[str, PinnedMap], ix: int) -> int:
+    """kp_connload at a counter index: sockets + flows open - flows done, before the fix."""
+    return _at(maps, "connload", ix)
 
 
 def fix_of(maps: Mapping[str, PinnedMap]) -> dict[int, int]:

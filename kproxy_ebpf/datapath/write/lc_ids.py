@@ -4,7 +4,8 @@ slot order, so that a connect's scan reads one row and then arrays, not a kp_svc
 hashed counter per slot (measured in docs/design/schedulers.md).
 
 A backend gets a counter index the first time a least-conn frontend names it: its kp_conns
-row is written then with a new random gen and its backend id (its kp_flowfix row with 0),
+row is written then with a new random gen and its backend id (its kp_connload and
+kp_flowfix rows with 0),
 and kp_connix (backend id -> index) beside it, all before the kp_lcids row naming the index.
 The index is freed with the backend id (garbage.py); its next holder's row gets another gen,
 so a socket still counted on the old one takes back nothing from the new (sock_lb.c,
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 LcIdsVal = L.STRUCTS["kp_lc_ids"]
 ConnsVal = L.STRUCTS["kp_conns"]
 FixVal = L.MAPS["flowfix"].value
+LoadVal = L.MAPS["connload"].value
 MAX_IDS = L.const("KP_LC_IDS")
 LC = LBAlgorithm.LEAST_CONN
 
@@ -63,8 +65,9 @@ class LcIds:
     """The writer's least-conn rows (kp_lcids) and counter indexes (kp_conns, kp_connix)."""
 
     def __init__(self, m: PinnedMap, conns: PinnedMap, connix: PinnedMap,
-                 flowfix: PinnedMap | None = None) -> None:
-        self.map, self.conns, self.connix, self.flowfix = m, conns, connix, flowfix
+                 connload: PinnedMap, flowfix: PinnedMap | None = None) -> None:
+        self.map, self.conns, self.connix = m, conns, connix
+        self.connload, self.flowfix = connload, flowfix
         self.ix: IdAllocator[int] = _indexes(conns)
 
     def update(self, fe: Frontend, was: LBAlgorithm, before: Sequence[BackendKey],
@@ -90,10 +93,11 @@ class LcIds:
                 if ix is None:
                     ix = self.ix.acquire(bid)
                     writes.row(self.conns, L.U32(ix), ConnsVal(gen=new_gen(), backend_id=bid))
-                    if self.flowfix is not None:     # a previous holder's repair
+                    writes.row(self.connload, L.U32(ix), LoadVal(0))   # a previous holder's
+                    if self.flowfix is not None:     # ... and its repair
                         writes.row(self.flowfix, L.U32(ix), FixVal(0))
                     writes.row(self.connix, L.U32(bid), L.U32(ix))
-                    n += 3
+                    n += 4
                 ixs.append(ix)
         except IdsExhausted as exc:
             log.warning("least-conn picks at random for %s: %s", key, exc)

@@ -72,8 +72,9 @@ class MapWriter:
         self.tables = MaglevTables(maps["maglev"]) if "maglev" in maps else None
         # Round-robin cursors and least-conn counters (None where missing: tests' fakes).
         self.cursors = Cursors(maps["rr"]) if "rr" in maps else None
-        self.lc_ids = (LcIds(maps["lcids"], maps["conns"], maps["connix"], maps.get("flowfix"))
-                       if {"lcids", "conns", "connix"} <= maps.keys() else None)
+        self.lc_ids = (LcIds(maps["lcids"], maps["conns"], maps["connix"], maps["connload"],
+                             maps.get("flowfix"))
+                       if {"lcids", "conns", "connix", "connload"} <= maps.keys() else None)
         self.plan = Planner(self.src is not None, self.ext_addrs is not None,
                             self.ext_locals is not None, self.tables is not None)
         self.capacity = Capacity(self.svc, self.be, self.meta, self.src, self.ext_addrs,
@@ -134,7 +135,9 @@ class MapWriter:
         lc = self.lc_ids
         few = (self.src, *(o.map for o in (self.ext_addrs, self.ext_locals, self.cursors)
                            if o is not None),
-               *((lc.map, lc.conns, lc.connix, lc.flowfix) if lc is not None else ()))
+               # a counter zeroed before kp_connix leads a flow to it (lc_ids.py)
+               *((lc.map, lc.conns, lc.connload, lc.flowfix, lc.connix) if lc is not None
+                 else ()))
         tables = [self.tables.map] if self.tables is not None else []
         writes = BatchedWrites(self.svc, [self.be, self.meta, *tables],
                                [m for m in few if m is not None])

@@ -13,6 +13,7 @@ from kproxy_ebpf.serve.metrics import Metrics
 from ...fakemaps import fake_maps
 
 Conns = L.STRUCTS["kp_conns"]
+Load = L.MAPS["connload"].value
 COUNTED = flow_fix.COUNTED
 AFF = flow_fix.AFF_COUNTED
 NEW, EST, CLOSING, CLOSED = (L.const(f"KP_CT_{s}") for s in ("NEW", "ESTABLISHED", "CLOSING",
@@ -31,8 +32,8 @@ def counters(maps, bid: int, opened: int, done: int, sock: int = 0) -> None:
     """Backend id bid's counter, at index 10 * bid (the writer's lc_ids.py gives them)."""
     ix = L.U32(10 * bid)
     maps["connix"].put(L.U32(bid), ix)
-    maps["conns"].put(ix, Conns(sock=sock, gen=7, backend_id=bid, flows_open=opened,
-                                flows_done=done))
+    maps["conns"].put(ix, Conns(gen=7, backend_id=bid, flows_open=opened, flows_done=done))
+    maps["connload"].put(ix, Load(sock + opened - done))
 
 
 def active(maps, bid: int) -> int:
@@ -57,13 +58,14 @@ def test_a_live_flow_is_counted_not_ended_and_not_expired():
 
 
 def test_load_is_sockets_plus_open_flows_never_below_zero():
-    assert flow_fix.load(Conns(sock=2, flows_open=7, flows_done=3), 1) == 5
-    assert flow_fix.load(Conns(sock=0, flows_open=1, flows_done=3), 0) == 0
-    assert flow_fix.open_flows(Conns(flows_open=9, flows_done=2), 4) == 3
+    assert flow_fix.load(2 + 7 - 3, 1) == 5
+    assert flow_fix.load(0 + 1 - 3, 0) == 0
+    assert flow_fix.sockets(2 + 7 - 3, Conns(flows_open=7, flows_done=3)) == 2
+    assert flow_fix.sockets(1 - 3, Conns(flows_open=1, flows_done=3)) == 0
 
 
 def test_a_repair_writes_nonzero_fixes_only_and_drops_the_rest():
-    maps = fake_maps(("conns", "connix", "ct", "flowfix"))
+    maps = fake_maps(("conns", "connix", "connload", "ct", "flowfix"))
     counters(maps, 1, 5, 1)          # 4 open by the counters, 2 live in the table
     counters(maps, 2, 3, 1)          # 2 open, 2 live
     for n, bid in enumerate((1, 1, 2, 2)):
@@ -80,7 +82,7 @@ def test_a_repair_writes_nonzero_fixes_only_and_drops_the_rest():
 
 
 def test_needed_only_while_some_backend_reads_open_flows():
-    maps = fake_maps(("conns", "connix", "ct", "flowfix"))
+    maps = fake_maps(("conns", "connix", "connload", "ct", "flowfix"))
     assert not flow_fix.needed(maps)
     counters(maps, 1, 4, 4, sock=3)
     assert not flow_fix.needed(maps), "sockets are no flows"
@@ -95,7 +97,7 @@ def test_missed_closes_never_accumulate():
     eviction, expiry: not counted); after every repair each backend's active count is the
     table's truth, however many closes were missed in all the periods before."""
     rnd = random.Random(46)
-    maps = fake_maps(("conns", "connix", "ct", "flowfix"))
+    maps = fake_maps(("conns", "connix", "connload", "ct", "flowfix"))
     opened, done = {1: 0, 2: 0}, {1: 0, 2: 0}
     live: dict[int, int] = {}        # flow n -> backend
     n = 0
@@ -123,7 +125,7 @@ def test_missed_closes_never_accumulate():
 
 
 def test_the_metric_counts_open_flows_beside_sockets():
-    maps = fake_maps(("conns", "connix", "ct", "flowfix", "backend"))
+    maps = fake_maps(("conns", "connix", "connload", "ct", "flowfix", "backend"))
     maps["backend"].put(L.U32(1), L.STRUCTS["kp_backend"](addr=L.ip16("10.0.0.1"),
                                                           port=L.port_be(8080), proto=6))
     counters(maps, 1, 5, 1, sock=2)
@@ -133,7 +135,7 @@ def test_the_metric_counts_open_flows_beside_sockets():
 
 
 def test_the_agent_walks_only_with_a_least_conn_frontend_or_open_counts():
-    maps = fake_maps(("conns", "connix", "ct", "flowfix"))
+    maps = fake_maps(("conns", "connix", "connload", "ct", "flowfix"))
     lc = threading.Event()
     repair = FlowRepair(lambda: maps, Metrics(), lc.is_set)
     assert repair.run_once() is None
@@ -148,7 +150,7 @@ def test_the_agent_walks_only_with_a_least_conn_frontend_or_open_counts():
 
 
 def test_unconnected_udp_flows_of_the_socket_path_are_live_until_their_timeout():
-    maps = fake_maps(("conns", "connix", "ct", "flowfix", "flow"))
+    maps = fake_maps(("conns", "connix", "connload", "ct", "flowfix", "flow"))
     counters(maps, 1, 3, 0)                        # three kp_flow rows made, none ended
     aff = L.STRUCTS["kp_aff_val"]
     for n, (age, flags) in enumerate(((0, AFF), (flow_fix.UDP_FLOW_NS, AFF),

@@ -16,7 +16,7 @@ from ...fakemaps import fake_maps
 
 RR, LC = LBAlgorithm.ROUND_ROBIN, LBAlgorithm.LEAST_CONN
 A, B, C, D, E = "a", "b", "c", "d", "e"
-MAPS = ("svc", "backend", "meta", "rr", "conns", "connix", "lcids", "ct")
+MAPS = ("svc", "backend", "meta", "rr", "conns", "connix", "connload", "lcids", "ct")
 
 
 def test_resume_at_goes_on_after_the_last_pick_still_there():
@@ -131,8 +131,7 @@ def test_a_freed_backend_frees_its_counter_and_the_next_holder_gets_another_gen(
     gone = w.backend_ids.get(("10.0.0.2", 8080, TCP))
     for bid in bids(w, "10.0.0.1", "10.0.0.2"):
         ix, row = counter(maps, bid)
-        row.sock = 2
-        maps["conns"].put(L.U32(ix), row)
+        maps["connload"].put(L.U32(ix), L.MAPS["connload"].value(2))
     ix_gone, row_gone = counter(maps, gone)
     assert w.apply(table(replace(f, backends=fe(backends=["10.0.0.1"]).backends))).ok
     assert counter(maps, gone) is None
@@ -141,4 +140,5 @@ def test_a_freed_backend_frees_its_counter_and_the_next_holder_gets_another_gen(
     w.lc_ids.ix.max_id = 2      # no fresh index left: the freed one comes back
     assert w.apply(table(replace(f, backends=fe(backends=["10.0.0.1", "10.0.0.9"]).backends))).ok
     ix, row = counter(maps, w.backend_ids.get(("10.0.0.9", 8080, TCP)))
-    assert ix == ix_gone and row.sock == 0 and row.gen != row_gone.gen
+    assert ix == ix_gone and row.gen != row_gone.gen
+    assert maps["connload"].get(L.U32(ix)).value == 0, "the previous holder's load zeroed"
