@@ -2,12 +2,14 @@
 and inactive, for `services -o wide`, its JSON and the metrics.
 
 Active: the sockets connected to the backend through least-conn frontends (kp_connload less
-its flows, counted by the socket hooks from connect to close), plus the TC path's flows to it that are new or
-established, read from the conntrack table itself (of every frontend: what least-conn compares
-for its own frontends' flows, counters repaired from that table, flow_fix.py). Inactive: TC
-flows past their FIN or RST and not yet expired (IPVS counts its FIN_WAIT and TIME_WAIT
-connections there). The socket path has no inactive state: a socket the application closed is
-gone from it (its TIME_WAIT is the kernel's, not a connection).
+its flows, counted by the socket hooks from connect to close), plus the TC path's flows to it
+that are new or established, read from the conntrack table itself (of every frontend: what
+least-conn compares for its own frontends' flows, counters repaired from that table,
+flow_fix.py), plus the flows of unconnected UDP sockets to least-conn frontends used within
+their timeout (kp_flow). Inactive: TC flows past their FIN or RST and not yet expired (IPVS
+counts its FIN_WAIT and TIME_WAIT connections there). The socket path has no inactive state:
+a socket the application closed is gone from it (its TIME_WAIT is the kernel's, not a
+connection).
 """
 from __future__ import annotations
 
@@ -39,8 +41,11 @@ def per_backend(maps: Mapping[str, PinnedMap]) -> dict[int, Conns]:
         n = flow_fix.sockets(flow_fix.load_at(maps, ix), row)
         if n > 0:
             out.setdefault(bid, Conns()).active += n
+    now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    if "flow" in maps:      # unconnected UDP sockets' flows of least-conn frontends
+        for bid, n in flow_fix.live_udp_by_backend(maps["flow"], now)[0].items():
+            out.setdefault(bid, Conns()).active += n
     if "ct" in maps:
-        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         for _, val in maps["ct"].items():
             if val.expires <= now:
                 continue

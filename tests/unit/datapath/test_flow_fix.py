@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 from kproxy_ebpf.agent.flow_repair import FlowRepair
 from kproxy_ebpf.datapath.flows import conn_counts, flow_fix
@@ -160,3 +161,15 @@ def test_unconnected_udp_flows_of_the_socket_path_are_live_until_their_timeout()
     res = flow_fix.repair(maps, NOW)
     assert res.walked == 4
     assert active(maps, 1) == 2, "the fresh and the one at its timeout; not the expired"
+
+
+def test_services_wide_counts_unconnected_udp_flows_as_active():
+    maps = fake_maps(("conns", "connix", "connload", "flowfix", "flow"))
+    counters(maps, 1, 2, 0, sock=1)                # one socket, two kp_flow rows
+    aff = L.STRUCTS["kp_aff_val"]
+    now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    for n, age in enumerate((0, flow_fix.UDP_FLOW_NS + 10**9)):
+        key = L.STRUCTS["kp_aff_key"](client=n + 1, svc_id=5, type=1, family=4)
+        maps["flow"].put(key, aff(last_used=now - age, backend_id=1, slot=1, flags=AFF))
+    assert conn_counts.per_backend(maps) == {1: conn_counts.Conns(active=2)}, \
+        "the socket and the fresh flow; not the flow past its timeout"
