@@ -150,6 +150,10 @@ enum kp_tunables {
 	/* Backends a least-conn frontend's kp_lcids row names: one with more is picked at random
 	 * (the agent writes no row; kp_stat lc_no_ids counts the picks). */
 	KP_LC_IDS = 1024,
+	/* A kp_connload word: the gen (the agent's random tag for this holding of the index,
+	 * 1..0xffff) in its top 16 bits, and the count plus a bias of half the rest below
+	 * (KP_LOAD_BIAS), so that an add of -1 to a count of 0 never borrows from the gen. */
+	KP_LOAD_GEN_SHIFT = 48,
 };
 
 enum kp_maglev {                /* Maglev tables (lib/maglev.h, kproxy_ebpf/model/maglev.py) */
@@ -314,11 +318,12 @@ struct kp_rr_val {
 /* Least connection (lib/sched.h): a backend's connections on this node, at the index the
  * agent gave the backend when a least-conn frontend first named it (kp_connix: backend id ->
  * index) in three arrays (read without hashing, once per slot a pick compares):
- * kp_connload, what the scan compares, alone in its row so that ten backends' counts are two
- * cache lines (as one 32-byte row each they were five or six, every one of them written by
- * the other CPUs' connects: the cost the bench measured per backend compared); kp_conns, who
- * holds the index and its flows; kp_flowfix, the agent's repair.
- * The agent writes gen and backend_id when it hands the index out (and the load and fix as 0),
+ * kp_connload, what the scan compares and the holder's gen in one word (KP_LOAD_*), alone in
+ * its row so that ten backends' counts are two cache lines (as one 32-byte row each they were
+ * five or six, every one of them written by the other CPUs' connects: the cost the bench
+ * measured per backend compared) and a connect reads nothing else of the counter; kp_conns,
+ * who holds the index and its flows; kp_flowfix, the agent's repair.
+ * The agent writes the gen (with a count of 0) and backend_id when it hands the index out,
  * before any row names it; the programs only add. A socket remembers the index and gen it
  * counted on (kp_conn_tag: in the storage a TCP connect makes anyway, kp_sksvc, so counting
  * allocates nothing more; a UDP socket's in kp_skconn), so its release takes back only from
@@ -326,9 +331,12 @@ struct kp_rr_val {
  * count in two counters that only grow, so that a close missed (expiry, LRU eviction, a row
  * overwritten) is repaired by the agent from the conntrack table (kp_flowfix,
  * lib/flowcount.h) instead of accumulating. */
+#define KP_LOAD_BIAS  (1ULL << (KP_LOAD_GEN_SHIFT - 1))
+#define KP_LOAD_COUNT ((1ULL << KP_LOAD_GEN_SHIFT) - 1)
+
 struct kp_conns {
-	__u32 gen;        /* the agent's random tag for this holding of the index: 1..0xffff */
 	__u32 backend_id; /* the holder: checked by kp_conns_row, so a stale index counts nowhere */
+	__u32 pad;
 	__u64 flows_open; /* TC flows of least-conn frontends opened to it (KP_CT_F_COUNTED) */
 	__u64 flows_done; /* ... of those, ended: FIN/RST, or re-balanced before they expired */
 };
@@ -667,7 +675,7 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 40, "kp_tc_cfg");
 	X(maglev,      kp_maglev,   1, hash,         struct kp_maglev_key, struct kp_maglev_row, KP_MAGLEV_SIZE,   KP_NO_PREALLOC) \
 	X(rr,          kp_rr,       1, hash,         struct kp_svc_key,    struct kp_rr_val,     KP_RR_SIZE,       0) \
 	X(conns,       kp_conns,    3, array,        __u32,                struct kp_conns,      KP_CONNS_SIZE,    0) \
-	X(connload,    kp_connload, 1, array,        __u32,                __s64,                KP_CONNS_SIZE,    0) \
+	X(connload,    kp_connload, 1, array,        __u32,                __u64,                KP_CONNS_SIZE,    0) \
 	X(connix,      kp_connix,   1, hash,         __u32,                __u32,                KP_CONNS_SIZE,    0) \
 	X(flowfix,     kp_flowfix,  1, array,        __u32,                __s64,                KP_CONNS_SIZE,    0) \
 	X(skconn,      kp_skconn,   1, sk_storage,   int,                  struct kp_skconn_val, KP_SKCONN_SIZE,   KP_NO_PREALLOC) \

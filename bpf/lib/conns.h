@@ -1,26 +1,33 @@
-/* lib/conns.h: least connection's counters (kproxy.h struct kp_conns, kp_connload): where a
- * backend's is, what it holds, and the tag a socket counted on one keeps. The socket hooks count sockets
- * (sock_lb.c), the TC path flows (lib/flowcount.h), the scan reads them (lib/sched.h).
+/* lib/conns.h: least connection's counters (kproxy.h kp_connload, struct kp_conns): where a
+ * backend's is, what it holds, and the tag a socket counted on one keeps. The socket hooks
+ * count sockets (lib/sockconn.h), the TC path flows (lib/flowcount.h), the scan reads them
+ * (lib/sched.h).
  */
 #ifndef KPROXY_LIB_CONNS_H
 #define KPROXY_LIB_CONNS_H
 
 #include "maps.h"
 
-/* What a socket remembers of the counter it is counted on: the kp_conns index in the low 16
- * bits, the gen it had then in the high 16 (a gen is never 0, so neither is a tag). */
-static __always_inline __u32 kp_conn_tag(__u32 ix, __u32 gen)
+/* What a socket remembers of the counter it is counted on: the index in the low 16 bits, the
+ * gen it had then in the high 16 (a gen is never 0, so neither is a tag). */
+static __always_inline __u32 kp_conn_tag(__u32 ix, __u64 word)
 {
-	return (gen << 16) | (ix & 0xffff);
+	return ((__u32)(word >> KP_LOAD_GEN_SHIFT) << 16) | (ix & 0xffff);
 }
 
-/* Adds d to the load of the counter at ix (sockets plus open flows: what the scan reads). */
+/* A kp_connload word's count (sockets plus flows open and not ended). */
+static __always_inline __s64 kp_load_count(__u64 word)
+{
+	return (__s64)(word & KP_LOAD_COUNT) - (__s64)KP_LOAD_BIAS;
+}
+
+/* Adds d to the count of the counter at ix. */
 static __always_inline void kp_conns_add(__u32 ix, __s64 d)
 {
-	__s64 *load = kp_connload.lookup(&ix);
+	__u64 *word = kp_connload.lookup(&ix);
 
-	if (load)
-		__sync_fetch_and_add(load, d);
+	if (word)
+		__sync_fetch_and_add(word, d);
 }
 
 /* Takes back one socket from the counter `tag` names, if the index still has that gen (else
@@ -28,14 +35,14 @@ static __always_inline void kp_conns_add(__u32 ix, __s64 d)
 static __always_inline void kp_conn_untag(__u32 tag)
 {
 	__u32 ix = tag & 0xffff;
-	struct kp_conns *c = kp_conns.lookup(&ix);
+	__u64 *word = kp_connload.lookup(&ix);
 
-	if (c && c->gen == tag >> 16)
-		kp_conns_add(ix, -1);
+	if (word && *word >> KP_LOAD_GEN_SHIFT == tag >> 16)
+		__sync_fetch_and_add(word, -1);
 }
 
-/* A backend's least-conn counter and its index in kp_conns (*ix), or NULL when the agent
- * gave it none (no least-conn frontend names it) or is handing its index to another. */
+/* A backend's least-conn counter and its index (*ix), or NULL when the agent gave it none (no
+ * least-conn frontend names it) or is handing its index to another. */
 static __always_inline struct kp_conns *kp_conns_row(__u32 backend_id, __u32 *ix)
 {
 	__u32 *at = kp_connix.lookup(&backend_id);
@@ -52,21 +59,28 @@ static __always_inline struct kp_conns *kp_conns_row(__u32 backend_id, __u32 *ix
 	return c;
 }
 
-/* kp_conns_row, trying first the index a least-conn pick read (kp_lb_res.conn_ix): the row
- * is in cache from the scan, and no hashed lookup is needed when it is the backend's. */
-static __always_inline struct kp_conns *kp_conns_at(__u32 backend_id, __u32 hint, __u32 *ix)
+/* The tag to count a socket connected to backend_id on (0: none). `hint` is the index a
+ * least-conn pick chose (kp_lb_res.conn_ix): its word is in cache from the scan, and taking
+ * it reads nothing else. That index is the one the frontend's kp_lcids row names for the
+ * chosen slot; should the slot rows be of a newer version than that row, the socket is counted
+ * on the backend the row named, and its release takes back from that same counter, so
+ * nothing drifts. Without a hint (an affinity hit): the backend's own counter, through
+ * kp_connix. */
+static __always_inline __u32 kp_conns_tag(__u32 backend_id, __u32 hint)
 {
-	struct kp_conns *c = hint ? kp_conns.lookup(&hint) : NULL;
+	__u64 *word;
+	__u32 ix = hint;
 
-	if (c && c->backend_id == backend_id) {
-		*ix = hint;
-		return c;
-	}
-	return kp_conns_row(backend_id, ix);
+	if (!hint && !kp_conns_row(backend_id, &ix))
+		return 0;
+	word = kp_connload.lookup(&ix);
+	if (!word || !(*word >> KP_LOAD_GEN_SHIFT))
+		return 0;       /* an index the agent has not handed out */
+	return kp_conn_tag(ix, *word);
 }
 
 /* A new flow of a least-conn frontend to backend_id (the TC path's, an unconnected UDP
- * socket's): flows_open + 1 and its load + 1, if the agent gave the backend a counter. */
+ * socket's): flows_open + 1 and its count + 1, if the agent gave the backend a counter. */
 static __always_inline void kp_conns_flow_open(__u32 backend_id)
 {
 	struct kp_conns *row;
@@ -79,16 +93,22 @@ static __always_inline void kp_conns_flow_open(__u32 backend_id)
 	}
 }
 
-/* A backend's connections as least-conn compares them: its load (sockets plus flows open and
- * not ended), less the agent's repair of ends no packet showed (kp_flowfix, lib/flowcount.h).
- * Two arrays of 8-byte rows: the counters of a frontend's backends, given indexes together,
- * share cache lines. */
+/* A backend's connections as least-conn compares them: its count (sockets plus flows open
+ * and not ended), less the agent's repair of ends no packet showed (kp_flowfix,
+ * lib/flowcount.h), read only for a count above zero: a repair takes out flows that ended
+ * unseen (its rare fix below zero, a done counted on a flow never opened, is one connection
+ * fewer on a backend with none). Each array has 8-byte rows: the counters of a frontend's
+ * backends, given indexes together, share cache lines. */
 static __always_inline __s64 kp_conns_load(__u32 ix)
 {
-	__s64 *load = kp_connload.lookup(&ix);
-	__s64 *fix = kp_flowfix.lookup(&ix);
+	__u64 *word = kp_connload.lookup(&ix);
+	__s64 n = word ? kp_load_count(*word) : 0;
+	__s64 *fix;
 
-	return (load ? *load : 0) - (fix ? *fix : 0);
+	if (n <= 0)
+		return 0;
+	fix = kp_flowfix.lookup(&ix);
+	return n - (fix ? *fix : 0);
 }
 
 #endif

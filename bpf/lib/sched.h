@@ -95,8 +95,8 @@ static __always_inline __u16 kp_lc_pick(const struct kp_svc_key *fe, __u16 count
 #undef KP_LC_STEP
 	_Static_assert(KP_LC_SCAN == 32, "KP_LC_SCAN: the steps above");
 out:
-	/* The chosen slot's counter, as this row names it (the caller checks it is the counter
-	 * of the backend the slot row names: the two may be of different versions). */
+	/* The chosen slot's counter, as this row names it: the one the socket is counted on
+	 * (lib/conns.h kp_conns_tag). */
 	*conn_ix = s.best ? ids->conn[(s.best - 1) & (KP_LC_IDS - 1)] : 0;
 	return s.best;
 }

@@ -11,10 +11,9 @@
 #include "maps.h"
 #include "stats.h"
 
-/* Moves the count of a socket whose storage holds *own to the counter c (tag: its
- * kp_conn_tag; NULL and 0 when the socket is to be counted nowhere). */
-static __always_inline void kp_sock_recount(__u32 *own, struct kp_conns *c, __u32 tag,
-					 __u32 backend_id)
+/* Moves the count of a socket whose storage holds *own to the counter `tag` names (its
+ * kp_conn_tag; 0 when the socket is to be counted nowhere). */
+static __always_inline void kp_sock_recount(__u32 *own, __u32 tag, __u32 backend_id)
 {
 	__u32 was = *own;
 
@@ -23,7 +22,7 @@ static __always_inline void kp_sock_recount(__u32 *own, struct kp_conns *c, __u3
 	if (was)
 		kp_conn_untag(was);
 	*own = tag;
-	if (c)
+	if (tag)
 		kp_conns_add(tag & 0xffff, 1);
 	else if (backend_id)
 		kp_count(KP_STAT_CONN_UNCOUNTED);
@@ -43,26 +42,21 @@ static __always_inline void kp_sock_count(struct bpf_sock_addr *ctx, __u32 backe
 	struct bpf_sock *sk = ctx->sk;
 	struct kp_sksvc_val *tcp;
 	struct kp_skconn_val *udp;
-	struct kp_conns *c = NULL;
-	__u32 ix = 0, tag = 0;
+	__u32 tag;
 
 	if (!sk)
 		return;
-	if (backend_id) {
-		c = kp_conns_at(backend_id, conn_ix, &ix);
-		if (c)
-			tag = kp_conn_tag(ix, c->gen);
-	}
+	tag = backend_id ? kp_conns_tag(backend_id, conn_ix) : 0;
 	if (sk->protocol == IPPROTO_TCP) {
 		tcp = kp_sksvc.sk_storage_get(sk, 0, 0);
 		if (tcp) {
-			kp_sock_recount(&tcp->conn, c, tag, backend_id);
+			kp_sock_recount(&tcp->conn, tag, backend_id);
 			return;
 		}
 	} else {
 		udp = kp_skconn.sk_storage_get(sk, 0, backend_id ? BPF_SK_STORAGE_GET_F_CREATE : 0);
 		if (udp) {
-			kp_sock_recount(&udp->conn, c, tag, backend_id);
+			kp_sock_recount(&udp->conn, tag, backend_id);
 			return;
 		}
 	}

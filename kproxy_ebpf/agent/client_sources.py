@@ -17,6 +17,8 @@ from kproxy_ebpf.model.desired import Frontend, FrontendKey
 from kproxy_ebpf.model.objects import IPFamily
 from kproxy_ebpf.serve.metrics import Metrics
 
+from .periodic import every
+
 log = logging.getLogger(__name__)
 
 
@@ -44,17 +46,15 @@ class ClientSources:
             targets.setdefault(k.family, k.ip)
         self._run(lambda: self.sources.want(targets))
 
-    def run(self, stop: threading.Event) -> None:
-        """The poll loop (a daemon thread) until `stop` is set."""
-        while not stop.wait(POLL_S):
-            try:
-                self._run(self.sources.poll)
-            except Exception:
-                log.exception("looking for network namespaces' source addresses failed")
+    def poll(self) -> None:
+        try:
+            self._run(self.sources.poll)
+        except Exception:
+            log.exception("looking for network namespaces' source addresses failed")
 
     def start(self, stop: threading.Event) -> None:
-        threading.Thread(target=self.run, args=(stop,), name="netns-sources",
-                         daemon=True).start()
+        """The poll (a daemon thread) every POLL_S until `stop` is set."""
+        every(POLL_S, stop, self.poll, "netns-sources")
 
     def _run(self, step) -> None:
         with self._lock:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from kproxy_ebpf.datapath.write.drift import DriftCheck
 from kproxy_ebpf.serve.metrics import Metrics
 
+from .periodic import every
 from .process_tuning import collector_paused, release_heap, sharing_the_gil
 
 log = logging.getLogger("kproxy_ebpf.agent")
@@ -29,13 +30,7 @@ class DriftWatch:
         self.on_drift, self.under_lock = on_drift, under_lock
 
     def start(self, period: float, stop: threading.Event) -> threading.Thread:
-        def loop() -> None:
-            while not stop.wait(period):
-                self.run_once()
-
-        t = threading.Thread(target=loop, name="drift-check", daemon=True)
-        t.start()
-        return t
+        return every(period, stop, self.run_once, "drift-check")
 
     def run_once(self) -> list[str]:
         """One check; returns the drift found (one line each)."""

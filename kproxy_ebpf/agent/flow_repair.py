@@ -15,6 +15,8 @@ from kproxy_ebpf.datapath.flows import flow_fix
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap
 from kproxy_ebpf.serve.metrics import Metrics
 
+from .periodic import every
+
 log = logging.getLogger("kproxy_ebpf.agent")
 
 REPAIR_PERIOD = 5.0
@@ -27,13 +29,7 @@ class FlowRepair:
         self.maps, self.metrics, self.least_conn = maps, metrics, least_conn
 
     def start(self, stop: threading.Event, period: float = REPAIR_PERIOD) -> threading.Thread:
-        def loop() -> None:
-            while not stop.wait(period):
-                self.run_once()
-
-        t = threading.Thread(target=loop, name="flow-repair", daemon=True)
-        t.start()
-        return t
+        return every(period, stop, self.run_once, "flow-repair")
 
     def run_once(self) -> flow_fix.Repair | None:
         """One repair, or None when none was needed (or the maps have no flow counts)."""

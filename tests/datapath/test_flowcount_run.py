@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from kproxy_ebpf.datapath.flows import flow_fix
+from kproxy_ebpf.datapath.maps import conn_load
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.model.desired import FrontendKind
 from kproxy_ebpf.model.objects import LBAlgorithm
@@ -42,7 +43,8 @@ class FlowRun(TcRun):
         for _, ix, row in flow_fix.counters(self.maps):     # arrays: zeroed, not deleted
             row.flows_open = row.flows_done = 0
             self.maps["conns"].put(L.U32(ix), row)
-            self.maps["connload"].put(L.U32(ix), L.MAPS["connload"].value(0))
+            word = conn_load.word(conn_load.gen(self.maps["connload"].get(L.U32(ix)).value))
+            self.maps["connload"].put(L.U32(ix), L.MAPS["connload"].value(word))
             self.maps["flowfix"].put(L.U32(ix), L.MAPS["flowfix"].value(0))
 
     def send(self, sport: int, port: int = LC_TCP, flags: int = SYN, proto=TCP,

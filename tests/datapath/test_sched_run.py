@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from kproxy_ebpf.datapath.maps import conn_load
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.model.objects import LBAlgorithm, Protocol, hostport
 
@@ -68,7 +69,8 @@ def _set_conns(maps, w, fam, counts: dict[str, int]) -> None:
     for ip, n in counts.items():
         bid = w.backend_ids.get((ip, 8080, TCP))
         ix = maps["connix"].get(L.U32(bid))
-        maps["connload"].put(ix, L.MAPS["connload"].value(n))
+        word = maps["connload"].get(ix).value
+        maps["connload"].put(ix, L.MAPS["connload"].value(conn_load.word(conn_load.gen(word), n)))
 
 
 def test_least_conn_takes_the_backend_with_the_fewest_connections(program, fam):

@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kproxy_ebpf.datapath.maps import conn_load
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap
 
@@ -103,8 +104,9 @@ def fix_at(maps: Mapping[str, PinnedMap], ix: int) -> int:
 
 
 def load_at(maps: Mapping[str, PinnedMap], ix: int) -> int:
-    """kp_connload at a counter index: sockets + flows open - flows done, before the fix."""
-    return _at(maps, "connload", ix)
+    """The count in kp_connload at a counter index: sockets + flows open - flows done, before
+    the fix."""
+    return conn_load.count(_at(maps, "connload", ix))
 
 
 def fix_of(maps: Mapping[str, PinnedMap]) -> dict[int, int]:

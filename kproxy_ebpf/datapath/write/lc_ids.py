@@ -4,12 +4,11 @@ slot order, so that a connect's scan reads one row and then arrays, not a kp_svc
 hashed counter per slot (measured in docs/design/schedulers.md).
 
 A backend gets a counter index the first time a least-conn frontend names it: its kp_conns
-row is written then with a new random gen and its backend id (its kp_connload and
-kp_flowfix rows with 0),
-and kp_connix (backend id -> index) beside it, all before the kp_lcids row naming the index.
-The index is freed with the backend id (garbage.py); its next holder's row gets another gen,
-so a socket still counted on the old one takes back nothing from the new (sock_lb.c,
-lib/conns.h kp_conn_tag).
+row is written then with its backend id, its kp_connload word with a new random gen and a
+count of 0 (its kp_flowfix row with 0), then kp_connix (backend id -> index), all before the
+kp_lcids row naming the index. The index is freed with the backend id (garbage.py); its next
+holder's word gets another gen, so a socket still counted on the old one takes back nothing
+from the new (lib/sockconn.h, lib/conns.h kp_conn_tag).
 
 A kp_lcids row is written whole, right after the slot 0 announcing the slots it describes
 (the batch phase of the round-robin cursors): a connect between the two writes meets the old
@@ -23,6 +22,7 @@ import logging
 import secrets
 from collections.abc import Mapping, Sequence
 
+from kproxy_ebpf.datapath.maps import conn_load
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.maps.ids import IdAllocator, IdsExhausted
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap
@@ -92,9 +92,9 @@ class LcIds:
                 ix = self.ix.get(bid)
                 if ix is None:
                     ix = self.ix.acquire(bid)
-                    writes.row(self.conns, L.U32(ix), ConnsVal(gen=new_gen(), backend_id=bid))
-                    writes.row(self.connload, L.U32(ix), LoadVal(0))   # a previous holder's
-                    if self.flowfix is not None:     # ... and its repair
+                    writes.row(self.conns, L.U32(ix), ConnsVal(backend_id=bid))
+                    writes.row(self.connload, L.U32(ix), LoadVal(conn_load.word(new_gen())))
+                    if self.flowfix is not None:     # a previous holder's repair
                         writes.row(self.flowfix, L.U32(ix), FixVal(0))
                     writes.row(self.connix, L.U32(bid), L.U32(ix))
                     n += 4

@@ -8,6 +8,7 @@ import time
 
 from kproxy_ebpf.agent.flow_repair import FlowRepair
 from kproxy_ebpf.datapath.flows import conn_counts, flow_fix
+from kproxy_ebpf.datapath.maps import conn_load
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.serve.metrics import Metrics
 
@@ -33,8 +34,8 @@ def counters(maps, bid: int, opened: int, done: int, sock: int = 0) -> None:
     """Backend id bid's counter, at index 10 * bid (the writer's lc_ids.py gives them)."""
     ix = L.U32(10 * bid)
     maps["connix"].put(L.U32(bid), ix)
-    maps["conns"].put(ix, Conns(gen=7, backend_id=bid, flows_open=opened, flows_done=done))
-    maps["connload"].put(ix, Load(sock + opened - done))
+    maps["conns"].put(ix, Conns(backend_id=bid, flows_open=opened, flows_done=done))
+    maps["connload"].put(ix, Load(conn_load.word(7, sock + opened - done)))
 
 
 def active(maps, bid: int) -> int:
