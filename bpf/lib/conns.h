@@ -30,15 +30,30 @@ static __always_inline void kp_conns_add(__u32 ix, __s64 d)
 		__sync_fetch_and_add(word, d);
 }
 
+/* Counts one socket on the counter `tag` names; returns the tag of what it was counted on:
+ * the gen the add met, which is the tag's unless the agent handed the index to another
+ * backend since the caller read it (then the socket is that holder's to take back, and is). */
+static __always_inline __u32 kp_conn_count(__u32 tag)
+{
+	__u32 ix = tag & 0xffff;
+	__u64 *word = kp_connload.lookup(&ix);
+
+	return word ? kp_conn_tag(ix, __sync_fetch_and_add(word, 1)) : 0;
+}
+
 /* Takes back one socket from the counter `tag` names, if the index still has that gen (else
- * it went to another backend since: nothing to take back from). */
+ * it went to another backend since: nothing to take back from). The gen is read, and then
+ * checked again in what the subtraction met: a new holder's word written in between gets its
+ * count back at once. */
 static __always_inline void kp_conn_untag(__u32 tag)
 {
 	__u32 ix = tag & 0xffff;
 	__u64 *word = kp_connload.lookup(&ix);
 
-	if (word && *word >> KP_LOAD_GEN_SHIFT == tag >> 16)
-		__sync_fetch_and_add(word, -1);
+	if (!word || *word >> KP_LOAD_GEN_SHIFT != tag >> 16)
+		return;
+	if (__sync_fetch_and_add(word, -1) >> KP_LOAD_GEN_SHIFT != tag >> 16)
+		__sync_fetch_and_add(word, 1);
 }
 
 /* A backend's least-conn counter and its index (*ix), or NULL when the agent gave it none (no

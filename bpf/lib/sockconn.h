@@ -21,10 +21,8 @@ static __always_inline void kp_sock_recount(__u32 *own, __u32 tag, __u32 backend
 		return;                 /* none, or connected again to the backend counted on */
 	if (was)
 		kp_conn_untag(was);
-	*own = tag;
-	if (tag)
-		kp_conns_add(tag & 0xffff, 1);
-	else if (backend_id)
+	*own = tag ? kp_conn_count(tag) : 0;
+	if (!tag && backend_id)
 		kp_count(KP_STAT_CONN_UNCOUNTED);
 }
 
