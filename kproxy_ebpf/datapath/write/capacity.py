@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap
 from kproxy_ebpf.model.desired import Frontend, FrontendKey, Scope
+from kproxy_ebpf.model.objects import LBAlgorithm
 
 from . import batch
 from .held_addrs import HeldAddrs
@@ -19,9 +20,13 @@ class Capacity:
     tests' fakes leave them out)."""
 
     def __init__(self, svc: PinnedMap, be: PinnedMap, meta: PinnedMap, src: PinnedMap | None,
-                 ext_addrs: HeldAddrs | None, ext_locals: HeldAddrs | None) -> None:
+                 ext_addrs: HeldAddrs | None, ext_locals: HeldAddrs | None,
+                 scheduled: Mapping[LBAlgorithm, PinnedMap] | None = None) -> None:
+        """`scheduled`: the map of the row each scheduler keeps beside slot 0 (kp_rr's
+        cursors, kp_lcids' rows)."""
         self.svc, self.be, self.meta, self.src = svc, be, meta, src
         self.ext_addrs, self.ext_locals = ext_addrs, ext_locals
+        self.scheduled = dict(scheduled or {})
 
     def row_counts(self, held: Ledger, tables: MaglevTables | None) -> dict[str, int]:
         counts = {"svc": len(held.frontends) + held.slot_rows,
@@ -56,6 +61,11 @@ class Capacity:
         for f, name, need in ((self.ext_addrs, "extaddr", len(ext)),
                               (self.ext_locals, "extbe", sum(len(fe.backends) for fe in ext))):
             if f is not None and used.get(name, 0) + need > f.map.max_entries:
+                return False
+        for alg, m in self.scheduled.items():   # counted only when they could be too many
+            need = sum(1 for fe in todo if fe.algorithm is alg)
+            if need and len(held.frontends) + need > m.max_entries and need + sum(
+                    1 for p in held.frontends.values() if p.algorithm is alg) > m.max_entries:
                 return False
         return (used["svc"] + rows <= self.svc.max_entries
                 and used["backend"] + rows <= self.be.max_entries

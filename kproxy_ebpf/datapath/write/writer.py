@@ -77,8 +77,11 @@ class MapWriter:
                        if {"lcids", "conns", "connix", "connload"} <= maps.keys() else None)
         self.plan = Planner(self.src is not None, self.ext_addrs is not None,
                             self.ext_locals is not None, self.tables is not None)
+        scheduled = {RR: self.cursors.map} if self.cursors is not None else {}
+        if self.lc_ids is not None:
+            scheduled[LBAlgorithm.LEAST_CONN] = self.lc_ids.map
         self.capacity = Capacity(self.svc, self.be, self.meta, self.src, self.ext_addrs,
-                                 self.ext_locals)
+                                 self.ext_locals, scheduled)
         self.held = Ledger()
         # While the drift check reads the maps (drift.py): every key an apply looked at;
         # a restore() replaces it with None (the check's comparison is void then).

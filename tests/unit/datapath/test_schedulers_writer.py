@@ -142,3 +142,19 @@ def test_a_freed_backend_frees_its_counter_and_the_next_holder_gets_another_gen(
     ix, _, word = counter(maps, w.backend_ids.get(("10.0.0.9", 8080, TCP)))
     assert ix == ix_gone and conn_load.gen(word) != conn_load.gen(word_gone)
     assert conn_load.count(word) == 0, "the previous holder's count not inherited"
+
+
+def test_a_batch_with_more_scheduled_frontends_than_their_map_holds_goes_one_by_one():
+    maps = fake_maps(MAPS)
+    maps["rr"].max_entries = 3
+    w = MapWriter(maps)
+    fes = [replace(fe(ip=f"10.96.0.{i}", backends=[f"10.0.{i}.{b}" for b in range(1, 9)]),
+                   algorithm=RR) for i in range(1, 11)]
+    assert sum(1 + len(f.backends) for f in fes) >= 64, "enough rows for a batch"
+    res = w.apply(table(*fes))
+    assert maps["rr"].batches == 0, "the capacity check sent it one by one"
+    assert len(maps["rr"].rows) == 3 and res.full_maps == {"kp_rr_v1"}, res
+    with_cursor = {f.key for f in fes if cursor(maps, f) is not None}
+    assert len(with_cursor) == 3 and set(res.failed) == {f.key for f in fes} - with_cursor, \
+        "the others are retried, each with its own error"
+    assert all("kp_rr_v1 is full" in e for e in res.errors) and len(res.errors) == 7
