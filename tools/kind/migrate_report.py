@@ -58,6 +58,37 @@ def _cell(c: dict) -> str:
     return f"**{s}**" if c["failed"] else s
 
 
+def _drops(g: dict) -> dict:
+    """A guard reading (hack/kind-guard.sh) as {where: packets}: each node and the host."""
+    return {**g.get("nodes", {}), "host": g.get("host", 0)}
+
+
+def guard_by_step(p: dict) -> list[dict]:
+    """Per step, the guards' drops in it: {where: packets} (only where some were dropped)."""
+    prev, out = _drops(p.get("guard_before", {})), []
+    for st in p.get("steps", []):
+        if "guard_after" not in st:
+            out.append({})
+            continue
+        now = _drops(st["guard_after"])
+        out.append({k: v - prev.get(k, 0) for k, v in now.items() if v - prev.get(k, 0)})
+        prev = now
+    return out
+
+
+def guard_log_lines(p: dict) -> list[str]:
+    """The host guard's logged drops grouped by step and flow (source, destination, port)."""
+    groups: dict = {}
+    for e in p.get("guard_log", []):
+        key = (e.get("step"), e.get("PROTO"), e.get("SRC"), e.get("DST"), e.get("DPT"),
+               " ".join(e.get("flags", [])))
+        groups.setdefault(key, []).append(e["t"])
+    starts = {st["name"]: st["start"] for st in p.get("steps", [])}
+    return [f"- {step or 'outside the steps'}: {n} x {proto} {src} -> {dst}:{dpt}"
+            f"{' ' + fl if fl else ''} (at {', '.join(f'{t - starts.get(step, t):.1f}' for t in ts[:5])} s)"
+            for (step, proto, src, dst, dpt, fl), ts in groups.items() for n in [len(ts)]]
+
+
 def markdown(rep: dict) -> str:
     env = rep["environment"]
     out = ["# make migrate: kube-proxy -> kproxy-ebpf -> kube-proxy on a live kind cluster", "",
@@ -81,10 +112,11 @@ def markdown(rep: dict) -> str:
         if p.get("error"):
             out += [f"**The pass stopped: {p['error']}** (the steps before are counted).", ""]
         labels = list(traffic.KINDS.values())
-        out += ["| step | s | " + " | ".join(_short(label) for label in labels) + " |",
-                "|---|---|" + "---|" * len(labels)]
+        out += ["| step | s | " + " | ".join(_short(label) for label in labels) + " | guard drops |",
+                "|---|---|" + "---|" * (len(labels) + 1)]
         notes = []
-        for st in p.get("steps", []):
+        guards = guard_by_step(p)
+        for st, guard in zip(p.get("steps", []), guards, strict=True):
             cells = []
             for label in labels:
                 c = st.get("counts", {}).get(label, {"ok": 0, "failed": 0, "broken": 0})
@@ -98,7 +130,9 @@ def markdown(rep: dict) -> str:
             waits = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v} s"
                               for k, v in info.items()) if isinstance(info := st.get("info"), dict) else ""
             name = f"{st['name']} ({waits})" if waits else st["name"]
-            out.append(f"| {name} | {st['seconds']} | " + " | ".join(cells) + " |")
+            drops = ", ".join(f"**{v} {k.removeprefix(p.get('cluster', '') + '-')}**"
+                              for k, v in guard.items()) or "0"
+            out.append(f"| {name} | {st['seconds']} | " + " | ".join(cells) + f" | {drops} |")
         out += ["", f"{LEAVES[1]} Expected, kernel-bound: {LEAVES[2]}.",
                 f"{STARTS[1]} Expected, kernel-bound: {STARTS[2]}.",
                 "A bold cell without a mark is not explained by either (the reasons and the "
@@ -131,6 +165,10 @@ def markdown(rep: dict) -> str:
             during = a["host"] - b["host"] + sum(v - b["nodes"].get(n, 0)
                                                  for n, v in a["nodes"].items())
             out.append(f"Egress guards (packets leaving the kind network, dropped): {during} "
-                       f"during the pass (before it: {b}; after it: {a}).")
+                       f"during the pass (before it: {b}; after it: {a}); per step in the "
+                       f"table's last column (host = the host's side).")
+        if p.get("guard_log"):
+            out += ["", "The host guard's dropped packets (its kernel log):", "",
+                    *guard_log_lines(p)]
         out.append("")
     return "\n".join(out)
