@@ -131,7 +131,11 @@ def run_pass(mode: str, cluster: str, workers: int, image: str, dwell: float, wo
                 # probe meets kube-proxy's /healthz. Wait for the node's TC filters and hooks.
                 attached = c.wait(f"the datapath on {n}", lambda: all(
                     c.kproxy_leftovers(n)[k] for k in ("tc", "cgroup_progs")))
-                return {"agent_ready_s": ready, "datapath_attached_s": round(ready + attached, 1)}
+                info = {"agent_ready_s": ready, "datapath_attached_s": round(ready + attached, 1)}
+                at = c.tc_attached_at(n)    # the instant, from the agent's log
+                if at is not None:
+                    info["tc_attached_at_s"] = round(at - p.t, 2)
+                return info
 
             def kube_proxy_off(n: str = n) -> dict:
                 c.label(n, SKIP_LABEL, "off")
