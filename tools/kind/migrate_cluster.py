@@ -85,7 +85,10 @@ class Cluster:
         for ln in out.splitlines():
             if " attached kp_" in ln:
                 stamp = ln.split()[0].rstrip("Z")[:26]     # microseconds at most
-                return datetime.fromisoformat(stamp).replace(tzinfo=UTC).timestamp()
+                try:
+                    return datetime.fromisoformat(stamp).replace(tzinfo=UTC).timestamp()
+                except ValueError:
+                    return None
         return None
 
     def label(self, node: str, key: str, value: str | None) -> None:
