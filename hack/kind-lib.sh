@@ -84,11 +84,14 @@ in_node() { local n=$1; shift; "${ENGINE[@]}" exec -i "$n" "$@"; }
 # what a container of the kind network sends through the host to anywhere but that network is
 # dropped and counted, so no test packet can follow the host's default route off the machine.
 HOST_GUARD=KPROXY-KIND-GUARD
+HOST_GUARD_LOG=kproxy-kind-guard:
 host_guard_up() {  # BRIDGE
   local t
   for t in iptables ip6tables; do
     "$t" -w -N "$HOST_GUARD" 2>/dev/null || "$t" -w -F "$HOST_GUARD"
     "$t" -w -A "$HOST_GUARD" -o "$1" -j RETURN
+    # Each dropped packet's headers in the kernel log (make migrate ties them to its steps).
+    "$t" -w -A "$HOST_GUARD" -m limit --limit 50/s -j LOG --log-prefix "$HOST_GUARD_LOG "
     "$t" -w -A "$HOST_GUARD" -m comment --comment "kproxy kind: leaves the kind network" -j DROP
     "$t" -w -C FORWARD -i "$1" -j "$HOST_GUARD" 2>/dev/null || "$t" -w -I FORWARD 1 -i "$1" -j "$HOST_GUARD"
   done

@@ -26,9 +26,11 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -54,9 +56,35 @@ class Pass:
         info = action() if action else None
         time.sleep(self.dwell)
         self.t = time.time()
+        # The egress guards' counters at the end of every step, so a drop is tied to one.
+        guard = guard_drops(self.c.name)
         self.steps.append({"name": name, "start": start, "end": self.t,
-                           "seconds": round(self.t - start, 1),
+                           "seconds": round(self.t - start, 1), "guard_after": guard,
                            **({"info": info} if info else {})})
+
+
+def guard_log(since: float, steps: list[dict]) -> list[dict]:
+    """The host guard's logged drops (hack/kind-lib.sh: LOG before DROP) since SINCE (unix
+    time) from the kernel log, each with its time, the step it fell in and its headers."""
+    r = subprocess.run(["dmesg", "--time-format=iso"], text=True, capture_output=True)
+    found = []
+    for ln in r.stdout.splitlines():
+        if "kproxy-kind-guard:" not in ln:
+            continue
+        stamp, _, rest = ln.partition(" ")
+        try:
+            t = datetime.fromisoformat(stamp.replace(",", ".")).timestamp()
+        except ValueError:
+            continue
+        if t < since:
+            continue
+        fields = dict(f.split("=", 1) for f in rest.split() if "=" in f)
+        st = next((s["name"] for s in steps if s["start"] <= t < s["end"]), None)
+        flags = [f for f in rest.split() if f in ("SYN", "ACK", "RST", "FIN", "PSH")]
+        found.append({"t": round(t, 2), "step": st, "flags": flags, **{
+            k: fields[k] for k in ("IN", "OUT", "SRC", "DST", "PROTO", "SPT", "DPT")
+            if k in fields}})
+    return found
 
 
 def leftovers_gone(c: Cluster, nodes: list[str], what, timeout: float) -> dict:
@@ -73,6 +101,7 @@ def leftovers_gone(c: Cluster, nodes: list[str], what, timeout: float) -> dict:
 def run_pass(mode: str, cluster: str, workers: int, image: str, dwell: float, work: Path) -> dict:
     c = Cluster(cluster)
     res: dict = {"mode": mode, "cluster": cluster, "workers": workers}
+    started = time.time()
     begin = time.monotonic()
     saved = work / f"kube-proxy-{mode}.json"
     p = Pass(c, dwell)
@@ -102,7 +131,11 @@ def run_pass(mode: str, cluster: str, workers: int, image: str, dwell: float, wo
                 # probe meets kube-proxy's /healthz. Wait for the node's TC filters and hooks.
                 attached = c.wait(f"the datapath on {n}", lambda: all(
                     c.kproxy_leftovers(n)[k] for k in ("tc", "cgroup_progs")))
-                return {"agent_ready_s": ready, "datapath_attached_s": round(ready + attached, 1)}
+                info = {"agent_ready_s": ready, "datapath_attached_s": round(ready + attached, 1)}
+                at = c.tc_attached_at(n)    # the instant, from the agent's log
+                if at is not None:
+                    info["tc_attached_at_s"] = round(at - p.t, 2)
+                return info
 
             def kube_proxy_off(n: str = n) -> dict:
                 c.label(n, SKIP_LABEL, "off")
@@ -142,6 +175,7 @@ def run_pass(mode: str, cluster: str, workers: int, image: str, dwell: float, wo
             lines = traffic.stop_clients(c, work)
             traffic.collect(lines, p.steps)
             res["guard_after"] = guard_drops(cluster)
+            res["guard_log"] = guard_log(started, p.steps)
         except Exception as exc:  # noqa: BLE001
             res.setdefault("error", f"collecting: {type(exc).__name__}: {exc}")
         traffic.remove_outside()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 from e2e import ROOT, sh  # type: ignore[import-not-found]
@@ -73,6 +74,22 @@ class Cluster:
 
     def wait_gone(self, selector: str, node: str) -> float:
         return self.wait(f"{selector} gone from {node}", lambda: not self.pods_on(selector, node))
+
+    def tc_attached_at(self, node: str) -> float | None:
+        """When the agent on NODE attached its TC filters (unix time; its log line `attached
+        kp_... to eth0`, as kubectl's --timestamps gives it), or None."""
+        pods = self.pods_on(AGENT, node)
+        if not pods:
+            return None
+        out = self.kc("-n", NS, "logs", pods[0][0], "--timestamps", check=False)
+        for ln in out.splitlines():
+            if " attached kp_" in ln:
+                stamp = ln.split()[0].rstrip("Z")[:26]     # microseconds at most
+                try:
+                    return datetime.fromisoformat(stamp).replace(tzinfo=UTC).timestamp()
+                except ValueError:
+                    return None
+        return None
 
     def label(self, node: str, key: str, value: str | None) -> None:
         self.kc("label", "node", node, "--overwrite", f"{key}={value}" if value else f"{key}-")

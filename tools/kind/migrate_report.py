@@ -11,20 +11,61 @@ LEAVES = ("the agent leaves", "†",
           "flows the TC path translated (NodePort from outside) lived only in its own connection "
           "table (kp_ct), which the kernel's conntrack never saw: when the agent's programs "
           "detach, such a TCP connection's next segment meets kube-proxy as a new connection "
-          "and is reset, and a UDP flow is balanced anew")
+          "and is reset, and a UDP flow is balanced anew. When the detach falls between a "
+          "request and its answer (or a new connection's greeting) from a remote backend, the "
+          "answer meets the node's own stack, which has no socket at the SNAT port and resets "
+          "the backend: the waiting client gets nothing and times out (TimeoutError, not a "
+          "reset). Marked for a new TCP connection or UDP query only when every failure of the "
+          "cell ended by 2.5 s after the agent was gone")
 STARTS = ("agent starts beside kube-proxy", "‡",
           "UDP has no mid-stream mark: a datagram of a flow kube-proxy's conntrack carried has "
           "no row in kp_ct and is balanced as new, so a long UDP flow may change backend "
           "(telling it apart needs bpf_skb_ct_lookup, which bcc 0.26 cannot call)")
+QDISC = ("agent starts beside kube-proxy", "§",
+         "the node's first attach creates the clsact qdisc on its external device, and the "
+         "kernel deactivates the device while it grafts one (qdisc_graft -> dev_deactivate): "
+         "what the node sends out of it in that instant is dropped (tools/probes/"
+         "clsact_graft.sh: 1-3 of 4,000 UDP answers lost in 8 of 20 qdiscs created, none in 20 "
+         "runs without). A lost "
+         "UDP query or answer times out; a lost SYN-ACK of kube-proxy's makes the client send "
+         "its SYN again 1 s later, now to the TC path, which may pick another backend while "
+         "kube-proxy's retransmits its SYN-ACK too: one of the two resets the connection. "
+         "Marked only when every failure of the cell ended within 2.7 s of the attach "
+         "(tc attached at, from the agent's log)")
 OUTSIDE_TCP = {traffic.KINDS[("outside", k)] for k in ("long", "cycled")}
 UDP_FLOW = traffic.KINDS[("outside", "udpflow")]
+AT_ATTACH = {traffic.KINDS[("outside", k)]: k for k in ("new", "udp")}
 
 
-def _expected(step: str, label: str) -> str:
-    if LEAVES[0] in step and (label in OUTSIDE_TCP or label == UDP_FLOW):
+def _at_attach(st: dict, label: str) -> bool:
+    """Every failure of the cell ended within [T - 0.2, T + 2.7] s of the TC attach T."""
+    t = (st.get("info") or {}).get("tc_attached_at_s")
+    kind = AT_ATTACH.get(label)
+    if t is None or kind is None:
+        return False
+    times = [a for key, v in st.get("by_node", {}).items() if key.startswith("outside:")
+             and key.rsplit(" ", 1)[-1] == kind for a in v["at_s"]]
+    return bool(times) and all(t - 0.2 <= a <= t + 2.7 for a in times)
+
+
+def _at_detach(st: dict, label: str) -> bool:
+    """Every failure of the cell ended by 2.5 s after the agent was gone."""
+    gone = (st.get("info") or {}).get("agent_gone_s")
+    kind = AT_ATTACH.get(label)
+    times = [a for key, v in st.get("by_node", {}).items() if key.startswith("outside:")
+             and key.rsplit(" ", 1)[-1] == kind for a in v["at_s"]]
+    return gone is not None and bool(times) and all(a <= gone + 2.5 for a in times)
+
+
+def _expected(st: dict, label: str) -> str:
+    step = st["name"]
+    if LEAVES[0] in step and (label in OUTSIDE_TCP or label == UDP_FLOW
+                              or _at_detach(st, label)):
         return LEAVES[1]
     if STARTS[0] in step and label == UDP_FLOW:
         return STARTS[1]
+    if QDISC[0] in step and _at_attach(st, label):
+        return QDISC[1]
     return ""
 
 
@@ -58,6 +99,37 @@ def _cell(c: dict) -> str:
     return f"**{s}**" if c["failed"] else s
 
 
+def _drops(g: dict) -> dict:
+    """A guard reading (hack/kind-guard.sh) as {where: packets}: each node and the host."""
+    return {**g.get("nodes", {}), "host": g.get("host", 0)}
+
+
+def guard_by_step(p: dict) -> list[dict]:
+    """Per step, the guards' drops in it: {where: packets} (only where some were dropped)."""
+    prev, out = _drops(p.get("guard_before", {})), []
+    for st in p.get("steps", []):
+        if "guard_after" not in st:
+            out.append({})
+            continue
+        now = _drops(st["guard_after"])
+        out.append({k: v - prev.get(k, 0) for k, v in now.items() if v - prev.get(k, 0)})
+        prev = now
+    return out
+
+
+def guard_log_lines(p: dict) -> list[str]:
+    """The host guard's logged drops grouped by step and flow (source, destination, port)."""
+    groups: dict = {}
+    for e in p.get("guard_log", []):
+        key = (e.get("step"), e.get("PROTO"), e.get("SRC"), e.get("DST"), e.get("DPT"),
+               " ".join(e.get("flags", [])))
+        groups.setdefault(key, []).append(e["t"])
+    starts = {st["name"]: st["start"] for st in p.get("steps", [])}
+    return [f"- {step or 'outside the steps'}: {n} x {proto} {src} -> {dst}:{dpt}"
+            f"{' ' + fl if fl else ''} (at {', '.join(f'{t - starts.get(step, t):.1f}' for t in ts[:5])} s)"
+            for (step, proto, src, dst, dpt, fl), ts in groups.items() for n in [len(ts)]]
+
+
 def markdown(rep: dict) -> str:
     env = rep["environment"]
     out = ["# make migrate: kube-proxy -> kproxy-ebpf -> kube-proxy on a live kind cluster", "",
@@ -81,16 +153,17 @@ def markdown(rep: dict) -> str:
         if p.get("error"):
             out += [f"**The pass stopped: {p['error']}** (the steps before are counted).", ""]
         labels = list(traffic.KINDS.values())
-        out += ["| step | s | " + " | ".join(_short(label) for label in labels) + " |",
-                "|---|---|" + "---|" * len(labels)]
+        out += ["| step | s | " + " | ".join(_short(label) for label in labels) + " | guard drops |",
+                "|---|---|" + "---|" * (len(labels) + 1)]
         notes = []
-        for st in p.get("steps", []):
+        guards = guard_by_step(p)
+        for st, guard in zip(p.get("steps", []), guards, strict=True):
             cells = []
             for label in labels:
                 c = st.get("counts", {}).get(label, {"ok": 0, "failed": 0, "broken": 0})
                 cell = _cell(c)
-                if c["failed"] and _expected(st["name"], label):
-                    cell += " " + _expected(st["name"], label)
+                if c["failed"] and _expected(st, label):
+                    cell += " " + _expected(st, label)
                 cells.append(cell)
                 if c["failed"]:
                     notes.append(f"- {st['name']}, {label}: " + ", ".join(
@@ -98,10 +171,13 @@ def markdown(rep: dict) -> str:
             waits = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v} s"
                               for k, v in info.items()) if isinstance(info := st.get("info"), dict) else ""
             name = f"{st['name']} ({waits})" if waits else st["name"]
-            out.append(f"| {name} | {st['seconds']} | " + " | ".join(cells) + " |")
+            drops = ", ".join(f"**{v} {k.removeprefix(p.get('cluster', '') + '-')}**"
+                              for k, v in guard.items()) or "0"
+            out.append(f"| {name} | {st['seconds']} | " + " | ".join(cells) + f" | {drops} |")
         out += ["", f"{LEAVES[1]} Expected, kernel-bound: {LEAVES[2]}.",
                 f"{STARTS[1]} Expected, kernel-bound: {STARTS[2]}.",
-                "A bold cell without a mark is not explained by either (the reasons and the "
+                f"{QDISC[1]} Expected, kernel-bound: {QDISC[2]}.",
+                "A bold cell without a mark is not explained by these (the reasons and the "
                 "times are below and in the JSON's by_node).", ""]
         if notes:
             out += ["Failure reasons:", "", *notes, ""]
@@ -131,6 +207,10 @@ def markdown(rep: dict) -> str:
             during = a["host"] - b["host"] + sum(v - b["nodes"].get(n, 0)
                                                  for n, v in a["nodes"].items())
             out.append(f"Egress guards (packets leaving the kind network, dropped): {during} "
-                       f"during the pass (before it: {b}; after it: {a}).")
+                       f"during the pass (before it: {b}; after it: {a}); per step in the "
+                       f"table's last column (host = the host's side).")
+        if p.get("guard_log"):
+            out += ["", "The host guard's dropped packets (its kernel log):", "",
+                    *guard_log_lines(p)]
         out.append("")
     return "\n".join(out)

@@ -157,7 +157,10 @@ class TcDatapath:
 
     def _attach_dev(self, ipr, index: int, dev: str, programs: dict[str, int]) -> None:
         _ensure_clsact(ipr, index)
-        for prog, parent in programs.items():
+        # Egress first: until it runs, a reply of a flow the ingress program translated would
+        # leave with its backend's address (a client from outside resets such a SYN-ACK);
+        # egress alone changes nothing, it only reverses flows that ingress recorded.
+        for prog, parent in sorted(programs.items(), key=lambda pp: pp[1] != EGRESS):
             ipr.tc("replace-filter", "bpf", index, HANDLE, parent=parent, prio=PRIO,
                    protocol=ETH_P_ALL, fd=self._fds[prog], name=prog, direct_action=True)
         log.info("attached %s to %s", ", ".join(programs), dev)

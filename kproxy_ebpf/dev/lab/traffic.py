@@ -126,11 +126,26 @@ def udp_query(log: Log, dst: tuple[str, int]) -> None:
         log.put("udp", False, type(exc).__name__)
 
 
+def _drain(s: socket.socket) -> None:
+    """Drops answers still queued (a copy of an earlier one: on kind, podman's bridge with
+    br_netfilter delivered some answers twice), so the next read is this query's answer and
+    not one that queued up long before (a move was logged ~20 s late)."""
+    s.setblocking(False)
+    try:
+        while True:
+            s.recv(4096)
+    except OSError:
+        pass
+    finally:
+        s.settimeout(TIMEOUT)
+
+
 def udp_flow(log: Log, dst: tuple[str, int], stop: threading.Event) -> None:
     with socket.socket(family(dst[0]), socket.SOCK_DGRAM) as s:
         s.settimeout(TIMEOUT)
         backend = ""
         while not stop.wait(0.1):
+            _drain(s)
             try:
                 s.sendto(b"q\n", dst)
                 answer = s.recvfrom(4096)[0].decode().split()[0]
