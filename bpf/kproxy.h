@@ -320,8 +320,8 @@ struct kp_rr_val {
  * index) in three arrays (read without hashing, once per slot a pick compares):
  * kp_connload, what the scan compares and the holder's gen in one word (KP_LOAD_*), alone in
  * its row so that ten backends' counts are two cache lines (as one 32-byte row each they were
- * five or six, every one of them written by the other CPUs' connects: the cost the bench
- * measured per backend compared) and a connect reads nothing else of the counter; kp_conns,
+ * five or six, seldom still in cache at the next connect: the cost the bench measured per
+ * backend compared) and a connect reads nothing else of the counter; kp_conns,
  * who holds the index and its flows; kp_flowfix, the agent's repair.
  * The agent writes the gen (with a count of 0) and backend_id when it hands the index out,
  * before any row names it; the programs only add. A socket remembers the index and gen it
