@@ -51,8 +51,8 @@ def row(ixs: Sequence[int]) -> object:
 
 def new_gen() -> int:
     """A counter's gen for one holding of its index (16 bits: kp_conn_tag): random, so a
-    restarted agent needs no record of the ones used before; never 0 (what an older agent's
-    socket holds)."""
+    restarted agent needs no record of the ones used before; never 0 (a kp_connload word
+    with gen 0 is an index not handed out: lib/conns.h kp_conns_tag counts nothing on it)."""
     return secrets.randbits(16) or 1
 
 
