@@ -109,11 +109,6 @@ def load_at(maps: Mapping[str, PinnedMap], ix: int) -> int:
     return conn_load.count(_at(maps, "connload", ix))
 
 
-def fix_of(maps: Mapping[str, PinnedMap]) -> dict[int, int]:
-    """backend id -> its fix now, for the backends with a counter."""
-    return {bid: fix_at(maps, ix) for bid, ix, _ in counters(maps)}
-
-
 def needed(maps: Mapping[str, PinnedMap]) -> bool:
     """Whether any backend's flows read as open now (a walk can only change those): a read of
     the counter rows, not of the conntrack table."""
