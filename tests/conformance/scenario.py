@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,6 +27,9 @@ from . import verdicts
 CLIENT = "pod/client"
 HOST = "node/node1"
 EXT = "ext"
+# Proxy log lines worth showing first when a check fails: klog errors and warnings (E1207,
+# W1207), tracebacks, and kube-proxy's words on topology hints.
+LOG_NOTABLE = re.compile(r"^[EW]\d{4} |Traceback|Error|hint|topolog", re.IGNORECASE)
 
 
 class Scenario:
@@ -184,8 +189,9 @@ class Scenario:
         try:
             wait_until(matches, converge, f"{check}: {sorted(target)}", step=0.1)
         except AssertionError:
+            tally = ", ".join(f"{v!r} x{n}" for v, n in Counter(seen).most_common())
             raise AssertionError(f"{self.proxy}: {self.name} / {check}: wanted {sorted(target)}, "
-                                 f"still {seen[-1]!r} after {converge}s\n"
+                                 f"still {seen[-1]!r} after {converge}s (seen: {tally})\n"
                                  f"{self.diagnostics(dest=dest)}") from None
         finally:
             if seen:
@@ -218,7 +224,11 @@ class Scenario:
             log = open(lab.log_path(self.c.proxy_name(node))).read()[-limit:]
         except OSError as exc:
             log = f"({exc})"
-        parts = {"ext routes": run(["ip", "route"], "ext"), f"{node} routes": run(["ip", "route"]),
+        # What explains most failures first: CI keeps only the start of a long failure.
+        parts = {"endpoint slices": self._slices_summary(),
+                 f"{node} proxy log, errors and topology": "\n".join(
+                     line for line in log.splitlines() if LOG_NOTABLE.search(line))[-limit:],
+                 "ext routes": run(["ip", "route"], "ext"), f"{node} routes": run(["ip", "route"]),
                  f"{node} conntrack": run(["conntrack", "-L"]), f"{node} rules": run(rules),
                  f"{node} proxy log": log}
         if dest:
@@ -227,6 +237,28 @@ class Scenario:
                 for m in ("service-ips", "no-endpoint-services", "firewall-ips"):
                     parts[f"{node} map {m}"] = run(["nft", "list", "map", table, "kube-proxy", m])
         return "\n".join(f"--- {k}\n{v.rstrip()}" for k, v in parts.items())
+
+    def _slices_summary(self) -> str:
+        """Each EndpointSlice of the namespace on one line per endpoint: the addresses, the
+        conditions, node, zone and hints a proxy chose from."""
+        try:
+            slices = client.DiscoveryV1Api(self.c.api()).list_namespaced_endpoint_slice(
+                NAMESPACE).items
+            nodes = {n.metadata.name: (n.metadata.labels or {}).get(kubeobjects.ZONE_LABEL)
+                     for n in self.core.list_node().items}
+        except Exception as exc:  # noqa: BLE001 - a diagnostic must not hide the failure itself
+            return f"({exc})"
+        lines = [f"node zones: {nodes}"]
+        for s in slices:
+            svc = (s.metadata.labels or {}).get("kubernetes.io/service-name")
+            for ep in s.endpoints or []:
+                c = ep.conditions
+                hints = ep.hints and ([z.name for z in ep.hints.for_zones or []],
+                                      [n.name for n in ep.hints.for_nodes or []])
+                lines.append(f"{svc} {s.metadata.name}: {ep.addresses} ready={c.ready} "
+                             f"serving={c.serving} terminating={c.terminating} "
+                             f"node={ep.node_name} zone={ep.zone} hints={hints}")
+        return "\n".join(lines)
 
     def note(self, check: str, value: str) -> None:
         """Record a cell that the scenario asserts itself."""
