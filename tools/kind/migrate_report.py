@@ -32,28 +32,34 @@ QDISC = ("agent starts beside kube-proxy", "§",
          "kube-proxy's retransmits its SYN-ACK too: one of the two resets the connection. "
          "Marked only when every failure of the cell ended within 2.7 s of the attach "
          "(tc attached at, from the agent's log)")
-OUTSIDE_TCP = {traffic.KINDS[("outside", k)] for k in ("long", "cycled")}
+OUTSIDE_TCP = {traffic.KINDS[(w, k)] for w in traffic.OUTSIDE_SOURCES
+               for k in ("long", "cycled")}
 UDP_FLOW = traffic.KINDS[("outside", "udpflow")]
-AT_ATTACH = {traffic.KINDS[("outside", k)]: k for k in ("new", "udp")}
+# The cells of new connections and queries from outside: label -> (source, client kind).
+AT_ATTACH = {traffic.KINDS[(w, k)]: (w, k) for w in traffic.OUTSIDE_SOURCES
+             for k in ("new", "udp")}
+
+
+def _failure_times(st: dict, label: str) -> list[float]:
+    """When (s since the step began) the failures of a new-connection cell from outside were."""
+    if label not in AT_ATTACH:
+        return []
+    where, kind = AT_ATTACH[label]
+    return [a for key, v in st.get("by_node", {}).items() if key.startswith(where + ":")
+            and key.rsplit(" ", 1)[-1] == kind for a in v["at_s"]]
 
 
 def _at_attach(st: dict, label: str) -> bool:
     """Every failure of the cell ended within [T - 0.2, T + 2.7] s of the TC attach T."""
     t = (st.get("info") or {}).get("tc_attached_at_s")
-    kind = AT_ATTACH.get(label)
-    if t is None or kind is None:
-        return False
-    times = [a for key, v in st.get("by_node", {}).items() if key.startswith("outside:")
-             and key.rsplit(" ", 1)[-1] == kind for a in v["at_s"]]
-    return bool(times) and all(t - 0.2 <= a <= t + 2.7 for a in times)
+    times = _failure_times(st, label)
+    return t is not None and bool(times) and all(t - 0.2 <= a <= t + 2.7 for a in times)
 
 
 def _at_detach(st: dict, label: str) -> bool:
     """Every failure of the cell ended by 2.5 s after the agent was gone."""
     gone = (st.get("info") or {}).get("agent_gone_s")
-    kind = AT_ATTACH.get(label)
-    times = [a for key, v in st.get("by_node", {}).items() if key.startswith("outside:")
-             and key.rsplit(" ", 1)[-1] == kind for a in v["at_s"]]
+    times = _failure_times(st, label)
     return gone is not None and bool(times) and all(a <= gone + 2.5 for a in times)
 
 
@@ -73,14 +79,17 @@ def traffic_info() -> dict:
     return {"per_client": {"long_lived": traffic.LONG, "message_interval_ms": 100,
                            "new_per_s": traffic.RATE},
             "clients": "a pod per node (ClusterIP, DNS); one container on the kind network "
-                       "with one client per node (NodePort TCP and UDP)",
-            "backends": "a pod per node (DaemonSet), externalTrafficPolicy Cluster",
+                       "with two clients per node (NodePort TCP and UDP, eTP Cluster and "
+                       "Local)",
+            "backends": "a pod per node (DaemonSet), behind a NodePort Service with "
+                        "externalTrafficPolicy Cluster and one with Local",
             "cycled_per_client": traffic.CYCLED, "cycled_lifetime_s": traffic.LIFETIME,
             "kinds": list(traffic.KINDS.values())}
 
 
 def _short(label: str) -> str:
     for a, b in (("pod -> ", "pod→"), ("outside -> ", "out→"), ("CoreDNS, ", "DNS "),
+                 (" eTP Local,", " Local,"),
                  ("long-lived TCP (messages)", "long TCP"), ("connected UDP socket", "conn"),
                  ("TCP reopened every 20 s (messages)", "TCP 20 s"),
                  ("UDP from new sockets", "UDP new"), ("new sockets", "new"),

@@ -11,7 +11,9 @@ node; nothing is pulled):
   connected UDP socket and over new unconnected ones;
 * one container on the kind network (outside every node, never the host's namespace) with, per
   node, long-lived and new TCP connections to that node's NodePort, UDP queries from new
-  sockets and one UDP flow to its UDP NodePort.
+  sockets and one UDP flow to its UDP NodePort; and the same TCP clients and UDP queries to a
+  second NodePort Service of the same backends with externalTrafficPolicy Local (TCP 31082,
+  UDP 31083: no SNAT, the client's address reaches the node's own backend).
 
 Each client writes `<time> <kind> <ok> [reason]` lines; `collect` cuts them into the steps."""
 from __future__ import annotations
@@ -31,6 +33,7 @@ LAB = ROOT / "kproxy_ebpf" / "dev" / "lab"
 NET = "kproxy-kind"
 OUTSIDE = "kproxy-migrate-outside"
 TCP_NODEPORT, UDP_NODEPORT = 31080, 31081  # kind-check.sh takes 30080
+LOCAL_TCP_NODEPORT, LOCAL_UDP_NODEPORT = 31082, 31083   # the externalTrafficPolicy Local twin
 LONG, RATE = 2, 10        # per client: long-lived connections; new connections (queries) per s
 CYCLED, LIFETIME = 2, 20  # per client: long-lived connections reopened every LIFETIME s
 DNS = "10.96.0.10:53"
@@ -52,6 +55,15 @@ def _daemonset(name: str, pod: dict) -> dict:
             "spec": {"selector": {"matchLabels": {"app": name}}, "template": pod}}
 
 
+def _service(name: str, policy: str, tcp_nodeport: int, udp_nodeport: int) -> dict:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name}, "spec": {
+        "type": "NodePort", "selector": {"app": "echo"}, "externalTrafficPolicy": policy,
+        "ports": [{"name": "tcp", "protocol": "TCP", "port": 80, "targetPort": 8080,
+                   "nodePort": tcp_nodeport},
+                  {"name": "udp", "protocol": "UDP", "port": 81, "targetPort": 8081,
+                   "nodePort": udp_nodeport}]}}
+
+
 def start_servers(c: Cluster, image: str) -> str:
     """The namespace, the echo backends and the Service; returns the ClusterIP."""
     c.kc("create", "namespace", NS)
@@ -61,13 +73,9 @@ def start_servers(c: Cluster, image: str) -> str:
                                 "--udp", "8081"])
     echo["spec"]["containers"][0]["readinessProbe"] = {"tcpSocket": {"port": 8080},
                                                        "periodSeconds": 2}
-    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "echo"}, "spec": {
-        "type": "NodePort", "selector": {"app": "echo"}, "ports": [
-            {"name": "tcp", "protocol": "TCP", "port": 80, "targetPort": 8080,
-             "nodePort": TCP_NODEPORT},
-            {"name": "udp", "protocol": "UDP", "port": 81, "targetPort": 8081,
-             "nodePort": UDP_NODEPORT}]}}
-    items = {"apiVersion": "v1", "kind": "List", "items": [_daemonset("echo", echo), svc]}
+    items = {"apiVersion": "v1", "kind": "List", "items": [
+        _daemonset("echo", echo), _service("echo", "Cluster", TCP_NODEPORT, UDP_NODEPORT),
+        _service("echo-local", "Local", LOCAL_TCP_NODEPORT, LOCAL_UDP_NODEPORT)]}
     c.kc("-n", NS, "apply", "-f", "-", stdin=json.dumps(items))
     c.kc("-n", NS, "rollout", "status", "daemonset/echo", "--timeout=180s")
     return c.kc("-n", NS, "get", "service", "echo", "-o", "jsonpath={.spec.clusterIP}").strip()
@@ -80,12 +88,14 @@ def start_clients(c: Cluster, image: str, cip: str, work: Path) -> None:
     c.kc("-n", NS, "apply", "-f", "-", stdin=json.dumps(_daemonset("client", _pod("client", image, args))))
     c.kc("-n", NS, "rollout", "status", "daemonset/client", "--timeout=180s")
     script = []
+    common = f"--long {LONG} --rate {RATE} --cycled {CYCLED} --lifetime {LIFETIME}"
     for node in c.nodes():
         ip = c.node_ip(node)
-        script.append(f"{PY} /lab/traffic.py --out /out/outside-{node}.log --long {LONG} "
-                      f"--rate {RATE} --cycled {CYCLED} --lifetime {LIFETIME} "
+        script.append(f"{PY} /lab/traffic.py --out /out/outside-{node}.log {common} "
                       f"--tcp {ip}:{TCP_NODEPORT} --udp {ip}:{UDP_NODEPORT} "
                       f"--udp-flow {ip}:{UDP_NODEPORT} &")
+        script.append(f"{PY} /lab/traffic.py --out /out/outlocal-{node}.log {common} "
+                      f"--tcp {ip}:{LOCAL_TCP_NODEPORT} --udp {ip}:{LOCAL_UDP_NODEPORT} &")
     # SIGTERM to the shell reaches every client: they share its process group via `wait`.
     script.append("trap 'kill -TERM $(jobs -p); wait' TERM; wait")
     sh("hack/kind-env.sh", "podman", "run", "-d", "--name", OUTSIDE, "--network", NET,
@@ -102,8 +112,9 @@ def stop_clients(c: Cluster, work: Path) -> dict[str, list[str]]:
         pod, node = row.split()
         lines[f"pod:{node}"] = c.kc("-n", NS, "logs", pod, check=False).splitlines()
     remove_outside()
-    for f in sorted(work.glob("outside-*.log")):
-        lines[f"outside:{f.stem.removeprefix('outside-')}"] = f.read_text().splitlines()
+    for where in OUTSIDE_SOURCES:
+        for f in sorted(work.glob(f"{where}-*.log")):
+            lines[f"{where}:{f.stem.removeprefix(where + '-')}"] = f.read_text().splitlines()
     return lines
 
 
@@ -122,7 +133,15 @@ KINDS = {("pod", "long"): "pod -> ClusterIP, long-lived TCP (messages)",
          ("outside", "cycled"): "outside -> NodePort, TCP reopened every 20 s (messages)",
          ("outside", "new"): "outside -> NodePort, new TCP",
          ("outside", "udp"): "outside -> NodePort, UDP from new sockets",
-         ("outside", "udpflow"): "outside -> NodePort, one UDP flow"}
+         ("outside", "udpflow"): "outside -> NodePort, one UDP flow",
+         ("outlocal", "long"): "outside -> NodePort eTP Local, long-lived TCP (messages)",
+         ("outlocal", "cycled"): "outside -> NodePort eTP Local, TCP reopened every 20 s "
+                                 "(messages)",
+         ("outlocal", "new"): "outside -> NodePort eTP Local, new TCP",
+         ("outlocal", "udp"): "outside -> NodePort eTP Local, UDP from new sockets"}
+# The clients of the container on the kind network, by the Service they reach: their log files
+# and the sources `collect` names them by.
+OUTSIDE_SOURCES = ("outside", "outlocal")
 
 
 def collect(lines: dict[str, list[str]], steps: list[dict]) -> None:
