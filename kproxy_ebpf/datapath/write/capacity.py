@@ -23,7 +23,9 @@ class Capacity:
                  ext_addrs: HeldAddrs | None, ext_locals: HeldAddrs | None,
                  scheduled: Mapping[LBAlgorithm, PinnedMap] | None = None) -> None:
         """`scheduled`: the map of the row each scheduler keeps beside slot 0 (kp_rr's
-        cursors, kp_lcids' rows)."""
+        cursors, kp_lcids' rows). kp_lcrow needs no check: an array cannot be full, and a
+        frontend finding no pair free takes a kp_lcids row, which this counts for every
+        least-conn frontend."""
         self.svc, self.be, self.meta, self.src = svc, be, meta, src
         self.ext_addrs, self.ext_locals = ext_addrs, ext_locals
         self.scheduled = dict(scheduled or {})
