@@ -113,8 +113,7 @@ class LcIds:
         row `had`, and now names `row`: its kp_lcids row written when it needs one (no
         kp_lcrow row) and its slots changed or it had none, deleted when it needs none any
         more; a pair of kp_lcrow rows it stopped naming freed. Returns rows written."""
-        if had and not row:
-            assert self.rows is not None            # it had a row
+        if not row and self.rows is not None:     # (also a pair taken by a failed write)
             self.rows.free(fe.key)
         hashed = was is LC and not had              # it had a kp_lcids row
         if fe.algorithm is LC and not row:
@@ -125,10 +124,9 @@ class LcIds:
 
     def gone(self, key: FrontendKey, had: int, writes: Writes) -> int:
         """A least-conn frontend was deleted (slot 0 first): its rows go."""
-        if had and self.rows is not None:
+        if self.rows is not None:
             self.rows.free(key)
-            return 0
-        return self.drop(key, writes)
+        return 0 if had else self.drop(key, writes)
 
     def counters(self, key: FrontendKey, bids: Sequence[int],
                  writes: Writes) -> tuple[list[int] | None, int]:

@@ -104,6 +104,7 @@ def test_each_change_goes_to_the_other_row_of_the_pair():
     assert rows == [pair, pair + 1, pair, pair + 1], rows
     assert w.apply(table(replace(lcfe(5), affinity_timeout=30))).ok
     assert head(maps, f).backend_id == pair + 1, "slots unchanged: the row kept"
+    assert w.apply({}).ok and len(w.lc_ids.rows.pairs) == 0, "deleted: its pair given back"
 
 
 def test_a_frontend_past_the_row_or_no_longer_least_conn_gives_its_pair_back():
