@@ -79,7 +79,7 @@ class MapWriter:
         if self.lc_ids is not None:
             scheduled[LBAlgorithm.LEAST_CONN] = self.lc_ids.map
         self.capacity = Capacity(self.svc, self.be, self.meta, self.src, self.ext_addrs,
-                                 self.ext_locals, scheduled)
+                                 self.ext_locals, scheduled, self.lc_ids.rows if self.lc_ids else None)
         self.held = Ledger()
         # While the drift check reads the maps (drift.py): every key an apply looked at;
         # a restore() replaces it with None (the check's comparison is void then).
