@@ -107,8 +107,8 @@ enum kp_stat {                  /* index into the per-CPU counter array kp_stats
 				      * for its kp_skconn storage, or its backend has no counter) */
 	KP_STAT_TC_MIDSTREAM  = 25, /* a TCP packet but a SYN to a frontend, of no flow the TC path
 				     * tracks: passed untouched (a flow it did not start) */
-	KP_STAT_LC_NO_IDS     = 26, /* a least-conn frontend without a kp_lcids row for its count of
-				     * slots: picked at random (the agent writes it after slot 0) */
+	KP_STAT_LC_NO_IDS     = 26, /* a least-conn frontend without a row (kp_lcrow or kp_lcids)
+				     * for its count of slots: picked at random */
 	KP_STAT_MAX           = 32,
 };
 
@@ -150,6 +150,9 @@ enum kp_tunables {
 	/* Backends a least-conn frontend's kp_lcids row names: one with more is picked at random
 	 * (the agent writes no row; kp_stat lc_no_ids counts the picks). */
 	KP_LC_IDS = 1024,
+	/* Backends a kp_lcrow row names: a least-conn frontend with at most this many is read
+	 * from its 64-byte array row, one with more from its kp_lcids row. */
+	KP_LC_ROW = 15,
 	/* A kp_connload word: the gen (the agent's random tag for this holding of the index,
 	 * 1..0xffff) in its top 16 bits, and the count plus a bias of half the rest below
 	 * (KP_LOAD_BIAS), so that an add of -1 to a count of 0 never borrows from the gen. */
@@ -207,8 +210,10 @@ struct kp_svc_key {
 
 struct kp_svc_val {
 	__u32 backend_id;       /* slot > 0: key into the backend map; slot 0: the frontend's
-				 * Maglev table (kp_maglev_key.table), 0 = none: pick at random.
-				 * Slot 0 always held 0 here, so older rows mean "random" */
+				 * Maglev table (kp_maglev_key.table), 0 = none: pick at random;
+				 * slot 0 of a least-conn frontend (which has no table): its
+				 * kp_lcrow row, 0 = none (its kp_lcids row). Slot 0 always held
+				 * 0 here, so older rows mean "random" (or "kp_lcids") */
 	__u32 svc_id;           /* slot 0: service-port id (affinity key, kp_svc_meta key) */
 	__u32 affinity_timeout; /* slot 0: seconds of ClientIP affinity, 0 = none */
 	__u16 count;            /* slot 0: number of backend slots */
@@ -351,6 +356,17 @@ struct kp_conns {
 struct kp_lc_ids {
 	__u32 count;      /* entries below */
 	__u32 conn[KP_LC_IDS];  /* slot i's backend's kp_conns index at conn[i - 1] */
+};
+
+/* The same for a frontend of at most KP_LC_ROW backends, in an array (kp_lcrow) at the row
+ * its slot 0's backend_id names: an array lookup the verifier inlines and one cache line,
+ * where the hashed kp_lcids row costs a jhash and two or three lines. count comes last so
+ * that the scan's index, masked with 15, stays inside the value. Rows are never rewritten
+ * under a reader: each such frontend owns two rows and the agent writes the new version into
+ * the one its slot 0 does not name, before the slot 0 that names it. */
+struct kp_lc_row {
+	__u32 conn[KP_LC_ROW];  /* slot i's backend's kp_conns index at conn[i - 1] */
+	__u32 count;
 };
 
 /* Which backend a connected socket is counted on (kp_skconn, BPF_MAP_TYPE_SK_STORAGE): set
@@ -514,6 +530,8 @@ _Static_assert(sizeof(struct kp_rr_val) == 8, "kp_rr_val");
 _Static_assert(sizeof(struct kp_conns) == 24, "kp_conns");
 _Static_assert(sizeof(struct kp_skconn_val) == 8, "kp_skconn_val");
 _Static_assert((KP_LC_IDS & (KP_LC_IDS - 1)) == 0, "KP_LC_IDS: a power of two (lib/sched.h masks)");
+_Static_assert(sizeof(struct kp_lc_row) == 64, "kp_lc_row: one cache line");
+_Static_assert(((KP_LC_ROW + 1) & KP_LC_ROW) == 0, "KP_LC_ROW: 2^n - 1 (lib/sched.h masks)");
 _Static_assert(sizeof(struct kp_svc_stat) == 64, "kp_svc_stat");
 _Static_assert(sizeof(struct kp_cip_val) == 4, "kp_cip_val");
 _Static_assert(sizeof(struct kp_cidr_key) == 20, "kp_cidr_key");
@@ -679,7 +697,8 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 40, "kp_tc_cfg");
 	X(connix,      kp_connix,   1, hash,         __u32,                __u32,                KP_CONNS_SIZE,    0) \
 	X(flowfix,     kp_flowfix,  1, array,        __u32,                __s64,                KP_CONNS_SIZE,    0) \
 	X(skconn,      kp_skconn,   1, sk_storage,   int,                  struct kp_skconn_val, KP_SKCONN_SIZE,   KP_NO_PREALLOC) \
-	X(lcids,       kp_lcids,    1, hash,         struct kp_svc_key,    struct kp_lc_ids,     KP_LCIDS_SIZE,    KP_NO_PREALLOC)
+	X(lcids,       kp_lcids,    1, hash,         struct kp_svc_key,    struct kp_lc_ids,     KP_LCIDS_SIZE,    KP_NO_PREALLOC) \
+	X(lcrow,       kp_lcrow,    1, array,        __u32,                struct kp_lc_row,     KP_LCROW_SIZE,    0)
 
 #ifndef KP_SVC_SIZE
 #define KP_SVC_SIZE   262144  /* frontends plus one row per backend slot (10k x 10: 110k) */
@@ -749,6 +768,10 @@ _Static_assert(sizeof(struct kp_tc_cfg) == 40, "kp_tc_cfg");
 _Static_assert(KP_CONNS_SIZE <= 65536, "KP_CONNS_SIZE: kp_conn_tag holds the index in 16 bits");
 #ifndef KP_LCIDS_SIZE
 #define KP_LCIDS_SIZE 16384   /* least-conn frontends' rows of backend ids (4 KiB each, as used) */
+#endif
+#ifndef KP_LCROW_SIZE
+#define KP_LCROW_SIZE 32768   /* least-conn frontends' rows of up to KP_LC_ROW backends: two per
+			       * frontend (row 0 unused), 64 bytes each: 2 MiB */
 #endif
 #ifndef KP_SKCONN_SIZE
 #define KP_SKCONN_SIZE 0      /* socket storage: no size, one row per connected socket */

@@ -76,8 +76,8 @@ static __always_inline struct kp_conns *kp_conns_row(__u32 backend_id, __u32 *ix
 
 /* The tag to count a socket connected to backend_id on (0: none). `hint` is the index a
  * least-conn pick chose (kp_lb_res.conn_ix): its word is in cache from the scan, and taking
- * it reads nothing else. That index is the one the frontend's kp_lcids row names for the
- * chosen slot; should the slot rows be of a newer version than that row, the socket is counted
+ * it reads nothing else. That index is the one the frontend's row (kp_lcrow or kp_lcids)
+ * names for the chosen slot; should the slot rows be of a newer version than that row, the socket is counted
  * on the backend the row named, and its release takes back from that same counter, so
  * nothing drifts. Without a hint (an affinity hit): the backend's own counter, through
  * kp_connix. */

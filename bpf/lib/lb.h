@@ -161,7 +161,8 @@ static __always_inline __u64 kp_lb_affinity_key(const struct kp_lb_req *req,
 }
 
 /* The slot a fresh pick takes: by the frontend's scheduler when slot 0 names one
- * (lib/sched.h), by its Maglev table when it has one and the caller named the flow (its hash,
+ * (lib/sched.h; a least-conn frontend's backend_id names its kp_lcrow row, not a table), by
+ * its Maglev table when it has one and the caller named the flow (its hash,
  * lib/maglev.h, computed only then), at random otherwise. 0: the slot or table row read
  * vanished or belongs to another version (retry). */
 static __always_inline __u16 kp_lb_pick(const struct kp_svc_key *fe, const struct kp_svc_val *svc,
@@ -172,7 +173,7 @@ static __always_inline __u16 kp_lb_pick(const struct kp_svc_key *fe, const struc
 	if (svc->fe_flags & KP_FE_F_ROUND_ROBIN)
 		return kp_rr_pick(fe, svc->count, rnd);
 	if (svc->fe_flags & KP_FE_F_LEAST_CONN)
-		return kp_lc_pick(fe, svc->count, rnd, conn_ix);
+		return kp_lc_pick(fe, svc, rnd, conn_ix);	/* backend_id: its kp_lcrow row */
 	if (!svc->backend_id || !flow)
 		return (rnd % svc->count) + 1;
 	slot = kp_maglev_slot(svc->backend_id, svc->maglev_size, kp_flow_hash(flow));

@@ -46,13 +46,14 @@ struct kp_lc_scan {
 	__s64 least;
 };
 
-static __always_inline void kp_lc_step(const struct kp_lc_ids *ids, __u32 idx, __u16 slot,
+static __always_inline void kp_lc_step(const __u32 *conn, __u32 mask, __u32 idx, __u16 slot,
 				       struct kp_lc_scan *s)
 {
 	__s64 n, diff, take;
 	__u32 ix;
 
-	ix = ids->conn[idx & (KP_LC_IDS - 1)];   /* idx < count <= ids->count <= KP_LC_IDS */
+	ix = conn[idx & mask];          /* idx < count <= the row's count; the mask keeps it
+					 * inside the value for the verifier */
 	n = kp_conns_load(ix);
 	n &= ~(n >> 63);                /* below zero (a repair racing a close) as zero */
 	diff = n - s->least;
@@ -63,31 +64,45 @@ static __always_inline void kp_lc_step(const struct kp_lc_ids *ids, __u32 idx, _
 }
 
 /* The slot whose backend has the fewest connections among up to KP_LC_SCAN slots from a
- * random one, read from the frontend's kp_lcids row (one hashed lookup, then the counters).
- * Without a row for at least `count` slots (not written yet, a stale row from before backends
- * were added, more than KP_LC_IDS backends): at random. Unrolled by hand: as a loop, clang
- * folds its two bounds into one counter the verifier cannot bound. */
-static __always_inline __u16 kp_lc_pick(const struct kp_svc_key *fe, __u16 count, __u32 rnd,
-					__u32 *conn_ix)
+ * random one, read from the frontend's row of counters: the kp_lcrow row its slot 0 names
+ * (an array lookup: at most KP_LC_ROW backends), else its kp_lcids row (one hashed lookup),
+ * then the counters. Without a row for at least `count` slots (not written yet, a stale row
+ * from before backends were added, more than KP_LC_IDS backends): at random. Unrolled by
+ * hand: as a loop, clang folds its two bounds into one counter the verifier cannot bound. */
+static __always_inline __u16 kp_lc_pick(const struct kp_svc_key *fe, const struct kp_svc_val *svc,
+					__u32 rnd, __u32 *conn_ix)
 {
 	struct kp_lc_scan s = {0, 0x7fffffffffffffffLL};
-	struct kp_svc_key key = *fe;
-	struct kp_lc_ids *ids;
+	__u16 count = svc->count;
 	__u16 first = rnd % count;
-	__u32 idx;
+	const __u32 *conn;
+	__u32 idx, mask;
 
-	key.slot = 0;
-	ids = kp_lcids.lookup(&key);
-	if (!ids || ids->count < count) {
-		kp_count(KP_STAT_LC_NO_IDS);
-		return first + 1;
+	if (svc->backend_id) {
+		__u32 at = svc->backend_id;
+		struct kp_lc_row *row = kp_lcrow.lookup(&at);
+
+		if (!row || row->count < count)
+			goto none;
+		conn = row->conn;
+		mask = KP_LC_ROW;
+	} else {
+		struct kp_svc_key key = *fe;
+		struct kp_lc_ids *ids;
+
+		key.slot = 0;
+		ids = kp_lcids.lookup(&key);
+		if (!ids || ids->count < count)
+			goto none;
+		conn = ids->conn;
+		mask = KP_LC_IDS - 1;
 	}
 #define KP_LC_STEP(i) \
 	if ((i) >= count) \
 		goto out; \
 	idx = first + (i); \
 	idx -= count & -(__u32)(idx >= count);  /* < 2 x count: a wrap without a division */ \
-	kp_lc_step(ids, idx, idx + 1, &s);
+	kp_lc_step(conn, mask, idx, idx + 1, &s);
 #define KP_LC_STEP8(i) KP_LC_STEP(i) KP_LC_STEP(i + 1) KP_LC_STEP(i + 2) KP_LC_STEP(i + 3) \
 	KP_LC_STEP(i + 4) KP_LC_STEP(i + 5) KP_LC_STEP(i + 6) KP_LC_STEP(i + 7)
 	KP_LC_STEP8(0) KP_LC_STEP8(8) KP_LC_STEP8(16) KP_LC_STEP8(24)
@@ -97,8 +112,11 @@ static __always_inline __u16 kp_lc_pick(const struct kp_svc_key *fe, __u16 count
 out:
 	/* The chosen slot's counter, as this row names it: the one the socket is counted on
 	 * (lib/conns.h kp_conns_tag). */
-	*conn_ix = s.best ? ids->conn[(s.best - 1) & (KP_LC_IDS - 1)] : 0;
+	*conn_ix = s.best ? conn[(s.best - 1) & mask] : 0;
 	return s.best;
+none:
+	kp_count(KP_STAT_LC_NO_IDS);
+	return first + 1;
 }
 
 #endif

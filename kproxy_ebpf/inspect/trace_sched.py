@@ -32,7 +32,7 @@ def next_pick(maps: Mapping[str, PinnedMap], key, head, slots: Slots
     if alg is LBAlgorithm.ROUND_ROBIN:
         return _round_robin(maps, key, slots)
     if alg is LBAlgorithm.LEAST_CONN:
-        return _least_conn(maps, key, slots)
+        return _least_conn(maps, key, head, slots)
     return None
 
 
@@ -49,13 +49,20 @@ def _round_robin(maps, key, slots: Slots) -> tuple[str, str, str, list[str]]:
             "next takes the slot after", [b] if b else [])
 
 
-def _least_conn(maps, key, slots: Slots) -> tuple[str, str, str, list[str]]:
+def _least_conn(maps, key, head, slots: Slots) -> tuple[str, str, str, list[str]]:
     scan = L.const("KP_LC_SCAN")
-    key.slot = 0
-    ids = maps["lcids"].get(key) if "lcids" in maps else None
+    # The row the C reads: the kp_lcrow row slot 0 names, else the frontend's kp_lcids row.
+    if head.backend_id:
+        at = L.U32(head.backend_id)
+        ids = maps["lcrow"].get(at) if "lcrow" in maps else None
+        where = f"kp_lcrow row {head.backend_id}"
+    else:
+        key.slot = 0
+        ids = maps["lcids"].get(key) if "lcids" in maps else None
+        where = "kp_lcids"
     if ids is None or ids.count < len(slots):
-        return ("least-conn", "no row for these slots (kp_lcids)", "picks at random until the "
-                "agent writes the row, right after slot 0 (or: more than "
+        return ("least-conn", f"no row for these slots ({where})", "picks at random until the "
+                "agent writes the row (or: more than "
                 f"{L.const('KP_LC_IDS')} backends)", [b for b, _, _ in slots if b])
     counts = []     # each slot's counter as the row names it, which is what the C reads
     for i, (b, _, _) in enumerate(slots):

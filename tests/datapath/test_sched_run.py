@@ -10,6 +10,7 @@ import pytest
 
 from kproxy_ebpf.datapath.maps import conn_load
 from kproxy_ebpf.datapath.maps import layout as L
+from kproxy_ebpf.datapath.write import lc_ids
 from kproxy_ebpf.model.objects import LBAlgorithm, Protocol, hostport
 
 from . import test_lb_run as lb
@@ -73,24 +74,82 @@ def _set_conns(maps, w, fam, counts: dict[str, int]) -> None:
         maps["connload"].put(ix, L.MAPS["connload"].value(conn_load.word(conn_load.gen(word), n)))
 
 
+def _head(maps, fam, port: int):
+    return maps["svc"].get(L.svc_key(fam.vip, port, TCP))
+
+
+def _ix(maps, w, ip: str) -> int:
+    return maps["connix"].get(L.U32(w.backend_ids.get((ip, 8080, TCP)))).value
+
+
 def test_least_conn_takes_the_backend_with_the_fewest_connections(program, fam):
+    """At most KP_LC_ROW backends: the kp_lcrow row slot 0 names (an array lookup)."""
     fd, maps, apply = program
     a, b, c = (fam.pod(i) for i in range(10, 13))
     w = apply(replace(frontend(fam, 93, [a, b, c]), algorithm=LC))
+    at = _head(maps, fam, 93).backend_id
+    assert at, "slot 0 names its kp_lcrow row"
     _set_conns(maps, w, fam, {a: 5, b: 2, c: 7})
     assert {ip for ip, _ in picks(fd, fam, 93, 6)} == {b}
+    res = run(fd, fam, 93, rnd=(1, 1))
+    assert res.conn_ix == _ix(maps, w, b), "the counter the row names for the chosen slot"
     _set_conns(maps, w, fam, {b: 9})
     assert {ip for ip, _ in picks(fd, fam, 93, 6)} == {a}
     # Ties spread (the scan starts at a random slot); a count below zero reads as zero.
     _set_conns(maps, w, fam, {a: 0, b: -3, c: 1})
     assert {ip for ip, _ in picks(fd, fam, 93, 12, rnd=lambda i: (i, i))} == {a, b}
-    # Without the frontend's kp_lcids row (the agent writes it after slot 0): at random,
+    # A row that does not cover the count (never so as the agent writes it): at random,
     # counted.
-    maps["lcids"].delete(L.svc_key(fam.vip, 93, TCP))
+    maps["lcrow"].put(L.U32(at), L.STRUCTS["kp_lc_row"](count=2))
     stat = L.U32(L.const("KP_STAT_LC_NO_IDS"))
     before = sum(maps["stats"].get(stat))
     assert {ip for ip, _ in picks(fd, fam, 93, 12, rnd=lambda i: (i, i))} == {a, b, c}
     assert sum(maps["stats"].get(stat)) == before + 12
+
+
+def test_least_conn_past_the_array_row_reads_the_hashed_row(program, fam):
+    """More than KP_LC_ROW backends: slot 0 names no row, the kp_lcids row is read."""
+    fd, maps, apply = program
+    n = L.const("KP_LC_ROW") + 5
+    ips = [fam.pod(i) for i in range(10, 10 + n)]
+    w = apply(replace(frontend(fam, 97, ips), algorithm=LC))
+    assert _head(maps, fam, 97).backend_id == 0
+    assert maps["lcids"].get(L.svc_key(fam.vip, 97, TCP)).count == n
+    few = ips[7]
+    _set_conns(maps, w, fam, dict.fromkeys(ips, 3) | {few: 1})
+    for i in range(4):
+        res = run(fd, fam, 97, rnd=(i * 5, i * 5))
+        assert backend_of(res) == (few, 8080) and res.conn_ix == _ix(maps, w, few)
+    # Back to KP_LC_ROW: an array row again, the hashed row gone after the slot 0.
+    w = apply(replace(frontend(fam, 97, ips[:3]), algorithm=LC))
+    assert _head(maps, fam, 97).backend_id
+    assert maps["lcids"].get(L.svc_key(fam.vip, 97, TCP)) is None
+    _set_conns(maps, w, fam, {ips[0]: 4, ips[1]: 4, ips[2]: 0})
+    assert {ip for ip, _ in picks(fd, fam, 97, 4)} == {ips[2]}
+
+
+def test_least_conn_with_no_array_row_named_reads_the_hashed_row(program, fam):
+    """Slot 0 of a least-conn frontend with backend_id 0 (an older agent's, or no row was
+    free): the kp_lcids row, and without one a pick at random, counted; never a Maglev
+    table."""
+    fd, maps, apply = program
+    a, b, c = (fam.pod(i) for i in range(10, 13))
+    w = apply(replace(frontend(fam, 98, [a, b, c]), algorithm=LC))
+    key = L.svc_key(fam.vip, 98, TCP)
+    head = maps["svc"].get(key)
+    head.backend_id = 0
+    maps["svc"].put(key, head)
+    stat = L.U32(L.const("KP_STAT_LC_NO_IDS"))
+    before = sum(maps["stats"].get(stat))
+    assert {ip for ip, _ in picks(fd, fam, 98, 12, rnd=lambda i: (i, i))} == {a, b, c}
+    assert sum(maps["stats"].get(stat)) == before + 12
+    order = w.programmed[frontend(fam, 98).key].order()
+    maps["lcids"].put(key, lc_ids.row([_ix(maps, w, ip) for ip, _, _ in order]))
+    _set_conns(maps, w, fam, {a: 2, b: 2, c: 1})
+    res = run(fd, fam, 98, rnd=(0, 0))
+    assert backend_of(res) == (c, 8080) and res.conn_ix == _ix(maps, w, c)
+    assert sum(maps["stats"].get(stat)) == before + 12
+    maps["lcids"].delete(key)
 
 
 def test_least_conn_scans_a_bounded_window_of_a_large_service(program, fam):

@@ -61,14 +61,15 @@ if L.STRUCT_SPECS["kp_backend"]["fields"][0] != ("addr", 0, "struct kp_ip"):
 
 
 def head_value(fe: Frontend, svc_id: int, count: int, ranges: bool,
-               table: HeldTable | None = None) -> L.SvcVal:
+               table: HeldTable | None = None, lc_row: int = 0) -> L.SvcVal:
     """Slot 0: the frontend's verdict, kind, affinity and slot count (`ranges`: it has
-    kp_srcrange rows the programs must check; `table`: the Maglev table it picks by)."""
+    kp_srcrange rows the programs must check; `table`: the Maglev table it picks by;
+    `lc_row`: a least-conn frontend's kp_lcrow row, in the same field: it has no table)."""
     return L.SvcVal(svc_id=svc_id, affinity_timeout=fe.affinity_timeout, count=count,
                     action=L.ACTION_NUM[fe.action], kind=L.KIND_NUM[fe.kind],
                     fe_flags=(L.FE_F_SRC_RANGES if ranges else 0)
                     | L.SCHED_FLAG.get(fe.algorithm, 0),
-                    backend_id=table.table if table else 0,
+                    backend_id=table.table if table else lc_row,
                     maglev_size=table.size if table else 0)
 
 

@@ -152,7 +152,9 @@ def _svc_row(slot: int, value: dict) -> dict:
     if slot:
         return {k: value[k] for k in _SLOT_FIELDS}
     head = {k: v for k, v in value.items() if k != "be_flags"}
-    head["maglev_table"] = head.pop("backend_id")
+    # slot 0's backend_id: a least-conn frontend's kp_lcrow row, else its Maglev table
+    lc = "least_conn" in head.get("fe_flags", ())
+    head["lc_row" if lc else "maglev_table"] = head.pop("backend_id")
     return head
 
 

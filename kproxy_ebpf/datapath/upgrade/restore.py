@@ -17,7 +17,7 @@ from kproxy_ebpf.datapath.write.held_addrs import HeldAddrs
 from kproxy_ebpf.datapath.write.maglev_tables import MaglevTables
 from kproxy_ebpf.datapath.write.programmed import BackendKey, Ledger, Programmed
 from kproxy_ebpf.model.desired import Action, FrontendKey, FrontendKind, Scope, ServicePortName
-from kproxy_ebpf.model.objects import IPFamily, Protocol
+from kproxy_ebpf.model.objects import IPFamily, LBAlgorithm, Protocol
 
 
 def read_back(svc: PinnedMap, be: PinnedMap, meta: PinnedMap, src: PinnedMap | None,
@@ -77,7 +77,9 @@ def read_back(svc: PinnedMap, be: PinnedMap, meta: PinnedMap, src: PinnedMap | N
                 count=count, range_flag=bool(fe_flags & L.FE_F_SRC_RANGES),
                 algorithm=L.scheduler_of(fe_flags)))
             led.set_service(prog, names.get(sid))
-            if table:
+            if prog.algorithm is LBAlgorithm.LEAST_CONN:
+                prog.lc_row = table         # a least-conn slot 0 names its kp_lcrow row
+            elif table:
                 named_tables.append((prog, table, maglev_size))
     refs: Counter[BackendKey] = Counter()
     for (ip, port, proto, scope, slot), (bid, *_, flags, _, _) in rows:

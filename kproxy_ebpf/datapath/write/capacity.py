@@ -10,6 +10,7 @@ from kproxy_ebpf.model.objects import LBAlgorithm
 
 from . import batch
 from .held_addrs import HeldAddrs
+from .lc_rows import LcRows
 from .maglev_tables import MaglevTables, row_count
 from .plan import Planner
 from .programmed import Ledger
@@ -21,10 +22,14 @@ class Capacity:
 
     def __init__(self, svc: PinnedMap, be: PinnedMap, meta: PinnedMap, src: PinnedMap | None,
                  ext_addrs: HeldAddrs | None, ext_locals: HeldAddrs | None,
-                 scheduled: Mapping[LBAlgorithm, PinnedMap] | None = None) -> None:
+                 scheduled: Mapping[LBAlgorithm, PinnedMap] | None = None,
+                 lc_rows: LcRows | None = None) -> None:
         """`scheduled`: the map of the row each scheduler keeps beside slot 0 (kp_rr's
-        cursors, kp_lcids' rows)."""
+        cursors, kp_lcids' rows). kp_lcrow needs no check: an array cannot be full, and a
+        frontend finding no pair free takes a kp_lcids row, which this counts for every
+        least-conn frontend; its rows held are counted (`lc_rows`), for the fill metrics."""
         self.svc, self.be, self.meta, self.src = svc, be, meta, src
+        self.lc_rows = lc_rows
         self.ext_addrs, self.ext_locals = ext_addrs, ext_locals
         self.scheduled = dict(scheduled or {})
 
@@ -35,6 +40,8 @@ class Capacity:
             counts["srcrange"] = held.range_rows
         if tables is not None:
             counts["maglev"] = tables.rows
+        if self.lc_rows is not None:        # a pair each, rows 0 and 1 never held
+            counts["lcrow"] = 2 * len(self.lc_rows.pairs)
         for f, name in ((self.ext_addrs, "extaddr"), (self.ext_locals, "extbe")):
             if f is not None:
                 counts[name] = len(f.refs)

@@ -1,12 +1,14 @@
-"""Least-conn rows (bpf/lib/sched.h): per frontend whose slot 0 carries KP_FE_F_LEAST_CONN, a
-kp_lcids row (keyed by that slot 0's key) with the kp_conns index of each slot's backend in
-slot order, so that a connect's scan reads one row and then arrays, not a kp_svc row and a
-hashed counter per slot (measured in docs/design/schedulers.md).
+"""Least-conn rows (bpf/lib/sched.h): per frontend whose slot 0 carries KP_FE_F_LEAST_CONN,
+the kp_conns index of each slot's backend in slot order, so that a connect's scan reads one
+row and then arrays, not a kp_svc row and a hashed counter per slot (measured in
+docs/design/schedulers.md). A frontend of at most KP_LC_ROW backends has it in a kp_lcrow
+array row its slot 0 names (lc_rows.py: written before that slot 0); one with more, or
+finding no row free, in a kp_lcids row keyed by its slot 0's key (slot 0's backend_id 0).
 
 A backend gets a counter index the first time a least-conn frontend names it: its kp_conns
 row is written then with its backend id, its kp_connload word with a new random gen and a
 count of 0 (its kp_flowfix row with 0), then kp_connix (backend id -> index), all before the
-kp_lcids row naming the index. The index is freed with the backend id (garbage.py); its next
+row naming the index. The index is freed with the backend id (garbage.py); its next
 holder's word gets another gen, so a socket still counted on the old one takes back nothing
 from the new (lib/sockconn.h, lib/conns.h kp_conn_tag).
 
@@ -29,7 +31,9 @@ from kproxy_ebpf.datapath.maps.pinned import PinnedMap
 from kproxy_ebpf.model.desired import Frontend, FrontendKey
 from kproxy_ebpf.model.objects import LBAlgorithm
 
+from .apply_result import ApplyResult
 from .batch import Writes
+from .lc_rows import ROW, LcRows, same
 from .programmed import BackendKey, Programmed
 
 log = logging.getLogger(__name__)
@@ -62,31 +66,73 @@ def _indexes(conns: PinnedMap) -> IdAllocator[int]:
 
 
 class LcIds:
-    """The writer's least-conn rows (kp_lcids) and counter indexes (kp_conns, kp_connix)."""
+    """The writer's least-conn rows (kp_lcrow, kp_lcids) and counter indexes (kp_conns,
+    kp_connix). `rows` None: no kp_lcrow (tests' fakes), every frontend on kp_lcids."""
 
     def __init__(self, m: PinnedMap, conns: PinnedMap, connix: PinnedMap,
-                 connload: PinnedMap, flowfix: PinnedMap | None = None) -> None:
+                 connload: PinnedMap, flowfix: PinnedMap | None = None,
+                 rows: PinnedMap | None = None) -> None:
         self.map, self.conns, self.connix = m, conns, connix
         self.connload, self.flowfix = connload, flowfix
         self.ix: IdAllocator[int] = _indexes(conns)
+        self.rows = LcRows(rows) if rows is not None else None
 
-    def update(self, fe: Frontend, was: LBAlgorithm, before: Sequence[BackendKey],
-               order: Sequence[BackendKey], ids: IdAllocator[BackendKey],
-               writes: Writes) -> int:
-        """After fe's slot 0, which used `was` over the slots `before`: its row written when
-        its slots changed or it started asking for least-conn, deleted when it stopped.
-        Returns rows written."""
-        if fe.algorithm is LC:
-            if was is LC and tuple(order) == tuple(before):
+    @classmethod
+    def of(cls, maps: Mapping[str, PinnedMap]) -> LcIds | None:
+        """The writer's, None where a map it needs is missing (tests' fakes)."""
+        if not {"lcids", "conns", "connix", "connload"} <= maps.keys():
+            return None
+        return cls(maps["lcids"], maps["conns"], maps["connix"], maps["connload"],
+                   maps.get("flowfix"), maps.get("lcrow"))
+
+    def batch_maps(self) -> tuple[PinnedMap | None, ...]:
+        """Its maps in the order a batch writes them: a counter zeroed before kp_connix leads
+        a flow to it."""
+        return (self.map, self.conns, self.connload, self.flowfix, self.connix,
+                self.rows.map if self.rows is not None else None)
+
+    def row_for(self, fe: Frontend, was: LBAlgorithm, current: int,
+                before: Sequence[BackendKey], order: Sequence[BackendKey],
+                ids: IdAllocator[BackendKey], writes: Writes, res: ApplyResult) -> int:
+        """Before fe's slot 0 (which names `current` now): the kp_lcrow row the new slot 0 is
+        to name (0: none, kp_lcids instead), written here. The row named now is kept while
+        the slots are the same."""
+        if self.rows is None or fe.algorithm is not LC or len(order) > ROW:
+            return 0
+        if was is LC and current and tuple(order) == tuple(before):
+            return current
+        ixs, n = self.counters(fe.key, [ids.get(b) or 0 for b in order], writes)
+        at = self.rows.write(fe.key, ixs, current, writes)
+        res.writes += n + bool(at)
+        return at
+
+    def update(self, fe: Frontend, was: LBAlgorithm, had: int, row: int,
+               before: Sequence[BackendKey], order: Sequence[BackendKey],
+               ids: IdAllocator[BackendKey], writes: Writes) -> int:
+        """After fe's slot 0, which used `was` over the slots `before` and named the kp_lcrow
+        row `had`, and now names `row`: its kp_lcids row written when it needs one (no
+        kp_lcrow row) and its slots changed or it had none, deleted when it needs none any
+        more; a pair of kp_lcrow rows it stopped naming freed. Returns rows written."""
+        if not row and self.rows is not None:     # (also a pair taken by a failed write)
+            self.rows.free(fe.key)
+        hashed = was is LC and not had              # it had a kp_lcids row
+        if fe.algorithm is LC and not row:
+            if hashed and tuple(order) == tuple(before):
                 return 0
             return self.put(fe.key, [ids.get(b) or 0 for b in order], writes)
-        return self.drop(fe.key, writes) if was is LC else 0
+        return self.drop(fe.key, writes) if hashed else 0
 
-    def put(self, key: FrontendKey, bids: Sequence[int], writes: Writes) -> int:
-        """key's row for the backends `bids` (slot order), with a counter for each."""
-        if len(bids) > MAX_IDS:
-            return self.drop(key, writes)
-        ixs, n = [], 1
+    def gone(self, key: FrontendKey, had: int, writes: Writes) -> int:
+        """A least-conn frontend was deleted (slot 0 first): its rows go."""
+        if self.rows is not None:
+            self.rows.free(key)
+        return 0 if had else self.drop(key, writes)
+
+    def counters(self, key: FrontendKey, bids: Sequence[int],
+                 writes: Writes) -> tuple[list[int] | None, int]:
+        """A counter index for each of the backends `bids` (slot order), handed out here if
+        it has none; None when none is left. Also returns the rows written."""
+        ixs, n = [], 0
         try:
             for bid in bids:
                 ix = self.ix.get(bid)
@@ -101,12 +147,21 @@ class LcIds:
                 ixs.append(ix)
         except IdsExhausted as exc:
             log.warning("least-conn picks at random for %s: %s", key, exc)
-            return n - 1 + self.drop(key, writes)
+            return None, n
+        return ixs, n
+
+    def put(self, key: FrontendKey, bids: Sequence[int], writes: Writes) -> int:
+        """key's kp_lcids row for the backends `bids` (slot order), with a counter for each."""
+        if len(bids) > MAX_IDS:
+            return self.drop(key, writes)
+        ixs, n = self.counters(key, bids, writes)
+        if ixs is None:
+            return n + self.drop(key, writes)
         writes.cursor(self.map, L.frontend_svc_key(key), row(ixs))
-        return n
+        return n + 1
 
     def drop(self, key: FrontendKey, writes: Writes) -> int:
-        """Deletes key's row once no slot 0 asks for least-conn."""
+        """Deletes key's kp_lcids row once its slot 0 no longer reads it."""
         writes.drop(self.map, L.frontend_svc_key(key))
         return 1
 
@@ -115,12 +170,19 @@ class LcIds:
         if self.ix.release(bid) is not None:
             writes.drop(self.connix, L.U32(bid))
 
+    def collect(self) -> None:
+        """The end of an apply, after every slot 0: the kp_lcrow pairs freed go back."""
+        if self.rows is not None:
+            self.rows.collect()
+
     def sweep(self, held: Mapping[FrontendKey, Programmed], ids: IdAllocator[BackendKey],
               writes: Writes) -> int:
         """After a restart: adopts the counter indexes of backends still held, frees the
-        others, deletes the rows of frontends no longer least-conn and rewrites those that do
-        not match their slots (the previous agent stopped between a slot 0 and its row).
-        Returns rows changed."""
+        others; adopts the kp_lcrow rows slot 0s name; gives a frontend whose row does not
+        match its slots (the previous agent stopped between a row and its slot 0), or that
+        has none and fits one, a row written anew and a slot 0 naming it; deletes the
+        kp_lcids rows of frontends that do not read them and rewrites those that do not
+        match their slots. Returns rows changed."""
         self.ix = _indexes(self.conns)
         live = set(ids.by_id())
         changed = 0
@@ -130,8 +192,12 @@ class LcIds:
             else:
                 self.connix.delete(k)
                 changed += 1
-        want = {bytes(L.frontend_svc_key(k)): (k, [ids.get(b) or 0 for b in p.order()])
-                for k, p in held.items() if p.algorithm is LC}
+        lc = {k: (p, [ids.get(b) or 0 for b in p.order()])
+              for k, p in held.items() if p.algorithm is LC}
+        if self.rows is not None:
+            changed += self._sweep_rows(lc, writes.svc, writes)
+        want = {bytes(L.frontend_svc_key(k)): (k, bids)
+                for k, (p, bids) in lc.items() if not p.lc_row}
         for k, v in list(self.map.items()):
             fkey, bids = want.pop(bytes(k), (None, None))
             if fkey is None or bids is None:
@@ -141,4 +207,37 @@ class LcIds:
                 changed += self.put(fkey, bids, writes)
         for fkey, bids in want.values():
             changed += self.put(fkey, bids, writes)
+        return changed
+
+    def _sweep_rows(self, lc: Mapping[FrontendKey, tuple[Programmed, list[int]]],
+                    svc: PinnedMap, writes: Writes) -> int:
+        """sweep()'s kp_lcrow part: every least-conn frontend that fits a row ends with its
+        slot 0 naming a row that matches its slots, written before that slot 0; one that
+        does not fit, or finds no row, with slot 0 naming none (after its kp_lcids row)."""
+        assert self.rows is not None
+        stray = self.rows.adopt({k: p for k, (p, _) in lc.items()})
+        changed = 0
+        for k, (p, bids) in lc.items():
+            ixs = [self.ix.get(b) or 0 for b in bids]     # 0: none (a row never names it)
+            if not p.lc_row and len(bids) > ROW:
+                continue                              # on kp_lcids: the loop after this
+            if (p.lc_row and k not in stray and 0 not in ixs
+                    and same(self.rows.map.get(L.U32(p.lc_row)), ixs)):
+                continue
+            named = p.lc_row
+            got, n = self.counters(k, bids, writes)
+            at = self.rows.write(k, got, 0 if k in stray else named, writes)
+            if not at:
+                n += self.put(k, bids, writes)       # before the slot 0 that reads it
+            if at != named:
+                head = svc.get(L.frontend_svc_key(k))
+                if head is not None:
+                    head.backend_id = at
+                    svc.put(L.frontend_svc_key(k), head)
+                    n += 1
+            if named and not at and k not in stray:
+                self.rows.free(k)
+            p.lc_row = at
+            changed += n
+        self.rows.collect()
         return changed

@@ -169,6 +169,7 @@ class Programmed:
     drain: frozenset[BackendKey] = frozenset()      # EXT: backend rows held for old flows
     maglev: HeldTable | None = None                 # EXT: the Maglev table slot 0 names
     algorithm: LBAlgorithm = LBAlgorithm.RANDOM     # slot 0's scheduler flag
+    lc_row: int = 0                                 # least-conn: the kp_lcrow row slot 0 names
 
     def order(self) -> tuple[BackendKey, ...]:
         """The backends of slots 1..count (those present)."""

@@ -72,16 +72,14 @@ class MapWriter:
         self.tables = MaglevTables(maps["maglev"]) if "maglev" in maps else None
         # Round-robin cursors and least-conn counters (None where missing: tests' fakes).
         self.cursors = Cursors(maps["rr"]) if "rr" in maps else None
-        self.lc_ids = (LcIds(maps["lcids"], maps["conns"], maps["connix"], maps["connload"],
-                             maps.get("flowfix"))
-                       if {"lcids", "conns", "connix", "connload"} <= maps.keys() else None)
+        self.lc_ids = LcIds.of(maps)
         self.plan = Planner(self.src is not None, self.ext_addrs is not None,
                             self.ext_locals is not None, self.tables is not None)
         scheduled = {RR: self.cursors.map} if self.cursors is not None else {}
         if self.lc_ids is not None:
             scheduled[LBAlgorithm.LEAST_CONN] = self.lc_ids.map
         self.capacity = Capacity(self.svc, self.be, self.meta, self.src, self.ext_addrs,
-                                 self.ext_locals, scheduled)
+                                 self.ext_locals, scheduled, self.lc_ids.rows if self.lc_ids else None)
         self.held = Ledger()
         # While the drift check reads the maps (drift.py): every key an apply looked at;
         # a restore() replaces it with None (the check's comparison is void then).
@@ -118,6 +116,8 @@ class MapWriter:
     def _gc(self, writes: Writes, res: ApplyResult | None = None) -> None:
         freed = self.lc_ids.free if self.lc_ids is not None else None
         self._freed_svc_ids += collect(self.held, self.be, self.meta, writes, res, freed)
+        if self.lc_ids is not None:         # kp_lcrow pairs no slot 0 names now
+            self.lc_ids.collect()
 
     # -- apply -----------------------------------------------------------------------------
     def apply(self, desired: Mapping[FrontendKey, Frontend],
@@ -138,9 +138,7 @@ class MapWriter:
         lc = self.lc_ids
         few = (self.src, *(o.map for o in (self.ext_addrs, self.ext_locals, self.cursors)
                            if o is not None),
-               # a counter zeroed before kp_connix leads a flow to it (lc_ids.py)
-               *((lc.map, lc.conns, lc.connload, lc.flowfix, lc.connix) if lc is not None
-                 else ()))
+               *(lc.batch_maps() if lc is not None else ()))
         tables = [self.tables.map] if self.tables is not None else []
         writes = BatchedWrites(self.svc, [self.be, self.meta, *tables],
                                [m for m in few if m is not None])
@@ -204,15 +202,18 @@ class MapWriter:
             res.writes += 1
         old_table = prog.maglev
         table = self._table(fe, prog, order, res, writes)    # before the slot 0 naming it
+        had_row, lc = prog.lc_row, self.lc_ids                # a row before the slot 0 naming it
+        lc_row = lc.row_for(fe, was, had_row, before, order, held.backend_ids, writes,
+                            res) if lc is not None else 0
         # Only now may slot 0 announce the new count.
-        writes.head(key_of(0), E.head_value(fe, svc_id, len(order), bool(ranges), table))
-        prog.range_flag, prog.maglev = bool(ranges), table
+        writes.head(key_of(0), E.head_value(fe, svc_id, len(order), bool(ranges), table, lc_row))
+        prog.range_flag, prog.maglev, prog.lc_row = bool(ranges), table, lc_row
         res.writes += 1
         if self.cursors is not None:                          # after the slot 0 it follows
             res.writes += self.cursors.update(fe, was, before if was is RR else (), order,
                                               writes)
         if self.lc_ids is not None:                           # after the slot 0 it follows
-            res.writes += self.lc_ids.update(fe, was, before, order, held.backend_ids, writes)
+            res.writes += self.lc_ids.update(fe, was, had_row, lc_row, before, order, held.backend_ids, writes)
         prog.algorithm = fe.algorithm
         if old_table is not None and old_table is not table:  # after slot 0 let go
             assert self.tables is not None                     # it held the table
@@ -253,7 +254,7 @@ class MapWriter:
         if self.cursors is not None and prog.algorithm is RR:
             res.writes += self.cursors.drop(key, writes)
         if self.lc_ids is not None and prog.algorithm is LBAlgorithm.LEAST_CONN:
-            res.writes += self.lc_ids.drop(key, writes)
+            res.writes += self.lc_ids.gone(key, prog.lc_row, writes)
         if prog.maglev is not None:
             assert self.tables is not None      # it held the table
             res.writes += self.tables.drop(prog.maglev, writes)
