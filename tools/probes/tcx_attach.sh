@@ -6,8 +6,8 @@
 # that passes everything (r0 = TC_ACT_OK) goes on the server side's egress, then ingress, as tcx
 # links put first (BPF_F_BEFORE, as tcx.attach does); they go again when the run ends.
 # VARIANT=none: nothing. Prints per run: <variant> lost <n> of 4000.
-# Measured 2026-12-07 (kernel 6.18, 20 runs; clsact_graft.sh qdisc right after, same load):
-# tcx lost 0 in 20 runs; qdisc lost 1-5 in 4 of 20.
+# Measured 2026-12-07 (kernel 6.18, 20 runs, twice; clsact_graft.sh qdisc right after each):
+# tcx lost 0 in 20 runs both times; qdisc lost 1-5 in 4 of 20, then 1-13 in 8 of 20.
 # Usage (root): tools/probes/tcx_attach.sh none|tcx [RUNS]
 set -u
 V=${1:?none or tcx}; RUNS=${2:-5}
