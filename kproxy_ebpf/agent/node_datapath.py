@@ -126,7 +126,7 @@ class NodeDatapath:
         if self.tc is not None:
             self.tc.attach()
         if self.cfg.socket_lb:
-            for what in tc.detach_all(tc.POD_PROGRAMS):
+            for what in tc.detach_all(tc.POD_PROGRAMS, Path(self.cfg.bpffs_dir)):
                 log.info("removed %s: the per-packet ClusterIP path is off", what)
         else:
             self.sock.detach()

@@ -64,7 +64,8 @@ def status(bpffs_dir: str, output: str, healthz: str) -> None:
     maps_ = open_maps(bpffs_dir)
     hooks = reader.hooks(Path(bpffs_dir), cgroup_roots=STATUS_CGROUP_ROOTS)
     out: dict[str, Any] = {"bpffs_dir": bpffs_dir, "hooks": hooks,
-           "tc": [{"device": d, "direction": w, "program": p} for d, w, p in tc.attached()],
+           "tc": [{"device": d, "direction": w, "program": p, "via": v}
+                  for d, w, p, v in tc.attachments()],
            "maps": {k: fill(m) for k, m in maps_.items()},
            "counters": reader.counters(maps_["stats"]),
            "families": status_text.node_families(),
@@ -87,7 +88,8 @@ def status(bpffs_dir: str, output: str, healthz: str) -> None:
         click.echo(f"  {h['hook']:<13} {where}")
     for t in out["tc"] or [{"device": "-", "direction": "", "program": "no TC program in this "
                                                                      "network namespace"}]:
-        click.echo(f"  tc {t['device']:<10} {t['direction']:<8} {t['program']}")
+        via = f" ({t['via']})" if t.get("via") else ""
+        click.echo(f"  tc {t['device']:<10} {t['direction']:<8} {t['program']}{via}")
     for name, m in out["maps"].items():
         click.echo(f"  map {name:<9} {m['entries'] if m['entries'] is not None else '-':>7}"
                    f" / {m['max_entries'] if m['max_entries'] is not None else 'per socket'}")

@@ -13,7 +13,9 @@ ExternalIPs are routed from the external client via node1 (10.250.100.0/24, fd00
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -22,8 +24,9 @@ from click.testing import CliRunner
 
 from kproxy_ebpf.cli.main import main
 from kproxy_ebpf.datapath.flows import conntrack
+from kproxy_ebpf.datapath.load import libbpf, tcx
 from kproxy_ebpf.datapath.load.bpffs import open_pinned_maps, remove_pins
-from kproxy_ebpf.datapath.load.tc import TcDatapath, attached, detach_all, write_config
+from kproxy_ebpf.datapath.load.tc import TcDatapath, attached, attachments, detach_all, write_config
 from kproxy_ebpf.datapath.maps import layout as L
 from kproxy_ebpf.datapath.maps.pinned import cpu_id_bound
 from kproxy_ebpf.datapath.write.writer import MapWriter
@@ -124,6 +127,7 @@ def nodes(lab):
             n.close()
         for name in ("node1", "node2"):
             assert nsutil.run_in_thread(lab.node(name).netns, attached) == [], "filters left"
+            assert not (Path(lab.node(name).bpffs) / tcx.PIN_DIR).exists(), "tcx pins left"
 
 
 def nodeport(fam: Fam, name: str, etp_local: bool = False, external_ips=()) -> Service:
@@ -146,8 +150,122 @@ def seen(lines: list[str]) -> set[tuple[str, str]]:
 
 
 def test_attached_to_eth0_both_ways(lab, nodes):
-    got = nsutil.run_in_thread(lab.node("node1").netns, attached)
-    assert got == [("eth0", "egress", "kp_to_outside"), ("eth0", "ingress", "kp_from_outside")]
+    got = nsutil.run_in_thread(lab.node("node1").netns, attachments)
+    assert got == [("eth0", "egress", "kp_to_outside", "tcx"),
+                   ("eth0", "ingress", "kp_from_outside", "tcx")]
+    index = nsutil.run_in_thread(lab.node("node1").netns, lambda: socket.if_nametoindex("eth0"))
+    assert sorted(p.name for p in (nodes[0].bpffs / tcx.PIN_DIR).iterdir()) == [
+        f"{index}-egress", f"{index}-ingress"]
+
+
+def hooks(node: TcNode) -> dict[str, list[tuple[str | None, int]]]:
+    """(program name, link id) on eth0's tcx hooks, by direction."""
+    def read() -> dict[str, list[tuple[str | None, int]]]:
+        index = socket.if_nametoindex("eth0")
+        return {where: tcx.programs(index, where) for where in tcx.DIRECTIONS}
+    return nsutil.run_in_thread(node.netns, read)
+
+
+def prog_ids(node: TcNode) -> set[int]:
+    def read() -> set[int]:
+        index = socket.if_nametoindex("eth0")
+        return {p for where in tcx.DIRECTIONS for p, _ in tcx._query(index, where)}
+    return nsutil.run_in_thread(node.netns, read)
+
+
+def restart(node: TcNode, **kw) -> None:
+    """What a new agent does on the node: loads the programs anew and attaches them."""
+    new = TcDatapath(node.bpffs, ["eth0"], node.snat_addrs, **kw)
+    new.load()
+    try:
+        nsutil.run_in_thread(node.netns, new.attach)
+    except BaseException:
+        new.close()
+        raise
+    old, node.tc = node.tc, new
+    old.close()
+
+
+def test_a_restart_keeps_the_links_and_swaps_the_programs(lab, nodes, fam):
+    node1 = nodes[0]
+    program(nodes, lab, fam, nodeport(fam, "np-restart"), ["b1"])
+    before, progs = hooks(node1), prog_ids(node1)
+    restart(node1)
+    after = hooks(node1)
+    assert [link for w in sorted(after) for _, link in after[w]] == \
+        [link for w in sorted(before) for _, link in before[w]], "the same pinned links"
+    assert prog_ids(node1).isdisjoint(progs), "each runs the new agent's program"
+    lines = lab.probe("ext", fam.node_ip(lab, "node1"), 30080, count=3)
+    assert seen(lines) == {("b1", fam.seen_node(lab, "node1"))}, lines
+
+
+def test_an_older_agents_clsact_filters_are_replaced_by_links_put_first(lab, nodes, fam):
+    """An agent of the clsact era left its filters; another tool's tcx program is there too.
+    The new agent's links go before it, and the old filters are deleted."""
+    node1 = nodes[0]
+    program(nodes, lab, fam, nodeport(fam, "np-upgrade"), ["b1"])
+    nsutil.run_in_thread(node1.netns, lambda: detach_all(bpffs_dir=node1.bpffs))
+    legacy = TcDatapath(node1.bpffs, ["eth0"], node1.snat_addrs, _tcx=False)
+    legacy._fds = {p: os.dup(fd) for p, fd in node1.tc._fds.items()}
+    nsutil.run_in_thread(node1.netns, legacy.attach)
+    legacy.close()
+    assert {a[3] for a in nsutil.run_in_thread(node1.netns, attachments)} == {"clsact"}
+    other = nsutil.run_in_thread(node1.netns, lambda: libbpf.link_create(
+        node1.tc._fds["kp_to_pod"], socket.if_nametoindex("eth0"), libbpf.ATTACH_TCX_INGRESS))
+    try:
+        restart(node1)
+        assert nsutil.run_in_thread(node1.netns, attachments) == [
+            ("eth0", "egress", "kp_to_outside", "tcx"), ("eth0", "ingress", "kp_from_outside", "tcx"),
+            ("eth0", "ingress", "kp_to_pod", "tcx")]
+        assert [name for name, _ in hooks(node1)["ingress"]] == ["kp_from_outside", "kp_to_pod"]
+        lines = lab.probe("ext", fam.node_ip(lab, "node1"), 30080, count=3)
+        assert seen(lines) == {("b1", fam.seen_node(lab, "node1"))}, lines
+    finally:
+        os.close(other)        # not pinned: its last fd closed, it detaches
+    assert [name for name, _ in hooks(node1)["ingress"]] == ["kp_from_outside"]
+
+
+def test_a_deleted_devices_pins_go_and_detach_all_leaves_no_link(lab, nodes):
+    """A pod-like veth on node2 gets the pod programs; deleted, its links turn defunct and
+    remove_defunct drops their pins; one made anew gets new links; detach_all with the bpffs
+    directory detaches them and removes the pins, and leaves eth0's alone."""
+    from pyroute2 import IPRoute
+
+    from kproxy_ebpf.datapath.load.tc import POD_PROGRAMS
+
+    node2 = nodes[1]
+    pins = node2.bpffs / tcx.PIN_DIR
+
+    def veth(op: str) -> None:
+        subprocess.run(["ip", "-n", node2.netns, "link", *(
+            ["add", "kptcx0", "type", "veth", "peer", "name", "kptcx1"] if op == "add"
+            else ["del", "kptcx0"])], check=True)
+
+    def put() -> int:
+        with IPRoute() as ipr:
+            index = ipr.link_lookup(ifname="kptcx0")[0]
+            node2.tc._attach_dev(ipr, index, "kptcx0", POD_PROGRAMS)
+        return index
+
+    eth0 = {p.name for p in pins.iterdir()}
+    veth("add")
+    try:
+        index = nsutil.run_in_thread(node2.netns, put)
+        assert {p.name for p in pins.iterdir()} - eth0 == {f"{index}-egress", f"{index}-ingress"}
+        veth("del")
+        assert {p.name for p in pins.iterdir()} - eth0 == {f"{index}-egress", f"{index}-ingress"}
+        assert len(tcx.remove_defunct(node2.bpffs, index)) == 2
+        assert {p.name for p in pins.iterdir()} == eth0
+        veth("add")
+        index = nsutil.run_in_thread(node2.netns, put)
+        assert ("kptcx0", "ingress", "kp_from_pod") in nsutil.run_in_thread(node2.netns, attached)
+        removed = nsutil.run_in_thread(node2.netns, lambda: detach_all(POD_PROGRAMS, node2.bpffs))
+        assert {r for r in removed if r.startswith("tcx ")} == {"tcx kptcx0 egress",
+                                                                "tcx kptcx0 ingress"}
+        assert {p.name for p in pins.iterdir()} == eth0
+        assert [a[0] for a in nsutil.run_in_thread(node2.netns, attached)] == ["eth0", "eth0"]
+    finally:
+        subprocess.run(["ip", "-n", node2.netns, "link", "del", "kptcx0"], capture_output=True)
 
 
 @pytest.mark.parametrize("udp", [False, True], ids=["tcp", "udp"])

@@ -235,20 +235,24 @@ def test_check_all_nodes_finds_a_row_deleted_behind_one_agent(cluster, core):
         assert rc == 1 and any(line.split()[:3] == ["missing", "ClusterIP", ip]
                                for line in bad["check"]["drift"]), bad
         wait_until(lambda: check_all_nodes(cluster)[0] == 0, 20, "node2's ClusterIP row back")
-        # A TC filter removed behind node2's agent: attached again after its check.
+        # A TC program detached behind node2's agent (its tcx link; a clsact filter on a kernel
+        # without tcx): attached again after its check.
         listing = cluster.lab.exec("node/node2", [sys.executable, "-c",
                                                   "import json; from kproxy_ebpf.datapath.load import tc; "
-                                                  "print(json.dumps(tc.attached()))"],
+                                                  "print(json.dumps(tc.attachments()))"],
                                    capture_output=True, text=True, check=True).stdout
-        dev = next(d for d, where, prog in json.loads(listing)
-                   if where == "ingress" and prog == "kp_from_outside")
-        cluster.lab.exec("node/node2", ["tc", "filter", "del", "dev", dev, "ingress", "pref", "1"],
-                         check=True)
+        dev, via = next((d, via) for d, where, prog, via in json.loads(listing)
+                        if where == "ingress" and prog == "kp_from_outside")
+        cluster.lab.exec("node/node2", [sys.executable, "-c", (
+            "import socket; from kproxy_ebpf.datapath.load import tcx; "
+            f"assert tcx.detach(socket.if_nametoindex({dev!r}), 'ingress', {{'kp_from_outside'}})")]
+            if via == "tcx" else ["tc", "filter", "del", "dev", dev, "ingress", "pref", "1"],
+            check=True)
         time.sleep(MIN_INTERVAL_S)
         rc, rows = check_all_nodes(cluster)
         bad = {r["node"]: r for r in rows}["node2"]
         assert rc == 1 and bad["check"]["tcMissing"] == [f"{dev} ingress kp_from_outside"], bad
-        wait_until(lambda: check_all_nodes(cluster)[0] == 0, 20, "node2's TC filter back")
+        wait_until(lambda: check_all_nodes(cluster)[0] == 0, 20, "node2's TC program back")
     finally:
         core.delete_namespaced_service("tr-chk", "default")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -149,7 +150,7 @@ nft list tables 2>/dev/null | sed -n 's/^table \\(.*\\)/nft \\1/p'""")
 
     def kproxy_leftovers(self, node: str) -> dict:
         """What kproxy-ebpf would leave on NODE: pins in the node's bpffs (not the kernel's own
-        maps.debug and progs.debug of every bpffs mount), TC filters on any
+        maps.debug and progs.debug of every bpffs mount), TC filters and tcx programs on any
         of its links, its nftables table, and programs attached to the node's cgroup."""
         out = self.in_node(node, """
 find /sys/fs/bpf -mindepth 1 ! -name maps.debug ! -name progs.debug 2>/dev/null | sed 's/^/pin /'
@@ -159,15 +160,34 @@ done; done
 nft list tables 2>/dev/null | grep kproxy | sed 's/^/nft /'""")
         lines = out.splitlines()
         return {"pins": [ln[4:] for ln in lines if ln.startswith("pin ")],
-                "tc": [ln[3:] for ln in lines if ln.startswith("tc ")],
+                "tc": [ln[3:] for ln in lines if ln.startswith("tc ")] + self.tcx_progs(node),
                 "nft_tables": [ln[4:] for ln in lines if ln.startswith("nft ")],
                 "cgroup_progs": self.cgroup_progs(node)}
+
+    def tcx_progs(self, node: str) -> list[str]:
+        """Every program on a tcx hook of NODE's links ("eth0 ingress tcx kp_from_outside"),
+        pinned or not. Read from the host in the node's netns with this repository's code: the
+        kind node has no bpftool, and the host's (7.1) does not list tcx."""
+        pid = self._pid(node)
+        code = ("import socket\nfrom kproxy_ebpf.datapath.load import tcx\n"
+                "for i, n in socket.if_nameindex():\n"
+                "    for w in tcx.DIRECTIONS:\n"
+                "        for name, _ in tcx.programs(i, w):\n"
+                "            print(n, w, 'tcx', name)\n")
+        r = subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", sys.executable, "-c", code],
+                           text=True, capture_output=True, cwd=ROOT)
+        if r.returncode != 0:
+            return [f"(tcx hooks not listed: {r.stderr.strip()[-200:]})"]
+        return r.stdout.splitlines()
+
+    def _pid(self, node: str) -> str:
+        return subprocess.run(["podman", "inspect", "-f", "{{.State.Pid}}", node], text=True,
+                              capture_output=True).stdout.strip()
 
     def cgroup_progs(self, node: str) -> list[str]:
         """Programs attached in the node's own cgroup2 subtree (its cgroup namespace's root,
         where the agent attaches), systemd's own (sd_*) left out."""
-        pid = subprocess.run(["podman", "inspect", "-f", "{{.State.Pid}}", node], text=True,
-                             capture_output=True).stdout.strip()
+        pid = self._pid(node)
 
         def unified(text: str) -> str:
             return next((ln.split("::", 1)[1] for ln in text.splitlines() if ln.startswith("0::")), "")

@@ -3,8 +3,9 @@ directories, the pinned maps opened without compiling anything, and every pin re
 (`cleanup`).
 
 Layout of the directory: one pin per map (<name>_v<version>, layout.py), links/ with a pinned
-BPF link per socket hook (sock_hooks.py), and for a moment stage_<pid>_<ns>/, where a load
-child pins the programs it loaded until its parent takes them (progload.py).
+BPF link per socket hook (sock_hooks.py), tcx/ with one per device and direction (tcx.py),
+and for a moment stage_<pid>_<ns>/, where a load child pins the programs it loaded until its
+parent takes them (progload.py).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from kproxy_ebpf.datapath.maps.layout import MAPS
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap
 
 from .kernel import fs_magic
+from .tcx import PIN_DIR as TCX_PIN_DIR
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +73,7 @@ def open_pinned_maps(bpffs_dir: Path) -> dict[str, PinnedMap]:
 def remove_pins(bpffs_dir: Path) -> list[str]:
     """Detaches the hooks (unpinning a link releases it) and drops the maps: `cleanup`."""
     removed = remove_stale_stages(bpffs_dir, keep_live=False)
-    for sub in (bpffs_dir / "links", bpffs_dir):
+    for sub in (bpffs_dir / "links", bpffs_dir / TCX_PIN_DIR, bpffs_dir):
         if not sub.is_dir():
             continue
         for entry in sorted(sub.iterdir()):

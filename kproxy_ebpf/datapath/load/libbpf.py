@@ -24,6 +24,9 @@ ATTACH_CGROUP_UDP6_SENDMSG = 15
 ATTACH_CGROUP_UDP6_RECVMSG = 20
 ATTACH_CGROUP_INET6_GETPEERNAME = 30
 ATTACH_CGROUP_INET_SOCK_RELEASE = 34
+ATTACH_TCX_INGRESS = 46         # kernel 6.6+ (tcx.py)
+ATTACH_TCX_EGRESS = 47
+F_BEFORE = 1 << 3               # BPF_F_BEFORE: with no relative program, first of all
 
 BPF_ANY = 0
 BPF_NOEXIST = 1
@@ -50,6 +53,12 @@ class _LinkInfo(ctypes.Structure):
         ("_pad", ctypes.c_uint32), ("cgroup_id", ctypes.c_uint64),
         ("attach_type", ctypes.c_uint32), ("_rest", ctypes.c_uint8 * 36),
     ]
+
+
+class _LinkCreateOpts(ctypes.Structure):
+    """struct bpf_link_create_opts up to `flags`: libbpf treats the fields after sz as zero
+    (for tcx: no relative program, any revision), in 1.1 as in 1.3+."""
+    _fields_ = [("sz", ctypes.c_size_t), ("flags", ctypes.c_uint32)]
 
 
 class TestRunOpts(ctypes.Structure):
@@ -79,6 +88,9 @@ def _lib() -> ctypes.CDLL:
         "bpf_map_get_next_key": ([c_int, vp, vp], c_int),
         "bpf_obj_get_info_by_fd": ([c_int, vp, ctypes.POINTER(ctypes.c_uint32)], c_int),
         "bpf_link_create": ([c_int, c_int, c_uint, vp], c_int),
+        "bpf_link_detach": ([c_int], c_int),
+        "bpf_link_get_fd_by_id": ([ctypes.c_uint32], c_int),
+        "bpf_prog_get_fd_by_id": ([ctypes.c_uint32], c_int),
         "bpf_link_update": ([c_int, c_int, vp], c_int),
         "bpf_map_lookup_batch": ([c_int, vp, vp, vp, vp, ctypes.POINTER(ctypes.c_uint32), vp],
                                  c_int),
@@ -144,7 +156,8 @@ def map_next_key(fd: int, key, next_key) -> bool:
     return True
 
 
-def _info(fd: int, info: ctypes.Structure, what: str):
+def obj_info(fd: int, info: ctypes.Structure, what: str):
+    """BPF_OBJ_GET_INFO_BY_FD into `info`, a prefix of the kernel's struct."""
     size = ctypes.c_uint32(ctypes.sizeof(info))
     _check(_lib().bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(size)), what)
     return info
@@ -196,21 +209,37 @@ def _batch_done(ret: int, count: ctypes.c_uint32, what: str) -> int:
 
 
 def map_info(fd: int) -> _MapInfo:
-    return _info(fd, _MapInfo(), "map info")
+    return obj_info(fd, _MapInfo(), "map info")
 
 
 def link_info(fd: int) -> _LinkInfo:
-    return _info(fd, _LinkInfo(), "link info")
+    return obj_info(fd, _LinkInfo(), "link info")
 
 
-def link_create(prog_fd: int, target_fd: int, attach_type: int) -> int:
-    """Attaches a program through a BPF link (which a pin keeps alive after we exit)."""
-    return _check(_lib().bpf_link_create(prog_fd, target_fd, attach_type, None), "link create")
+def link_create(prog_fd: int, target_fd: int, attach_type: int, flags: int = 0) -> int:
+    """Attaches a program through a BPF link (which a pin keeps alive after we exit). For
+    tcx, target_fd is the ifindex."""
+    opts = _LinkCreateOpts(sz=ctypes.sizeof(_LinkCreateOpts), flags=flags)
+    return _check(_lib().bpf_link_create(prog_fd, target_fd, attach_type, ctypes.byref(opts)),
+                  "link create")
+
+
+def prog_get_fd_by_id(prog_id: int) -> int:
+    return _check(_lib().bpf_prog_get_fd_by_id(prog_id), "prog by id")
+
+
+def link_get_fd_by_id(link_id: int) -> int:
+    return _check(_lib().bpf_link_get_fd_by_id(link_id), "link by id")
 
 
 def link_update(link_fd: int, new_prog_fd: int) -> None:
-    """Swaps the program behind a link atomically: no connect sees no program."""
+    """Swaps the program behind a link atomically: no connect or packet sees no program."""
     _check(_lib().bpf_link_update(link_fd, new_prog_fd, None), "link update")
+
+
+def link_detach(link_fd: int) -> None:
+    """Detaches a link now, whoever holds it; its pins stay, defunct."""
+    _check(_lib().bpf_link_detach(link_fd), "link detach")
 
 
 def prog_test_run(prog_fd: int, data: bytes) -> tuple[int, bytes]:

@@ -8,7 +8,8 @@ events in one go and hand out one, so an event only triggers the listing; the li
 truth, and the periodic one bounds what a lost event could delay.
 
 Each device is attached once per agent (tracked by ifindex and name); the first time, a
-previous agent's filter is replaced in place (`tc filter replace`, atomic). A device that
+previous agent's program is replaced in place (atomic). A device seen to vanish is passed to
+`forget` (tc.py: its defunct tcx pins go, one per deleted pod otherwise). A device that
 vanishes between the listing and the attach is skipped; anything else is logged and retried
 at the next listing, never fatal.
 """
@@ -37,11 +38,12 @@ class PodDeviceWatcher:
 
     def __init__(self, globs: Iterable[str], attach: Callable[[object, int, str], None],
                  exclude: Iterable[str] = (), runner: Callable[[Callable[[], None]], None]
-                 | None = None):
+                 | None = None, forget: Callable[[int], object] | None = None):
         self.globs = tuple(globs)
         self.exclude = frozenset(exclude)
         self._attach = attach
         self._runner = runner or (lambda body: body())
+        self._forget = forget
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -91,6 +93,11 @@ class PodDeviceWatcher:
         links = {link["index"]: link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
         for index in [i for i, name in self.attached.items() if links.get(i) != name]:
             del self.attached[index]
+            if self._forget is not None:
+                try:
+                    self._forget(index)
+                except Exception as exc:  # noqa: BLE001 (a leftover, retried at next start)
+                    log.warning("could not clean up after device %d: %s", index, exc)
         for index, name in links.items():
             if index in self.attached or name in self.exclude or not matches(name, self.globs):
                 continue

@@ -1,13 +1,17 @@
-"""The per-packet datapath: tc_lb.c at clsact ingress/egress of the node's external devices
+"""The per-packet datapath: tc_lb.c at ingress/egress of the node's external devices
 (north-south) and, with `socketLB: false`, of its pod-facing devices (ClusterIP per packet,
 kept on every new pod's veth by pod_devices.PodDeviceWatcher).
 
-Attached with pyroute2 as direct-action cls_bpf filters under a clsact qdisc. A filter holds its
-program, so the datapath outlives the agent as the pinned cgroup links do; a new agent swaps the
-program with `tc filter replace` on the same priority and handle, which is atomic (no packet
-sees no program). Our filters are recognised by their BPF name (kp_from_outside,
-kp_to_outside, kp_from_pod, kp_to_pod), so `cleanup` and a mode switch find them without any
-record of where they went.
+Attached as pinned tcx links (tcx.py, kernel 6.6+): no qdisc to create, whose graft drops a
+packet or so; the links outlive the agent, and a new agent swaps their programs atomically.
+On a kernel that refuses tcx (logged once), as direct-action cls_bpf filters under a clsact
+qdisc, with pyroute2: a filter holds its program too, and `tc filter replace` on the same
+priority and handle swaps it atomically. An older agent's filters are deleted once the tcx
+links run (they would no longer run anyway: a tcx program's TC_ACT_OK ends the hook); the
+clsact qdisc stays, other tools may share it.
+
+Ours are recognised by their BPF name (kp_from_outside, kp_to_outside, kp_from_pod,
+kp_to_pod), so `cleanup` and a mode switch find them without any record of where they went.
 
 Devices: `devices` from the configuration, otherwise those of the default routes, otherwise
 (the lab has no default route) every device with a global IPv4 or IPv6 address.
@@ -28,6 +32,7 @@ from kproxy_ebpf.datapath.maps.map_sizes import MapSizes
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap, cpu_id_bound
 from kproxy_ebpf.datapath.upgrade.carry import RowCarry
 
+from . import tcx
 from .pod_devices import PodDeviceWatcher
 from .progload import SCHED_CLS, LoadJob, Program, spawn
 
@@ -41,6 +46,7 @@ HANDLE = 0x6B70           # "kp"
 EXT_PROGRAMS = {"kp_from_outside": INGRESS, "kp_to_outside": EGRESS}
 POD_PROGRAMS = {"kp_from_pod": INGRESS, "kp_to_pod": EGRESS}
 PROGRAMS = {**EXT_PROGRAMS, **POD_PROGRAMS}
+WHERE = {INGRESS: "ingress", EGRESS: "egress"}
 ETH_P_ALL = 0x0003
 
 
@@ -105,6 +111,7 @@ class TcDatapath:
     # PodDeviceWatcher's runner (tests: enter the node's netns)
     runner: Callable[[Callable[[], None]], None] | None = None
     _fds: dict[str, int] = field(default_factory=dict)
+    _tcx: bool = True         # False once the kernel refused a tcx link: clsact filters
     _pods: PodDeviceWatcher | None = None
     _upgrade: RowCarry | None = None
 
@@ -128,6 +135,8 @@ class TcDatapath:
         write_config(self.bpffs_dir, self.snat_addrs, self.snat_ports)
 
     def attach(self) -> None:
+        # pins of devices deleted while no agent ran (pod veths): the watcher never saw them go
+        tcx.remove_defunct(self.bpffs_dir)
         with _ipr() as ipr:
             for dev in self.devices:
                 idx = ipr.link_lookup(ifname=dev)
@@ -137,7 +146,8 @@ class TcDatapath:
         if self.pod_globs is not None and self._pods is None:
             self._pods = PodDeviceWatcher(
                 self.pod_globs, lambda ipr, index, name: self._attach_dev(
-                    ipr, index, name, POD_PROGRAMS), exclude=self.devices, runner=self.runner)
+                    ipr, index, name, POD_PROGRAMS), exclude=self.devices, runner=self.runner,
+                forget=lambda index: tcx.remove_defunct(self.bpffs_dir, index))
             self._pods.start()
         if self._upgrade:
             # Every filter runs the new programs now: the old map takes no new flows.
@@ -156,14 +166,29 @@ class TcDatapath:
                     self._attach_dev(ipr, idx[0], dev, EXT_PROGRAMS)
 
     def _attach_dev(self, ipr, index: int, dev: str, programs: dict[str, int]) -> None:
-        _ensure_clsact(ipr, index)
         # Egress first: until it runs, a reply of a flow the ingress program translated would
         # leave with its backend's address (a client from outside resets such a SYN-ACK);
         # egress alone changes nothing, it only reverses flows that ingress recorded.
-        for prog, parent in sorted(programs.items(), key=lambda pp: pp[1] != EGRESS):
+        order = sorted(programs.items(), key=lambda pp: pp[1] != EGRESS)
+        if self._tcx:
+            try:
+                swapped = [tcx.attach(self.bpffs_dir, index, WHERE[parent], self._fds[prog])
+                           for prog, parent in order]
+            except tcx.Unsupported as exc:
+                self._tcx = False
+                log.warning("the kernel refuses tcx links (%s): attaching through a clsact "
+                            "qdisc, whose creation may drop a packet or so", exc)
+            else:
+                legacy = _del_filters(ipr, index, programs)
+                log.info("attached %s to %s (tcx, %s%s)", ", ".join(programs), dev,
+                         "programs swapped" if all(swapped) else "new links",
+                         "; the older agent's clsact filters removed" if legacy else "")
+                return
+        _ensure_clsact(ipr, index)
+        for prog, parent in order:
             ipr.tc("replace-filter", "bpf", index, HANDLE, parent=parent, prio=PRIO,
                    protocol=ETH_P_ALL, fd=self._fds[prog], name=prog, direct_action=True)
-        log.info("attached %s to %s", ", ".join(programs), dev)
+        log.info("attached %s to %s (clsact)", ", ".join(programs), dev)
 
     def close(self) -> None:
         if self._upgrade:
@@ -208,42 +233,61 @@ def _filter_name(f) -> str | None:
     return name.split(":")[0] if name else None
 
 
-def attached() -> list[tuple[str, str, str]]:
-    """(device, "ingress"/"egress", program) of every kproxy TC filter in this netns."""
+def _del_filters(ipr, index: int, programs: dict[str, int]) -> list[str]:
+    """Deletes our cls_bpf filter where it runs one of `programs`; returns the directions."""
+    removed = []
+    for parent in (EGRESS, INGRESS):
+        names = {_filter_name(f) for f in ipr.get_filters(index=index, parent=parent)}
+        if names & set(programs):
+            ipr.tc("del-filter", "bpf", index, HANDLE, parent=parent, prio=PRIO,
+                   protocol=ETH_P_ALL)
+            removed.append(WHERE[parent])
+    return removed
+
+
+def attachments() -> list[tuple[str, str, str, str]]:
+    """(device, "ingress"/"egress", program, "tcx"/"clsact") of every kproxy TC program
+    attached in this netns."""
     out = []
     with _ipr() as ipr:
         for link in ipr.get_links():
             dev = link.get_attr("IFLA_IFNAME")
-            for parent, where in ((INGRESS, "ingress"), (EGRESS, "egress")):
-                for f in ipr.get_filters(index=link["index"], parent=parent):
-                    name = _filter_name(f)
-                    if name in PROGRAMS:
-                        out.append((dev, where, name))
+            for parent, where in WHERE.items():
+                out += [(dev, where, name, "tcx") for name, _ in tcx.programs(link["index"], where)
+                        if name in PROGRAMS]
+                out += [(dev, where, name, "clsact") for name in map(
+                    _filter_name, ipr.get_filters(index=link["index"], parent=parent))
+                    if name in PROGRAMS]
     return sorted(set(out))
 
 
+def attached() -> list[tuple[str, str, str]]:
+    """(device, "ingress"/"egress", program) of every kproxy TC program in this netns."""
+    return sorted({a[:3] for a in attachments()})
+
+
 def missing_filters(devices: Iterable[str]) -> list[str]:
-    """The external devices' filters that are not attached ("eth0 ingress kp_from_outside"):
-    removed behind the agent (a `tc filter del`, a device made anew)."""
-    where = {INGRESS: "ingress", EGRESS: "egress"}
+    """The external devices' programs that are not attached ("eth0 ingress kp_from_outside"):
+    removed behind the agent (a `tc filter del`, a link detached, a device made anew)."""
     have = set(attached())
-    return [f"{dev} {where[parent]} {prog}" for dev in devices
-            for prog, parent in EXT_PROGRAMS.items() if (dev, where[parent], prog) not in have]
+    return [f"{dev} {WHERE[parent]} {prog}" for dev in devices
+            for prog, parent in EXT_PROGRAMS.items() if (dev, WHERE[parent], prog) not in have]
 
 
-def detach_all(programs: dict[str, int] = PROGRAMS) -> list[str]:
-    """Removes every kproxy TC filter of this netns running one of `programs` (`cleanup`: all
-    of them; a mode switch: the other path's); the clsact qdisc stays, as other tools may
-    share it. Returns what was removed."""
+def detach_all(programs: dict[str, int] = PROGRAMS, bpffs_dir: Path | None = None) -> list[str]:
+    """Detaches every kproxy tcx link and cls_bpf filter of this netns running one of
+    `programs` (`cleanup`: all of them; a mode switch: the other path's), and with `bpffs_dir`
+    unpins the links made defunct so. The clsact qdisc stays, as other tools may share it.
+    Returns what was removed."""
     removed = []
     with _ipr() as ipr:
         for link in ipr.get_links():
             dev = link.get_attr("IFLA_IFNAME")
-            for parent in (INGRESS, EGRESS):
-                names = {_filter_name(f) for f in ipr.get_filters(index=link["index"],
-                                                                   parent=parent)}
-                if names & set(programs):
-                    ipr.tc("del-filter", "bpf", link["index"], HANDLE, parent=parent, prio=PRIO,
-                           protocol=ETH_P_ALL)
-                    removed.append(f"tc {dev} {'ingress' if parent == INGRESS else 'egress'}")
+            for where in WHERE.values():
+                if tcx.detach(link["index"], where, set(programs)):
+                    removed.append(f"tcx {dev} {where}")
+            removed += [f"tc {dev} {where}" for where in _del_filters(ipr, link["index"],
+                                                                       programs)]
+    if bpffs_dir is not None:
+        removed += tcx.remove_defunct(bpffs_dir)
     return removed

@@ -33,9 +33,9 @@ def test_default_globs(name, expected):
 
 
 def test_each_matching_device_once_excluded_and_vanished_ones_forgotten():
-    done = []
+    done, forgotten = [], []
     w = PodDeviceWatcher(("kpv*", "veth*"), lambda ipr, i, n: done.append((i, n)),
-                         exclude=("veth-ext",))
+                         exclude=("veth-ext",), forget=forgotten.append)
     ipr = FakeIPRoute((1, "lo"), (2, "eth0"), (3, "kpv1"), (4, "veth-ext"), (5, "veth9"))
     w.scan(ipr)
     w.scan(ipr)
@@ -46,6 +46,7 @@ def test_each_matching_device_once_excluded_and_vanished_ones_forgotten():
     w.scan(ipr)
     assert done[2:] == [(5, "veth5-renamed-new"), (6, "kpv2")]
     assert w.attached == {5: "veth5-renamed-new", 6: "kpv2"}
+    assert forgotten == [3, 5], "the vanished devices' leftovers (tcx pins) go, before a re-attach"
 
 
 def test_a_failed_attach_is_retried_at_the_next_listing(caplog):
