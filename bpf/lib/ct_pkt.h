@@ -17,9 +17,11 @@
 /* Whether a tracked flow may keep its backend: not expired, not a new connection on an ended
  * one, and the backend id still names the flow's backend (an id is freed only once no service
  * uses it, but a freed id may name another backend later, so the address is compared; the
- * agent also purges entries of removed backends). A pod's TCP connection is the
- * exception: like a connect() the socket path translated once, it keeps its backend until it
- * ends (another backend could only answer a mid-stream packet with a RST). */
+ * agent also purges UDP entries of removed backends). A TCP connection is the exception: like
+ * a connect() the socket path translated once, it keeps its backend until it ends, as under
+ * kube-proxy, whose conntrack cleanup clears UDP entries only (pkg/proxy/conntrack/
+ * cleanup.go, v1.36): a pod that stops being ready still answers the connections it has, and
+ * another backend could only answer a mid-stream packet with a RST. */
 static __always_inline bool kp_ct_usable(const struct kp_pkt *p, const struct kp_ct_val *v,
 					 __u64 now)
 {
@@ -30,8 +32,7 @@ static __always_inline bool kp_ct_usable(const struct kp_pkt *p, const struct kp
 	if (now > kp_ct_expires(v->life) ||
 	    kp_ct_reopens(p->tuple.proto, p->tcp_flags, p->tcp_seq, v))
 		return false;
-	if ((kp_ct_flags(v->life) & KP_CT_F_POD) && p->tuple.proto == IPPROTO_TCP &&
-	    !(p->tcp_flags & KP_TCP_SYN))
+	if (p->tuple.proto == IPPROTO_TCP && !(p->tcp_flags & KP_TCP_SYN))
 		return true;
 	b = kp_be.lookup(&id);
 	if (!b)

@@ -383,7 +383,7 @@ def test_trace_walks_the_lookups_of_a_pods_packet(harness):
 # -- ct_keeps_backend -----------------------------------------------------------------------------
 
 def test_ct_keeps_backend_is_kp_ct_usable(harness):
-    """layout.ct_keeps_backend(flags, proto) says which tracked flows keep their backend
+    """layout.ct_keeps_backend(proto) says which tracked flows keep their backend
     whatever the backend id names now; lib/ct_pkt.h kp_ct_usable, for a packet that is not a
     client SYN (the only packets the agent's purge stands for), keeps exactly those."""
     a = V4
@@ -406,7 +406,7 @@ def test_ct_keeps_backend_is_kp_ct_usable(harness):
             key, row = run.ct(src, sport, dst, port, proto)
             # layout.ct_scope: the scope of the frontend the C balanced the flow by
             assert L.ct_scope(row.flags) is (Scope.SOCK if prog == "kp_from_pod" else Scope.EXT)
-            keeps = L.ct_keeps_backend(row.flags, key.proto)
+            keeps = L.ct_keeps_backend(key.proto)
             seen.add(keeps)
             bid = row.backend_id
             run.maps["backend"].put(L.U32(bid), L.backend_val(a.local_be2, 8080, proto))
@@ -428,20 +428,22 @@ def test_ct_keeps_backend_is_kp_ct_usable(harness):
 
 def test_purge_deletes_the_reply_row_the_c_wrote(harness, fam):
     """conntrack.purge computes each flow's kp_rnat key (lib/ct.h kp_ct_reply_key): for a
-    flow with SNAT (a remote backend) and one without, the rows the C wrote are the ones it
-    deletes."""
+    UDP flow with SNAT (a remote backend) and one without, the rows the C wrote are the ones it
+    deletes; a TCP flow keeps both of its rows (TCP is never purged)."""
     a = fam
-    remote = tcrun.frontend(a.node, NP_TWO, FrontendKind.NODE_PORT, "remote", [(a.remote_be, False)])
+    remote = tcrun.frontend(a.node, NP_TWO, FrontendKind.NODE_PORT, "remote",
+                            [(a.remote_be, False)], proto=UDP)
     fes = [ext(a, NP_ONE, [a.local_be]), ext(a, NP_ONE, [a.local_be], proto=UDP), remote]
     with running(harness, fes) as run:
         forget_flows(run)
-        for i, (port, proto) in enumerate([(NP_ONE, TCP), (NP_ONE, UDP), (NP_TWO, TCP)]):
+        for i, (port, proto) in enumerate([(NP_ONE, TCP), (NP_ONE, UDP), (NP_TWO, UDP)]):
             run.run("kp_from_outside", packet(a.client, 46000 + i, a.node, port, proto))
         flags = {row.flags & L.CT_F_SNAT for _, row in run.maps["ct"].items()}
         assert len(run.maps["ct"].keys()) == 3 and flags == {0, L.CT_F_SNAT}
         assert len(run.maps["rnat"].keys()) == 3
-        assert conntrack.purge(run.maps, lambda fkey, be: False).removed == 3
-        assert run.maps["ct"].keys() == [] and run.maps["rnat"].keys() == []
+        assert conntrack.purge(run.maps, lambda fkey, be: False).removed == 2
+        kept = run.maps["ct"].keys()
+        assert [k.proto for k in kept] == [L.PROTO_NUM[TCP]] and len(run.maps["rnat"].keys()) == 1
 
 
 # -- the socket path's affinity client (lib/lb.h alone) -------------------------------------------

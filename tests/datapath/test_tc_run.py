@@ -620,17 +620,17 @@ def test_an_ended_flow_is_written_again_whole_and_still_translates_late_replies(
     assert tc.ct(sport, NP_REMOTE)[1].backend_id == opened.backend_id
 
 
-def test_a_removed_backends_flow_is_left_mid_stream_and_rebalanced_by_a_syn(tc):
-    """Once its backend is gone a TCP flow is no longer carried: its mid-stream packets pass
-    untouched (as after the agent's purge deletes its row; another backend could only reset
-    it), and the client's next SYN on the tuple gets a backend the frontend has."""
+def test_a_removed_backends_tcp_flow_keeps_it_mid_stream_and_a_new_syn_rebalances(tc):
+    """Once its backend left the frontend a TCP connection still reaches it, as under
+    kube-proxy, whose conntrack cleanup clears UDP entries only (a pod that stops being ready
+    still answers the connections it has; another backend could only reset it), and the
+    client's next SYN on the tuple gets a backend the frontend has."""
     tc.ingress(packet(tc.a.client, 40006, tc.a.node, NP_LOCAL))
     assert L.ip_text(tc.ct(40006, NP_LOCAL)[1].be_addr) == tc.a.local_be
     moved = ext(tc.a, NP_LOCAL, [(tc.a.local_be2, True)])
     assert tc.writer.apply({moved.key: moved}, candidates=[moved.key]).ok
-    frame = packet(tc.a.client, 40006, tc.a.node, NP_LOCAL, flags=ACK)
-    ret, out = tc.ingress(frame)
-    assert (ret, out[:len(frame)]) == (TC_ACT_OK, frame)
+    ret, out = tc.ingress(packet(tc.a.client, 40006, tc.a.node, NP_LOCAL, flags=ACK))
+    assert ret == TC_ACT_OK and parse(out)["dst"] == tc.a.local_be
     _, out = tc.ingress(packet(tc.a.client, 40006, tc.a.node, NP_LOCAL, seq=3000))
     assert parse(out)["dst"] == tc.a.local_be2
 
@@ -653,28 +653,32 @@ def test_drop_drops(tc):
     assert ret == TC_ACT_SHOT and tc.stat("tc_drop") == before + 1
 
 
-def test_purge_removes_flows_of_a_backend_that_left_their_frontend(tc):
+def test_purge_removes_udp_flows_of_a_backend_that_left_their_frontend_not_tcp(tc):
     from kproxy_ebpf.datapath.flows import conntrack
 
+    def keeps(k, b):
+        return b in tc.writer.held.backends_of(k)
+
     tc.ingress(packet(tc.a.client, 40009, tc.a.node, NP_REMOTE))
-    tc.ingress(packet(tc.a.client, 40010, tc.a.node, NP_LOCAL))
-    key, ct = tc.ct(40009, NP_REMOTE)
+    tc.ingress(packet(tc.a.client, 40010, tc.a.node, NP_UDP, proto=UDP))
+    key, ct = tc.ct(40010, NP_UDP, UDP)
     reply = snat_reply_key(key, ct)
     assert tc.maps["rnat"].get(reply) is not None
-    assert conntrack.purge(tc.maps, lambda k, b: b in tc.writer.held.backends_of(k)).removed == 0, "nothing changed yet"
-    # The remote backend leaves NP_REMOTE (it still exists: NP_UDP uses it).
-    moved = ext(tc.a, NP_REMOTE, [(tc.a.local_be, True)])
-    assert tc.writer.apply({moved.key: moved}, candidates=[moved.key]).ok
+    assert conntrack.purge(tc.maps, keeps).removed == 0, "nothing changed yet"
+    # The remote backend leaves both frontends.
+    moved = [ext(tc.a, NP_REMOTE, [(tc.a.local_be, True)]),
+             ext(tc.a, NP_UDP, [(tc.a.local_be, True)], proto=UDP)]
+    assert tc.writer.apply({f.key: f for f in moved}, candidates=[f.key for f in moved]).ok
     # A partial sync checks the flows of the frontends it changed only.
     other = ext(tc.a, NP_LOCAL, [(tc.a.local_be, True)])
-    res = conntrack.purge(tc.maps, lambda k, b: b in tc.writer.held.backends_of(k), frontends=[other.key])
+    res = conntrack.purge(tc.maps, keeps, frontends=[other.key])
     assert res.removed == 0 and res.entries >= 2
-    assert conntrack.purge(tc.maps, lambda k, b: b in tc.writer.held.backends_of(k), frontends=[moved.key]).removed == 1
-    assert tc.ct(40009, NP_REMOTE)[1] is None and tc.maps["rnat"].get(reply) is None
-    assert tc.ct(40010, NP_LOCAL)[1] is not None
-    rows = conntrack.entries(tc.maps)
-    assert [(r["client"], r["backend"], r["snat"], r["state"], r["service"]) for r in rows] == [
-        (hostport(tc.a.client, 40010), hostport(tc.a.local_be, 8080), None, "new", f"t/np{NP_LOCAL}")]
+    # The UDP flow goes, with its reply row; the TCP connection keeps its backend.
+    assert conntrack.purge(tc.maps, keeps, frontends=[f.key for f in moved]).removed == 1
+    assert tc.ct(40010, NP_UDP, UDP)[1] is None and tc.maps["rnat"].get(reply) is None
+    rows = [r for r in conntrack.entries(tc.maps) if r["client"] == hostport(tc.a.client, 40009)]
+    assert [(r["backend"], bool(r["snat"]), r["service"]) for r in rows] == [
+        (hostport(tc.a.remote_be, 8080), True, f"t/np{NP_REMOTE}")]
 
 
 # -- loadBalancerSourceRanges ---------------------------------------------------------------------

@@ -8,12 +8,12 @@ walks the whole table (batched reads, plain tuples), so the agent runs it only a
 that changed scope-EXT frontends (or, with `socketLB: false`, any frontend), for the changed
 frontends' flows only, and fully on full syncs.
 
-Flows opened by a pod of this node (KP_CT_F_POD, the per-packet ClusterIP path) belong to
-scope-SOCK frontends. Their TCP connections keep their backend (layout.ct_keeps_backend, the
-rule of lib/ct_pkt.h's kp_ct_usable) and are never purged: the socket path translates a connect()
-once and the connection keeps its backend until it ends, so the per-packet path does the same
-(kube-proxy, too, leaves TCP conntrack entries of removed endpoints alone and clears only UDP
-ones). Their UDP flows are purged like any other.
+TCP connections keep their backend (layout.ct_keeps_backend, the rule of lib/ct_pkt.h's
+kp_ct_usable) and are never purged, from pods (KP_CT_F_POD, the per-packet ClusterIP path) and
+from outside alike: the socket path translates a connect() once and the connection keeps its
+backend until it ends, and kube-proxy leaves TCP conntrack entries of removed endpoints alone
+and clears only UDP ones, so a NodePort connection to a pod that stops being ready goes on.
+UDP flows are purged.
 
 Which backend a flow keeps is the caller's rule (`keeps`): the agent passes kube-proxy's
 (established.py: still in the slots, or a serving endpoint of the Service port), so a pod that
@@ -63,7 +63,7 @@ def purge(maps: Mapping[str, PinnedMap], keeps: Keeps,
         if wanted is not None and (daddr, dport, proto) not in wanted:
             continue
         flags = life & flag_bits
-        if L.ct_keeps_backend(flags, proto):
+        if L.ct_keeps_backend(proto):
             continue
         protocol = L.PROTO_BY_NUM.get(proto)
         ip = L.ip_str(daddr)

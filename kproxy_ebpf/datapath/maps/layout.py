@@ -204,12 +204,12 @@ def ct_scope(flags: int) -> Scope:
     return Scope.SOCK if flags & CT_F_POD else Scope.EXT
 
 
-def ct_keeps_backend(flags: int, proto: int) -> bool:
-    """Whether a tracked flow keeps its backend whatever the frontend now lists: a pod's TCP
-    connection, like a connect() the socket path translated once, until it ends (tc_lb.c
+def ct_keeps_backend(proto: int) -> bool:
+    """Whether a tracked flow keeps its backend whatever the frontend now lists: a TCP
+    connection, like a connect() the socket path translated once, until it ends (lib/ct_pkt.h
     kp_ct_usable, where a SYN on such a flow still re-balances: a question about a packet,
     which the agent's purge never asks)."""
-    return bool(flags & CT_F_POD) and proto == PROTO_NUM[Protocol.TCP]
+    return proto == PROTO_NUM[Protocol.TCP]
 
 
 FE_F_SRC_RANGES = const("KP_FE_F_SRC_RANGES")
