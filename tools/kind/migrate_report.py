@@ -25,7 +25,7 @@ QDISC = ("agent starts beside kube-proxy", "§",
          "the node's first attach creates the clsact qdisc on its external device, and the "
          "kernel deactivates the device while it grafts one (qdisc_graft -> dev_deactivate): "
          "what the node sends out of it in that instant is dropped (tools/probes/"
-         "clsact_graft.sh: 1-3 of 4,000 UDP answers lost in 8 of 20 qdiscs created, none in 20 "
+         "attach_loss.sh qdisc: 1-3 of 4,000 UDP answers lost in 8 of 20 qdiscs created, none in 20 "
          "runs without). A lost "
          "UDP query or answer times out; a lost SYN-ACK of kube-proxy's makes the client send "
          "its SYN again 1 s later, now to the TC path, which may pick another backend while "
@@ -187,7 +187,7 @@ def markdown(rep: dict) -> str:
                 f"{STARTS[1]} Expected, kernel-bound: {STARTS[2]}.",
                 f"{QDISC[1]} Expected with a clsact attach (only on a kernel without tcx: the "
                 f"agent attaches tcx links, no qdisc, since issue 45; tools/probes/"
-                f"tcx_attach.sh lost 0 in 20 attaches, twice): {QDISC[2]}.",
+                f"attach_loss.sh tcx lost 0 in 20 attaches, twice): {QDISC[2]}.",
                 "A bold cell without a mark is not explained by these (the reasons and the "
                 "times are below and in the JSON's by_node).", ""]
         if notes:

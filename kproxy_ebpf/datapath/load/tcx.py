@@ -1,7 +1,7 @@
 """TCX links (kernel 6.6+): tc_lb.c's programs on a device's ingress/egress without a qdisc.
 
 Why: creating the clsact qdisc the legacy path needs deactivates the device while it is grafted,
-which drops a packet or so at an agent's first attach (tools/probes/clsact_graft.sh). A tcx
+which drops a packet or so at an agent's first attach (tools/probes/attach_loss.sh qdisc). A tcx
 link needs no qdisc.
 
 A link detaches when its last fd closes, so each is pinned, <bpffs_dir>/tcx/<ifindex>-<ingress|
