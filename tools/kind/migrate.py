@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -98,6 +99,12 @@ def leftovers_gone(c: Cluster, nodes: list[str], what, timeout: float) -> dict:
         time.sleep(3)
 
 
+# Agent log lines kept in the report's JSON (agent_log): the TC conntrack purge, the datapath's
+# attach, and anything logged as a warning or an error (agent/run.py's format: the level's
+# first letter after the time).
+AGENT_NOTABLE = re.compile(r"purged|attached kp_| [WE] \S+: |Traceback")
+
+
 def run_pass(mode: str, cluster: str, workers: int, image: str, dwell: float, work: Path) -> dict:
     c = Cluster(cluster)
     res: dict = {"mode": mode, "cluster": cluster, "workers": workers}
@@ -160,6 +167,10 @@ def run_pass(mode: str, cluster: str, workers: int, image: str, dwell: float, wo
                 return {"kube_proxy_ready_s": c.wait_ready(KUBE_PROXY, n)}
 
             def agent_off(n: str = n) -> dict:
+                # What the agent did while it served (its log goes with its pod): purges,
+                # warnings, errors, for failures the counts cannot explain.
+                res.setdefault("agent_log", {})[n] = [
+                    ln for ln in c.agent_log(n) if AGENT_NOTABLE.search(ln)][-60:]
                 c.label(n, AGENT_LABEL, None)
                 return {"agent_gone_s": c.wait_gone(AGENT, n)}
             p.step(f"{n}: kube-proxy back beside the agent", kube_proxy_on)
@@ -176,6 +187,7 @@ def run_pass(mode: str, cluster: str, workers: int, image: str, dwell: float, wo
             traffic.collect(lines, p.steps)
             res["guard_after"] = guard_drops(cluster)
             res["guard_log"] = guard_log(started, p.steps)
+            res["probe_failures"] = c.probe_failures(traffic.NS)
         except Exception as exc:  # noqa: BLE001
             res.setdefault("error", f"collecting: {type(exc).__name__}: {exc}")
         traffic.remove_outside()

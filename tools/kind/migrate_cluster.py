@@ -76,14 +76,30 @@ class Cluster:
     def wait_gone(self, selector: str, node: str) -> float:
         return self.wait(f"{selector} gone from {node}", lambda: not self.pods_on(selector, node))
 
+    def agent_log(self, node: str) -> list[str]:
+        """The log of NODE's agent, each line stamped by kubectl (--timestamps); [] without one."""
+        pods = self.pods_on(AGENT, node)
+        if not pods:
+            return []
+        return self.kc("-n", NS, "logs", pods[0][0], "--timestamps", check=False).splitlines()
+
+    def probe_failures(self, namespace: str) -> list[dict]:
+        """The probe failures (events "Unhealthy") of NAMESPACE's pods: a readiness flap takes
+        an endpoint out of its Services for a moment, which the traffic counts may show."""
+        try:
+            items = json.loads(self.kc("-n", namespace, "get", "events", "-o", "json",
+                                       check=False) or "{}").get("items", [])
+        except ValueError:
+            return []
+        return [{"pod": e["involvedObject"]["name"], "count": e.get("count", 1),
+                 "first": e.get("firstTimestamp") or e.get("eventTime"),
+                 "last": e.get("lastTimestamp"), "message": (e.get("message") or "")[:200]}
+                for e in items if e.get("reason") == "Unhealthy"]
+
     def tc_attached_at(self, node: str) -> float | None:
         """When the agent on NODE attached its TC filters (unix time; its log line `attached
         kp_... to eth0`, as kubectl's --timestamps gives it), or None."""
-        pods = self.pods_on(AGENT, node)
-        if not pods:
-            return None
-        out = self.kc("-n", NS, "logs", pods[0][0], "--timestamps", check=False)
-        for ln in out.splitlines():
+        for ln in self.agent_log(node):
             if " attached kp_" in ln:
                 stamp = ln.split()[0].rstrip("Z")[:26]     # microseconds at most
                 try:

@@ -3,7 +3,11 @@ table step x traffic kind (failed / all outcomes), the reasons, the leftover che
 failures the kernel cannot avoid marked with why (docs/design/deployment.md)."""
 from __future__ import annotations
 
+import re
+
 import migrate_traffic as traffic  # type: ignore[import-not-found]
+
+LOG_LEVEL_WE = re.compile(r" [WE] \S+: ")     # a warning or error line of the agent's log
 
 # Failures the kernel cannot avoid, by step and traffic kind, with why (the classes
 # docs/design/deployment.md describes under "Existing connections across the switch").
@@ -220,6 +224,17 @@ def markdown(rep: dict) -> str:
             out.append(f"Egress guards (packets leaving the kind network, dropped): {during} "
                        f"during the pass (before it: {b}; after it: {a}); per step in the "
                        f"table's last column (host = the host's side).")
+        if p.get("probe_failures"):
+            out.append("Probe failures of the traffic's pods (events Unhealthy): " + "; ".join(
+                f"{e['pod']} x{e['count']} {e['first']}..{e['last']}: {e['message']}"
+                for e in p["probe_failures"]) + ".")
+        if p.get("agent_log"):
+            out.append("The agents' log at their leave (purges, warnings, errors; the lines in "
+                       "the JSON's agent_log): " + ", ".join(
+                           f"{n.removeprefix(p.get('cluster', '') + '-')} "
+                           f"{sum('purged' in ln for ln in lines)} purges, "
+                           f"{sum(bool(LOG_LEVEL_WE.search(ln)) for ln in lines)} warnings "
+                           "or errors" for n, lines in p["agent_log"].items()) + ".")
         if p.get("guard_log"):
             out += ["", "The host guard's dropped packets (its kernel log):", "",
                     *guard_log_lines(p)]
