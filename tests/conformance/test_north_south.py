@@ -5,11 +5,15 @@ Cells name the source address the backend saw: "ext" (the client's own), "node" 
 "node2", "pod" (the client pod on node1)."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from kproxy_ebpf.dev.lab.cluster import NAMESPACE
+from kproxy_ebpf.dev.lab.probe import is_reply
 from kproxy_ebpf.model.objects import hostport
 
+from ..held import Held
 from ..support import wait_until
 from .scenario import CLIENT, EXT, HOST
 
@@ -137,3 +141,28 @@ def test_nodeport_backend_removed(scenario):
         wait_until(lambda: not any(f["backend"].startswith(gone) for f in
                                    scenario.kproxy_flows("node1", "np-rm")),
                    10, "kproxy's conntrack rows of rm-1 purged")
+
+
+def test_nodeport_tcp_connection_outlives_its_backends_readiness(scenario):
+    """A TCP connection from outside through node1's NodePort goes on to its backend when the
+    backend stops being ready (the pod still runs and answers), while new connections go to
+    the one that remains: kube-proxy's conntrack keeps TCP entries of removed endpoints (its
+    cleanup clears UDP only), kproxy's TC path keeps the flow's backend (lib/ct_pkt.h
+    kp_ct_usable). Until 2026-12-07 kproxy moved the flow and the connection died."""
+    scenario.pods("keep", {"keep-1": "node2"})
+    scenario.service("np-keep", "keep", ports(30160), type="NodePort")
+    node1 = scenario.node_ip("node1")
+    scenario.check("tcp ext -> node1", EXT, node1, 30160, "keep-1 from node")
+    with Held(scenario.c, EXT, node1, 30160, "held-np-keep", udp=False) as held:
+        assert held.first_pod() == "keep-1", held.log
+        scenario.pods("keep", {"keep-2": "node2"})
+        scenario.wait_endpoints("np-keep", 2)
+        scenario.ready("keep-1", False)
+        scenario.check("tcp ext -> node1 after keep-1 left", EXT, node1, 30160,
+                       "keep-2 from node")
+        t0 = time.time()
+        wait_until(lambda: len(held.answers(t0)) >= 10, 10, f"10 more answers ({held.log})")
+        after = [r for t, r in held.lines() if t > t0]
+        kept = ",".join(sorted({p for _, p in held.answers(t0)}))
+        scenario.note("held tcp connection after keep-1 left", kept)
+        assert kept == "keep-1" and all(is_reply(r) for r in after), held.log
