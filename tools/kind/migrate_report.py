@@ -82,7 +82,8 @@ def _expected(st: dict, label: str) -> str:
 def traffic_info() -> dict:
     return {"per_client": {"long_lived": traffic.LONG, "message_interval_ms": 100,
                            "new_per_s": traffic.RATE},
-            "clients": "a pod per node (ClusterIP, DNS); one container on the kind network "
+            "clients": "a pod per node (ClusterIP, DNS); a host-network pod per node (ClusterIP "
+                       "TCP); one container on the kind network "
                        "with two clients per node (NodePort TCP and UDP, eTP Cluster and "
                        "Local)",
             "backends": "a pod per node (DaemonSet), behind a NodePort Service with "
@@ -92,7 +93,7 @@ def traffic_info() -> dict:
 
 
 def _short(label: str) -> str:
-    for a, b in (("pod -> ", "pod→"), ("outside -> ", "out→"), ("CoreDNS, ", "DNS "),
+    for a, b in (("pod -> ", "pod→"), ("node -> ", "node→"), ("outside -> ", "out→"), ("CoreDNS, ", "DNS "),
                  (" eTP Local,", " Local,"),
                  ("long-lived TCP (messages)", "long TCP"), ("connected UDP socket", "conn"),
                  ("TCP reopened every 20 s (messages)", "TCP 20 s"),

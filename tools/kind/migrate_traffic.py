@@ -4,6 +4,7 @@ node; nothing is pulled):
 
 * a backend on every node (a DaemonSet running lab/echo.py), behind one NodePort Service
   (TCP 80 -> NodePort 31080, UDP 81 -> NodePort 31081; externalTrafficPolicy Cluster);
+* the same TCP clients in a host-network pod on every node (the node's own connections);
 * a client pod on every node: long-lived TCP connections (some kept the whole run, some
   reopened every 20 s, so that some are always opened under the proxy of the moment) and new
   TCP connections to the
@@ -85,8 +86,14 @@ def start_clients(c: Cluster, image: str, cip: str, work: Path) -> None:
     args = ["/lab/traffic.py", "--out", "/dev/stdout", "--long", str(LONG), "--rate", str(RATE),
             "--cycled", str(CYCLED), "--lifetime", str(LIFETIME),
             "--tcp", f"{cip}:80", "--dns", DNS, "--dns-name", f"echo.{NS}.svc.cluster.local"]
-    c.kc("-n", NS, "apply", "-f", "-", stdin=json.dumps(_daemonset("client", _pod("client", image, args))))
-    c.kc("-n", NS, "rollout", "status", "daemonset/client", "--timeout=180s")
+    # the node's own network namespace: TCP only (a node resolves through its own resolver)
+    host = _pod("hostclient", image, args[:args.index("--dns")])
+    host["spec"].update(hostNetwork=True, dnsPolicy="ClusterFirstWithHostNet")
+    items = {"apiVersion": "v1", "kind": "List", "items": [
+        _daemonset("client", _pod("client", image, args)), _daemonset("hostclient", host)]}
+    c.kc("-n", NS, "apply", "-f", "-", stdin=json.dumps(items))
+    for ds in ("client", "hostclient"):
+        c.kc("-n", NS, "rollout", "status", f"daemonset/{ds}", "--timeout=180s")
     script = []
     common = f"--long {LONG} --rate {RATE} --cycled {CYCLED} --lifetime {LIFETIME}"
     for node in c.nodes():
@@ -104,13 +111,15 @@ def start_clients(c: Cluster, image: str, cip: str, work: Path) -> None:
 
 
 def stop_clients(c: Cluster, work: Path) -> dict[str, list[str]]:
-    """Ends every client; returns each one's lines by source (`pod:NODE`, `outside:NODE`)."""
+    """Ends every client; returns each one's lines by source (`pod:NODE`, `host:NODE`,
+    `outside:NODE`, `outlocal:NODE`)."""
     lines: dict[str, list[str]] = {}
-    out = c.kc("-n", NS, "get", "pods", "-l", "app=client", "-o",
-               "jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName}{\"\\n\"}{end}")
-    for row in out.splitlines():
-        pod, node = row.split()
-        lines[f"pod:{node}"] = c.kc("-n", NS, "logs", pod, check=False).splitlines()
+    for app, where in (("client", "pod"), ("hostclient", "host")):
+        out = c.kc("-n", NS, "get", "pods", "-l", f"app={app}", "-o",
+                   "jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName}{\"\\n\"}{end}")
+        for row in out.splitlines():
+            pod, node = row.split()
+            lines[f"{where}:{node}"] = c.kc("-n", NS, "logs", pod, check=False).splitlines()
     remove_outside()
     for where in OUTSIDE_SOURCES:
         for f in sorted(work.glob(f"{where}-*.log")):
@@ -129,6 +138,9 @@ KINDS = {("pod", "long"): "pod -> ClusterIP, long-lived TCP (messages)",
          ("pod", "new"): "pod -> ClusterIP, new TCP",
          ("pod", "dnsconn"): "pod -> CoreDNS, connected UDP socket",
          ("pod", "dnsnew"): "pod -> CoreDNS, new sockets",
+         ("host", "long"): "node -> ClusterIP, long-lived TCP (messages)",
+         ("host", "cycled"): "node -> ClusterIP, TCP reopened every 20 s (messages)",
+         ("host", "new"): "node -> ClusterIP, new TCP",
          ("outside", "long"): "outside -> NodePort, long-lived TCP (messages)",
          ("outside", "cycled"): "outside -> NodePort, TCP reopened every 20 s (messages)",
          ("outside", "new"): "outside -> NodePort, new TCP",

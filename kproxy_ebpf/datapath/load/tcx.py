@@ -15,10 +15,12 @@ previous agent's among them, no longer run.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from . import libbpf
@@ -68,7 +70,10 @@ class _QueryAttr(ctypes.Structure):
     ]
 
 
-_NR_BPF = {"x86_64": 321, "aarch64": 280}
+# __NR_bpf per machine (the kernel's syscall tables; aarch64, riscv64 and loongarch64 share the
+# generic table).
+_NR_BPF = {"x86_64": 321, "i686": 357, "aarch64": 280, "riscv64": 280, "loongarch64": 280,
+           "armv7l": 386, "ppc64le": 361, "s390x": 351}
 _BPF_PROG_QUERY = 16
 
 
@@ -78,9 +83,13 @@ def _query(ifindex: int, direction: str, room: int = 64) -> list[tuple[int, int]
     progs, links = (ctypes.c_uint32 * room)(), (ctypes.c_uint32 * room)()
     attr = _QueryAttr(target_ifindex=ifindex, attach_type=DIRECTIONS[direction], count=room,
                       prog_ids=ctypes.addressof(progs), link_ids=ctypes.addressof(links))
+    machine = os.uname().machine
+    if machine not in _NR_BPF:
+        raise libbpf.BpfError(errno.ENOSYS, f"tcx links cannot be listed on {machine}: kproxy-ebpf "
+                              "does not know its bpf syscall number (please report the machine)")
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
-    ret = libc.syscall(ctypes.c_long(_NR_BPF[os.uname().machine]), ctypes.c_int(_BPF_PROG_QUERY),
+    ret = libc.syscall(ctypes.c_long(_NR_BPF[machine]), ctypes.c_int(_BPF_PROG_QUERY),
                        ctypes.byref(attr), ctypes.c_uint(ctypes.sizeof(attr)))
     if ret < 0:
         err = ctypes.get_errno()
@@ -108,32 +117,36 @@ def programs(ifindex: int, direction: str) -> list[tuple[str | None, int]]:
     return [(_prog_name(prog_id), link_id) for prog_id, link_id in _query(ifindex, direction)]
 
 
-def _pinned_ifindex(pin: Path) -> int | None:
-    """The ifindex the pinned link is attached to now (0: defunct); None if no tcx link."""
+@contextlib.contextmanager
+def _pinned_link(pin: Path) -> Iterator[tuple[int, _LinkInfo] | None]:
+    """The pinned tcx link's fd (open while the block runs) and its info; None when there is
+    no pin or it holds no tcx link."""
     try:
         fd = libbpf.obj_get(str(pin))
     except libbpf.BpfError:
-        return None
+        yield None
+        return
     try:
         info = libbpf.obj_info(fd, _LinkInfo(), "link info")
-        return info.ifindex if info.type == _LINK_TYPE_TCX else None
+        yield (fd, info) if info.type == _LINK_TYPE_TCX else None
     finally:
         os.close(fd)
+
+
+def _pinned_ifindex(pin: Path) -> int | None:
+    """The ifindex the pinned link is attached to now (0: defunct); None if no tcx link."""
+    with _pinned_link(pin) as link:
+        return None if link is None else link[1].ifindex
 
 
 def attach(bpffs_dir: Path, ifindex: int, direction: str, prog_fd: int) -> bool:
     """Puts prog_fd on a device's hook, first of all (before other tools' programs, as PRIO 1
     did). True: a pinned link was there and now runs prog_fd."""
     pin = pin_path(bpffs_dir, ifindex, direction)
-    if pin.exists():
-        fd = libbpf.obj_get(str(pin))
-        try:
-            info = libbpf.obj_info(fd, _LinkInfo(), "link info")
-            if info.ifindex == ifindex and info.attach_type == DIRECTIONS[direction]:
-                libbpf.link_update(fd, prog_fd)
-                return True
-        finally:
-            os.close(fd)
+    with _pinned_link(pin) as link:
+        if link and link[1].ifindex == ifindex and link[1].attach_type == DIRECTIONS[direction]:
+            libbpf.link_update(link[0], prog_fd)
+            return True
     pin.parent.mkdir(exist_ok=True)
     try:
         fd = libbpf.link_create(prog_fd, ifindex, DIRECTIONS[direction], libbpf.F_BEFORE)
