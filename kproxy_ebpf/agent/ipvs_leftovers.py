@@ -9,7 +9,8 @@ IPVS mode programs three kinds of objects of its own:
   (another IPVS user without it keeps its table). Needs `ipvsadm` and the kernel's ip_vs; a
   node without ip_vs cannot hold virtual servers, and one without ipvsadm is told so.
 * kube-ipvs0: the dummy device every Service address is bound to (so the node accepts it).
-  Deleted by name, whatever its link type: the name is kube-proxy's.
+  Deleted by name, whatever its link type: the name is kube-proxy's. Through netlink
+  (pyroute2), not `ip`: the agent's image has no iproute2.
 * ipsets (`hash:ip,port`, `bitmap:port`, ...), which its iptables rules match with `-m set`:
   KUBE-LOOP-BACK KUBE-CLUSTER-IP KUBE-EXTERNAL-IP KUBE-EXTERNAL-IP-LOCAL KUBE-LOAD-BALANCER
   KUBE-LOAD-BALANCER-FW KUBE-LOAD-BALANCER-LOCAL KUBE-LOAD-BALANCER-SOURCE-IP
@@ -26,8 +27,14 @@ network namespace.
 """
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 import subprocess
+from collections.abc import Callable
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
 
 DEVICE = "kube-ipvs0"
 IPSETS = ("KUBE-LOOP-BACK", "KUBE-CLUSTER-IP", "KUBE-EXTERNAL-IP", "KUBE-EXTERNAL-IP-LOCAL",
@@ -57,22 +64,47 @@ class _Found:
         self.notes: list[str] = []
 
     def remove(self, what: str, argv: list[str]) -> None:
+        self.removed_by(what, lambda: _failure(argv))
+
+    def removed_by(self, what: str, remove: Callable[[], str | None]) -> None:
+        """`remove` returns why it failed, or None."""
         if not self.dry_run:
-            r = _run(argv)
-            if r.returncode != 0:
-                self.errors.append(f"{' '.join(argv)}: {r.stderr.strip()}")
+            error = remove()
+            if error is not None:
+                self.errors.append(error)
                 return
         self.removed.append(what)
+
+
+def _failure(argv: list[str]) -> str | None:
+    r = _run(argv)
+    return None if r.returncode == 0 else f"{' '.join(argv)}: {r.stderr.strip()}"
+
+
+def _device_index() -> int | None:
+    with IPRoute() as ipr:
+        found = ipr.link_lookup(ifname=DEVICE)
+    return found[0] if found else None
+
+
+def _delete_device(index: int) -> str | None:
+    try:
+        with IPRoute() as ipr:
+            ipr.link("del", index=index)
+    except NetlinkError as exc:
+        if exc.code != errno.ENODEV:            # gone meanwhile: what we wanted
+            return f"deleting link {DEVICE}: {os.strerror(exc.code)}"
+    return None
 
 
 def cleanup(dry_run: bool = False) -> tuple[list[str], list[str], list[str]]:
     """Removes (dry_run: lists) IPVS mode's objects; returns (removed, errors, notes)."""
     found = _Found(dry_run)
-    device = _run(["ip", "-o", "link", "show", "dev", DEVICE]).returncode == 0
-    if device:
+    index = _device_index()
+    if index is not None:
         _virtual_servers(found)
-        found.remove(f"link {DEVICE}", ["ip", "link", "delete", "dev", DEVICE])
-    _ipsets(found, device)
+        found.removed_by(f"link {DEVICE}", lambda: _delete_device(index))
+    _ipsets(found, index is not None)
     return found.removed, found.errors, found.notes
 
 

@@ -102,11 +102,21 @@ class Handover:
             return
 
         def loop() -> None:
-            while not stop.is_set() and not self.check():
+            while not stop.is_set() and not self._checked(interval):
                 self._wake.wait(interval)
                 self._wake.clear()
 
         threading.Thread(target=loop, name="kube-proxy-leftovers", daemon=True).start()
+
+    def _checked(self, interval: float) -> bool:
+        """check(), kept from ending the thread: an unforeseen failure (a tool missing from the
+        image, say) is logged as a sentence and the check runs again later."""
+        try:
+            return self.check()
+        except Exception as exc:  # noqa: BLE001
+            log.error("kube-proxy's leftovers: the check failed (%s: %s); it runs again in %gs",
+                      type(exc).__name__, exc, interval)
+            return False
 
     def wake(self) -> None:
         """Check now, not at the next interval (the healthz port just came free; the agent

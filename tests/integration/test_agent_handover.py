@@ -125,6 +125,7 @@ def test_kube_proxys_port_taken_then_freed_and_its_leftovers_removed(cluster):
         wait_until(lambda reason=reason: node_events(c, "node1", reason), 30, f"a {reason} Event")
     (removed,) = node_events(c, "node1", "KubeProxyLeftoversRemoved")
     assert removed.type == "Normal" and "removed 3 of kube-proxy's leftovers" in removed.message
+    assert "Traceback" not in log_of(c, "node1", at), log_of(c, "node1", at)[-4000:]
 
 
 def pinned(c, node: str) -> list[str]:

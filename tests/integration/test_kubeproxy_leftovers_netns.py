@@ -110,16 +110,33 @@ def chains(text: str) -> set[str]:
     return {line[1:].split()[0] for line in text.splitlines() if line.startswith(":KUBE")}
 
 
-def cleanup(ns: str, *flags: str) -> str:
-    return run(ns, [sys.executable, "-m", "kproxy_ebpf.cli.main", "cleanup",
-                    "--kube-proxy-leftovers", *flags])
+# The tools the agent's image installs for this cleanup (Dockerfile): no iproute2 among them.
+IMAGE_TOOLS = [f"{fam}tables-{kind}-{op}" for fam in ("ip", "ip6") for kind in ("legacy", "nft")
+               for op in ("save", "restore")] + ["nft", "ipset", "ipvsadm"]
 
 
-def test_dry_run_lists_everything_then_cleanup_removes_it_and_keeps_the_kubelets(netns):
+@pytest.fixture(scope="module")
+def image_path(tmp_path_factory) -> str:
+    """A PATH of the image's tools only: the cleanup ran on kind without `ip` and failed
+    there, where the host's PATH hid it."""
+    bin_dir = tmp_path_factory.mktemp("image-bin")
+    for tool in IMAGE_TOOLS:
+        if found := shutil.which(tool):
+            (bin_dir / tool).symlink_to(found)
+    return str(bin_dir)
+
+
+def cleanup(ns: str, path: str, *flags: str) -> str:
+    return run(ns, ["env", f"PATH={path}", sys.executable, "-m", "kproxy_ebpf.cli.main",
+                    "cleanup", "--kube-proxy-leftovers", *flags])
+
+
+def test_dry_run_lists_everything_then_cleanup_removes_it_and_keeps_the_kubelets(
+        netns, image_path):
     populate(netns)
     before = state(netns)
 
-    listed = cleanup(netns, "--dry-run")
+    listed = cleanup(netns, image_path, "--dry-run")
     assert state(netns) == before                                  # nothing changed
     would = {line.removeprefix("would remove ") for line in listed.splitlines()
              if line.startswith("would remove ")}
@@ -131,7 +148,7 @@ def test_dry_run_lists_everything_then_cleanup_removes_it_and_keeps_the_kubelets
     assert would == expected
     assert "note: IPVS virtual servers not looked at" in listed or "ipvsadm" in listed
 
-    removed = cleanup(netns, "--yes")
+    removed = cleanup(netns, image_path, "--yes")
     assert {line.removeprefix("removed ") for line in removed.splitlines()
             if line.startswith("removed ")} == expected
     after = state(netns)
@@ -147,7 +164,7 @@ def test_dry_run_lists_everything_then_cleanup_removes_it_and_keeps_the_kubelets
     assert after["ipset"].split() == ["somebody-elses"]
     assert "kube-ipvs0" not in after["links"]
 
-    assert cleanup(netns, "--yes").splitlines()[0] == "no kube-proxy leftovers"   # idempotent
+    assert cleanup(netns, image_path, "--yes").splitlines()[0] == "no kube-proxy leftovers"
     assert state(netns) == after
 
     # kube-proxy's tables gave way to the one that keeps its connections' NAT (nat_hold.py),

@@ -102,7 +102,26 @@ def leftovers_gone(c: Cluster, nodes: list[str], what, timeout: float) -> dict:
 # Agent log lines kept in the report's JSON (agent_log): the TC conntrack purge, the datapath's
 # attach, and anything logged as a warning or an error (agent/run.py's format: the level's
 # first letter after the time).
-AGENT_NOTABLE = re.compile(r"purged|attached kp_| [WE] \S+: |Traceback")
+AGENT_NOTABLE = re.compile(r"purged|attached kp_| [WE] \S+: ")
+# A line of the agent's own logging (after kubectl's stamp): what ends a traceback's lines.
+AGENT_RECORD = re.compile(r"^\S+ \d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z] ")
+
+
+def notable(lines: list[str]) -> list[str]:
+    """The lines AGENT_NOTABLE names, and every traceback whole (with the line before it,
+    which names the thread or the message)."""
+    out: list[str] = []
+    in_traceback = False
+    for i, ln in enumerate(lines):
+        if "Traceback (most recent call last)" in ln:
+            in_traceback = True
+            if i and lines[i - 1] not in out[-1:]:
+                out.append(lines[i - 1])
+        elif in_traceback and AGENT_RECORD.match(ln):
+            in_traceback = False
+        if in_traceback or AGENT_NOTABLE.search(ln):
+            out.append(ln)
+    return out
 
 
 def run_pass(mode: str, cluster: str, workers: int, image: str, dwell: float, work: Path) -> dict:
@@ -169,8 +188,7 @@ def run_pass(mode: str, cluster: str, workers: int, image: str, dwell: float, wo
             def agent_off(n: str = n) -> dict:
                 # What the agent did while it served (its log goes with its pod): purges,
                 # warnings, errors, for failures the counts cannot explain.
-                res.setdefault("agent_log", {})[n] = [
-                    ln for ln in c.agent_log(n) if AGENT_NOTABLE.search(ln)][-60:]
+                res.setdefault("agent_log", {})[n] = notable(c.agent_log(n))[-120:]
                 c.label(n, AGENT_LABEL, None)
                 return {"agent_gone_s": c.wait_gone(AGENT, n)}
             p.step(f"{n}: kube-proxy back beside the agent", kube_proxy_on)

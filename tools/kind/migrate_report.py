@@ -236,6 +236,14 @@ def markdown(rep: dict) -> str:
                            f"{sum('purged' in ln for ln in lines)} purges, "
                            f"{sum(bool(LOG_LEVEL_WE.search(ln)) for ln in lines)} warnings "
                            "or errors" for n, lines in p["agent_log"].items()) + ".")
+            for n, lines in p["agent_log"].items():
+                for i, ln in enumerate(lines):
+                    if "Traceback (most recent call last)" in ln:
+                        # its last line, the exception: the first not indented after it
+                        end = next((j for j in range(i + 1, len(lines))
+                                    if not lines[j].partition(" ")[2].startswith(" ")), i)
+                        out.append(f"**A traceback in {n}'s agent log** (a defect): "
+                                   f"{lines[end].partition(' ')[2]}")
         if p.get("guard_log"):
             out += ["", "The host guard's dropped packets (its kernel log):", "",
                     *guard_log_lines(p)]

@@ -72,6 +72,30 @@ def test_a_failed_removal_is_tried_again():
     assert h.check() is True
 
 
+def test_an_unforeseen_failure_is_a_log_sentence_and_the_thread_checks_again(caplog):
+    import threading
+
+    w = World()
+    failures = [FileNotFoundError(2, "No such file or directory: 'ip'")]
+
+    def cleanup(dry_run):
+        if failures:
+            raise failures.pop()
+        return w.cleanup(dry_run)
+
+    h = kh.Handover(kh.Mode.ON, None, synced=lambda: True, port_free=lambda: True,
+                    cleanup=cleanup, pids=lambda: [])
+    stop = threading.Event()
+    h.start(stop, interval=0.05)
+    try:
+        assert h.done.wait(10), "the thread ended at the failure"
+    finally:
+        stop.set()
+    assert "the check failed (FileNotFoundError: [Errno 2] No such file or directory: 'ip'); " \
+        "it runs again in 0.05s" in caplog.text
+    assert "Traceback" not in caplog.text and w.calls == [False]
+
+
 def test_kube_proxy_counts_only_in_our_network_namespace(tmp_path):
     proc = tmp_path
     (proc / "self" / "ns").mkdir(parents=True)
