@@ -109,6 +109,8 @@ enum kp_stat {                  /* index into the per-CPU counter array kp_stats
 				     * tracks: passed untouched (a flow it did not start) */
 	KP_STAT_LC_NO_IDS     = 26, /* a least-conn frontend without a row (kp_lcrow or kp_lcids)
 				     * for its count of slots: picked at random */
+	KP_STAT_TC_PORT_MOVED = 27, /* a new flow's reply tuple was another live flow's: the
+				     * client's source port moved (tc_lb.c kp_new_flow) */
 	KP_STAT_MAX           = 32,
 };
 

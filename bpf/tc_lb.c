@@ -14,9 +14,11 @@
  *     packet through the ordinary forwarding path with the client's address intact; a remote
  *     one (externalTrafficPolicy Cluster only: under Local the agent writes local backends
  *     only) also gets SNAT to the node address, with a source port from the configured range
- *     that no other flow to that backend uses, so its reply comes back here.
+ *     that no other flow to that backend uses, so its reply comes back here. A local one whose
+ *     reply tuple another live flow holds (the client's one source port toward two frontends
+ *     of that backend) gets its source port moved within that range, as Linux's NAT does.
  * kp_to_outside (clsact egress): a local backend's reply leaving for the client gets the
- *   frontend back as its source. Egress on the external device sees it after routing, so
+ *   frontend back as its source (and the client's port back, if it was moved). Egress on the external device sees it after routing, so
  *   nothing is needed on the pod-facing devices. Packets from no local backend of an EXT
  *   frontend pass at once (kp_extbe).
  *
@@ -85,6 +87,8 @@ static __always_inline int kp_new_flow(struct kp_pkt *p, struct kp_ct_val *v,
 	struct kp_lb_req req = {};
 	struct kp_lb_res res = {};
 	struct kp_ct_key rkey = {};
+	bool moved = false;
+	bool snat;
 	__u8 flags;
 
 	kp_lb_request(&req, p->tuple.daddr, p->tuple.dport, p->tuple.proto, scope,
@@ -116,15 +120,22 @@ static __always_inline int kp_new_flow(struct kp_pkt *p, struct kp_ct_val *v,
 	v->backend_id = res.backend_id;
 	v->svc_id = res.svc_id;
 	flags = (scope == KP_SCOPE_SOCK ? KP_CT_F_POD : 0) | kp_flow_mark(res.fe_flags);
-	if (scope == KP_SCOPE_EXT ? !(res.be_flags & KP_BE_F_LOCAL)
-				  : kp_ip_eq(&res.be.addr, &p->tuple.saddr)) {
-		if (kp_snat_alloc(&p->tuple, v, cfg, &rkey, now) != 0) {
+	snat = scope == KP_SCOPE_EXT ? !(res.be_flags & KP_BE_F_LOCAL)
+				     : kp_ip_eq(&res.be.addr, &p->tuple.saddr);
+	if (!snat) {
+		kp_ct_reply_key(&p->tuple, v, &rkey);      /* v has no flags yet: backend -> client */
+		moved = kp_reply_held(&rkey, &p->tuple, now);
+	}
+	/* A port-moved flow is SNATed to the client's own address: only its port changes. */
+	if (snat || moved) {
+		if (kp_snat_alloc(&p->tuple, v, cfg, snat ? &cfg->addr : &p->tuple.saddr, &rkey,
+				  now) != 0) {
 			kp_count(KP_STAT_TC_SNAT_FULL);
 			*answer = KP_ANSWER_DROP;
 			return -1;
 		}
 		flags |= KP_CT_F_SNAT;
-		kp_count(KP_STAT_TC_SNAT);
+		kp_count(snat ? KP_STAT_TC_SNAT : KP_STAT_TC_PORT_MOVED);
 	}
 	/* After kp_snat_alloc: a branch before its loop would have the verifier walk it twice. */
 	if (kp_tcp_opens(p->tuple.proto, p->tcp_flags)) {
@@ -152,16 +163,18 @@ static __always_inline int kp_answer(struct __sk_buff *skb, const struct kp_pkt 
 	return TC_ACT_SHOT;
 }
 
-/* The reply of a tracked flow (tuple = backend -> client or SNAT address): rewrites it to
- * frontend -> client. want_snat selects which kind of flow this hook serves. Returns 1 when
- * translated (*snat tells which kind), 0 when the packet is no reply we know. */
-static __always_inline int kp_reply(struct __sk_buff *skb, struct kp_pkt *p, bool want_snat)
+/* The reply of a tracked flow (tuple = backend -> client, SNAT address or client's moved
+ * port): rewrites it to frontend -> client. at_snat: the ingress hook, which serves replies
+ * to the node's SNAT address; the egress hooks serve those to the client itself, its port
+ * moved or not. Returns 1 when translated, 0 when the packet is no reply we know. */
+static __always_inline int kp_reply(struct __sk_buff *skb, struct kp_pkt *p, bool at_snat)
 {
 	struct kp_ct_key orig;
 	struct kp_ct_key *o;
 	struct kp_ct_val v;
 	struct kp_ct_val *row;
 	__u64 now;
+	bool nat;
 
 	o = kp_rnat.lookup(&p->tuple);
 	if (!o)
@@ -171,23 +184,22 @@ static __always_inline int kp_reply(struct __sk_buff *skb, struct kp_pkt *p, boo
 	if (!row)
 		return 0;
 	v = *row;
-	if (!!(kp_ct_flags(v.life) & KP_CT_F_SNAT) != want_snat ||
-	    !kp_ip_eq(&v.be_addr, &p->tuple.saddr) || v.be_port != p->tuple.sport ||
-	    (want_snat && (!kp_ip_eq(&v.nat_addr, &p->tuple.daddr) ||
-			   v.nat_port != p->tuple.dport)))
+	nat = kp_ct_flags(v.life) & KP_CT_F_SNAT;
+	if ((nat ? !kp_ip_eq(&v.nat_addr, &p->tuple.daddr) || v.nat_port != p->tuple.dport
+		 : at_snat) ||
+	    !kp_ip_eq(&v.be_addr, &p->tuple.saddr) || v.be_port != p->tuple.sport)
 		return 0;     /* a stale row: the flow it names has moved to another port */
 	now = bpf_ktime_get_ns();
 	if (kp_reply_is_another(p, &v, now)) {
 		/* The new connection owns the tuple now, so its later packets skip the flow too. A
 		 * SNAT row stays: kp_snat_alloc decides when its port is free. */
-		if (!want_snat)
+		if (!nat)
 			kp_rnat.delete(&p->tuple);
 		return 0;
 	}
-	/* From the frontend; to the client, who is already the destination without SNAT. */
-	if (want_snat ? kp_rewrite(skb, p, &orig.daddr, orig.dport, &orig.saddr, orig.sport) < 0
-		      : kp_rewrite(skb, p, &orig.daddr, orig.dport, &p->tuple.daddr,
-				   p->tuple.dport) < 0)
+	/* From the frontend; to the client, who is already the destination without NAT. */
+	if (nat ? kp_rewrite(skb, p, &orig.daddr, orig.dport, &orig.saddr, orig.sport) < 0
+		: kp_rewrite(skb, p, &orig.daddr, orig.dport, &p->tuple.daddr, p->tuple.dport) < 0)
 		return -1;
 	kp_ct_track(&orig, row, &v, p->tcp_flags, true, now);
 	kp_count(KP_STAT_TC_REPLY);
@@ -300,6 +312,9 @@ static __always_inline int kp_ingress(struct __sk_buff *skb, __u8 scope)
 	}
 	if (kp_rewrite(skb, &p, &v.nat_addr, v.nat_port, &v.be_addr, v.be_port) < 0)
 		return TC_ACT_SHOT;
+	/* The client's port moved (kp_new_flow): still the client's address, routed as above */
+	if (!kp_ip_eq(&v.nat_addr, &cfg.addr))
+		return TC_ACT_OK;
 	return kp_send_by_route(skb, &p);
 }
 

@@ -86,8 +86,10 @@ static __always_inline bool kp_rnat_reusable(const struct kp_ct_key *rkey,
 	       kp_ct_expires(v.life) + KP_SNAT_REUSE_S * KP_NSEC_PER_SEC;
 }
 
-/* Reserves a SNAT source port toward be:port: the reply tuple (backend -> snat:port) must be
- * unique, so a port whose kp_rnat key is free is taken with BPF_NOEXIST. A taken key whose
+/* Reserves a SNAT source port toward be:port: the reply tuple (backend -> addr:port) must be
+ * unique, so a port whose kp_rnat key is free is taken with BPF_NOEXIST. addr is the node's
+ * SNAT address, or the client's own for a flow whose reply tuple another flow holds (only
+ * its port is moved then: kp_new_flow). A taken key whose
  * flow has ended (kp_rnat_reusable) is taken over by rewriting its row whole; only CPU c does
  * that, and only for the ports min + c + k * ncpus (its slice), so two new flows never take
  * over the same row (programs on one CPU do not interleave). Without this, every flow would
@@ -96,8 +98,8 @@ static __always_inline bool kp_rnat_reusable(const struct kp_ct_key *rkey,
  * Each of the KP_SNAT_TRIES rounds tries a port of this CPU's slice (free or reusable) and a
  * port anywhere in the range (free only), from random starts. Returns 0 and sets v->nat_*. */
 static __always_inline int kp_snat_alloc(struct kp_ct_key *orig, struct kp_ct_val *v,
-					 const struct kp_snat_cfg *cfg, struct kp_ct_key *rkey,
-					 __u64 now)
+					 const struct kp_snat_cfg *cfg, const struct kp_ip *addr,
+					 struct kp_ct_key *rkey, __u64 now)
 {
 	struct kp_ct_key held;
 	struct kp_ct_key *o;
@@ -110,11 +112,11 @@ static __always_inline int kp_snat_alloc(struct kp_ct_key *orig, struct kp_ct_va
 	__u32 off;
 	int i;
 
-	if (kp_ip_is_zero(&cfg->addr) || cfg->port_max < cfg->port_min)
+	if (kp_ip_is_zero(addr) || cfg->port_max < cfg->port_min)
 		return -1;
 	rkey->saddr = v->be_addr;
 	rkey->sport = v->be_port;
-	rkey->daddr = cfg->addr;
+	rkey->daddr = *addr;
 	rkey->proto = orig->proto;
 	for (i = 0; i < KP_SNAT_TRIES; i++) {
 		if (slots) {
@@ -138,9 +140,38 @@ static __always_inline int kp_snat_alloc(struct kp_ct_key *orig, struct kp_ct_va
 	}
 	return -1;
 taken:
-	v->nat_addr = cfg->addr;
+	v->nat_addr = *addr;
 	v->nat_port = rkey->dport;
 	return 0;
+}
+
+/* Whether the reply tuple rkey (backend -> client) of a new flow without SNAT is another live
+ * flow's: the client used one source port toward two frontends that lead to one backend (two
+ * NodePorts of a Service, say; a client may, as the destinations differ). The two connections
+ * would be one to the backend. Linux's NAT moves the second one's source port then (nf_nat's
+ * null binding takes a unique tuple: kube-proxy's connections both work); kp_new_flow does the
+ * same. The flow that holds rkey has the same client tuple and another frontend; it holds it
+ * until it expires or is reset (a FIN leaves the tuple in the backend's TIME_WAIT). */
+static __always_inline bool kp_reply_held(const struct kp_ct_key *rkey,
+					  const struct kp_ct_key *orig, __u64 now)
+{
+	struct kp_ct_key *o = kp_rnat.lookup((struct kp_ct_key *)rkey);
+	struct kp_ct_key held;
+	struct kp_ct_val *row;
+	struct kp_ct_val v;
+
+	if (!o)
+		return false;
+	held = *o;
+	if (kp_ip_eq(&held.daddr, &orig->daddr) && held.dport == orig->dport)
+		return false;           /* this very flow, opened anew */
+	row = kp_ct.lookup(&held);
+	if (!row)
+		return false;
+	v = *row;
+	return !(kp_ct_flags(v.life) & KP_CT_F_SNAT) && kp_ip_eq(&v.be_addr, &rkey->saddr) &&
+	       v.be_port == rkey->sport && now <= kp_ct_expires(v.life) &&
+	       kp_ct_state(v.life) != KP_CT_CLOSED;
 }
 
 /* Whether a packet to the SNAT address can be the reply of a SNAT flow (a remote EXT

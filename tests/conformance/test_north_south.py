@@ -166,3 +166,60 @@ def test_nodeport_tcp_connection_outlives_its_backends_readiness(scenario):
         kept = ",".join(sorted({p for _, p in held.answers(t0)}))
         scenario.note("held tcp connection after keep-1 left", kept)
         assert kept == "keep-1" and all(is_reply(r) for r in after), held.log
+
+
+# Two connections from one client port, to two NodePorts of one backend (run in "ext").
+SAME_PORT = r"""
+import socket, sys
+ip, sport, ports = sys.argv[1], int(sys.argv[2]), [int(p) for p in sys.argv[3:]]
+conns, out = {}, []
+def line(s):
+    buf = b""
+    while not buf.endswith(b"\n"):
+        data = s.recv(100)
+        if not data:
+            return "EOF"
+        buf += data
+    return buf.decode().split()[0]
+six = ":" in ip
+for port in ports:
+    s = socket.socket(socket.AF_INET6 if six else socket.AF_INET)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.settimeout(2)
+    s.bind(("::" if six else "0.0.0.0", sport))
+    try:
+        s.connect((ip, port))
+        conns[port] = s
+        out.append(f"{port}:{line(s)}")
+    except OSError as e:
+        out.append(f"{port}:{type(e).__name__}")
+for port, s in conns.items():
+    try:
+        s.sendall(b"again\n")
+        out.append(f"{port}:{line(s)}")
+    except OSError as e:
+        out.append(f"{port}:{type(e).__name__}")
+print(" ".join(out))
+"""
+
+
+def test_two_node_ports_of_one_backend_from_one_client_port(scenario):
+    """A client may use one source port for two connections to different destinations; two
+    NodePorts of one Service (externalTrafficPolicy Local: no SNAT) then lead to the same
+    backend address and port from the same client address and port. The kernel's NAT tells
+    such a clash and moves the second connection's source port (nf_nat's null binding picks a
+    unique tuple), so both connections work under kube-proxy."""
+    scenario.pods("twin", {"twin-1": "node1"})
+    twin_ports = [{"name": f"p{i}", "port": 80 + i, "targetPort": 8080, "protocol": "TCP",
+                   "nodePort": 30180 + i} for i in range(2)]
+    scenario.service("np-twin", "twin", twin_ports, type="NodePort",
+                     externalTrafficPolicy="Local")
+    node1 = scenario.node_ip("node1")
+    scenario.check("tcp ext -> node1 p0", EXT, node1, 30180, "twin-1 from ext")
+    scenario.check("tcp ext -> node1 p1", EXT, node1, 30181, "twin-1 from ext")
+    r = scenario.c.lab.exec(EXT, [scenario.c.lab.python, "-I", "-S", "-c", SAME_PORT, node1,
+                                  "40123", "30180", "30181"], capture_output=True, text=True,
+                            timeout=30)
+    got = r.stdout.strip()
+    scenario.note("two NodePorts from one client port", got)
+    assert got == "30180:twin-1 30181:twin-1 30180:twin-1 30181:twin-1", r.stdout + r.stderr

@@ -52,6 +52,7 @@ pytestmark = pytest.mark.root
 
 LRU_HASH = 9                # BPF_MAP_TYPE_LRU_HASH
 NP_REMOTE, NP_LOCAL, NP_REJECT, NP_DROP, NP_UDP = 30080, 30081, 30082, 30083, 30053
+NP_LOCAL2 = 30084           # a second frontend of the local backend
 
 
 def ext(a: Addrs, port, backends, action=Action.FORWARD, proto=TCP, affinity=0) -> Frontend:
@@ -80,6 +81,7 @@ class ExtRun(TcRun):
 def ext_run(harness, a: Addrs):
     run = ExtRun(harness, a, [ext(a, NP_REMOTE, [(a.remote_be, False)]),
                               ext(a, NP_LOCAL, [(a.local_be, True)]),
+                              ext(a, NP_LOCAL2, [(a.local_be, True)]),
                               ext(a, NP_REJECT, [], Action.REJECT), ext(a, NP_DROP, [], Action.DROP),
                               ext(a, NP_UDP, [(a.remote_be, False)], proto=UDP)])
     try:
@@ -208,6 +210,34 @@ def test_local_backend_dnat_only_and_the_reply_on_egress(tc):
     # The egress hook leaves the SNAT flows' replies to the ingress hook, and vice versa.
     ret, out = tc.ingress(packet(tc.a.local_be, 8080, tc.a.client, 40000, flags=ACK))
     assert parse(out)["src"] == tc.a.local_be
+
+
+def test_one_client_port_to_two_frontends_of_a_local_backend_moves_the_second_ones_port(tc):
+    """Two flows would make one reply tuple (backend -> client:40010): the second gets its
+    source port moved in the SNAT range, its address kept (lib/snat.h kp_reply_held), and
+    each reply goes back to its own connection."""
+    a = tc.a
+    tc.ingress(packet(a.client, 40010, a.node, NP_LOCAL))
+    tc.egress(packet(a.local_be, 8080, a.client, 40010, flags=SYN | ACK))
+    before = tc.stat("tc_port_moved")
+    ret, out = tc.ingress(packet(a.client, 40010, a.node, NP_LOCAL2))
+    p = parse(out)
+    assert ret == TC_ACT_OK, "still the client's address: routed through the stack"
+    assert (p["src"], p["dst"], p["dport"]) == (a.client, a.local_be, 8080)
+    assert PORTS[0] <= p["sport"] <= PORTS[1] and p["ip_ok"] and p["l4_ok"]
+    assert tc.stat("tc_port_moved") == before + 1
+    moved = p["sport"]
+    _, ct = tc.ct(40010, NP_LOCAL2)
+    assert ct.flags & L.const("KP_CT_F_SNAT") and L.port_host(ct.nat_port) == moved
+
+    ret, out = tc.egress(packet(a.local_be, 8080, a.client, moved, flags=SYN | ACK))
+    p = parse(out)
+    assert ret == TC_ACT_OK and p["ip_ok"] and p["l4_ok"]
+    assert (p["src"], p["sport"], p["dst"], p["dport"]) == (a.node, NP_LOCAL2, a.client, 40010)
+    _, out = tc.egress(packet(a.local_be, 8080, a.client, 40010, flags=ACK))
+    assert (parse(out)["sport"], parse(out)["dport"]) == (NP_LOCAL, 40010)
+    _, out = tc.ingress(packet(a.client, 40010, a.node, NP_LOCAL2, flags=ACK))
+    assert parse(out)["sport"] == moved, "later packets keep the moved port"
 
 
 def test_a_reply_from_no_local_ext_backend_is_not_looked_up_on_egress(tc):
