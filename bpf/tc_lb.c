@@ -19,8 +19,8 @@
  *     of that backend) gets its source port moved within that range, as Linux's NAT does.
  * kp_to_outside (clsact egress): a local backend's reply leaving for the client gets the
  *   frontend back as its source (and the client's port, if it was moved). Egress on the
- *   external device sees it after routing, so nothing is needed on the pod-facing devices. Packets from no local backend of an EXT
- *   frontend pass at once (kp_extbe).
+ *   external device sees it after routing, so nothing is needed on the pod-facing devices.
+ *   Packets from no local backend of an EXT frontend pass at once (kp_extbe).
  *
  * Verdicts: DROP (endpoints only elsewhere, eTP Local) drops; REJECT (no endpoint anywhere)
  * answers with an ICMP port unreachable, as kube-proxy's reject rule does.
