@@ -189,6 +189,7 @@ def run_pass(mode: str, cluster: str, workers: int, image: str, dwell: float, wo
                 # What the agent did while it served (its log goes with its pod): purges,
                 # warnings, errors, for failures the counts cannot explain.
                 res.setdefault("agent_log", {})[n] = notable(c.agent_log(n))[-120:]
+                res.setdefault("agent_counters", {})[n] = c.agent_counters(n)
                 c.label(n, AGENT_LABEL, None)
                 return {"agent_gone_s": c.wait_gone(AGENT, n)}
             p.step(f"{n}: kube-proxy back beside the agent", kube_proxy_on)

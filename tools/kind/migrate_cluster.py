@@ -83,6 +83,18 @@ class Cluster:
             return []
         return self.kc("-n", NS, "logs", pods[0][0], "--timestamps", check=False).splitlines()
 
+    def agent_counters(self, node: str) -> dict[str, int]:
+        """NODE's datapath counters (`kproxy-ebpf stats` in its agent's pod); {} without one."""
+        pods = self.pods_on(AGENT, node)
+        if not pods:
+            return {}
+        out = self.kc("-n", NS, "exec", pods[0][0], "--", "kproxy-ebpf", "stats", "-o", "json",
+                      check=False)
+        try:
+            return {k: int(v) for k, v in json.loads(out or "{}").items()}
+        except (ValueError, TypeError, AttributeError):
+            return {}
+
     def probe_failures(self, namespace: str) -> list[dict]:
         """The probe failures (events "Unhealthy") of NAMESPACE's pods: a readiness flap takes
         an endpoint out of its Services for a moment, which the traffic counts may show."""

@@ -44,6 +44,11 @@ AT_ATTACH = {traffic.KINDS[(w, k)]: (w, k) for w in traffic.OUTSIDE_SOURCES
              for k in ("new", "udp")}
 
 
+# What the report shows of the TC path's counters: flows opened, SNATed, whose client port
+# moved (a reply tuple another flow held), and mid-stream packets of flows it did not open.
+TC_COUNTERS = ("tc_forward", "tc_snat", "tc_port_moved", "tc_midstream")
+
+
 def _failure_times(st: dict, label: str) -> list[float]:
     """When (s since the step began) the failures of a new-connection cell from outside were."""
     if label not in AT_ATTACH:
@@ -244,6 +249,11 @@ def markdown(rep: dict) -> str:
                                     if not lines[j].partition(" ")[2].startswith(" ")), i)
                         out.append(f"**A traceback in {n}'s agent log** (a defect): "
                                    f"{lines[end].partition(' ')[2]}")
+        if p.get("agent_counters"):
+            out.append("The TC path's counters at each agent's leave (`kproxy-ebpf stats`): "
+                       + "; ".join(f"{n.removeprefix(p.get('cluster', '') + '-')} "
+                                   + ", ".join(f"{k} {c.get(k, 0)}" for k in TC_COUNTERS)
+                                   for n, c in p["agent_counters"].items()) + ".")
         if p.get("guard_log"):
             out += ["", "The host guard's dropped packets (its kernel log):", "",
                     *guard_log_lines(p)]
