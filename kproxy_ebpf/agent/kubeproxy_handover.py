@@ -85,6 +85,7 @@ class Handover:
         self.done = threading.Event()
         self._wake = threading.Event()
         self._said = ""
+        self._errors_told: set[str] = set()
         self.running = Gauge("kproxy_kubeproxy_running",
                              "1 while kube-proxy is seen on this node (its process in the "
                              "agent's network namespace, or its healthz port held).",
@@ -150,7 +151,10 @@ class Handover:
         for note in report.notes:
             log.info("kube-proxy leftovers: %s", note)
         for err in report.errors:
-            log.warning("kube-proxy leftovers: could not remove: %s", err)
+            if err not in self._errors_told:      # told once, not at every check
+                log.warning("kube-proxy leftovers: could not remove: %s (tried again every "
+                            "%gs)", err, INTERVAL)
+        self._errors_told = set(report.errors)
         self.leftovers.set(len(report.removed) if dry else 0)
         if not dry:
             self.removed.inc(len(report.removed))

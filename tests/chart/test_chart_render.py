@@ -68,7 +68,8 @@ def test_daemonset_is_what_an_operator_expects(rendered):
     sec = c["securityContext"]
     assert sec["privileged"] is False
     assert sec["capabilities"] == {"drop": ["ALL"], "add": ["BPF", "NET_ADMIN", "SYS_ADMIN",
-                                                            "SYS_PTRACE", "DAC_READ_SEARCH"]}
+                                                            "SYS_PTRACE", "DAC_READ_SEARCH",
+                                                            "NET_RAW"]}
     assert "allowPrivilegeEscalation" not in sec     # the API forbids false with SYS_ADMIN
     assert c["readinessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["livenessProbe"]["httpGet"]["path"] == "/livez"

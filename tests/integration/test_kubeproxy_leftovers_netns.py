@@ -126,17 +126,36 @@ def image_path(tmp_path_factory) -> str:
     return str(bin_dir)
 
 
-def cleanup(ns: str, path: str, *flags: str) -> str:
-    return run(ns, ["env", f"PATH={path}", sys.executable, "-m", "kproxy_ebpf.cli.main",
+@pytest.fixture(scope="module")
+def chart_caps() -> str:
+    """The agent container's capabilities as the chart grants them, for setpriv: without
+    NET_RAW iptables-legacy cannot even list a table (that failed every check on kind)."""
+    from kproxy_ebpf.dev.lab import agent_image
+
+    (ds,) = [o for o in agent_image.helm_template({}) if o["kind"] == "DaemonSet"]
+    caps = ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"]
+    return "-all," + ",".join(f"+{c.lower()}" for c in caps["add"])
+
+
+@pytest.fixture
+def image_like(image_path, chart_caps) -> list[str]:
+    """What runs the cleanup as the agent's pod would: the image's tools, the chart's
+    capabilities (the bounding set; root keeps only those across exec)."""
+    setpriv = shutil.which("setpriv") or "setpriv"
+    return ["env", f"PATH={image_path}", setpriv, f"--bounding-set={chart_caps}"]
+
+
+def cleanup(ns: str, image_like: list[str], *flags: str) -> str:
+    return run(ns, [*image_like, sys.executable, "-m", "kproxy_ebpf.cli.main",
                     "cleanup", "--kube-proxy-leftovers", *flags])
 
 
 def test_dry_run_lists_everything_then_cleanup_removes_it_and_keeps_the_kubelets(
-        netns, image_path):
+        netns, image_like):
     populate(netns)
     before = state(netns)
 
-    listed = cleanup(netns, image_path, "--dry-run")
+    listed = cleanup(netns, image_like, "--dry-run")
     assert state(netns) == before                                  # nothing changed
     would = {line.removeprefix("would remove ") for line in listed.splitlines()
              if line.startswith("would remove ")}
@@ -148,7 +167,7 @@ def test_dry_run_lists_everything_then_cleanup_removes_it_and_keeps_the_kubelets
     assert would == expected
     assert "note: IPVS virtual servers not looked at" in listed or "ipvsadm" in listed
 
-    removed = cleanup(netns, image_path, "--yes")
+    removed = cleanup(netns, image_like, "--yes")
     assert {line.removeprefix("removed ") for line in removed.splitlines()
             if line.startswith("removed ")} == expected
     after = state(netns)
@@ -164,7 +183,7 @@ def test_dry_run_lists_everything_then_cleanup_removes_it_and_keeps_the_kubelets
     assert after["ipset"].split() == ["somebody-elses"]
     assert "kube-ipvs0" not in after["links"]
 
-    assert cleanup(netns, image_path, "--yes").splitlines()[0] == "no kube-proxy leftovers"
+    assert cleanup(netns, image_like, "--yes").splitlines()[0] == "no kube-proxy leftovers"
     assert state(netns) == after
 
     # kube-proxy's tables gave way to the one that keeps its connections' NAT (nat_hold.py),

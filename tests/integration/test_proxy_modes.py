@@ -52,8 +52,8 @@ def test_the_charts_helm_test_pod_reaches_the_kubernetes_clusterip(cluster):
     assert f"ClusterIP {svc.spec.cluster_ip}:443 answered: v1." in r.stdout
 
 
-CAPS = {"DAC_READ_SEARCH": 2, "NET_ADMIN": 12, "SYS_PTRACE": 19, "SYS_ADMIN": 21,
-        "BPF": 39}          # linux/capability.h
+CAPS = {"DAC_READ_SEARCH": 2, "NET_ADMIN": 12, "NET_RAW": 13, "SYS_PTRACE": 19,
+        "SYS_ADMIN": 21, "BPF": 39}          # linux/capability.h
 
 
 def test_each_proxy_runs_inside_its_nodes_cgroup_and_the_image_agent_as_the_chart_says(cluster):

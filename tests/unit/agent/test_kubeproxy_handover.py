@@ -63,11 +63,12 @@ def test_dry_run_only_lists():
     assert w.told[0][0] == "KubeProxyLeftoversFound"
 
 
-def test_a_failed_removal_is_tried_again():
+def test_a_failed_removal_is_tried_again(caplog):
     w = World()
     w.report = Report(removed=[], errors=["iptables-nft-restore (nat): busy"])
     h = w.handover(kh.Mode.ON)
     assert h.check() is False and h.check() is False and w.calls == [False, False]
+    assert caplog.text.count("could not remove: iptables-nft-restore (nat): busy") == 1
     w.report = Report()
     assert h.check() is True
 
