@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import string
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -263,6 +264,27 @@ def programme(service_objs, slice_objs) -> None:
 
 
 SHORT_NAMES = st.sampled_from(["svc", "web", "dns"])
+
+
+def _one_service(port_names: list[str]) -> tuple[list[dict], list[dict]]:
+    ports = [{"port": 53 + i, "protocol": "TCP", "name": n} for i, n in enumerate(port_names)]
+    svc = {"metadata": {"name": "svc", "namespace": "ns"},
+           "spec": {"ports": ports, "clusterIP": "10.0.0.1"}}
+    eps = {"metadata": {"name": "svc", "namespace": "ns",
+                        "labels": {"kubernetes.io/service-name": "svc"}},
+           "addressType": "IPv4", "endpoints": [{"addresses": ["10.0.0.9"]}],
+           "ports": [{"name": n, "port": 8053 + i, "protocol": "TCP"}
+                     for i, n in enumerate(port_names)]}
+    return [svc], [eps]
+
+
+@pytest.mark.parametrize("port_names", [
+    ["", "\x00"],                                      # found by this suite in CI, 2026-12-07
+    ["averylongportname-a", "averylongportname-b"]])   # valid names, alike in 15 bytes
+def test_port_names_that_read_back_alike_are_restored_apart(port_names):
+    """The maps keep a port name in 15 bytes (a NUL ends it): two names that read back alike
+    must not stop the restore (it raised ValueError: "restored with id 2 but already holds 1")."""
+    programme(*_one_service(port_names))
 
 
 @cases(EXAMPLES["cluster"])

@@ -34,9 +34,16 @@ def read_back(svc: PinnedMap, be: PinnedMap, meta: PinnedMap, src: PinnedMap | N
     same = _Canon(previous)
     # Plain tuples (PinnedMap.unpacked): no ctypes object per row at 100,000 rows.
     names: dict[int, ServicePortName] = {}
+    taken: set[ServicePortName] = set()
     for (sid,), (ns, name, port_name, proto, *view) in meta.unpacked():
         spn = same.service(sid, text_of(ns), text_of(name), text_of(port_name),
                            L.PROTO_BY_NUM.get(proto, Protocol.TCP))
+        if spn in taken:
+            # Two ids whose names read back alike (a port name cut to its 15 bytes, or one
+            # with a NUL): told apart by the id, so neither is lost; the next sync, which
+            # knows the whole names, gives the ports their rows again.
+            spn = ServicePortName(spn.namespace, spn.name, f"{spn.port}#{sid}", spn.protocol)
+        taken.add(spn)
         names[sid] = spn
         led.named[spn] = tuple(view)
     led.svc_ids.restore_all((spn, sid) for sid, spn in names.items())
