@@ -85,6 +85,22 @@ def _cut(text: str, size: int) -> bytes:
     return text.encode()[:size].decode(errors="ignore").encode()
 
 
+def as_stored(spn: ServicePortName) -> ServicePortName:
+    """The service port's names as the meta map gives them back (cut to its fields, ended by
+    a NUL): what a read-back is compared with. Nearly every name fits and is returned as it
+    is, without a copy: the drift check asks once per frontend."""
+    def fits(text: str, size: int) -> bool:
+        return len(text) <= size and text.isascii() and "\0" not in text
+
+    def back(text: str, size: int) -> str:
+        return text_of(_cut(text, size))
+    if (fits(spn.port, PORT_NAME_MAX) and fits(spn.name, NAME_MAX)
+            and fits(spn.namespace, NAME_MAX)):
+        return spn
+    return ServicePortName(back(spn.namespace, NAME_MAX), back(spn.name, NAME_MAX),
+                           back(spn.port, PORT_NAME_MAX), spn.protocol)
+
+
 def meta_value(spn: ServicePortName, view: L.MetaView) -> L.SvcMeta:
     """The service port's names and settings (for the CLI: no program reads them)."""
     flags, hc, ranges, td = view

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 
 from kproxy_ebpf.datapath.maps import layout as L
-from kproxy_ebpf.datapath.maps.encode import text_of
+from kproxy_ebpf.datapath.maps.encode import as_stored, text_of
 from kproxy_ebpf.datapath.maps.pinned import PinnedMap
 from kproxy_ebpf.datapath.write.held_addrs import HeldAddrs
 from kproxy_ebpf.datapath.write.maglev_tables import MaglevTables
@@ -140,10 +140,11 @@ class _Canon:
     def service(self, sid: int, ns: str, name: str, port: str,
                 proto: Protocol) -> ServicePortName:
         old = self._services.get(sid)
-        if (old is not None and old.namespace == ns and old.name == name and old.port == port
-                and old.protocol is proto):
+        read = ServicePortName(ns, name, port, proto)
+        # previous's whole name when the maps hold it as they keep it (a long port name cut)
+        if old is not None and as_stored(old) == read:
             return old
-        return ServicePortName(ns, name, port, proto)
+        return read
 
     def frontend(self, key: FrontendKey) -> FrontendKey:
         return self._frontends.get(key, key)

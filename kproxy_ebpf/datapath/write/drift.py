@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kproxy_ebpf.datapath.maps.encode import as_stored
 from kproxy_ebpf.datapath.upgrade.restore import read_back
 from kproxy_ebpf.model.desired import FrontendKey
 
@@ -37,7 +38,7 @@ def _view(p: Programmed | None) -> tuple | None:
     if p is None or p.count is None:
         return None
     n = p.count or 0
-    return (p.kind, p.service, p.action, p.affinity, p.count, p.range_flag, p.ranges,
+    return (p.kind, p.service and as_stored(p.service), p.action, p.affinity, p.count, p.range_flag, p.ranges,
             tuple(p.rows.get(s) for s in range(1, n + 1)))
 
 

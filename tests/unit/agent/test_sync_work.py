@@ -34,6 +34,7 @@ from kproxy_ebpf.datapath.write.drift import DriftCheck
 from kproxy_ebpf.datapath.write.programmed import Ledger
 from kproxy_ebpf.datapath.write.writer import MapWriter
 from kproxy_ebpf.model.objects import (
+    EndpointPort,
     Kind,
     Node,
     Protocol,
@@ -42,7 +43,7 @@ from kproxy_ebpf.model.objects import (
 from kproxy_ebpf.proxy import state as state_mod
 from kproxy_ebpf.proxy.claims import Claims
 
-from ...builders import numbered_slice, numbered_svc
+from ...builders import ep, numbered_slice, numbered_svc, sl
 from ...fakemaps import FakeMap
 
 TCP = Protocol.TCP
@@ -429,3 +430,18 @@ def test_a_clusterip_row_outlives_its_frontends(monkeypatch):
     h.measure(lambda a: a.sink.delete(Kind.SERVICE, "ns", "svc-1"))
     assert "delete clusterip" in order and "delete svc" in order
     assert order.index("delete svc") < order.index("delete clusterip")
+
+
+def test_a_port_name_longer_than_the_maps_keep_is_no_drift(monkeypatch):
+    """The maps keep 15 bytes of a port name (Service port names may have 63): the drift check
+    compares names as the maps hold them, or every check found such a frontend drifted and
+    had the next sync rewrite it."""
+    h = Harness(2, monkeypatch)
+    long = "a-port-name-of-30-characters-x"
+    port = EndpointPort(long, Protocol.TCP, 8080)
+    h.agent.sink.upsert(Kind.SERVICE, numbered_svc(7, ports=(ServicePort(long, Protocol.TCP, 80),)))
+    h.agent.sink.upsert(Kind.ENDPOINT_SLICE, sl(ep("10.0.7.1", "node-b"), name="svc-7-abc",
+                                                svc="svc-7", ports=(port,)))
+    assert h.agent.loop.sync(False)
+    found: list = []
+    assert drift_watch(h, found).run_once() == [] and found == []
